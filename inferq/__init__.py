@@ -1,0 +1,95 @@
+"""inferq: a durable, priority-aware inference queue for GPU fleets, on Redis.
+
+Producer side (light: redis, msgpack, pydantic)::
+
+    import inferq
+    handle = inferq.Client("redis://localhost:6379").enqueue("hello", model="minilm")
+    print(handle.result(timeout=30).output)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from inferq.errors import (
+    ConfigError,
+    DeadlineExceeded,
+    InferqError,
+    InvalidInput,
+    PayloadTooLarge,
+    QueueFull,
+    RequestCancelled,
+    RequestError,
+    RequestFailed,
+    ResultTimeout,
+    UnknownModel,
+    ValidationError,
+)
+from inferq.producer.aio import AsyncClient, AsyncHandle
+from inferq.producer.client import Client, Handle
+from inferq.producer.common import ClientOptions, RequestState
+from inferq.protocol.codec import ErrorInfo, Limits, Result, Status
+from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
+    "AsyncClient",
+    "AsyncHandle",
+    "Client",
+    "ClientOptions",
+    "ConfigError",
+    "DeadlineExceeded",
+    "ErrorInfo",
+    "Handle",
+    "InferqError",
+    "InvalidInput",
+    "Limits",
+    "PayloadTooLarge",
+    "QueueFull",
+    "RequestCancelled",
+    "RequestError",
+    "RequestFailed",
+    "RequestState",
+    "Result",
+    "ResultTimeout",
+    "Status",
+    "UnknownModel",
+    "ValidationError",
+    "default_client",
+    "enqueue",
+]
+
+_default: Client | None = None
+_default_lock = threading.Lock()
+
+
+def default_client() -> Client:
+    """The process-wide client on ``INFERQ_REDIS_URL`` (created on first use)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Client()
+        return _default
+
+
+def enqueue(
+    prompt: str,
+    *,
+    model: str,
+    task: str = "embed",
+    priority: int = 0,
+    deadline_s: float | None = None,
+    id: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    max_attempts: int = 3,
+) -> Handle:
+    """``Client().enqueue`` on the default client (``INFERQ_REDIS_URL``)."""
+    return default_client().enqueue(
+        prompt, model=model, task=task, priority=priority, deadline_s=deadline_s, id=id,
+        params=params, max_attempts=max_attempts,
+    )

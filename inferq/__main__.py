@@ -1,0 +1,3 @@
+from inferq.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""``inferq`` command-line entry point. Subcommands import their heavy parts lazily, so
+``inferq stats`` never imports torch."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from inferq.errors import InferqError
+from inferq.producer.common import DEFAULT_URL, URL_ENV
+
+
+def _url_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis-url", default=os.environ.get(URL_ENV) or DEFAULT_URL,
+                        help=f"Redis URL (default ${URL_ENV} or {DEFAULT_URL})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inferq", description=__doc__)
+    parser.add_argument("--log-level", default=os.environ.get("INFERQ_LOG_LEVEL", "INFO"))
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    w = sub.add_parser("worker", help="run a worker that serves one model")
+    _url_arg(w)
+    w.add_argument("--model", required=True,
+                   help="NAME=PATH_OR_HUB_ID, or a known NAME (minilm, echo, sleep)")
+    w.add_argument("--task", default="embed")
+    w.add_argument("--max-batch-size", type=int, default=32)
+    w.add_argument("--max-batch-tokens", type=int, default=8192,
+                   help="padded-token budget per batch (0 = no budget)")
+    w.add_argument("--max-wait-ms", type=float, default=20.0,
+                   help="upper bound of the adaptive batch window")
+    w.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    w.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"],
+                   default="auto")
+    w.add_argument("--lease-ms", type=int, default=30_000)
+    w.add_argument("--result-ttl-s", type=float, default=3600.0)
+    w.add_argument("--worker-id", default=None)
+
+    s = sub.add_parser("stats", help="queue depths, in flight, workers, windows, throughput")
+    _url_arg(s)
+    s.add_argument("--queue", action="append", help="task:model (default: every known queue)")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+
+    e = sub.add_parser("enqueue", help="enqueue one prompt and print its result")
+    _url_arg(e)
+    e.add_argument("prompt")
+    e.add_argument("--model", required=True)
+    e.add_argument("--task", default="embed")
+    e.add_argument("--priority", type=int, default=0)
+    e.add_argument("--deadline-s", type=float, default=None)
+    e.add_argument("--timeout", type=float, default=60.0)
+    e.add_argument("--no-wait", action="store_true", help="print the id and return")
+
+    d = sub.add_parser("demo", help="embedded default: local server + MiniLM worker + requests")
+    d.add_argument("--data-dir", default=".inferq/demo")
+    d.add_argument("--requests", type=int, default=48)
+    d.add_argument("--model", default="minilm")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "worker":
+            from inferq.cli.worker_cmd import run_worker
+            return run_worker(args)
+        if args.command == "stats":
+            from inferq.cli.stats_cmd import run_stats
+            return run_stats(args)
+        if args.command == "enqueue":
+            from inferq.cli.enqueue_cmd import run_enqueue
+            return run_enqueue(args)
+        if args.command == "demo":
+            from inferq.cli.demo_cmd import run_demo
+            return run_demo(args)
+    except InferqError as exc:
+        print(f"inferq: error [{exc.code}]: {exc.message}", file=sys.stderr)
+        return 2
+    raise AssertionError(args.command)

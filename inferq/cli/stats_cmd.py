@@ -1,0 +1,57 @@
+"""``inferq stats``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import redis
+
+from inferq.protocol.keys import QueueKeys
+from inferq.stats import QueueStats, read_all
+
+
+def format_stats(all_stats: list[QueueStats]) -> str:
+    if not all_stats:
+        return "no queues yet (a queue appears once a worker has served it)"
+    lines = []
+    for st in all_stats:
+        lines.append(f"queue {st.queue}")
+        by_prio = ", ".join(f"p{p}={n}" for p, n in sorted(st.pending_by_priority.items(),
+                                                           reverse=True)) or "-"
+        lines.append(f"  pending {st.pending} ({by_prio})  in flight {st.inflight}  "
+                     f"dead-lettered {st.dead_lettered}")
+        lines.append(f"  live workers {len(st.live_workers)}  "
+                     f"throughput {st.throughput_per_s:.1f}/s (last 10 s)")
+        if st.counters:
+            lines.append("  totals " + "  ".join(f"{k}={v}" for k, v in sorted(
+                st.counters.items())))
+        for worker, w in sorted(st.windows.items()):
+            lines.append(format_window(worker, w))
+    return "\n".join(lines)
+
+
+def format_window(worker: str, w: dict[str, Any]) -> str:
+    return (
+        f"  worker {worker}: window {float(w.get('window_ms', 0)):.1f} ms, "
+        f"target batch {w.get('target_batch_size', '?')}, "
+        f"mean batch {float(w.get('mean_batch_size', 0)):.1f} "
+        f"(max {w.get('max_batch_size', 0)}), batches {w.get('batches', 0)}, "
+        f"padding efficiency {float(w.get('padding_efficiency', 1)):.2f}, "
+        f"released by {w.get('reasons', {})}"
+    )
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    client = redis.Redis.from_url(args.redis_url)
+    try:
+        queues = [QueueKeys(q).queue for q in args.queue] if args.queue else None
+        all_stats = read_all(client, queues)
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps([s.as_dict() for s in all_stats], indent=2))
+    else:
+        print(format_stats(all_stats))
+    return 0

@@ -1,0 +1,39 @@
+"""``inferq worker``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from inferq.worker.config import WorkerConfig, default_worker_id
+from inferq.worker.models.registry import load_model, parse_model_arg
+from inferq.worker.runtime import Worker
+
+
+def config_from_args(args: argparse.Namespace) -> WorkerConfig:
+    spec = parse_model_arg(args.model)
+    return WorkerConfig(
+        redis_url=args.redis_url,
+        model_name=spec.name,
+        model_spec=spec.source,
+        task=args.task,
+        max_batch_size=args.max_batch_size,
+        max_batch_tokens=args.max_batch_tokens or None,
+        max_wait_ms=args.max_wait_ms,
+        device=args.device,
+        dtype=args.dtype,
+        lease_ms=args.lease_ms,
+        result_ttl_s=args.result_ttl_s,
+        worker_id=args.worker_id or default_worker_id(),
+    )
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    spec = parse_model_arg(args.model)
+    model = load_model(spec, config.task, device=config.device, dtype=config.dtype)
+    try:
+        asyncio.run(Worker(config, model).run())
+    finally:
+        model.close()
+    return 0

@@ -1,0 +1,1 @@
+"""The producer SDK: light (redis, msgpack, pydantic), never imports torch."""

@@ -1,0 +1,118 @@
+"""Asyncio producer client: the same surface as ``Client``, with awaitables."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from inferq.errors import ResultTimeout
+from inferq.producer import common
+from inferq.producer.common import BLOCKING_DEFAULTS, ClientOptions, RequestState
+from inferq.protocol import ops
+from inferq.protocol.codec import Result
+from inferq.protocol.keys import QueueKeys
+
+
+class AsyncHandle:
+    def __init__(self, client: AsyncClient, keys: QueueKeys, request_id: str,
+                 outcome: str) -> None:
+        self._client = client
+        self.keys = keys
+        self.id = request_id
+        self.outcome = outcome
+
+    @property
+    def duplicate(self) -> bool:
+        return self.outcome != "queued"
+
+    async def result(self, timeout: float | None = None) -> Result:
+        """Await the result (blocking on Redis, no polling); see ``Handle.result``."""
+        key = self.keys.result(self.id)
+        raw = await self._client.redis.blmove(key, key, common.block_timeout(timeout),
+                                              "LEFT", "LEFT")
+        result = common.parse_result(raw, self._client.options)
+        if result is None:
+            raise ResultTimeout(f"no result for request {self.id} within {timeout} s")
+        return common.raise_for_status(result)
+
+    async def peek(self) -> Result | None:
+        raw = await self._client.redis.lindex(self.keys.result(self.id), 0)
+        return common.parse_result(raw, self._client.options)
+
+    async def status(self) -> RequestState:
+        pipe = self._client.redis.pipeline(transaction=False)
+        pipe.hget(self.keys.request(self.id), "st")
+        pipe.lindex(self.keys.result(self.id), 0)
+        state, raw = await pipe.execute()
+        return common.state_of(state, raw, self._client.options)
+
+    async def cancel(self) -> bool:
+        keys, args = ops.cancel_call(self.keys, self.id,
+                                     int(self._client.options.result_ttl_s * 1000))
+        outcome = await self._client.scripts["cancel"](keys=keys, args=args)
+        return bool(outcome in (b"cancelled", "cancelled"))
+
+    def __repr__(self) -> str:
+        return f"AsyncHandle(id={self.id!r}, queue={self.keys.queue!r}, outcome={self.outcome!r})"
+
+
+class AsyncClient:
+    def __init__(self, url: str | None = None, *, options: ClientOptions | None = None,
+                 **redis_kwargs: Any) -> None:
+        self.url = common.resolve_url(url)
+        self.options = options or ClientOptions()
+        self.redis: aioredis.Redis = aioredis.Redis.from_url(
+            self.url, **{**BLOCKING_DEFAULTS, **redis_kwargs})
+        self.scripts = ops.register(self.redis)
+
+    async def enqueue(
+        self,
+        prompt: str,
+        *,
+        model: str,
+        task: str = "embed",
+        priority: int = 0,
+        deadline_s: float | None = None,
+        id: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        max_attempts: int = 3,
+    ) -> AsyncHandle:
+        p = common.prepare(prompt, model=model, task=task, priority=priority,
+                           deadline_s=deadline_s, id=id, params=params,
+                           max_attempts=max_attempts, options=self.options)
+        keys, args = ops.enqueue_call(p.keys, self.options.max_queue_depth, [p.item])
+        depth, outcomes = ops.parse_enqueue(await self.scripts["enqueue"](keys=keys, args=args))
+        common.check_full(outcomes, depth, self.options, p.keys.queue)
+        return AsyncHandle(self, p.keys, p.item.id, outcomes[0])
+
+    async def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]],
+                           **defaults: Any) -> list[AsyncHandle]:
+        prepared = common.prepare_many(requests, defaults, self.options)
+        groups = common.group_by_queue(prepared)
+        pipe = self.redis.pipeline(transaction=False)
+        for keys, indices in groups.items():
+            call_keys, args = ops.enqueue_call(keys, self.options.max_queue_depth,
+                                               [prepared[i].item for i in indices])
+            await self.scripts["enqueue"](keys=call_keys, args=args, client=pipe)
+        replies = await pipe.execute()
+        return common.collect_handles(
+            prepared, groups, replies, self.options,
+            lambda keys, request_id, outcome: AsyncHandle(self, keys, request_id, outcome),
+        )
+
+    def handle(self, request_id: str, *, model: str, task: str = "embed") -> AsyncHandle:
+        return AsyncHandle(self, QueueKeys.for_model(task, model, self.options.namespace),
+                           request_id, "unknown")
+
+    async def aclose(self) -> None:
+        await self.redis.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()

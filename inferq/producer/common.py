@@ -1,0 +1,217 @@
+"""What the sync and async clients share: argument validation, request building and the
+interpretation of replies and results."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from inferq.errors import (
+    DeadlineExceeded,
+    QueueFull,
+    RequestCancelled,
+    RequestFailed,
+    ValidationError,
+)
+from inferq.protocol import ops, scores
+from inferq.protocol.codec import (
+    DEFAULT_LIMITS,
+    Limits,
+    Result,
+    Status,
+    build_request,
+    decode_result,
+    encode_request,
+)
+from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys
+
+DEFAULT_URL = "redis://localhost:6379/0"
+URL_ENV = "INFERQ_REDIS_URL"
+#: ``Handle.result`` blocks in Redis for as long as the caller asks, so the socket must not time
+#: out first (redis-py's default is 5 s); keepalive detects a dead peer instead.
+BLOCKING_DEFAULTS: dict[str, Any] = {"socket_timeout": None, "socket_keepalive": True}
+
+
+def resolve_url(url: str | None) -> str:
+    return url or os.environ.get(URL_ENV) or DEFAULT_URL
+
+
+@dataclass(frozen=True, slots=True)
+class ClientOptions:
+    namespace: str = DEFAULT_NAMESPACE
+    max_queue_depth: int = 1_000_000
+    result_ttl_s: float = 3600.0
+    limits: Limits = DEFAULT_LIMITS
+
+    def __post_init__(self) -> None:
+        if self.max_queue_depth < 0:
+            raise ValidationError(f"max_queue_depth must be >= 0, got {self.max_queue_depth}")
+        if not self.result_ttl_s > 0:
+            raise ValidationError(f"result_ttl_s must be > 0, got {self.result_ttl_s}")
+
+
+class RequestState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    OK = "ok"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    DEAD = "dead"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A validated request ready for the enqueue script."""
+
+    keys: QueueKeys
+    item: ops.EnqueueItem
+    task: str
+    model: str
+
+
+def prepare(
+    prompt: object,
+    *,
+    model: str,
+    task: str = "embed",
+    priority: int = 0,
+    deadline_s: float | None = None,
+    id: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    max_attempts: int = 3,
+    options: ClientOptions,
+) -> Prepared:
+    request_id = id if id is not None else uuid.uuid4().hex
+    payload = build_request(
+        prompt, id=request_id, model=model, task=task, priority=priority,
+        deadline_s=deadline_s, params=dict(params) if params is not None else None,
+        max_attempts=max_attempts,
+    )
+    keys = QueueKeys.for_model(payload.task, payload.model, options.namespace)
+    item = ops.EnqueueItem(
+        id=payload.id,
+        band=scores.band(payload.priority),
+        payload=encode_request(payload, options.limits),
+        deadline_ms=None if payload.deadline_s is None else max(1, round(payload.deadline_s * 1e3)),
+        max_attempts=payload.max_attempts,
+    )
+    return Prepared(keys=keys, item=item, task=payload.task, model=payload.model)
+
+
+def prepare_many(
+    requests: Iterable[str | Mapping[str, Any]], defaults: Mapping[str, Any],
+    options: ClientOptions,
+) -> list[Prepared]:
+    """Each request is a prompt or a mapping of ``enqueue`` keyword arguments (with ``prompt``);
+    ``defaults`` fills what a mapping leaves out."""
+    prepared = []
+    for index, request in enumerate(requests):
+        spec: dict[str, Any] = dict(defaults)
+        if isinstance(request, str):
+            spec["prompt"] = request
+        elif isinstance(request, Mapping):
+            spec.update(request)
+        else:
+            raise ValidationError(
+                f"request #{index} must be a str or a mapping, got {type(request).__name__}"
+            )
+        if "prompt" not in spec or "model" not in spec:
+            raise ValidationError(f"request #{index} needs a prompt and a model")
+        prompt = spec.pop("prompt")
+        try:
+            prepared.append(prepare(prompt, options=options, **spec))
+        except TypeError as exc:
+            raise ValidationError(f"request #{index}: {exc}") from exc
+    return prepared
+
+
+def group_by_queue(prepared: Sequence[Prepared]) -> dict[QueueKeys, list[int]]:
+    groups: dict[QueueKeys, list[int]] = {}
+    for index, p in enumerate(prepared):
+        groups.setdefault(p.keys, []).append(index)
+    return groups
+
+
+def check_full(outcomes: Sequence[str], depth: int, options: ClientOptions, queue: str) -> None:
+    if outcomes and all(o == "full" for o in outcomes):
+        raise QueueFull(
+            f"queue {queue} is full ({depth} pending, max {options.max_queue_depth})",
+            depth=depth, max_depth=options.max_queue_depth,
+        )
+
+
+def raise_for_status(result: Result) -> Result:
+    """Return an ok result; raise the typed error that matches any other outcome."""
+    if result.status is Status.OK:
+        return result
+    message = result.error.message if result.error else result.status.value
+    code = result.error.code if result.error else result.status.value
+    text = f"request {result.id} {result.status.value}: [{code}] {message}"
+    if result.status is Status.CANCELLED:
+        raise RequestCancelled(text, result=result)
+    if result.status is Status.EXPIRED:
+        raise DeadlineExceeded(text, result=result)
+    raise RequestFailed(text, result=result)
+
+
+def parse_result(raw: Any, options: ClientOptions) -> Result | None:
+    if raw is None:
+        return None
+    return decode_result(raw.encode() if isinstance(raw, str) else bytes(raw), options.limits)
+
+
+def block_timeout(timeout: float | None) -> int:
+    """BLMOVE's timeout argument: 0 blocks forever; Redis takes fractional seconds, though
+    redis-py annotates it as int."""
+    if timeout is None:
+        return 0
+    if not timeout > 0:
+        raise ValidationError(f"timeout must be > 0 seconds or None, got {timeout}")
+    return timeout  # type: ignore[return-value]
+
+
+def state_of(hash_state: bytes | None, raw_result: bytes | None,
+             options: ClientOptions) -> RequestState:
+    if raw_result is not None:
+        result = decode_result(raw_result, options.limits)
+        return RequestState(result.status.value)
+    if hash_state == b"pending":
+        return RequestState.PENDING
+    if hash_state == b"inflight":
+        return RequestState.RUNNING
+    return RequestState.UNKNOWN
+
+
+H = TypeVar("H")
+
+
+def collect_handles(
+    prepared: Sequence[Prepared], groups: Mapping[QueueKeys, list[int]], replies: Sequence[Any],
+    options: ClientOptions, make_handle: Callable[[QueueKeys, str, str], H],
+) -> list[H]:
+    """Turn the pipelined enqueue replies into handles, in request order."""
+    handles: list[H | None] = [None] * len(prepared)
+    refused: list[int] = []
+    depth = 0
+    for (keys, indices), reply in zip(groups.items(), replies, strict=True):
+        depth, outcomes = ops.parse_enqueue(reply)
+        for index, outcome in zip(indices, outcomes, strict=True):
+            if outcome == "full":
+                refused.append(index)
+            else:
+                handles[index] = make_handle(keys, prepared[index].item.id, outcome)
+    accepted = [h for h in handles if h is not None]
+    if refused:
+        raise QueueFull(
+            f"{len(refused)} of {len(prepared)} requests refused: queue full "
+            f"(max {options.max_queue_depth})",
+            depth=depth, max_depth=options.max_queue_depth,
+            accepted=accepted, refused=sorted(refused),
+        )
+    return accepted

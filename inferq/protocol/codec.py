@@ -1,0 +1,219 @@
+"""Wire format: msgpack bodies validated by pydantic models on both sides. Never pickle."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ValidationError as PydanticValidationError
+
+from inferq.errors import PayloadTooLarge, ValidationError
+from inferq.protocol.keys import NAME_RE
+from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
+
+WIRE_VERSION = 1
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+
+JSONScalar = str | int | float | bool | None
+ParamValue = JSONScalar | list[JSONScalar] | dict[str, JSONScalar]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Size limits, checked before anything is queued (producer) and before anything is run."""
+
+    max_prompt_bytes: int = 1 << 20
+    max_params_bytes: int = 64 << 10
+    max_payload_bytes: int = 2 << 20
+    max_result_bytes: int = 16 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("max_prompt_bytes", "max_params_bytes", "max_payload_bytes",
+                     "max_result_bytes"):
+            if getattr(self, name) < 1:
+                raise ValidationError(f"Limits.{name} must be >= 1, got {getattr(self, name)}")
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class RequestPayload(BaseModel):
+    """What a producer writes; the worker validates it again before running it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    v: Literal[1] = 1
+    id: Annotated[str, Field(pattern=ID_RE.pattern)]
+    task: Annotated[str, Field(pattern=NAME_RE.pattern)]
+    model: Annotated[str, Field(pattern=NAME_RE.pattern)]
+    prompt: str
+    priority: Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX, strict=True)] = 0
+    params: dict[str, ParamValue] = Field(default_factory=dict)
+    deadline_s: float | None = None
+    max_attempts: Annotated[int, Field(ge=1, le=100, strict=True)] = 3
+
+    @field_validator("deadline_s")
+    @classmethod
+    def _finite_positive(cls, value: float | None) -> float | None:
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise ValueError(f"deadline_s must be a finite number of seconds > 0, got {value}")
+        return value
+
+
+class Status(StrEnum):
+    OK = "ok"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    DEAD = "dead"
+
+
+class ErrorInfo(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    code: str
+    message: str = ""
+
+
+class Result(BaseModel):
+    """The outcome of one request, stored under its own key. Times are Redis-clock ms."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    v: int = WIRE_VERSION
+    id: str
+    status: Status
+    output: Any = None
+    error: ErrorInfo | None = None
+    task: str | None = None
+    model: str | None = None
+    worker: str | None = None
+    attempts: int = 0
+    batch_size: int | None = None
+    enqueued_ms: int | None = None
+    started_ms: int | None = None
+    finished_ms: int | None = None
+    compute_ms: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    @property
+    def queue_wait_ms(self) -> float | None:
+        """Time from enqueue to the (last) claim, on Redis' clock."""
+        if self.enqueued_ms is None or self.started_ms is None:
+            return None
+        return float(self.started_ms - self.enqueued_ms)
+
+    @property
+    def total_ms(self) -> float | None:
+        if self.enqueued_ms is None or self.finished_ms is None:
+            return None
+        return float(self.finished_ms - self.enqueued_ms)
+
+
+def pack(obj: Any) -> bytes:
+    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    return data
+
+
+def unpack(data: bytes, *, max_bytes: int) -> Any:
+    if len(data) > max_bytes:
+        raise PayloadTooLarge(f"message of {len(data)} bytes exceeds the {max_bytes}-byte limit")
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
+            TypeError) as exc:
+        raise ValidationError(f"malformed msgpack: {exc}") from exc
+
+
+def _validation_message(exc: PydanticValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "<root>"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def encode_request(payload: RequestPayload, limits: Limits = DEFAULT_LIMITS) -> bytes:
+    prompt_bytes = len(payload.prompt.encode("utf-8"))
+    if prompt_bytes > limits.max_prompt_bytes:
+        raise PayloadTooLarge(
+            f"prompt of {prompt_bytes} bytes exceeds the {limits.max_prompt_bytes}-byte limit"
+        )
+    params_bytes = len(pack(payload.params))
+    if params_bytes > limits.max_params_bytes:
+        raise PayloadTooLarge(
+            f"params of {params_bytes} bytes exceed the {limits.max_params_bytes}-byte limit"
+        )
+    data = pack(payload.model_dump(mode="python"))
+    if len(data) > limits.max_payload_bytes:
+        raise PayloadTooLarge(
+            f"payload of {len(data)} bytes exceeds the {limits.max_payload_bytes}-byte limit"
+        )
+    return data
+
+
+def decode_request(data: bytes, limits: Limits = DEFAULT_LIMITS) -> RequestPayload:
+    raw = unpack(data, max_bytes=limits.max_payload_bytes)
+    try:
+        payload = RequestPayload.model_validate(raw)
+    except PydanticValidationError as exc:
+        raise ValidationError(f"invalid request payload: {_validation_message(exc)}") from exc
+    if len(payload.prompt.encode("utf-8")) > limits.max_prompt_bytes:
+        raise PayloadTooLarge(f"prompt exceeds the {limits.max_prompt_bytes}-byte limit")
+    return payload
+
+
+def encode_result(result: Result, limits: Limits = DEFAULT_LIMITS) -> bytes:
+    data = pack(result.model_dump(mode="python", exclude_none=True))
+    if len(data) > limits.max_result_bytes:
+        raise PayloadTooLarge(
+            f"result of {len(data)} bytes exceeds the {limits.max_result_bytes}-byte limit"
+        )
+    return data
+
+
+def decode_result(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Result:
+    raw = unpack(data, max_bytes=limits.max_result_bytes)
+    try:
+        return Result.model_validate(raw)
+    except PydanticValidationError as exc:
+        raise ValidationError(f"invalid result: {_validation_message(exc)}") from exc
+
+
+def build_request(
+    prompt: object,
+    *,
+    id: str,
+    model: str,
+    task: str,
+    priority: object,
+    deadline_s: object,
+    params: object,
+    max_attempts: object,
+) -> RequestPayload:
+    """Validate producer arguments into a payload, raising ``ValidationError`` naming the field."""
+    if not isinstance(prompt, str):
+        raise ValidationError(f"prompt must be a str, got {type(prompt).__name__}")
+    try:
+        return RequestPayload.model_validate(
+            {
+                "id": id,
+                "task": task,
+                "model": model,
+                "prompt": prompt,
+                "priority": priority,
+                "params": {} if params is None else params,
+                "deadline_s": deadline_s,
+                "max_attempts": max_attempts,
+            }
+        )
+    except PydanticValidationError as exc:
+        raise ValidationError(f"invalid request: {_validation_message(exc)}") from exc

@@ -1,0 +1,280 @@
+"""The Lua scripts: every state change of a request is exactly one of these atomic calls.
+
+Each script reads the time from Redis ``TIME`` (one clock for every producer and worker) and
+builds per-request keys from ``prefix`` (``inferq:{task:model}:``), so every key it touches
+shares the queue's hash tag and lives in one cluster slot.
+
+Request hash ``<prefix>req:<id>`` fields: ``p`` payload (msgpack), ``s`` pending score,
+``st`` state (``pending``/``inflight``), ``a`` attempts so far, ``ma`` max attempts,
+``eq`` enqueue time (ms), ``dl`` absolute deadline (ms, optional), ``o`` owner,
+``t`` lease token, ``cl`` claim time (ms).
+
+Result ``<prefix>result:<id>`` is a list holding one msgpack result with a TTL; waiters block
+on it with ``BLMOVE key key`` (a rotation that leaves it in place), so a waiting producer is
+woken by the write itself: no polling, no pub/sub message to drop.
+"""
+
+from __future__ import annotations
+
+# Helpers shared by several scripts (prepended to them). Numbers are formatted with %.0f:
+# redis.call would otherwise render a Lua double with %.14g and lose digits of large scores.
+_PRELUDE = r"""
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function num(x) return string.format('%.0f', x) end
+local function put_result(prefix, id, body, ttl)
+  local k = prefix .. 'result:' .. id
+  if redis.call('EXISTS', k) == 1 then return 0 end
+  redis.call('RPUSH', k, body)
+  redis.call('PEXPIRE', k, ttl)
+  return 1
+end
+local function count_done(stats, status, n, now)
+  redis.call('HINCRBY', stats, status, n)
+  local sec = math.floor(now / 1000)
+  local slot = sec % 64
+  if redis.call('HGET', stats, 'ts:' .. slot) ~= num(sec) then
+    redis.call('HSET', stats, 'ts:' .. slot, num(sec), 'n:' .. slot, 0)
+  end
+  redis.call('HINCRBY', stats, 'n:' .. slot, n)
+end
+local function wake_workers(wake, n)
+  n = math.min(n, 64 - redis.call('LLEN', wake))
+  if n > 0 then
+    local tokens = {}
+    for i = 1, n do tokens[i] = '1' end
+    redis.call('RPUSH', wake, unpack(tokens))
+  end
+end
+local function error_result(id, status, code, message, h_attempts, h_eq, now)
+  return cmsgpack.pack({v = 1, id = id, status = status,
+    error = {code = code, message = message},
+    attempts = tonumber(h_attempts or 0), enqueued_ms = tonumber(h_eq or now), finished_ms = now})
+end
+"""
+
+ENQUEUE = _PRELUDE + r"""
+-- KEYS: 1 pending, 2 seq, 3 wake
+-- ARGV: 1 prefix, 2 max_depth (0 = unbounded),
+--       then per request 5 values: id, priority band, payload,
+--       relative deadline ms or '', max attempts
+-- Returns {depth, {outcome per request}}, each outcome one of
+-- 'queued', 'pending', 'inflight', 'done' (a repeated id) or 'full' (back-pressure).
+local pending, seqkey, wake = KEYS[1], KEYS[2], KEYS[3]
+local prefix, max_depth = ARGV[1], tonumber(ARGV[2])
+local now = now_ms()
+local depth = redis.call('ZCARD', pending)
+local out, queued = {}, 0
+for i = 3, #ARGV, 5 do
+  local id = ARGV[i]
+  local rkey = prefix .. 'req:' .. id
+  local state = redis.call('HGET', rkey, 'st')
+  if state then
+    out[#out + 1] = state
+  elseif redis.call('EXISTS', prefix .. 'result:' .. id) == 1 then
+    out[#out + 1] = 'done'
+  elseif max_depth > 0 and depth >= max_depth then
+    out[#out + 1] = 'full'
+  else
+    local score = num(tonumber(ARGV[i + 1]) + redis.call('INCR', seqkey))
+    redis.call('ZADD', pending, score, id)
+    redis.call('HSET', rkey, 'p', ARGV[i + 2], 's', score, 'st', 'pending', 'a', 0,
+      'ma', ARGV[i + 4], 'eq', num(now))
+    if ARGV[i + 3] ~= '' then
+      redis.call('HSET', rkey, 'dl', num(now + tonumber(ARGV[i + 3])))
+    end
+    depth = depth + 1
+    queued = queued + 1
+    out[#out + 1] = 'queued'
+  end
+end
+if queued > 0 then wake_workers(wake, queued) end
+return {depth, out}
+"""
+
+CLAIM = _PRELUDE + r"""
+-- KEYS: 1 pending, 2 inflight, 3 stats
+-- ARGV: 1 prefix, 2 owner, 3 lease ms, 4 max count, 5 result ttl ms
+-- Moves up to max count ids from pending to inflight (score = lease deadline), recording owner,
+-- a fresh lease token (owner/attempt) and the attempt count. A request whose deadline already
+-- passed is answered 'expired' here and never runs.
+-- Returns {now, {{id, payload, token, attempt, enqueued ms, deadline ms or ''}, ...}, expired}.
+local pending, inflight, stats = KEYS[1], KEYS[2], KEYS[3]
+local prefix, owner = ARGV[1], ARGV[2]
+local lease, max_n, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local now = now_ms()
+local popped = redis.call('ZPOPMIN', pending, max_n)
+local out, expired = {}, 0
+for i = 1, #popped, 2 do
+  local id = popped[i]
+  local rkey = prefix .. 'req:' .. id
+  local h = redis.call('HMGET', rkey, 'p', 'a', 'eq', 'dl')
+  if h[1] then
+    local attempt = tonumber(h[2]) + 1
+    if h[4] and tonumber(h[4]) <= now then
+      put_result(prefix, id, error_result(id, 'expired', 'deadline_exceeded',
+        'the deadline passed while the request was queued', h[2], h[3], now), ttl)
+      redis.call('DEL', rkey)
+      expired = expired + 1
+    else
+      local token = owner .. '/' .. attempt
+      redis.call('HSET', rkey, 'st', 'inflight', 'a', attempt, 'o', owner, 't', token,
+        'cl', num(now))
+      redis.call('ZADD', inflight, num(now + lease), id)
+      out[#out + 1] = {id, h[1], token, attempt, h[3], h[4] or ''}
+    end
+  end
+end
+if expired > 0 then count_done(stats, 'expired', expired, now) end
+return {num(now), out, expired}
+"""
+
+HEARTBEAT = _PRELUDE + r"""
+-- KEYS: 1 inflight, 2 workers
+-- ARGV: 1 prefix, 2 worker id, 3 lease ms, 4 liveness ms, then pairs: id, token
+-- Extends every lease whose token still matches and marks the worker alive.
+-- Returns the ids whose lease was lost (reclaimed or finished elsewhere).
+local inflight, workers = KEYS[1], KEYS[2]
+local prefix, worker = ARGV[1], ARGV[2]
+local lease, liveness = tonumber(ARGV[3]), tonumber(ARGV[4])
+local now = now_ms()
+redis.call('ZADD', workers, num(now + liveness), worker)
+redis.call('ZREMRANGEBYSCORE', workers, '-inf', num(now - 60000))
+local lost = {}
+for i = 5, #ARGV, 2 do
+  local id, token = ARGV[i], ARGV[i + 1]
+  if redis.call('HGET', prefix .. 'req:' .. id, 't') == token then
+    redis.call('ZADD', inflight, 'XX', num(now + lease), id)
+  else
+    lost[#lost + 1] = id
+  end
+end
+return lost
+"""
+
+COMPLETE = _PRELUDE + r"""
+-- KEYS: 1 inflight, 2 stats
+-- ARGV: 1 prefix, 2 result ttl ms, then per request 4 values: id, token, status, result body
+-- Token-checked and first writer wins: a zombie (a worker whose lease was taken over) or a
+-- request cancelled meanwhile gets its write refused. Returns 1 (written) or 0 (refused) each.
+local inflight, stats = KEYS[1], KEYS[2]
+local prefix, ttl = ARGV[1], tonumber(ARGV[2])
+local now = now_ms()
+local out, refused, counts = {}, 0, {}
+for i = 3, #ARGV, 4 do
+  local id, token, status = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local rkey = prefix .. 'req:' .. id
+  if redis.call('HGET', rkey, 't') == token and put_result(prefix, id, ARGV[i + 3], ttl) == 1 then
+    redis.call('DEL', rkey)
+    redis.call('ZREM', inflight, id)
+    counts[status] = (counts[status] or 0) + 1
+    out[#out + 1] = 1
+  else
+    refused = refused + 1
+    out[#out + 1] = 0
+  end
+end
+for status, n in pairs(counts) do count_done(stats, status, n, now) end
+if refused > 0 then redis.call('HINCRBY', stats, 'refused', refused) end
+return out
+"""
+
+RECLAIM = _PRELUDE + r"""
+-- KEYS: 1 inflight, 2 pending, 3 dead, 4 wake, 5 stats
+-- ARGV: 1 prefix, 2 max count, 3 result ttl ms, 4 dead-letter cap
+-- Expired leases go back to pending with their original score, or, once their attempts are
+-- used up, to the capped dead-letter set with an error result. Returns {requeued, dead}.
+local inflight, pending, dead, wake, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local prefix, max_n = ARGV[1], tonumber(ARGV[2])
+local ttl, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
+local now = now_ms()
+local ids = redis.call('ZRANGEBYSCORE', inflight, '-inf', num(now), 'LIMIT', 0, max_n)
+local requeued, died = 0, 0
+for _, id in ipairs(ids) do
+  redis.call('ZREM', inflight, id)
+  local rkey = prefix .. 'req:' .. id
+  local h = redis.call('HMGET', rkey, 's', 'a', 'ma', 'eq', 'o')
+  if h[1] then
+    if tonumber(h[2]) >= tonumber(h[3]) then
+      put_result(prefix, id, error_result(id, 'dead', 'max_attempts',
+        'lease expired on all ' .. h[2] .. ' attempts (last owner ' .. (h[5] or '?') .. ')',
+        h[2], h[4], now), ttl)
+      redis.call('ZADD', dead, num(now), id)
+      redis.call('ZREMRANGEBYRANK', dead, 0, -(cap + 1))
+      redis.call('DEL', rkey)
+      died = died + 1
+    else
+      redis.call('HSET', rkey, 'st', 'pending')
+      redis.call('HDEL', rkey, 'o', 't')
+      redis.call('ZADD', pending, h[1], id)
+      requeued = requeued + 1
+    end
+  end
+end
+if requeued > 0 then
+  redis.call('HINCRBY', stats, 'reclaimed', requeued)
+  wake_workers(wake, requeued)
+end
+if died > 0 then count_done(stats, 'dead', died, now) end
+return {requeued, died}
+"""
+
+RELEASE = _PRELUDE + r"""
+-- KEYS: 1 inflight, 2 pending, 3 wake
+-- ARGV: 1 prefix, then pairs: id, token
+-- Gives claims that never started back to pending at once (clean shutdown), with their original
+-- score and the attempt not counted. Returns how many were released.
+local inflight, pending, wake = KEYS[1], KEYS[2], KEYS[3]
+local prefix = ARGV[1]
+local released = 0
+for i = 2, #ARGV, 2 do
+  local id, token = ARGV[i], ARGV[i + 1]
+  local rkey = prefix .. 'req:' .. id
+  local h = redis.call('HMGET', rkey, 't', 's')
+  if h[1] == token then
+    redis.call('HINCRBY', rkey, 'a', -1)
+    redis.call('HSET', rkey, 'st', 'pending')
+    redis.call('HDEL', rkey, 'o', 't')
+    redis.call('ZREM', inflight, id)
+    redis.call('ZADD', pending, h[2], id)
+    released = released + 1
+  end
+end
+if released > 0 then wake_workers(wake, released) end
+return released
+"""
+
+CANCEL = _PRELUDE + r"""
+-- KEYS: 1 pending, 2 inflight, 3 stats
+-- ARGV: 1 prefix, 2 id, 3 result ttl ms
+-- Cancels a queued or running request: writes a 'cancelled' result (which also refuses a later
+-- completion of a running one). Returns 'cancelled', 'done' (already finished) or 'unknown'.
+local pending, inflight, stats = KEYS[1], KEYS[2], KEYS[3]
+local prefix, id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local rkey = prefix .. 'req:' .. id
+local h = redis.call('HMGET', rkey, 'a', 'eq')
+if not h[2] then
+  if redis.call('EXISTS', prefix .. 'result:' .. id) == 1 then return 'done' end
+  return 'unknown'
+end
+local now = now_ms()
+redis.call('ZREM', pending, id)
+redis.call('ZREM', inflight, id)
+redis.call('DEL', rkey)
+put_result(prefix, id, error_result(id, 'cancelled', 'cancelled', 'cancelled by the producer',
+  h[1], h[2], now), ttl)
+count_done(stats, 'cancelled', 1, now)
+return 'cancelled'
+"""
+
+ALL: dict[str, str] = {
+    "enqueue": ENQUEUE,
+    "claim": CLAIM,
+    "heartbeat": HEARTBEAT,
+    "complete": COMPLETE,
+    "reclaim": RECLAIM,
+    "release": RELEASE,
+    "cancel": CANCEL,
+}

@@ -1,0 +1,92 @@
+"""A claimed request inside the worker, a batch of them, and the results they produce."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferq.errors import InferqError
+from inferq.protocol import ops
+from inferq.protocol.codec import (
+    ErrorInfo,
+    Limits,
+    RequestPayload,
+    Result,
+    Status,
+    encode_result,
+)
+from inferq.worker.isolation import Failure
+from inferq.worker.models.base import ModelInput
+from inferq.worker.policy import ReleaseReason
+
+
+@dataclass(slots=True)
+class Job:
+    claimed: ops.Claimed
+    payload: RequestPayload
+    input: ModelInput
+    #: Enqueue time and deadline on this worker's monotonic clock.
+    arrival: float
+    deadline: float | None
+    claimed_ms: int
+
+    @property
+    def id(self) -> str:
+        return self.claimed.id
+
+    @property
+    def tokens(self) -> int:
+        return self.input.tokens
+
+
+@dataclass(slots=True)
+class Batch:
+    id: int
+    jobs: list[Job]
+    reason: ReleaseReason
+    padding_efficiency: float
+    released_at: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ResultContext:
+    worker: str
+    task: str
+    model: str
+    limits: Limits
+
+
+def job_result(ctx: ResultContext, job: Job, outcome: Any, *, batch_size: int,
+               finished_ms: int, compute_ms: float) -> ops.Completion:
+    """The completion for one job; an output too large to store becomes a failed result."""
+    common: dict[str, Any] = dict(
+        id=job.id, task=ctx.task, model=ctx.model, worker=ctx.worker,
+        attempts=job.claimed.attempt, batch_size=batch_size,
+        enqueued_ms=job.claimed.enqueued_ms, started_ms=job.claimed_ms,
+        finished_ms=finished_ms, compute_ms=round(compute_ms, 3),
+    )
+    if isinstance(outcome, Failure):
+        result = Result(status=Status.FAILED, error=outcome.error, **common)
+    else:
+        result = Result(status=Status.OK, output=outcome, **common)
+    try:
+        body = encode_result(result, ctx.limits)
+    except InferqError as exc:
+        result = Result(status=Status.FAILED,
+                        error=ErrorInfo(code=exc.code, message=exc.message), **common)
+        body = encode_result(result, ctx.limits)
+    return ops.Completion(job.id, job.claimed.token, result.status.value, body)
+
+
+def failed_completion(ctx: ResultContext, claimed: ops.Claimed, error: InferqError,
+                      now_ms: int) -> ops.Completion:
+    """A request rejected before it reached the model (malformed payload, invalid input)."""
+    result = Result(
+        id=claimed.id, status=Status.FAILED,
+        error=ErrorInfo(code=error.code, message=error.message[:2000]),
+        task=ctx.task, model=ctx.model, worker=ctx.worker, attempts=claimed.attempt,
+        enqueued_ms=claimed.enqueued_ms, started_ms=now_ms, finished_ms=now_ms,
+    )
+    return ops.Completion(claimed.id, claimed.token, Status.FAILED.value,
+                          encode_result(result, ctx.limits))

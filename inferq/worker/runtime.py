@@ -1,0 +1,380 @@
+"""The worker loop.
+
+One asyncio loop owns all Redis I/O. Two coroutines share it:
+
+* the collector claims windows of requests (one Lua call each), decodes and tokenizes them on a
+  helper thread, and decides with the adaptive ``WindowPolicy`` when to release a batch. While
+  the model is busy it keeps claiming and tokenizing the next window (waiting is free then);
+* the executor runs each batch's forward pass on the model thread (torch releases the GIL) and
+  writes all results with one ``complete`` call per batch, overlapped with the next forward.
+
+Leases are extended by a heartbeat thread with its own connection. Expired leases of any
+worker are reclaimed by a periodic sweep. On SIGTERM/SIGINT the worker stops claiming,
+finishes the batch in hand, and gives unstarted claims back at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+
+from inferq.errors import InferqError, InvalidInput
+from inferq.protocol import ops
+from inferq.protocol.codec import RequestPayload, decode_request
+from inferq.protocol.keys import QueueKeys, queues_registry
+from inferq.worker.batch import Batch, Job, ResultContext, failed_completion, job_result
+from inferq.worker.config import WorkerConfig
+from inferq.worker.isolation import Failure, run_isolated
+from inferq.worker.leases import Heartbeat, LeaseBook
+from inferq.worker.models.base import BatchModel, ModelInput
+from inferq.worker.packing import fill_tokens, pack
+from inferq.worker.policy import WindowConfig, WindowPolicy
+from inferq.worker.telemetry import WorkerStats
+from inferq.worker.tuning import load_policy, save_policy
+from inferq.worker.wake import WakeWaiter
+
+log = logging.getLogger("inferq.worker")
+
+RECLAIM_BATCH = 500
+WINDOW_STATS_TTL_MS = 15_000
+
+
+def _job_tokens(job: Job) -> int:
+    return job.tokens
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig, model: BatchModel, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.model = model
+        self.clock = clock
+        self.keys = QueueKeys.for_model(config.task, config.model_name, config.namespace)
+        self.window_config = WindowConfig(
+            max_batch_size=config.max_batch_size,
+            max_batch_tokens=config.max_batch_tokens,
+            max_wait_s=config.max_wait_ms / 1e3,
+        )
+        self.policy = WindowPolicy(self.window_config)
+        self.stats = WorkerStats()
+        self.book = LeaseBook()
+        self.ctx = ResultContext(worker=config.worker_id, task=config.task,
+                                 model=config.model_name, limits=config.limits)
+        self._carry: list[Job] = []
+        self._batch_ids = itertools.count(1)
+        self._clock_offset_s = 0.0  # Redis time minus our monotonic clock
+        self._forward_pool = ThreadPoolExecutor(1, thread_name_prefix="inferq-forward")
+        self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="inferq-prepare")
+        self._completions: set[asyncio.Task[None]] = set()
+        self._stopping: asyncio.Event | None = None
+        self.resumed_tuning = False
+        self._unpublished = False
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    def request_stop(self) -> None:
+        if self._stopping is not None and not self._stopping.is_set():
+            log.info("stopping: no new claims; finishing the batch in hand")
+            self._stopping.set()
+
+    async def run(self, *, install_signal_handlers: bool = True) -> None:
+        self._stopping = asyncio.Event()
+        self._device_idle = asyncio.Event()
+        self._device_idle.set()
+        self._ready: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
+        self.redis = aioredis.Redis.from_url(self.config.redis_url)
+        self._blocking = aioredis.Redis.from_url(self.config.redis_url)
+        self.scripts = ops.register(self.redis)
+        self._wake = WakeWaiter(self._blocking, self.keys.wake)
+        loop = asyncio.get_running_loop()
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
+        await self._check_server()
+        self.policy, self.resumed_tuning = await load_policy(
+            self.redis, self.keys, self.model.model_id, self.window_config)
+        await self.redis.sadd(queues_registry(self.config.namespace), self.keys.queue)
+        heartbeat = Heartbeat(self.config.redis_url, self.keys, self.config.worker_id,
+                              self.book, lease_ms=self.config.lease_ms,
+                              interval_s=self.config.heartbeat_s)
+        heartbeat.beat()
+        heartbeat.start()
+        await self._reclaim()
+        log.info("worker %s serving %s (device %s, window max %.1f ms, batch max %d, "
+                 "tuning %s)", self.config.worker_id, self.keys.queue, self.model.device,
+                 self.config.max_wait_ms, self.config.max_batch_size,
+                 "resumed" if self.resumed_tuning else "fresh")
+        maintenance = asyncio.create_task(self._maintenance_loop())
+        try:
+            await asyncio.gather(self._collect_loop(), self._execute_loop())
+        finally:
+            maintenance.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await maintenance
+            if self._completions:
+                await asyncio.gather(*self._completions, return_exceptions=True)
+            await self._release(self._carry)
+            self._carry = []
+            heartbeat.stop()
+            await self._publish()
+            await self._wake.close()
+            await self._blocking.aclose()
+            await self.redis.aclose()
+            self._forward_pool.shutdown(wait=True)
+            self._prepare_pool.shutdown(wait=True)
+            log.info("worker %s stopped after %d batches, %d requests",
+                     self.config.worker_id, self.stats.batches, self.stats.requests)
+
+    async def _check_server(self) -> None:
+        """Warn when the server could drop accepted requests (eviction, no persistence)."""
+        try:
+            policy = await self.redis.config_get("maxmemory-policy")
+            aof = await self.redis.config_get("appendonly")
+            save = await self.redis.config_get("save")
+        except ResponseError:
+            return  # CONFIG disabled (managed service, ACL): nothing to check
+        if policy.get("maxmemory-policy", "noeviction") != "noeviction":
+            log.warning("maxmemory-policy is %s: Redis may evict queued requests; "
+                        "use noeviction", policy.get("maxmemory-policy"))
+        if aof.get("appendonly") != "yes" and not save.get("save"):
+            log.warning("Redis persistence is off (no AOF, no RDB): a server restart "
+                        "loses every queued request")
+
+    # ----------------------------------------------------------------------------- collector
+
+    async def _collect_loop(self) -> None:
+        assert self._stopping is not None
+        try:
+            while not self._stopping.is_set():
+                batch = await self._build_batch()
+                if batch is None:
+                    break
+                await self._ready.put(batch)
+        finally:
+            await self._ready.put(None)
+
+    async def _build_batch(self) -> Batch | None:
+        assert self._stopping is not None
+        jobs, self._carry = self._carry, []
+        cfg = self.window_config
+        while True:
+            if self._stopping.is_set():
+                self._carry = jobs
+                return None
+            jobs = [job for job in jobs if not self.book.is_lost(job.id)]
+            if len(jobs) < cfg.max_batch_size:
+                jobs += await self._claim(cfg.max_batch_size - len(jobs))
+            if not jobs:
+                if self._unpublished:
+                    await self._publish()  # idle: make stats current before sleeping
+                await self._wake.wait(None, also=self._stopping)
+                continue
+            tokens = fill_tokens(jobs, _job_tokens)
+            full = len(jobs) >= cfg.max_batch_size or (
+                cfg.max_batch_tokens is not None and tokens >= cfg.max_batch_tokens)
+            if not self._device_idle.is_set():
+                # The model is busy: collecting more costs no latency. Wake on new work or
+                # when the device frees up.
+                if full:
+                    await self._wait_any(self._device_idle, self._stopping)
+                else:
+                    await self._wake.wait(None, also=self._device_idle)
+                continue
+            decision = self.policy.decide(
+                self.clock(), size=len(jobs), tokens=tokens,
+                oldest_arrival=min(job.arrival for job in jobs),
+                earliest_deadline=min((j.deadline for j in jobs if j.deadline is not None),
+                                      default=None),
+            )
+            if decision.release:
+                packed = pack(jobs, _job_tokens, max_count=cfg.max_batch_size,
+                              max_tokens=cfg.max_batch_tokens)
+                self._carry = packed.rest
+                return Batch(id=next(self._batch_ids), jobs=packed.batch,
+                             reason=decision.reason,
+                             padding_efficiency=packed.padding_efficiency,
+                             released_at=self.clock(),
+                             extra={"real": packed.real_tokens, "padded": packed.padded_tokens})
+            await self._wake.wait(decision.wait_s, also=self._stopping)
+
+    @staticmethod
+    async def _wait_any(*events: asyncio.Event) -> None:
+        waiters = [asyncio.ensure_future(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    async def _claim(self, max_count: int) -> list[Job]:
+        keys, args = ops.claim_call(self.keys, self.config.worker_id, self.config.lease_ms,
+                                    max_count, self.config.result_ttl_ms)
+        reply = ops.parse_claim(await self.scripts["claim"](keys=keys, args=args))
+        self._clock_offset_s = reply.now_ms / 1e3 - self.clock()
+        if not reply.claimed:
+            return []
+        for claimed in reply.claimed:
+            self.book.add(claimed.id, claimed.token)
+        loop = asyncio.get_running_loop()
+        jobs, failures = await loop.run_in_executor(
+            self._prepare_pool, self._prepare, reply.claimed, reply.now_ms)
+        if failures:
+            await self._complete(failures)
+        for job in jobs:
+            self.policy.record_arrivals(job.arrival, 1)
+        return jobs
+
+    def _prepare(self, claimed: Sequence[ops.Claimed],
+                 now_ms: int) -> tuple[list[Job], list[ops.Completion]]:
+        """Decode, validate and tokenize (helper thread). Bad requests fail alone, here."""
+        failures: list[ops.Completion] = []
+        valid: list[tuple[ops.Claimed, RequestPayload]] = []
+        for c in claimed:
+            try:
+                payload = decode_request(c.payload, self.config.limits)
+                if payload.id != c.id:
+                    raise InvalidInput(f"payload id {payload.id!r} does not match {c.id!r}")
+                if (payload.task, payload.model) != (self.config.task, self.config.model_name):
+                    raise InvalidInput(
+                        f"payload is for {payload.task}:{payload.model}, queue is "
+                        f"{self.keys.queue}")
+                valid.append((c, payload))
+            except InferqError as exc:
+                failures.append(failed_completion(self.ctx, c, exc, now_ms))
+        inputs: list[ModelInput | InferqError]
+        try:
+            inputs = self.model.prepare([p for _, p in valid])
+        except Exception:  # a tokenizer crash on one input must not fail the others
+            inputs = [self._prepare_one(p) for _, p in valid]
+        jobs: list[Job] = []
+        offset = now_ms / 1e3 - self.clock()
+        for (c, payload), prepared in zip(valid, inputs, strict=True):
+            if isinstance(prepared, InferqError):
+                failures.append(failed_completion(self.ctx, c, prepared, now_ms))
+                continue
+            jobs.append(Job(
+                claimed=c, payload=payload, input=prepared,
+                arrival=c.enqueued_ms / 1e3 - offset,
+                deadline=None if c.deadline_ms is None else c.deadline_ms / 1e3 - offset,
+                claimed_ms=now_ms,
+            ))
+        return jobs, failures
+
+    def _prepare_one(self, payload: RequestPayload) -> ModelInput | InferqError:
+        try:
+            return self.model.prepare([payload])[0]
+        except Exception as exc:
+            return InvalidInput(f"cannot prepare input: {type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------------------------ executor
+
+    async def _execute_loop(self) -> None:
+        assert self._stopping is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            self._device_idle.set()
+            batch = await self._ready.get()
+            if batch is None:
+                return
+            if self._stopping.is_set():
+                await self._release(batch.jobs)
+                continue
+            self._device_idle.clear()
+            inputs = [job.input for job in batch.jobs]
+            started = self.clock()
+            outcomes = await loop.run_in_executor(
+                self._forward_pool, run_isolated, self.model.forward, inputs)
+            elapsed = self.clock() - started
+            self._device_idle.set()
+            if not any(isinstance(o, Failure) for o in outcomes):
+                self.policy.observe_batch(len(batch.jobs), elapsed)
+            self._unpublished = True
+            self.stats.record_batch(len(batch.jobs), batch.reason.value, batch.extra["real"],
+                                    batch.extra["padded"], elapsed)
+            task = asyncio.create_task(self._finish(batch, outcomes, elapsed))
+            self._completions.add(task)
+            task.add_done_callback(self._completions.discard)
+
+    async def _finish(self, batch: Batch, outcomes: list[Any], elapsed: float) -> None:
+        finished_ms = int((self.clock() + self._clock_offset_s) * 1e3)
+        completions = [
+            job_result(self.ctx, job, outcome, batch_size=len(batch.jobs),
+                       finished_ms=finished_ms, compute_ms=elapsed * 1e3)
+            for job, outcome in zip(batch.jobs, outcomes, strict=True)
+        ]
+        await self._complete(completions)
+        log.debug("batch %d: %d requests, %.1f ms, released by %s", batch.id, len(batch.jobs),
+                  elapsed * 1e3, batch.reason.value)
+
+    async def _complete(self, completions: Sequence[ops.Completion]) -> None:
+        keys, args = ops.complete_call(self.keys, self.config.result_ttl_ms, completions)
+        written = ops.parse_complete(await self.scripts["complete"](keys=keys, args=args))
+        for completion, ok in zip(completions, written, strict=True):
+            self.book.drop(completion.id)
+            if not ok:
+                self.stats.refused += 1
+                log.warning("completion of %s refused: lease lost or request cancelled",
+                            completion.id)
+            elif completion.status != "ok":
+                self.stats.failed += 1
+
+    async def _release(self, jobs: Sequence[Job]) -> None:
+        if not jobs:
+            return
+        keys, args = ops.release_call(self.keys, [(j.id, j.claimed.token) for j in jobs])
+        released = int(await self.scripts["release"](keys=keys, args=args))
+        for job in jobs:
+            self.book.drop(job.id)
+        self.stats.released += released
+        log.info("gave %d unstarted requests back to the queue", released)
+
+    # --------------------------------------------------------------------------- maintenance
+
+    async def _reclaim(self) -> tuple[int, int]:
+        keys, args = ops.reclaim_call(self.keys, RECLAIM_BATCH, self.config.result_ttl_ms,
+                                      self.config.dead_letter_cap)
+        requeued, dead = ops.parse_reclaim(await self.scripts["reclaim"](keys=keys, args=args))
+        if requeued or dead:
+            log.warning("reclaimed %d expired leases (%d dead-lettered)", requeued + dead, dead)
+        return requeued, dead
+
+    async def _publish(self) -> None:
+        """Window and batch statistics for ``inferq stats``, plus the tuned state."""
+        now = self.clock()
+        fields = self.stats.as_fields()
+        fields.update({
+            "window_ms": f"{self.policy.window_s(now) * 1e3:.3f}",
+            "target_batch_size": str(self.policy.target_batch_size(now)),
+            "arrival_rate": f"{self.policy.arrivals.rate(now):.3f}",
+            "latency_a_ms": f"{self.policy.latency.a * 1e3:.4f}",
+            "latency_b_ms": f"{self.policy.latency.b * 1e3:.4f}",
+            "model": self.model.model_id,
+            "device": self.model.device,
+        })
+        key = self.keys.window(self.config.worker_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(key, mapping=cast("Mapping[Any, Any]", fields))
+        pipe.pexpire(key, WINDOW_STATS_TTL_MS)
+        await pipe.execute()
+        await save_policy(self.redis, self.keys, self.model.model_id, self.policy)
+        self._unpublished = False
+
+    async def _maintenance_loop(self) -> None:
+        interval = min(max(self.config.lease_ms / 4e3, 0.25), 2.0)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._reclaim()
+                await self._publish()
+            except RedisError as exc:
+                log.warning("maintenance failed: %s", exc)

@@ -1,0 +1,53 @@
+"""Waiting for new work without polling: block on the queue's wake list.
+
+Enqueue pushes a token per new request (the list is capped at 64), so an idle worker sleeps in
+``BLPOP`` until work arrives. One BLPOP is outstanding at a time on a dedicated connection; a
+caller that stops waiting early leaves it running and picks up its answer on the next call,
+so a blocking command is never cancelled mid-flight (which would poison the connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import redis.asyncio as aioredis
+
+BLOCK_S = 1.0
+
+
+class WakeWaiter:
+    def __init__(self, client: aioredis.Redis, key: str) -> None:
+        self._client = client
+        self._key = key
+        self._task: asyncio.Task[object] | None = None
+
+    async def wait(self, timeout: float | None, *,
+                   also: asyncio.Event | None = None) -> bool:
+        """Wait until a wake token arrives (True), ``also`` is set, or ``timeout`` passes."""
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._client.blpop([self._key], timeout=BLOCK_S))
+        waiters: set[asyncio.Future[Any]] = {self._task}
+        event_task: asyncio.Task[Any] | None = None
+        if also is not None:
+            if also.is_set():
+                return False
+            event_task = asyncio.ensure_future(also.wait())
+            waiters.add(event_task)
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if event_task is not None and not event_task.done():
+                event_task.cancel()
+        if not self._task.done():
+            return False
+        task, self._task = self._task, None
+        return task.result() is not None
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+            self._task = None
