@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
@@ -11,6 +12,7 @@ import redis.asyncio as aioredis
 from inferq.errors import ResultTimeout
 from inferq.producer import common
 from inferq.producer.common import BLOCKING_DEFAULTS, ClientOptions, RequestState
+from inferq.producer.inbox import ResultInbox
 from inferq.protocol import ops
 from inferq.protocol.codec import Result
 from inferq.protocol.keys import QueueKeys
@@ -18,11 +20,14 @@ from inferq.protocol.keys import QueueKeys
 
 class AsyncHandle:
     def __init__(self, client: AsyncClient, keys: QueueKeys, request_id: str,
-                 outcome: str) -> None:
+                 outcome: str, *, via_inbox: bool = False) -> None:
         self._client = client
         self.keys = keys
         self.id = request_id
         self.outcome = outcome
+        # Requests this client enqueued announce their result in its inbox; a handle made
+        # from a bare id (or for a duplicate id, enqueued by someone else) blocks on the key.
+        self._via_inbox = via_inbox and outcome == "queued"
 
     @property
     def duplicate(self) -> bool:
@@ -30,9 +35,14 @@ class AsyncHandle:
 
     async def result(self, timeout: float | None = None) -> Result:
         """Await the result (blocking on Redis, no polling); see ``Handle.result``."""
-        key = self.keys.result(self.id)
-        raw = await self._client.redis.blmove(key, key, common.block_timeout(timeout),
-                                              "LEFT", "LEFT")
+        if self._via_inbox:
+            if timeout is not None:
+                common.block_timeout(timeout)  # validates
+            raw: Any = await self._client.inbox(self.keys).wait(self.id, timeout)
+        else:
+            key = self.keys.result(self.id)
+            raw = await self._client.redis.blmove(key, key, common.block_timeout(timeout),
+                                                  "LEFT", "LEFT")
         result = common.parse_result(raw, self._client.options)
         if result is None:
             raise ResultTimeout(f"no result for request {self.id} within {timeout} s")
@@ -64,9 +74,21 @@ class AsyncClient:
                  **redis_kwargs: Any) -> None:
         self.url = common.resolve_url(url)
         self.options = options or ClientOptions()
-        self.redis: aioredis.Redis = aioredis.Redis.from_url(
-            self.url, **{**BLOCKING_DEFAULTS, **redis_kwargs})
+        # A blocking pool: more concurrent calls than connections wait for one instead of
+        # failing. Awaited results do not hold connections (see ``ResultInbox``).
+        pool = aioredis.BlockingConnectionPool.from_url(
+            self.url, max_connections=self.options.max_connections, timeout=None,
+            **{**BLOCKING_DEFAULTS, **redis_kwargs})
+        self.redis: aioredis.Redis = aioredis.Redis(connection_pool=pool)
         self.scripts = ops.register(self.redis)
+        self.client_id = uuid.uuid4().hex
+        self._inboxes: dict[QueueKeys, ResultInbox] = {}
+
+    def inbox(self, keys: QueueKeys) -> ResultInbox:
+        box = self._inboxes.get(keys)
+        if box is None:
+            box = self._inboxes[keys] = ResultInbox(self.redis, keys, self.client_id)
+        return box
 
     async def enqueue(
         self,
@@ -82,15 +104,17 @@ class AsyncClient:
     ) -> AsyncHandle:
         p = common.prepare(prompt, model=model, task=task, priority=priority,
                            deadline_s=deadline_s, id=id, params=params,
-                           max_attempts=max_attempts, options=self.options)
+                           max_attempts=max_attempts, options=self.options,
+                           reply_to=self.client_id)
         keys, args = ops.enqueue_call(p.keys, self.options.max_queue_depth, [p.item])
         depth, outcomes = ops.parse_enqueue(await self.scripts["enqueue"](keys=keys, args=args))
         common.check_full(outcomes, depth, self.options, p.keys.queue)
-        return AsyncHandle(self, p.keys, p.item.id, outcomes[0])
+        return AsyncHandle(self, p.keys, p.item.id, outcomes[0], via_inbox=True)
 
     async def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]],
                            **defaults: Any) -> list[AsyncHandle]:
-        prepared = common.prepare_many(requests, defaults, self.options)
+        prepared = common.prepare_many(requests, defaults, self.options,
+                                       reply_to=self.client_id)
         groups = common.group_by_queue(prepared)
         pipe = self.redis.pipeline(transaction=False)
         for keys, indices in groups.items():
@@ -100,7 +124,8 @@ class AsyncClient:
         replies = await pipe.execute()
         return common.collect_handles(
             prepared, groups, replies, self.options,
-            lambda keys, request_id, outcome: AsyncHandle(self, keys, request_id, outcome),
+            lambda keys, request_id, outcome: AsyncHandle(self, keys, request_id, outcome,
+                                                          via_inbox=True),
         )
 
     def handle(self, request_id: str, *, model: str, task: str = "embed") -> AsyncHandle:
@@ -108,7 +133,10 @@ class AsyncClient:
                            request_id, "unknown")
 
     async def aclose(self) -> None:
+        for box in self._inboxes.values():
+            await box.close()
         await self.redis.aclose()
+        await self.redis.connection_pool.disconnect()
 
     async def __aenter__(self) -> AsyncClient:
         return self

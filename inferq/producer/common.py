@@ -46,10 +46,14 @@ class ClientOptions:
     max_queue_depth: int = 1_000_000
     result_ttl_s: float = 3600.0
     limits: Limits = DEFAULT_LIMITS
+    #: Connections of an ``AsyncClient``'s pool; more concurrent calls wait for a free one.
+    max_connections: int = 32
 
     def __post_init__(self) -> None:
         if self.max_queue_depth < 0:
             raise ValidationError(f"max_queue_depth must be >= 0, got {self.max_queue_depth}")
+        if self.max_connections < 2:
+            raise ValidationError(f"max_connections must be >= 2, got {self.max_connections}")
         if not self.result_ttl_s > 0:
             raise ValidationError(f"result_ttl_s must be > 0, got {self.result_ttl_s}")
 
@@ -86,6 +90,7 @@ def prepare(
     params: Mapping[str, Any] | None = None,
     max_attempts: int = 3,
     options: ClientOptions,
+    reply_to: str | None = None,
 ) -> Prepared:
     request_id = id if id is not None else uuid.uuid4().hex
     payload = build_request(
@@ -100,13 +105,14 @@ def prepare(
         payload=encode_request(payload, options.limits),
         deadline_ms=None if payload.deadline_s is None else max(1, round(payload.deadline_s * 1e3)),
         max_attempts=payload.max_attempts,
+        reply_to=reply_to,
     )
     return Prepared(keys=keys, item=item, task=payload.task, model=payload.model)
 
 
 def prepare_many(
     requests: Iterable[str | Mapping[str, Any]], defaults: Mapping[str, Any],
-    options: ClientOptions,
+    options: ClientOptions, reply_to: str | None = None,
 ) -> list[Prepared]:
     """Each request is a prompt or a mapping of ``enqueue`` keyword arguments (with ``prompt``);
     ``defaults`` fills what a mapping leaves out."""
@@ -125,7 +131,7 @@ def prepare_many(
             raise ValidationError(f"request #{index} needs a prompt and a model")
         prompt = spec.pop("prompt")
         try:
-            prepared.append(prepare(prompt, options=options, **spec))
+            prepared.append(prepare(prompt, options=options, reply_to=reply_to, **spec))
         except TypeError as exc:
             raise ValidationError(f"request #{index}: {exc}") from exc
     return prepared

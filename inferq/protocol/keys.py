@@ -92,6 +92,10 @@ class QueueKeys:
         """Hash with one worker's current window, for ``inferq stats``."""
         return f"{self.prefix}window:{worker_id}"
 
+    def inbox(self, client_id: str) -> str:
+        """List of finished request ids for one async client (its single waiting connection)."""
+        return f"{self.prefix}inbox:{client_id}"
+
     def request(self, request_id: str) -> str:
         return f"{self.prefix}req:{request_id}"
 

@@ -29,13 +29,15 @@ class EnqueueItem:
     payload: bytes
     deadline_ms: int | None
     max_attempts: int
+    reply_to: str | None = None
 
 
 def enqueue_call(keys: QueueKeys, max_depth: int, items: Sequence[EnqueueItem]) -> Call:
     args: list[bytes | str | int] = [keys.prefix, max_depth]
     for item in items:
         args += [item.id, item.band, item.payload,
-                 "" if item.deadline_ms is None else item.deadline_ms, item.max_attempts]
+                 "" if item.deadline_ms is None else item.deadline_ms, item.max_attempts,
+                 item.reply_to or ""]
     return [keys.pending, keys.seq, keys.wake], args
 
 

@@ -6,8 +6,8 @@ shares the queue's hash tag and lives in one cluster slot.
 
 Request hash ``<prefix>req:<id>`` fields: ``p`` payload (msgpack), ``s`` pending score,
 ``st`` state (``pending``/``inflight``), ``a`` attempts so far, ``ma`` max attempts,
-``eq`` enqueue time (ms), ``dl`` absolute deadline (ms, optional), ``o`` owner,
-``t`` lease token, ``cl`` claim time (ms).
+``eq`` enqueue time (ms), ``dl`` absolute deadline (ms, optional), ``rt`` reply inbox
+(optional), ``o`` owner, ``t`` lease token, ``cl`` claim time (ms).
 
 Result ``<prefix>result:<id>`` is a list holding one msgpack result with a TTL; waiters block
 on it with ``BLMOVE key key`` (a rotation that leaves it in place), so a waiting producer is
@@ -24,11 +24,21 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function num(x) return string.format('%.0f', x) end
+-- Writes the result once (first writer wins) and, when the request named a reply inbox (an
+-- async client waiting on many results over one connection), pushes its id there too.
+local INBOX_CAP = 100000
 local function put_result(prefix, id, body, ttl)
   local k = prefix .. 'result:' .. id
   if redis.call('EXISTS', k) == 1 then return 0 end
   redis.call('RPUSH', k, body)
   redis.call('PEXPIRE', k, ttl)
+  local rt = redis.call('HGET', prefix .. 'req:' .. id, 'rt')
+  if rt then
+    local inbox = prefix .. 'inbox:' .. rt
+    redis.call('RPUSH', inbox, id)
+    redis.call('LTRIM', inbox, -INBOX_CAP, -1)
+    redis.call('PEXPIRE', inbox, ttl)
+  end
   return 1
 end
 local function count_done(stats, status, n, now)
@@ -58,8 +68,9 @@ end
 ENQUEUE = _PRELUDE + r"""
 -- KEYS: 1 pending, 2 seq, 3 wake
 -- ARGV: 1 prefix, 2 max_depth (0 = unbounded),
---       then per request 5 values: id, priority band, payload,
---       relative deadline ms or '', max attempts
+--       then per request 6 values: id, priority band, payload,
+--       relative deadline ms or '', max attempts, reply inbox or ''
+
 -- Returns {depth, {outcome per request}}, each outcome one of
 -- 'queued', 'pending', 'inflight', 'done' (a repeated id) or 'full' (back-pressure).
 local pending, seqkey, wake = KEYS[1], KEYS[2], KEYS[3]
@@ -67,7 +78,7 @@ local prefix, max_depth = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local depth = redis.call('ZCARD', pending)
 local out, queued = {}, 0
-for i = 3, #ARGV, 5 do
+for i = 3, #ARGV, 6 do
   local id = ARGV[i]
   local rkey = prefix .. 'req:' .. id
   local state = redis.call('HGET', rkey, 'st')
@@ -85,6 +96,7 @@ for i = 3, #ARGV, 5 do
     if ARGV[i + 3] ~= '' then
       redis.call('HSET', rkey, 'dl', num(now + tonumber(ARGV[i + 3])))
     end
+    if ARGV[i + 5] ~= '' then redis.call('HSET', rkey, 'rt', ARGV[i + 5]) end
     depth = depth + 1
     queued = queued + 1
     out[#out + 1] = 'queued'
@@ -262,9 +274,9 @@ end
 local now = now_ms()
 redis.call('ZREM', pending, id)
 redis.call('ZREM', inflight, id)
-redis.call('DEL', rkey)
 put_result(prefix, id, error_result(id, 'cancelled', 'cancelled', 'cancelled by the producer',
   h[1], h[2], now), ttl)
+redis.call('DEL', rkey)
 count_done(stats, 'cancelled', 1, now)
 return 'cancelled'
 """

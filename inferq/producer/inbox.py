@@ -1,0 +1,85 @@
+"""Many awaited results over one connection.
+
+An ``AsyncClient`` names a reply inbox in each request it enqueues; whoever writes the result
+(worker, dead-lettering, cancellation) also pushes the request id onto that inbox in the same
+atomic script. One listener per queue blocks on the inbox with ``BLMPOP`` and resolves the
+waiting futures, so ten thousand awaited results cost one connection, not ten thousand
+blocking ones. The listener runs only while someone waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from inferq.protocol.keys import QueueKeys
+
+log = logging.getLogger("inferq.producer")
+
+BLOCK_S = 1.0
+BATCH = 512
+
+
+class ResultInbox:
+    def __init__(self, client: aioredis.Redis, keys: QueueKeys, client_id: str) -> None:
+        self._client = client
+        self._keys = keys
+        self._key = keys.inbox(client_id)
+        self._waiters: dict[str, list[asyncio.Future[bytes]]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def wait(self, request_id: str, timeout: float | None) -> bytes | None:
+        """The raw result, or None when ``timeout`` passes first."""
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(request_id, []).append(future)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._listen())
+        try:
+            # Registered first, then checked: a result written before registration is found
+            # here, one written after is delivered through the inbox.
+            raw = await self._client.lindex(self._keys.result(request_id), 0)
+            if raw is not None:
+                return raw.encode() if isinstance(raw, str) else bytes(raw)
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError:
+            return None
+        finally:
+            waiters = self._waiters.get(request_id, [])
+            if future in waiters:
+                waiters.remove(future)
+            if not waiters:
+                self._waiters.pop(request_id, None)
+
+    async def _listen(self) -> None:
+        while self._waiters:
+            try:
+                reply = await self._client.blmpop(BLOCK_S, 1, self._key, direction="LEFT",
+                                                  count=BATCH)
+            except RedisError as exc:
+                log.warning("result inbox %s: %s; retrying", self._key, exc)
+                await asyncio.sleep(BLOCK_S)
+                continue
+            if not reply:
+                continue
+            ids = [i.decode() if isinstance(i, bytes) else str(i) for i in reply[1]]
+            wanted = [i for i in ids if i in self._waiters]
+            if not wanted:
+                continue
+            pipe = self._client.pipeline(transaction=False)
+            for request_id in wanted:
+                pipe.lindex(self._keys.result(request_id), 0)
+            for request_id, raw in zip(wanted, await pipe.execute(), strict=True):
+                for future in self._waiters.get(request_id, []):
+                    if raw is not None and not future.done():
+                        future.set_result(bytes(raw))
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+            self._task = None

@@ -1,0 +1,47 @@
+"""A worker killed with SIGKILL mid-batch loses nothing: another finishes every request."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+
+import pytest
+import redis
+
+import inferq
+from inferq.protocol.keys import QueueKeys
+from tests.conftest import WorkerProcess, wait_until
+
+pytestmark = pytest.mark.e2e
+
+KEYS = QueueKeys.for_model("embed", "slow")
+SLOW = "slow=builtin:sleep?batch_ms=1500"
+
+
+def test_sigkill_mid_batch_then_a_second_worker_finishes_everything(
+        redis_url: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]) -> None:
+    client = inferq.Client(redis_url)
+    handles = client.enqueue_many([f"req-{i}" for i in range(24)], model="slow")
+    first = start_worker("--model", SLOW, "--lease-ms", "1500", "--max-batch-size", "8",
+                         "--worker-id", "doomed")
+    # Mid-batch: the first worker holds leases (its forward sleeps 1.5 s per batch).
+    wait_until(lambda: r.zcard(KEYS.inflight) > 0, 60, "the first worker to claim")
+    held = {m.decode() for m in r.zrange(KEYS.inflight, 0, -1)}
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(timeout=10)
+    assert all(h.peek() is None for h in handles if h.id in held)
+
+    second = start_worker("--model", SLOW, "--lease-ms", "1500", "--max-batch-size", "8",
+                          "--worker-id", "survivor")
+    results = [h.result(timeout=60) for h in handles]
+    assert [r_.output for r_ in results] == [f"req-{i}" for i in range(24)]
+    by_id = {r_.id: r_ for r_ in results}
+    for request_id in held:  # the killed worker's requests ran again, on the survivor
+        assert by_id[request_id].attempts == 2
+        assert by_id[request_id].worker == "survivor"
+    assert r.zcard(KEYS.inflight) == 0 and r.zcard(KEYS.pending) == 0
+    assert int(r.hget(KEYS.stats, "reclaimed") or 0) == len(held)
+    assert int(r.hget(KEYS.stats, "ok") or 0) == 24  # each result written exactly once
+    assert second.stop() == 0
+    assert "reclaimed" in second.log
+    client.close()

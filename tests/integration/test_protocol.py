@@ -1,0 +1,358 @@
+"""The Lua scripts against a real server: ordering, idempotency, back-pressure, leases."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import msgpack
+import pytest
+import redis
+
+import inferq
+from inferq.protocol import ops
+from inferq.protocol.codec import Result, Status, decode_result, encode_result
+from inferq.protocol.keys import QueueKeys
+
+KEYS = QueueKeys.for_model("embed", "m")
+TTL_MS = 60_000
+
+
+class Scripts:
+    """Direct access to the scripts, as a worker would call them."""
+
+    def __init__(self, r: redis.Redis) -> None:
+        self.r = r
+        self.s = ops.register(r)
+
+    def claim(self, owner: str, n: int, lease_ms: int = 30_000) -> ops.ClaimReply:
+        keys, args = ops.claim_call(KEYS, owner, lease_ms, n, TTL_MS)
+        return ops.parse_claim(self.s["claim"](keys=keys, args=args))
+
+    def complete(self, claimed: ops.Claimed, output: Any = "out",
+                 status: Status = Status.OK) -> bool:
+        body = encode_result(Result(id=claimed.id, status=status, output=output,
+                                    attempts=claimed.attempt))
+        keys, args = ops.complete_call(
+            KEYS, TTL_MS, [ops.Completion(claimed.id, claimed.token, status.value, body)])
+        return ops.parse_complete(self.s["complete"](keys=keys, args=args))[0]
+
+    def heartbeat(self, worker: str, leases: list[tuple[str, str]],
+                  lease_ms: int = 30_000) -> list[str]:
+        keys, args = ops.heartbeat_call(KEYS, worker, lease_ms, 10_000, leases)
+        return ops.parse_ids(self.s["heartbeat"](keys=keys, args=args))
+
+    def reclaim(self, dead_cap: int = 100) -> tuple[int, int]:
+        keys, args = ops.reclaim_call(KEYS, 100, TTL_MS, dead_cap)
+        return ops.parse_reclaim(self.s["reclaim"](keys=keys, args=args))
+
+    def release(self, leases: list[tuple[str, str]]) -> int:
+        keys, args = ops.release_call(KEYS, leases)
+        return int(self.s["release"](keys=keys, args=args))
+
+    def expire_all_leases(self) -> None:
+        """Make every lease look expired (as if its worker died long ago)."""
+        for member in self.r.zrange(KEYS.inflight, 0, -1):
+            self.r.zadd(KEYS.inflight, {member: 0})
+
+
+@pytest.fixture
+def scripts(r: redis.Redis) -> Scripts:
+    return Scripts(r)
+
+
+def enqueue(client: inferq.Client, prompt: str, **kw: Any) -> inferq.Handle:
+    return client.enqueue(prompt, model="m", **kw)
+
+
+def test_priority_first_then_fifo_across_concurrent_producers(
+        redis_url: str, scripts: Scripts) -> None:
+    producers = 4
+    per_producer = 60
+    barrier = threading.Barrier(producers)
+    enqueued: list[tuple[int, str]] = []  # (priority, id) in the order Redis accepted them
+    lock = threading.Lock()
+
+    def produce(p: int) -> None:
+        client = inferq.Client(redis_url)
+        barrier.wait()
+        for i in range(per_producer):
+            priority = (p + i) % 3 * 5  # 0, 5, 10 interleaved across producers
+            handle = enqueue(client, f"p{p}-{i}", priority=priority, id=f"p{p}-{i}")
+            with lock:
+                enqueued.append((priority, handle.id))
+        client.close()
+
+    threads = [threading.Thread(target=produce, args=(p,)) for p in range(producers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    # FIFO within a priority follows Redis' own sequence: read it back from the scores.
+    seq = {}
+    for member, score in scripts.r.zrange(KEYS.pending, 0, -1, withscores=True):
+        seq[member.decode()] = int(score) % (1 << 40)
+    expected = sorted(enqueued, key=lambda e: (-e[0], seq[e[1]]))
+    claimed = [c.id for c in scripts.claim("w", 1000).claimed]
+    assert claimed == [request_id for _, request_id in expected]
+    assert len(claimed) == producers * per_producer
+    # Each producer's own requests of one priority keep their submission order.
+    for p in range(producers):
+        for priority in (0, 5, 10):
+            mine = [i for i in claimed if i.startswith(f"p{p}-")
+                    and dict((rid, pr) for pr, rid in enqueued)[i] == priority]
+            assert mine == sorted(mine, key=lambda rid: int(rid.split("-")[1]))
+
+
+def test_enqueue_is_idempotent_on_the_request_id(client: inferq.Client,
+                                                 scripts: Scripts) -> None:
+    first = enqueue(client, "hello", id="same")
+    again = enqueue(client, "hello", id="same")
+    assert first.outcome == "queued"
+    assert again.outcome == "pending" and again.duplicate
+    assert scripts.r.zcard(KEYS.pending) == 1
+    claimed = scripts.claim("w", 10).claimed[0]
+    assert enqueue(client, "hello", id="same").outcome == "inflight"
+    assert scripts.complete(claimed)
+    assert enqueue(client, "hello", id="same").outcome == "done"
+    assert scripts.r.zcard(KEYS.pending) == 0
+    assert first.result(timeout=1).output == "out"
+
+
+def test_enqueue_many_is_one_round_trip_and_idempotent(client: inferq.Client,
+                                                       scripts: Scripts) -> None:
+    handles = client.enqueue_many(
+        ["a", {"prompt": "b", "priority": 9, "id": "b"}, {"prompt": "b", "id": "b"}], model="m")
+    assert [h.outcome for h in handles] == ["queued", "queued", "pending"]
+    assert scripts.r.zcard(KEYS.pending) == 2
+    assert scripts.claim("w", 10).claimed[0].id == "b"
+
+
+def test_back_pressure_refuses_with_queue_full(redis_url: str, scripts: Scripts) -> None:
+    client = inferq.Client(redis_url, options=inferq.ClientOptions(max_queue_depth=3))
+    for i in range(3):
+        enqueue(client, str(i))
+    with pytest.raises(inferq.QueueFull) as info:
+        enqueue(client, "overflow")
+    assert info.value.depth == 3 and info.value.max_depth == 3
+    assert info.value.code == "queue_full"
+    with pytest.raises(inferq.QueueFull) as many:
+        client.enqueue_many(["x", "y"], model="m")
+    assert many.value.refused == [0, 1] and many.value.accepted == []
+    scripts.claim("w", 1)  # depth counts pending requests: claiming one makes room
+    assert enqueue(client, "fits now").outcome == "queued"
+    assert scripts.r.zcard(KEYS.pending) == 3
+    client.close()
+
+
+def test_claim_records_owner_token_attempt_and_lease(client: inferq.Client,
+                                                     scripts: Scripts) -> None:
+    enqueue(client, "x", id="r1")
+    reply = scripts.claim("worker-a", 5, lease_ms=10_000)
+    (claimed,) = reply.claimed
+    assert (claimed.id, claimed.attempt, claimed.token) == ("r1", 1, "worker-a/1")
+    assert msgpack.unpackb(claimed.payload)["prompt"] == "x"
+    state = {k.decode(): v.decode() for k, v in scripts.r.hgetall(KEYS.request("r1")).items()
+             if k != b"p"}
+    assert state["st"] == "inflight" and state["o"] == "worker-a" and state["a"] == "1"
+    lease_deadline = scripts.r.zscore(KEYS.inflight, "r1")
+    assert lease_deadline == pytest.approx(reply.now_ms + 10_000)
+    assert scripts.claim("worker-b", 5).claimed == []
+
+
+def test_heartbeat_extends_only_matching_tokens(client: inferq.Client,
+                                                scripts: Scripts) -> None:
+    enqueue(client, "x", id="r1")
+    claimed = scripts.claim("a", 1, lease_ms=1_000).claimed[0]
+    before = scripts.r.zscore(KEYS.inflight, "r1")
+    assert scripts.heartbeat("a", [("r1", claimed.token)], lease_ms=60_000) == []
+    after = scripts.r.zscore(KEYS.inflight, "r1")
+    assert after is not None and before is not None and after >= before + 59_000
+    assert scripts.heartbeat("a", [("r1", "a/99")]) == ["r1"]
+    assert scripts.r.zscore(KEYS.inflight, "r1") == after
+    assert scripts.r.zscore(KEYS.workers, "a") is not None
+
+
+def test_complete_is_token_checked_and_first_writer_wins(client: inferq.Client,
+                                                         scripts: Scripts) -> None:
+    handle = enqueue(client, "x", id="r1")
+    first = scripts.claim("a", 1).claimed[0]
+    assert scripts.complete(first, output="from a")
+    assert not scripts.complete(first, output="again")  # a second write is refused
+    assert handle.result(timeout=1).output == "from a"
+    assert scripts.r.exists(KEYS.request("r1")) == 0
+    assert scripts.r.zcard(KEYS.inflight) == 0
+    assert 0 < scripts.r.pttl(KEYS.result("r1")) <= TTL_MS
+
+
+def test_zombie_completion_after_takeover_is_refused(client: inferq.Client,
+                                                     scripts: Scripts) -> None:
+    handle = enqueue(client, "x", id="r1")
+    zombie = scripts.claim("a", 1).claimed[0]
+    scripts.expire_all_leases()
+    assert scripts.reclaim() == (1, 0)
+    survivor = scripts.claim("b", 1).claimed[0]
+    assert survivor.attempt == 2 and survivor.token == "b/2"
+    assert not scripts.complete(zombie, output="zombie")
+    assert scripts.heartbeat("a", [("r1", zombie.token)]) == ["r1"]
+    assert scripts.complete(survivor, output="survivor")
+    result = handle.result(timeout=1)
+    assert result.output == "survivor" and result.attempts == 2
+    assert int(scripts.r.hget(KEYS.stats, "refused") or 0) == 1
+
+
+def test_reclaim_keeps_the_original_score(client: inferq.Client, scripts: Scripts) -> None:
+    enqueue(client, "old", id="old", priority=1)
+    scripts.claim("a", 1)
+    enqueue(client, "new", id="new", priority=1)
+    scripts.expire_all_leases()
+    assert scripts.reclaim() == (1, 0)
+    # The reclaimed request is older, so it is served before the newer one of equal priority.
+    assert [c.id for c in scripts.claim("b", 2).claimed] == ["old", "new"]
+
+
+def test_reclaim_dead_letters_after_max_attempts_with_an_error_result(
+        client: inferq.Client, scripts: Scripts) -> None:
+    handle = enqueue(client, "poison", id="r1", max_attempts=2)
+    for _ in range(2):
+        assert scripts.claim("a", 1).claimed
+        scripts.expire_all_leases()
+        scripts.reclaim()
+    assert scripts.r.zscore(KEYS.dead, "r1") is not None
+    assert scripts.r.exists(KEYS.request("r1")) == 0
+    with pytest.raises(inferq.RequestFailed) as info:
+        handle.result(timeout=1)
+    assert info.value.result.status is Status.DEAD
+    assert info.value.error_code == "max_attempts"
+    assert info.value.result.attempts == 2
+
+
+def test_dead_letter_set_is_capped(client: inferq.Client, scripts: Scripts) -> None:
+    for i in range(5):
+        enqueue(client, "p", id=f"r{i}", max_attempts=1)
+    scripts.claim("a", 5)
+    scripts.expire_all_leases()
+    assert scripts.reclaim(dead_cap=3) == (0, 5)
+    assert scripts.r.zcard(KEYS.dead) == 3
+
+
+def test_release_gives_claims_back_without_counting_the_attempt(
+        client: inferq.Client, scripts: Scripts) -> None:
+    enqueue(client, "x", id="r1", priority=3)
+    enqueue(client, "y", id="r2")
+    claimed = scripts.claim("a", 2).claimed
+    assert scripts.release([(c.id, c.token) for c in claimed]) == 2
+    again = scripts.claim("b", 2).claimed
+    assert [(c.id, c.attempt) for c in again] == [("r1", 1), ("r2", 1)]
+    assert scripts.release([("r1", "a/1")]) == 0  # a stale token releases nothing
+
+
+def test_a_request_past_its_deadline_is_answered_expired_without_running(
+        client: inferq.Client, scripts: Scripts) -> None:
+    handle = enqueue(client, "late", deadline_s=0.001)
+    time.sleep(0.01)  # let Redis' clock pass the 1 ms deadline
+    reply = scripts.claim("a", 10)
+    assert reply.claimed == [] and reply.expired == 1
+    with pytest.raises(inferq.DeadlineExceeded):
+        handle.result(timeout=1)
+    assert handle.status() is inferq.RequestState.EXPIRED
+
+
+def test_claim_carries_the_absolute_deadline(client: inferq.Client, scripts: Scripts) -> None:
+    enqueue(client, "x", deadline_s=30)
+    reply = scripts.claim("a", 1)
+    deadline = reply.claimed[0].deadline_ms
+    assert deadline is not None
+    assert reply.claimed[0].enqueued_ms + 30_000 == deadline
+
+
+def test_cancel_pending_and_running_requests(client: inferq.Client, scripts: Scripts) -> None:
+    queued = enqueue(client, "x", id="queued")
+    running = enqueue(client, "y", id="running", priority=5)
+    claimed = scripts.claim("a", 1).claimed[0]
+    assert claimed.id == "running"
+    assert queued.status() is inferq.RequestState.PENDING
+    assert running.status() is inferq.RequestState.RUNNING
+    assert queued.cancel() and running.cancel()
+    assert not queued.cancel()  # already finished
+    assert scripts.r.zcard(KEYS.pending) == 0 and scripts.r.zcard(KEYS.inflight) == 0
+    assert not scripts.complete(claimed)  # the worker's late completion is refused
+    for handle in (queued, running):
+        with pytest.raises(inferq.RequestCancelled):
+            handle.result(timeout=1)
+
+
+def test_result_blocks_until_written_without_polling(client: inferq.Client,
+                                                     scripts: Scripts) -> None:
+    handle = enqueue(client, "x", id="r1")
+    claimed = scripts.claim("a", 1).claimed[0]
+    got: list[Result] = []
+    waiter = threading.Thread(target=lambda: got.append(handle.result(timeout=10)))
+    waiter.start()
+    assert scripts.complete(claimed, output=[1.0, 2.0])
+    waiter.join(timeout=10)
+    assert got and got[0].output == [1.0, 2.0]
+    # Several readers can read the same result: BLMOVE rotates it in place.
+    assert handle.result(timeout=1).output == [1.0, 2.0]
+    assert decode_result(scripts.r.lindex(KEYS.result("r1"), 0)).id == "r1"
+
+
+def test_result_timeout_raises_and_leaves_the_request_queued(client: inferq.Client) -> None:
+    handle = enqueue(client, "x")
+    with pytest.raises(inferq.ResultTimeout):
+        handle.result(timeout=0.05)
+    assert handle.status() is inferq.RequestState.PENDING
+
+
+def test_failed_result_raises_request_failed_with_the_worker_code(
+        client: inferq.Client, scripts: Scripts) -> None:
+    handle = enqueue(client, "x")
+    claimed = scripts.claim("a", 1).claimed[0]
+    body = encode_result(Result(id=claimed.id, status=Status.FAILED,
+                                error={"code": "invalid_input", "message": "bad"}))
+    keys, args = ops.complete_call(KEYS, TTL_MS, [ops.Completion(claimed.id, claimed.token,
+                                                                 "failed", body)])
+    scripts.s["complete"](keys=keys, args=args)
+    with pytest.raises(inferq.RequestFailed) as info:
+        handle.result(timeout=1)
+    assert info.value.error_code == "invalid_input"
+
+
+def test_oversized_prompt_is_refused_before_anything_is_queued(redis_url: str,
+                                                                r: redis.Redis) -> None:
+    small = inferq.Client(redis_url, options=inferq.ClientOptions(
+        limits=inferq.Limits(max_prompt_bytes=100)))
+    with pytest.raises(inferq.PayloadTooLarge):
+        small.enqueue("x" * 101, model="m")
+    with pytest.raises(inferq.ValidationError):
+        small.enqueue("x", model="m", priority=500)
+    assert r.dbsize() == 0
+    small.close()
+
+
+async def test_async_client_has_the_same_surface(redis_url: str, scripts: Scripts) -> None:
+    async with inferq.AsyncClient(redis_url) as aclient:
+        handle = await aclient.enqueue("x", model="m", id="a1", priority=2)
+        many = await aclient.enqueue_many(["y", "z"], model="m")
+        assert (await aclient.enqueue("x", model="m", id="a1")).duplicate
+        assert await handle.status() is inferq.RequestState.PENDING
+        assert [c.id for c in scripts.claim("w", 1).claimed] == ["a1"]
+        assert await many[1].cancel()
+        with pytest.raises(inferq.RequestCancelled):
+            await many[1].result(timeout=1)
+        with pytest.raises(inferq.ResultTimeout):
+            await handle.result(timeout=0.05)
+        claimed = [c for c in scripts.claim("w", 5).claimed]
+        assert [c.id for c in claimed] == [many[0].id]
+
+
+def test_module_level_enqueue_uses_the_env_url(redis_url: str, r: redis.Redis,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERQ_REDIS_URL", redis_url)
+    monkeypatch.setattr(inferq, "_default", None)
+    handle = inferq.enqueue("hi", model="m")
+    assert r.zscore(KEYS.pending, handle.id) is not None
+    inferq.default_client().close()
+    monkeypatch.setattr(inferq, "_default", None)

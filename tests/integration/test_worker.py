@@ -1,0 +1,196 @@
+"""The worker loop in-process against a real server, with small test models."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import msgpack
+import pytest
+import redis
+
+import inferq
+from inferq.errors import InferqError
+from inferq.protocol.codec import RequestPayload
+from inferq.protocol.keys import QueueKeys
+from inferq.worker.config import WorkerConfig
+from inferq.worker.models.base import BatchModel, ModelInput
+from inferq.worker.models.builtin import EchoModel
+from inferq.worker.runtime import Worker
+from tests.conftest import wait_until
+
+KEYS = QueueKeys.for_model("embed", "t")
+
+
+class ScriptedModel(BatchModel):
+    """Echo model with hooks: records batch sizes, can block, and fails on 'poison'."""
+
+    tasks = frozenset({"*"})
+
+    def __init__(self) -> None:
+        self.model_id = "scripted"
+        self.batches: list[list[str]] = []
+        self.started = threading.Event()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def prepare(self, payloads: Sequence[RequestPayload]) -> list[ModelInput | InferqError]:
+        out: list[ModelInput | InferqError] = []
+        for p in payloads:
+            if p.prompt == "unpreparable":
+                out.append(inferq.InvalidInput("cannot tokenize this"))
+            else:
+                out.append(ModelInput(len(p.prompt), p.prompt))
+        return out
+
+    def forward(self, batch: Sequence[ModelInput]) -> list[Any]:
+        self.started.set()
+        self.gate.wait(timeout=30)
+        texts = [item.data for item in batch]
+        self.batches.append(texts)
+        if any("poison" in t for t in texts):
+            raise RuntimeError("poisoned batch")
+        return [t.upper() for t in texts]
+
+
+def config(url: str, **kw: Any) -> WorkerConfig:
+    base: dict[str, Any] = dict(redis_url=url, model_name="t", model_spec="builtin:test",
+                                max_batch_size=8, max_wait_ms=5, lease_ms=5_000,
+                                worker_id="test-worker")
+    base.update(kw)
+    return WorkerConfig(**base)
+
+
+@pytest.fixture
+async def aclient(redis_url: str) -> AsyncIterator[inferq.AsyncClient]:
+    async with inferq.AsyncClient(redis_url) as c:
+        yield c
+
+
+async def run_worker(worker: Worker) -> asyncio.Task[None]:
+    return asyncio.create_task(worker.run(install_signal_handlers=False))
+
+
+async def stop(worker: Worker, task: asyncio.Task[None]) -> None:
+    worker.request_stop()
+    await asyncio.wait_for(task, timeout=30)
+
+
+async def gather_results(handles: Sequence[inferq.AsyncHandle]) -> list[inferq.Result]:
+    return list(await asyncio.gather(*(h.result(timeout=30) for h in handles)))
+
+
+async def test_backlog_is_served_in_batches_larger_than_one(
+        redis_url: str, aclient: inferq.AsyncClient) -> None:
+    handles = await aclient.enqueue_many([f"r{i}" for i in range(60)], model="t")
+    worker = Worker(config(redis_url), EchoModel())
+    task = await run_worker(worker)
+    results = await gather_results(handles)
+    await stop(worker, task)
+    assert [r.output for r in results] == [f"r{i}" for i in range(60)]
+    assert max(r.batch_size or 0 for r in results) == 8
+    assert all(r.worker == "test-worker" and r.attempts == 1 for r in results)
+    assert all(r.queue_wait_ms is not None and r.queue_wait_ms >= 0 for r in results)
+    assert worker.stats.batches < 60
+
+
+async def test_poison_request_fails_alone_and_the_worker_survives(
+        redis_url: str, aclient: inferq.AsyncClient) -> None:
+    model = ScriptedModel()
+    model.gate.clear()  # hold the first batch until all requests are queued
+    worker = Worker(config(redis_url), model)
+    task = await run_worker(worker)
+    first = await aclient.enqueue("warmup", model="t")
+    await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 10)
+    prompts = ["a", "b", "poison", "c", "d", "e", "f"]
+    handles = await aclient.enqueue_many(prompts, model="t")
+    model.gate.set()
+    assert (await first.result(timeout=10)).output == "WARMUP"
+    outcomes: dict[str, Any] = {}
+    for prompt, handle in zip(prompts, handles, strict=True):
+        try:
+            outcomes[prompt] = (await handle.result(timeout=10)).output
+        except inferq.RequestFailed as exc:
+            outcomes[prompt] = exc.error_code
+    assert outcomes == {"a": "A", "b": "B", "poison": "model_error", "c": "C", "d": "D",
+                        "e": "E", "f": "F"}
+    assert any(len(b) == len(prompts) for b in model.batches)  # they did share a batch
+    after = await aclient.enqueue("still alive", model="t")
+    assert (await after.result(timeout=10)).output == "STILL ALIVE"
+    await stop(worker, task)
+
+
+async def test_malformed_payload_bytes_fail_alone(redis_url: str, r: redis.Redis,
+                                                  aclient: inferq.AsyncClient) -> None:
+    handles = await aclient.enqueue_many(["ok1", "bad-msgpack", "wrong-type", "ok2",
+                                          "unpreparable"], model="t")
+    r.hset(KEYS.request(handles[1].id), "p", b"\xc1\xff not msgpack")
+    r.hset(KEYS.request(handles[2].id), "p",
+           msgpack.packb({"id": handles[2].id, "task": "embed", "model": "t", "prompt": 42}))
+    worker = Worker(config(redis_url), ScriptedModel())
+    task = await run_worker(worker)
+    assert (await handles[0].result(timeout=10)).output == "OK1"
+    assert (await handles[3].result(timeout=10)).output == "OK2"
+    codes = []
+    for handle in (handles[1], handles[2], handles[4]):
+        with pytest.raises(inferq.RequestFailed) as info:
+            await handle.result(timeout=10)
+        codes.append(info.value.error_code)
+    assert codes == ["invalid_request", "invalid_request", "invalid_input"]
+    await stop(worker, task)
+
+
+async def test_shutdown_finishes_the_batch_in_hand_and_gives_back_the_rest(
+        redis_url: str, r: redis.Redis, aclient: inferq.AsyncClient) -> None:
+    model = ScriptedModel()
+    model.gate.clear()
+    worker = Worker(config(redis_url, max_batch_size=2), model)
+    handles = await aclient.enqueue_many([f"r{i}" for i in range(7)], model="t")
+    task = await run_worker(worker)
+    await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 10)
+    # The next window is claimed while the first batch runs: 2 running + 2 claimed.
+    await asyncio.get_running_loop().run_in_executor(
+        None, lambda: wait_until(lambda: r.zcard(KEYS.inflight) == 4, 10, "next window"))
+    worker.request_stop()
+    model.gate.set()
+    await asyncio.wait_for(task, timeout=30)
+    done = [h for h in handles if (await h.peek()) is not None]
+    assert [h.id for h in done] == [handles[0].id, handles[1].id]
+    assert r.zcard(KEYS.inflight) == 0
+    assert r.zcard(KEYS.pending) == 5
+    for h in handles[2:]:
+        assert r.hget(KEYS.request(h.id), "a") == b"0"  # the give-back did not cost an attempt
+    assert worker.stats.released == 2
+    assert r.zscore(KEYS.workers, "test-worker") is None  # deregistered at once
+
+
+async def test_tuned_window_state_is_persisted_and_resumed(
+        redis_url: str, aclient: inferq.AsyncClient) -> None:
+    first = Worker(config(redis_url), EchoModel())
+    task = await run_worker(first)
+    await gather_results(await aclient.enqueue_many([f"r{i}" for i in range(40)], model="t"))
+    await stop(first, task)
+    assert first.policy.latency.samples > 0
+    second = Worker(config(redis_url, worker_id="second"), EchoModel())
+    task = await run_worker(second)
+    await gather_results([await aclient.enqueue("x", model="t")])
+    assert second.resumed_tuning
+    assert second.policy.latency.samples >= first.policy.latency.samples
+    await stop(second, task)
+
+
+async def test_worker_publishes_window_stats(redis_url: str, r: redis.Redis,
+                                             aclient: inferq.AsyncClient) -> None:
+    from inferq.stats import read_queue
+
+    worker = Worker(config(redis_url), EchoModel())
+    task = await run_worker(worker)
+    await gather_results(await aclient.enqueue_many(["a", "b", "c"], model="t", priority=4))
+    await gather_results(await aclient.enqueue_many(["later"], model="t"))
+    await stop(worker, task)
+    stats = read_queue(r, KEYS)
+    assert stats.counters.get("ok", 0) == 4
+    assert r.hget(KEYS.window("test-worker"), "requests") == b"4"
+    assert r.sismember("inferq:queues", "embed:t")

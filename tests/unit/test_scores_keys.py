@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import pytest
+
+from inferq.errors import ValidationError
+from inferq.protocol import scores
+from inferq.protocol.keys import QueueKeys, queue_name
+
+
+def test_higher_priority_sorts_first_and_fifo_within_priority() -> None:
+    entries = [(0, 1), (5, 3), (0, 2), (5, 4), (-3, 0), (100, 9)]
+    ordered = sorted(entries, key=lambda e: scores.encode(*e))
+    assert ordered == [(100, 9), (5, 3), (5, 4), (0, 1), (0, 2), (-3, 0)]
+
+
+def test_scores_stay_exact_in_a_double() -> None:
+    worst = scores.encode(scores.PRIORITY_MIN, scores.SEQ_LIMIT - 1)
+    assert worst < 2**53
+    assert int(float(worst)) == worst
+    assert scores.decode(float(scores.encode(-7, 123456789))) == (-7, 123456789)
+
+
+@pytest.mark.parametrize("bad", [101, -101, 1.5, "3", True, None])
+def test_priority_out_of_range_or_not_int_is_a_validation_error(bad: object) -> None:
+    with pytest.raises(ValidationError, match="priority"):
+        scores.check_priority(bad)
+
+
+def test_every_key_of_a_queue_shares_one_hash_tag() -> None:
+    keys = QueueKeys.for_model("embed", "minilm")
+    names = [keys.pending, keys.inflight, keys.seq, keys.wake, keys.dead, keys.workers,
+             keys.stats, keys.tuning("m"), keys.window("w"), keys.request("r1"),
+             keys.result("r1")]
+    assert all(name.startswith("inferq:{embed:minilm}:") for name in names)
+    assert len(set(names)) == len(names)
+
+
+@pytest.mark.parametrize("bad", ["", "has space", "a/b", "{tag}", "x" * 65])
+def test_bad_queue_names_are_refused(bad: str) -> None:
+    with pytest.raises(ValidationError):
+        queue_name("embed", bad)
