@@ -194,3 +194,40 @@ async def test_worker_publishes_window_stats(redis_url: str, r: redis.Redis,
     assert stats.counters.get("ok", 0) == 4
     assert r.hget(KEYS.window("test-worker"), "requests") == b"4"
     assert r.sismember("inferq:queues", "embed:t")
+
+
+async def test_heartbeat_thread_keeps_leases_alive_through_a_forward_longer_than_the_lease(
+        redis_url: str, r: redis.Redis, aclient: inferq.AsyncClient) -> None:
+    from inferq.worker.models.builtin import SleepModel
+
+    # The forward holds the model thread for 3 lease periods; the heartbeat thread extends
+    # the lease every 100 ms meanwhile, so nothing is reclaimed and nothing runs twice.
+    worker = Worker(config(redis_url, lease_ms=300, heartbeat_ms=100),
+                    SleepModel(batch_ms=900))
+    task = await run_worker(worker)
+    result = await (await aclient.enqueue("slow", model="t")).result(timeout=30)
+    await stop(worker, task)
+    assert result.output == "slow" and result.attempts == 1
+    assert r.hget(KEYS.stats, "reclaimed") is None
+    assert worker.stats.refused == 0
+
+
+async def test_many_awaited_results_share_one_connection(redis_url: str,
+                                                         r: redis.Redis) -> None:
+    # With at most 3 connections, 400 concurrent waits can only finish if waiting does not
+    # hold a connection each (they would deadlock behind the pool otherwise).
+    options = inferq.ClientOptions(max_connections=3)
+    async with inferq.AsyncClient(redis_url, options=options,
+                                  client_name="inbox-test") as client:
+        handles = await client.enqueue_many([f"r{i}" for i in range(400)], model="t")
+        waits = [asyncio.ensure_future(h.result(timeout=30)) for h in handles]
+        worker = Worker(config(redis_url, max_batch_size=64), EchoModel())
+        task = await run_worker(worker)
+        results = await asyncio.gather(*waits)
+        await stop(worker, task)
+        assert [res.output for res in results] == [f"r{i}" for i in range(400)]
+        named = [c for c in r.client_list() if c.get("name") == "inbox-test"]
+        assert 1 <= len(named) <= 3
+        # A handle built from a bare id (another process) blocks on the result key instead.
+        other = client.handle(handles[7].id, model="t")
+        assert (await other.result(timeout=5)).output == "r7"

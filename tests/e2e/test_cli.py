@@ -1,0 +1,50 @@
+"""The operator commands as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import WorkerProcess
+
+pytestmark = pytest.mark.e2e
+
+
+def test_demo_runs_on_its_own_embedded_server(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "INFERQ_REDIS_URL"}
+    data = tmp_path / "demo-data"
+    done = subprocess.run(
+        [sys.executable, "-m", "inferq", "demo", "--requests", "10", "--data-dir", str(data)],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "started " in out and "AOF in" in out  # it started its own server
+    assert "10 results in" in out and "dimension 384" in out
+    assert "batch statistics of the demo worker" in out and "mean batch" in out
+    assert (data / "server.log").exists()
+    assert any(p.name.startswith("appendonly") for p in data.iterdir())  # AOF persistence
+
+
+def test_enqueue_and_stats_commands(redis_url: str,
+                                    start_worker: Callable[..., WorkerProcess]) -> None:
+    worker = start_worker("--model", "echo", "--max-wait-ms", "2")
+    cmd = [sys.executable, "-m", "inferq", "enqueue", "hello there", "--model", "echo",
+           "--priority", "3", "--redis-url", redis_url, "--timeout", "60"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert '"output": "hello there"' in done.stdout and '"status": "ok"' in done.stdout
+    stats = subprocess.run([sys.executable, "-m", "inferq", "stats", "--redis-url", redis_url],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert stats.returncode == 0, stats.stderr
+    assert "queue embed:echo" in stats.stdout and "live workers 1" in stats.stdout
+    assert "totals ok=1" in stats.stdout
+    bad = subprocess.run([*cmd[:5], "--model", "echo", "--priority", "1000", "--redis-url",
+                          redis_url], capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and "invalid_request" in bad.stderr and "priority" in bad.stderr
+    assert worker.stop() == 0
