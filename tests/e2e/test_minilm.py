@@ -20,8 +20,11 @@ from tests.conftest import WorkerProcess
 
 pytestmark = pytest.mark.e2e
 
-WORDS = ("queue worker batch window redis token priority lease result model embedding "
-         "request durable crash restart sentence vector cluster latency throughput").split()
+WORDS = [
+    "queue", "worker", "batch", "window", "redis", "token", "priority", "lease", "result",
+    "model", "embedding", "request", "durable", "crash", "restart", "sentence", "vector",
+    "cluster", "latency", "throughput",
+]
 
 
 def sentences(n: int, seed: int = 7) -> list[str]:
@@ -63,7 +66,7 @@ def direct_embedding(texts: list[str]) -> list[list[float]]:
 
 async def test_200_concurrent_mixed_priority_requests_match_the_direct_model(
         minilm_worker: tuple[str, WorkerProcess]) -> None:
-    url, worker = minilm_worker
+    url, _ = minilm_worker
     texts = sentences(200)
     priorities = [(0, 3, 9)[i % 3] for i in range(200)]
     async with inferq.AsyncClient(url) as client:
