@@ -16,6 +16,7 @@ from typing import Any
 from inferq.errors import (
     ConfigError,
     DeadlineExceeded,
+    DeviceOutOfMemory,
     InferqError,
     InvalidInput,
     PayloadTooLarge,
@@ -24,12 +25,13 @@ from inferq.errors import (
     RequestError,
     RequestFailed,
     ResultTimeout,
+    TransientError,
     UnknownModel,
     ValidationError,
 )
 from inferq.producer.aio import AsyncClient, AsyncHandle
 from inferq.producer.client import Client, Handle
-from inferq.producer.common import ClientOptions, RequestState
+from inferq.producer.common import ClientOptions, RequestState, Shedding
 from inferq.protocol.codec import ErrorInfo, Limits, Result, Status
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
 
@@ -44,6 +46,7 @@ __all__ = [
     "ClientOptions",
     "ConfigError",
     "DeadlineExceeded",
+    "DeviceOutOfMemory",
     "ErrorInfo",
     "Handle",
     "InferqError",
@@ -57,7 +60,9 @@ __all__ = [
     "RequestState",
     "Result",
     "ResultTimeout",
+    "Shedding",
     "Status",
+    "TransientError",
     "UnknownModel",
     "ValidationError",
     "default_client",

@@ -12,6 +12,8 @@ class InferqError(Exception):
     """Base class of every error inferq raises."""
 
     code: ClassVar[str] = "internal"
+    #: Whether a worker should retry a request that failed with this error (with backoff).
+    retryable: ClassVar[bool] = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -29,15 +31,19 @@ class PayloadTooLarge(ValidationError):
 
 
 class QueueFull(InferqError):
-    """The queue is at its configured maximum depth (back-pressure); retry later."""
+    """The queue is at the depth limit for this priority (back-pressure); retry after
+    ``retry_after_s``. Lower priorities are refused first (``inferq.Shedding``)."""
 
     code = "queue_full"
 
     def __init__(self, message: str, *, depth: int, max_depth: int,
-                 accepted: list[Any] | None = None, refused: list[int] | None = None) -> None:
+                 accepted: list[Any] | None = None, refused: list[int] | None = None,
+                 retry_after_s: float = 1.0) -> None:
         super().__init__(message)
         self.depth = depth
         self.max_depth = max_depth
+        #: When the excess should have drained at the recent completion rate.
+        self.retry_after_s = retry_after_s
         #: For ``enqueue_many``: handles of the requests that did get in, indices of the others.
         self.accepted: list[Any] = accepted or []
         self.refused: list[int] = refused or []
@@ -79,6 +85,12 @@ class RequestCancelled(RequestError):
     code = "cancelled"
 
 
+class DeadlineMissed(InferqError):
+    """Worker side: a request's deadline passed before it could run."""
+
+    code = "deadline_exceeded"
+
+
 class DeadlineExceeded(RequestError):
     code = "deadline_exceeded"
 
@@ -91,3 +103,19 @@ class InvalidInput(InferqError):
 
 class UnknownModel(InferqError):
     code = "unknown_model"
+
+
+class TransientError(InferqError):
+    """Raised by a model for a failure worth retrying later (with backoff)."""
+
+    code = "transient_error"
+    retryable = True
+
+
+class DeviceOutOfMemory(InferqError):
+    """The device ran out of memory for a batch (models translate
+    ``torch.cuda.OutOfMemoryError`` into this). The worker splits the batch and lowers its
+    token budget; a request that does not fit even alone fails with ``out_of_memory``."""
+
+    code = "out_of_memory"
+    retryable = True

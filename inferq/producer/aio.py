@@ -106,10 +106,10 @@ class AsyncClient:
                            deadline_s=deadline_s, id=id, params=params,
                            max_attempts=max_attempts, options=self.options,
                            reply_to=self.client_id)
-        keys, args = ops.enqueue_call(p.keys, self.options.max_queue_depth, [p.item])
-        depth, outcomes = ops.parse_enqueue(await self.scripts["enqueue"](keys=keys, args=args))
-        common.check_full(outcomes, depth, self.options, p.keys.queue)
-        return AsyncHandle(self, p.keys, p.item.id, outcomes[0], via_inbox=True)
+        keys, args = ops.enqueue_call(p.keys, [p.item])
+        reply = ops.parse_enqueue(await self.scripts["enqueue"](keys=keys, args=args))
+        common.check_full(reply, p, self.options)
+        return AsyncHandle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
 
     async def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]],
                            **defaults: Any) -> list[AsyncHandle]:
@@ -118,8 +118,7 @@ class AsyncClient:
         groups = common.group_by_queue(prepared)
         pipe = self.redis.pipeline(transaction=False)
         for keys, indices in groups.items():
-            call_keys, args = ops.enqueue_call(keys, self.options.max_queue_depth,
-                                               [prepared[i].item for i in indices])
+            call_keys, args = ops.enqueue_call(keys, [prepared[i].item for i in indices])
             await self.scripts["enqueue"](keys=call_keys, args=args, client=pipe)
         replies = await pipe.execute()
         return common.collect_handles(

@@ -93,10 +93,10 @@ class Client:
         p = common.prepare(prompt, model=model, task=task, priority=priority,
                            deadline_s=deadline_s, id=id, params=params,
                            max_attempts=max_attempts, options=self.options)
-        keys, args = ops.enqueue_call(p.keys, self.options.max_queue_depth, [p.item])
-        depth, outcomes = ops.parse_enqueue(self.scripts["enqueue"](keys=keys, args=args))
-        common.check_full(outcomes, depth, self.options, p.keys.queue)
-        return Handle(self, p.keys, p.item.id, outcomes[0])
+        keys, args = ops.enqueue_call(p.keys, [p.item])
+        reply = ops.parse_enqueue(self.scripts["enqueue"](keys=keys, args=args))
+        common.check_full(reply, p, self.options)
+        return Handle(self, p.keys, p.item.id, reply.outcomes[0])
 
     def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]],
                      **defaults: Any) -> list[Handle]:
@@ -110,8 +110,7 @@ class Client:
         groups = common.group_by_queue(prepared)
         pipe = self.redis.pipeline(transaction=False)
         for keys, indices in groups.items():
-            call_keys, args = ops.enqueue_call(keys, self.options.max_queue_depth,
-                                               [prepared[i].item for i in indices])
+            call_keys, args = ops.enqueue_call(keys, [prepared[i].item for i in indices])
             self.scripts["enqueue"](keys=call_keys, args=args, client=pipe)
         replies = pipe.execute()
         return common.collect_handles(

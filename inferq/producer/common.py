@@ -41,9 +41,47 @@ def resolve_url(url: str | None) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Shedding:
+    """Priority-aware back-pressure: the share of ``max_queue_depth`` each priority may fill.
+
+    ``levels`` are ``(min_priority, fraction)`` pairs; a request uses the first level whose
+    ``min_priority`` it reaches. By default low priority (< 0) is refused once the queue is half
+    full, normal priority at 80 %, and high priority (>= 50) only at the full depth, so a flood
+    of background work cannot lock out urgent requests.
+    """
+
+    levels: tuple[tuple[int, float], ...] = ((50, 1.0), (0, 0.8), (scores.PRIORITY_MIN, 0.5))
+
+    def __post_init__(self) -> None:
+        if not self.levels or self.levels[-1][0] > scores.PRIORITY_MIN:
+            raise ValidationError(
+                f"Shedding.levels must end with a level for priority {scores.PRIORITY_MIN}, "
+                f"got {self.levels}")
+        previous = None
+        for min_priority, fraction in self.levels:
+            if not 0 < fraction <= 1:
+                raise ValidationError(f"Shedding fraction must be in (0, 1], got {fraction}")
+            if previous is not None and (min_priority >= previous[0] or fraction > previous[1]):
+                raise ValidationError(
+                    "Shedding.levels must go from high to low priority with fractions that do "
+                    f"not grow, got {self.levels}")
+            previous = (min_priority, fraction)
+
+    def limit(self, priority: int, max_depth: int) -> int:
+        if max_depth <= 0:
+            return 0
+        for min_priority, fraction in self.levels:
+            if priority >= min_priority:
+                return max(1, int(max_depth * fraction))
+        raise AssertionError("unreachable: the last level covers every priority")
+
+
+@dataclass(frozen=True, slots=True)
 class ClientOptions:
     namespace: str = DEFAULT_NAMESPACE
+    #: Pending depth at which even the highest priority is refused (0 = unbounded).
     max_queue_depth: int = 1_000_000
+    shedding: Shedding = Shedding()
     result_ttl_s: float = 3600.0
     limits: Limits = DEFAULT_LIMITS
     #: Connections of an ``AsyncClient``'s pool; more concurrent calls wait for a free one.
@@ -61,6 +99,7 @@ class ClientOptions:
 class RequestState(StrEnum):
     PENDING = "pending"
     RUNNING = "running"
+    RETRYING = "retrying"
     OK = "ok"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -100,6 +139,7 @@ def prepare(
     )
     keys = QueueKeys.for_model(payload.task, payload.model, options.namespace)
     item = ops.EnqueueItem(
+        depth_limit=options.shedding.limit(payload.priority, options.max_queue_depth),
         id=payload.id,
         band=scores.band(payload.priority),
         payload=encode_request(payload, options.limits),
@@ -144,11 +184,14 @@ def group_by_queue(prepared: Sequence[Prepared]) -> dict[QueueKeys, list[int]]:
     return groups
 
 
-def check_full(outcomes: Sequence[str], depth: int, options: ClientOptions, queue: str) -> None:
-    if outcomes and all(o == "full" for o in outcomes):
+def check_full(reply: ops.EnqueueReply, prepared: Prepared, options: ClientOptions) -> None:
+    if reply.outcomes and all(o == "full" for o in reply.outcomes):
         raise QueueFull(
-            f"queue {queue} is full ({depth} pending, max {options.max_queue_depth})",
-            depth=depth, max_depth=options.max_queue_depth,
+            f"queue {prepared.keys.queue} is full for this priority ({reply.depth} pending, "
+            f"limit {prepared.item.depth_limit}); retry after "
+            f"{reply.retry_after_ms / 1e3:.1f} s",
+            depth=reply.depth, max_depth=prepared.item.depth_limit,
+            retry_after_s=reply.retry_after_ms / 1e3,
         )
 
 
@@ -191,6 +234,8 @@ def state_of(hash_state: bytes | None, raw_result: bytes | None,
         return RequestState.PENDING
     if hash_state == b"inflight":
         return RequestState.RUNNING
+    if hash_state == b"delayed":
+        return RequestState.RETRYING
     return RequestState.UNKNOWN
 
 
@@ -204,10 +249,12 @@ def collect_handles(
     """Turn the pipelined enqueue replies into handles, in request order."""
     handles: list[H | None] = [None] * len(prepared)
     refused: list[int] = []
-    depth = 0
-    for (keys, indices), reply in zip(groups.items(), replies, strict=True):
-        depth, outcomes = ops.parse_enqueue(reply)
-        for index, outcome in zip(indices, outcomes, strict=True):
+    depth, retry_after_ms = 0, 0
+    for (keys, indices), raw in zip(groups.items(), replies, strict=True):
+        reply = ops.parse_enqueue(raw)
+        depth = reply.depth
+        retry_after_ms = max(retry_after_ms, reply.retry_after_ms)
+        for index, outcome in zip(indices, reply.outcomes, strict=True):
             if outcome == "full":
                 refused.append(index)
             else:
@@ -215,9 +262,10 @@ def collect_handles(
     accepted = [h for h in handles if h is not None]
     if refused:
         raise QueueFull(
-            f"{len(refused)} of {len(prepared)} requests refused: queue full "
-            f"(max {options.max_queue_depth})",
+            f"{len(refused)} of {len(prepared)} requests refused: queue full for their "
+            f"priority (max depth {options.max_queue_depth}); retry after "
+            f"{retry_after_ms / 1e3:.1f} s",
             depth=depth, max_depth=options.max_queue_depth,
-            accepted=accepted, refused=sorted(refused),
+            accepted=accepted, refused=sorted(refused), retry_after_s=retry_after_ms / 1e3,
         )
     return accepted

@@ -66,6 +66,11 @@ class QueueKeys:
         return self.prefix + "wake"
 
     @property
+    def delayed(self) -> str:
+        """Sorted set: id -> time (ms) its retry backoff ends; claim promotes due ones."""
+        return self.prefix + "delayed"
+
+    @property
     def dead(self) -> str:
         return self.prefix + "dead"
 

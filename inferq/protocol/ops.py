@@ -30,20 +30,29 @@ class EnqueueItem:
     deadline_ms: int | None
     max_attempts: int
     reply_to: str | None = None
+    #: Refuse (shed) when the pending depth is already at this limit; 0 = unbounded.
+    depth_limit: int = 0
 
 
-def enqueue_call(keys: QueueKeys, max_depth: int, items: Sequence[EnqueueItem]) -> Call:
-    args: list[bytes | str | int] = [keys.prefix, max_depth]
+def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem]) -> Call:
+    args: list[bytes | str | int] = [keys.prefix]
     for item in items:
         args += [item.id, item.band, item.payload,
                  "" if item.deadline_ms is None else item.deadline_ms, item.max_attempts,
-                 item.reply_to or ""]
-    return [keys.pending, keys.seq, keys.wake], args
+                 item.reply_to or "", item.depth_limit]
+    return [keys.pending, keys.seq, keys.wake, keys.stats], args
 
 
-def parse_enqueue(reply: Any) -> tuple[int, list[str]]:
-    """(depth after the call, outcome per item: queued/pending/inflight/done/full)."""
-    return int(reply[0]), [_s(x) for x in reply[1]]
+@dataclass(frozen=True, slots=True)
+class EnqueueReply:
+    depth: int
+    #: Per item: queued, or pending/inflight/delayed/done for a repeated id, or full (shed).
+    outcomes: list[str]
+    retry_after_ms: int
+
+
+def parse_enqueue(reply: Any) -> EnqueueReply:
+    return EnqueueReply(int(reply[0]), [_s(x) for x in reply[1]], int(reply[2]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +70,13 @@ class ClaimReply:
     now_ms: int
     claimed: list[Claimed]
     expired: int
+    #: Milliseconds until the next delayed retry is due, or None when none waits.
+    next_retry_ms: int | None
 
 
 def claim_call(keys: QueueKeys, owner: str, lease_ms: int, max_count: int,
                result_ttl_ms: int) -> Call:
-    return ([keys.pending, keys.inflight, keys.stats],
+    return ([keys.pending, keys.inflight, keys.stats, keys.delayed, keys.wake],
             [keys.prefix, owner, lease_ms, max_count, result_ttl_ms])
 
 
@@ -81,7 +92,9 @@ def parse_claim(reply: Any) -> ClaimReply:
         )
         for row in reply[1]
     ]
-    return ClaimReply(now_ms=int(reply[0]), claimed=claimed, expired=int(reply[2]))
+    next_due = int(reply[3])
+    return ClaimReply(now_ms=int(reply[0]), claimed=claimed, expired=int(reply[2]),
+                      next_retry_ms=None if next_due < 0 else next_due)
 
 
 def heartbeat_call(keys: QueueKeys, worker_id: str, lease_ms: int, liveness_ms: int,
@@ -100,15 +113,18 @@ def parse_ids(reply: Any) -> list[str]:
 class Completion:
     id: str
     token: str
+    #: A final result status (ok, failed, expired, dead, ...) or ``retry``.
     status: str
     body: bytes
+    retry_delay_ms: int = 0
 
 
-def complete_call(keys: QueueKeys, result_ttl_ms: int, items: Sequence[Completion]) -> Call:
-    args: list[bytes | str | int] = [keys.prefix, result_ttl_ms]
+def complete_call(keys: QueueKeys, result_ttl_ms: int, dead_cap: int,
+                  items: Sequence[Completion]) -> Call:
+    args: list[bytes | str | int] = [keys.prefix, result_ttl_ms, dead_cap]
     for item in items:
-        args += [item.id, item.token, item.status, item.body]
-    return [keys.inflight, keys.stats], args
+        args += [item.id, item.token, item.status, item.body, item.retry_delay_ms]
+    return [keys.inflight, keys.stats, keys.delayed, keys.dead], args
 
 
 def parse_complete(reply: Any) -> list[bool]:
@@ -133,4 +149,5 @@ def release_call(keys: QueueKeys, leases: Iterable[tuple[str, str]]) -> Call:
 
 
 def cancel_call(keys: QueueKeys, request_id: str, result_ttl_ms: int) -> Call:
-    return [keys.pending, keys.inflight, keys.stats], [keys.prefix, request_id, result_ttl_ms]
+    return ([keys.pending, keys.inflight, keys.stats, keys.delayed],
+            [keys.prefix, request_id, result_ttl_ms])

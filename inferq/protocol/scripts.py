@@ -5,9 +5,9 @@ builds per-request keys from ``prefix`` (``inferq:{task:model}:``), so every key
 shares the queue's hash tag and lives in one cluster slot.
 
 Request hash ``<prefix>req:<id>`` fields: ``p`` payload (msgpack), ``s`` pending score,
-``st`` state (``pending``/``inflight``), ``a`` attempts so far, ``ma`` max attempts,
-``eq`` enqueue time (ms), ``dl`` absolute deadline (ms, optional), ``rt`` reply inbox
-(optional), ``o`` owner, ``t`` lease token, ``cl`` claim time (ms).
+``st`` state (``pending``/``inflight``/``delayed`` awaiting a retry), ``a`` attempts so far,
+``ma`` max attempts, ``eq`` enqueue time (ms), ``dl`` absolute deadline (ms, optional),
+``rt`` reply inbox (optional), ``o`` owner, ``t`` lease token, ``cl`` claim time (ms).
 
 Result ``<prefix>result:<id>`` is a list holding one msgpack result with a TTL; waiters block
 on it with ``BLMOVE key key`` (a rotation that leaves it in place), so a waiting producer is
@@ -50,6 +50,18 @@ local function count_done(stats, status, n, now)
   end
   redis.call('HINCRBY', stats, 'n:' .. slot, n)
 end
+local function recent_rate(stats, now)
+  -- completions per second over the last 10 full seconds, from count_done's ring of slots
+  local sec = math.floor(now / 1000)
+  local total = 0
+  for slot = 0, 63 do
+    local ts = tonumber(redis.call('HGET', stats, 'ts:' .. slot) or '0')
+    if ts >= sec - 10 and ts < sec then
+      total = total + tonumber(redis.call('HGET', stats, 'n:' .. slot) or '0')
+    end
+  end
+  return total / 10
+end
 local function wake_workers(wake, n)
   n = math.min(n, 64 - redis.call('LLEN', wake))
   if n > 0 then
@@ -66,28 +78,31 @@ end
 """
 
 ENQUEUE = _PRELUDE + r"""
--- KEYS: 1 pending, 2 seq, 3 wake
--- ARGV: 1 prefix, 2 max_depth (0 = unbounded),
---       then per request 6 values: id, priority band, payload,
---       relative deadline ms or '', max attempts, reply inbox or ''
-
--- Returns {depth, {outcome per request}}, each outcome one of
--- 'queued', 'pending', 'inflight', 'done' (a repeated id) or 'full' (back-pressure).
-local pending, seqkey, wake = KEYS[1], KEYS[2], KEYS[3]
-local prefix, max_depth = ARGV[1], tonumber(ARGV[2])
+-- KEYS: 1 pending, 2 seq, 3 wake, 4 stats
+-- ARGV: 1 prefix, then per request 7 values: id, priority band, payload,
+--       relative deadline ms or '', max attempts, reply inbox or '',
+--       depth limit for this request's priority (0 = unbounded)
+-- Returns {depth, {outcome per request}, retry_after_ms}; each outcome is
+-- 'queued', 'pending', 'inflight', 'delayed', 'done' (a repeated id) or 'full' (shed:
+-- the queue is at the depth limit of that priority). retry_after_ms estimates when the
+-- excess drains at the recent completion rate.
+local pending, seqkey, wake, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local prefix = ARGV[1]
 local now = now_ms()
 local depth = redis.call('ZCARD', pending)
-local out, queued = {}, 0
-for i = 3, #ARGV, 6 do
+local out, queued, worst_excess = {}, 0, 0
+for i = 2, #ARGV, 7 do
   local id = ARGV[i]
   local rkey = prefix .. 'req:' .. id
+  local limit = tonumber(ARGV[i + 6])
   local state = redis.call('HGET', rkey, 'st')
   if state then
     out[#out + 1] = state
   elseif redis.call('EXISTS', prefix .. 'result:' .. id) == 1 then
     out[#out + 1] = 'done'
-  elseif max_depth > 0 and depth >= max_depth then
+  elseif limit > 0 and depth >= limit then
     out[#out + 1] = 'full'
+    worst_excess = math.max(worst_excess, depth - limit + 1)
   else
     local score = num(tonumber(ARGV[i + 1]) + redis.call('INCR', seqkey))
     redis.call('ZADD', pending, score, id)
@@ -103,20 +118,41 @@ for i = 3, #ARGV, 6 do
   end
 end
 if queued > 0 then wake_workers(wake, queued) end
-return {depth, out}
+local retry_after = 0
+if worst_excess > 0 then
+  local rate = recent_rate(stats, now)
+  if rate > 0 then
+    retry_after = math.min(math.ceil(worst_excess / rate * 1000), 60000)
+  else
+    retry_after = 1000
+  end
+end
+return {depth, out, retry_after}
 """
 
 CLAIM = _PRELUDE + r"""
--- KEYS: 1 pending, 2 inflight, 3 stats
+-- KEYS: 1 pending, 2 inflight, 3 stats, 4 delayed, 5 wake
 -- ARGV: 1 prefix, 2 owner, 3 lease ms, 4 max count, 5 result ttl ms
--- Moves up to max count ids from pending to inflight (score = lease deadline), recording owner,
--- a fresh lease token (owner/attempt) and the attempt count. A request whose deadline already
--- passed is answered 'expired' here and never runs.
--- Returns {now, {{id, payload, token, attempt, enqueued ms, deadline ms or ''}, ...}, expired}.
-local pending, inflight, stats = KEYS[1], KEYS[2], KEYS[3]
+-- First promotes retries whose backoff has passed from delayed to pending (original score).
+-- Then moves up to max count ids from pending to inflight (score = lease deadline), recording
+-- owner, a fresh lease token (owner/attempt) and the attempt count. A request whose deadline
+-- already passed is answered 'expired' here and never runs. When pending is left empty the
+-- wake list is cleared, so stale tokens never accumulate.
+-- Returns {now, {{id, payload, token, attempt, enqueued ms, deadline ms or ''}, ...}, expired,
+-- ms until the next delayed retry is due or -1}.
+local pending, inflight, stats, delayed, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, owner = ARGV[1], ARGV[2]
 local lease, max_n, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local now = now_ms()
+local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', num(now), 'LIMIT', 0, 1000)
+for _, id in ipairs(due) do
+  redis.call('ZREM', delayed, id)
+  local score = redis.call('HGET', prefix .. 'req:' .. id, 's')
+  if score then
+    redis.call('HSET', prefix .. 'req:' .. id, 'st', 'pending')
+    redis.call('ZADD', pending, score, id)
+  end
+end
 local popped = redis.call('ZPOPMIN', pending, max_n)
 local out, expired = {}, 0
 for i = 1, #popped, 2 do
@@ -140,7 +176,11 @@ for i = 1, #popped, 2 do
   end
 end
 if expired > 0 then count_done(stats, 'expired', expired, now) end
-return {num(now), out, expired}
+if redis.call('ZCARD', pending) == 0 then redis.call('DEL', wake) end
+local next_due = -1
+local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+if first[2] then next_due = math.max(tonumber(first[2]) - now, 0) end
+return {num(now), out, expired, next_due}
 """
 
 HEARTBEAT = _PRELUDE + r"""
@@ -167,26 +207,43 @@ return lost
 """
 
 COMPLETE = _PRELUDE + r"""
--- KEYS: 1 inflight, 2 stats
--- ARGV: 1 prefix, 2 result ttl ms, then per request 4 values: id, token, status, result body
+-- KEYS: 1 inflight, 2 stats, 3 delayed, 4 dead
+-- ARGV: 1 prefix, 2 result ttl ms, 3 dead-letter cap,
+--       then per request 5 values: id, token, status, result body, retry delay ms
 -- Token-checked and first writer wins: a zombie (a worker whose lease was taken over) or a
--- request cancelled meanwhile gets its write refused. Returns 1 (written) or 0 (refused) each.
-local inflight, stats = KEYS[1], KEYS[2]
-local prefix, ttl = ARGV[1], tonumber(ARGV[2])
+-- request cancelled meanwhile gets its write refused. Status 'retry' puts the request in the
+-- delayed set for the given backoff (attempt kept; claim promotes it when due); 'dead' writes
+-- the body as the final result and dead-letters the id; any other status is final.
+-- Returns 1 (done) or 0 (refused) per request.
+local inflight, stats, delayed, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local prefix, ttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
 local out, refused, counts = {}, 0, {}
-for i = 3, #ARGV, 4 do
+for i = 4, #ARGV, 5 do
   local id, token, status = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local rkey = prefix .. 'req:' .. id
-  if redis.call('HGET', rkey, 't') == token and put_result(prefix, id, ARGV[i + 3], ttl) == 1 then
-    redis.call('DEL', rkey)
-    redis.call('ZREM', inflight, id)
-    counts[status] = (counts[status] or 0) + 1
-    out[#out + 1] = 1
-  else
-    refused = refused + 1
-    out[#out + 1] = 0
+  local ok = 0
+  if redis.call('HGET', rkey, 't') == token then
+    if status == 'retry' then
+      redis.call('ZREM', inflight, id)
+      redis.call('HSET', rkey, 'st', 'delayed')
+      redis.call('HDEL', rkey, 'o', 't')
+      redis.call('ZADD', delayed, num(now + tonumber(ARGV[i + 4])), id)
+      redis.call('HINCRBY', stats, 'retried', 1)
+      ok = 1
+    elseif put_result(prefix, id, ARGV[i + 3], ttl) == 1 then
+      if status == 'dead' then
+        redis.call('ZADD', dead, num(now), id)
+        redis.call('ZREMRANGEBYRANK', dead, 0, -(cap + 1))
+      end
+      redis.call('DEL', rkey)
+      redis.call('ZREM', inflight, id)
+      counts[status] = (counts[status] or 0) + 1
+      ok = 1
+    end
   end
+  if ok == 0 then refused = refused + 1 end
+  out[#out + 1] = ok
 end
 for status, n in pairs(counts) do count_done(stats, status, n, now) end
 if refused > 0 then redis.call('HINCRBY', stats, 'refused', refused) end
@@ -259,11 +316,12 @@ return released
 """
 
 CANCEL = _PRELUDE + r"""
--- KEYS: 1 pending, 2 inflight, 3 stats
+-- KEYS: 1 pending, 2 inflight, 3 stats, 4 delayed
 -- ARGV: 1 prefix, 2 id, 3 result ttl ms
--- Cancels a queued or running request: writes a 'cancelled' result (which also refuses a later
--- completion of a running one). Returns 'cancelled', 'done' (already finished) or 'unknown'.
-local pending, inflight, stats = KEYS[1], KEYS[2], KEYS[3]
+-- Cancels a queued, delayed or running request: writes a 'cancelled' result (which also
+-- refuses a later completion of a running one).
+-- Returns 'cancelled', 'done' (already finished) or 'unknown'.
+local pending, inflight, stats, delayed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local rkey = prefix .. 'req:' .. id
 local h = redis.call('HMGET', rkey, 'a', 'eq')
@@ -274,6 +332,7 @@ end
 local now = now_ms()
 redis.call('ZREM', pending, id)
 redis.call('ZREM', inflight, id)
+redis.call('ZREM', delayed, id)
 put_result(prefix, id, error_result(id, 'cancelled', 'cancelled', 'cancelled by the producer',
   h[1], h[2], now), ttl)
 redis.call('DEL', rkey)

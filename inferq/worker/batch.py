@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,13 @@ class ResultContext:
     task: str
     model: str
     limits: Limits
+    retry_base_ms: float = 250.0
+    retry_max_ms: float = 30_000.0
+
+    def retry_delay_ms(self, attempt: int) -> int:
+        """Exponential backoff with jitter: base * 2^(attempt-1), capped, times U(0.5, 1)."""
+        ceiling = min(self.retry_max_ms, self.retry_base_ms * 2 ** (attempt - 1))
+        return max(1, int(ceiling * random.uniform(0.5, 1.0)))
 
 
 def job_result(ctx: ResultContext, job: Job, outcome: Any, *, batch_size: int,
@@ -67,7 +75,11 @@ def job_result(ctx: ResultContext, job: Job, outcome: Any, *, batch_size: int,
         finished_ms=finished_ms, compute_ms=round(compute_ms, 3),
     )
     if isinstance(outcome, Failure):
-        result = Result(status=Status.FAILED, error=outcome.error, **common)
+        if outcome.retryable and job.claimed.attempt < job.payload.max_attempts:
+            return ops.Completion(job.id, job.claimed.token, "retry", b"",
+                                  ctx.retry_delay_ms(job.claimed.attempt))
+        status = Status.DEAD if outcome.retryable else Status.FAILED
+        result = Result(status=status, error=outcome.error, **common)
     else:
         result = Result(status=Status.OK, output=outcome, **common)
     try:
@@ -80,13 +92,14 @@ def job_result(ctx: ResultContext, job: Job, outcome: Any, *, batch_size: int,
 
 
 def failed_completion(ctx: ResultContext, claimed: ops.Claimed, error: InferqError,
-                      now_ms: int) -> ops.Completion:
-    """A request rejected before it reached the model (malformed payload, invalid input)."""
+                      now_ms: int, status: Status = Status.FAILED) -> ops.Completion:
+    """A request answered without reaching the model: malformed payload, invalid input, or a
+    deadline that passed while it waited in the worker's window (``expired``)."""
     result = Result(
-        id=claimed.id, status=Status.FAILED,
+        id=claimed.id, status=status,
         error=ErrorInfo(code=error.code, message=error.message[:2000]),
         task=ctx.task, model=ctx.model, worker=ctx.worker, attempts=claimed.attempt,
         enqueued_ms=claimed.enqueued_ms, started_ms=now_ms, finished_ms=now_ms,
     )
-    return ops.Completion(claimed.id, claimed.token, Status.FAILED.value,
+    return ops.Completion(claimed.id, claimed.token, status.value,
                           encode_result(result, ctx.limits))

@@ -35,6 +35,8 @@ class WorkerConfig:
     heartbeat_ms: int | None = None
     result_ttl_s: float = 3600.0
     dead_letter_cap: int = 10_000
+    retry_base_ms: float = 250.0
+    retry_max_ms: float = 30_000.0
     namespace: str = DEFAULT_NAMESPACE
     worker_id: str = field(default_factory=default_worker_id)
     limits: Limits = DEFAULT_LIMITS
@@ -64,6 +66,8 @@ class WorkerConfig:
             raise bad("result_ttl_s", "must be > 0")
         if self.dead_letter_cap < 1:
             raise bad("dead_letter_cap", "must be >= 1")
+        if not 0 < self.retry_base_ms <= self.retry_max_ms:
+            raise bad("retry_base_ms", "must be > 0 and <= retry_max_ms")
 
     @property
     def heartbeat_s(self) -> float:

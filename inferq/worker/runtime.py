@@ -28,17 +28,19 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
-from inferq.errors import InferqError, InvalidInput
+from inferq.errors import DeadlineMissed, InferqError, InvalidInput
 from inferq.protocol import ops
-from inferq.protocol.codec import RequestPayload, decode_request
+from inferq.protocol.codec import RequestPayload, Status, decode_request
 from inferq.protocol.keys import QueueKeys, queues_registry
+from inferq.worker.backoff import RedisBackoff
 from inferq.worker.batch import Batch, Job, ResultContext, failed_completion, job_result
 from inferq.worker.config import WorkerConfig
 from inferq.worker.isolation import Failure, run_isolated
 from inferq.worker.leases import Heartbeat, LeaseBook
+from inferq.worker.memory import MemoryGovernor
 from inferq.worker.models.base import BatchModel, ModelInput
 from inferq.worker.packing import fill_tokens, pack
-from inferq.worker.policy import WindowConfig, WindowPolicy
+from inferq.worker.policy import ReleaseReason, WindowConfig, WindowPolicy
 from inferq.worker.telemetry import WorkerStats
 from inferq.worker.tuning import load_policy, save_policy
 from inferq.worker.wake import WakeWaiter
@@ -69,7 +71,9 @@ class Worker:
         self.stats = WorkerStats()
         self.book = LeaseBook()
         self.ctx = ResultContext(worker=config.worker_id, task=config.task,
-                                 model=config.model_name, limits=config.limits)
+                                 model=config.model_name, limits=config.limits,
+                                 retry_base_ms=config.retry_base_ms,
+                                 retry_max_ms=config.retry_max_ms)
         self._carry: list[Job] = []
         self._batch_ids = itertools.count(1)
         self._clock_offset_s = 0.0  # Redis time minus our monotonic clock
@@ -79,6 +83,8 @@ class Worker:
         self._stopping: asyncio.Event | None = None
         self.resumed_tuning = False
         self._unpublished = False
+        self._next_retry_s: float | None = None
+        self.memory = MemoryGovernor(config.max_batch_tokens)
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -154,9 +160,15 @@ class Worker:
 
     async def _collect_loop(self) -> None:
         assert self._stopping is not None
+        backoff = RedisBackoff("collector")
         try:
             while not self._stopping.is_set():
-                batch = await self._build_batch()
+                try:
+                    batch = await self._build_batch()
+                except RedisError as exc:
+                    await backoff.failed(exc, self._stopping)
+                    continue
+                backoff.succeeded()
                 if batch is None:
                     break
                 await self._ready.put(batch)
@@ -164,24 +176,24 @@ class Worker:
             await self._ready.put(None)
 
     async def _build_batch(self) -> Batch | None:
+        """Claim and wait until the policy releases a batch. Claimed jobs live in
+        ``self._carry`` throughout, so a Redis error here loses none of them."""
         assert self._stopping is not None
-        jobs, self._carry = self._carry, []
         cfg = self.window_config
         while True:
             if self._stopping.is_set():
-                self._carry = jobs
                 return None
-            jobs = [job for job in jobs if not self.book.is_lost(job.id)]
+            jobs = self._carry = [job for job in self._carry if not self.book.is_lost(job.id)]
             if len(jobs) < cfg.max_batch_size:
                 jobs += await self._claim(cfg.max_batch_size - len(jobs))
             if not jobs:
                 if self._unpublished:
                     await self._publish()  # idle: make stats current before sleeping
-                await self._wake.wait(None, also=self._stopping)
+                await self._wake.wait(self._next_retry_s, also=self._stopping)
                 continue
+            budget = self.memory.budget(max(job.tokens for job in jobs))
             tokens = fill_tokens(jobs, _job_tokens)
-            full = len(jobs) >= cfg.max_batch_size or (
-                cfg.max_batch_tokens is not None and tokens >= cfg.max_batch_tokens)
+            full = len(jobs) >= cfg.max_batch_size or (budget is not None and tokens >= budget)
             if not self._device_idle.is_set():
                 # The model is busy: collecting more costs no latency. Wake on new work or
                 # when the device frees up.
@@ -190,22 +202,52 @@ class Worker:
                 else:
                     await self._wake.wait(None, also=self._device_idle)
                 continue
+            now = self.clock()
+            if await self._expire_overdue(now):
+                continue
+            if full:
+                reason = (ReleaseReason.FULL if len(jobs) >= cfg.max_batch_size
+                          else ReleaseReason.BUDGET)
+                return self._release_batch(jobs, budget, reason)
             decision = self.policy.decide(
-                self.clock(), size=len(jobs), tokens=tokens,
+                now, size=len(jobs), tokens=tokens,
                 oldest_arrival=min(job.arrival for job in jobs),
                 earliest_deadline=min((j.deadline for j in jobs if j.deadline is not None),
                                       default=None),
             )
             if decision.release:
-                packed = pack(jobs, _job_tokens, max_count=cfg.max_batch_size,
-                              max_tokens=cfg.max_batch_tokens)
-                self._carry = packed.rest
-                return Batch(id=next(self._batch_ids), jobs=packed.batch,
-                             reason=decision.reason,
-                             padding_efficiency=packed.padding_efficiency,
-                             released_at=self.clock(),
-                             extra={"real": packed.real_tokens, "padded": packed.padded_tokens})
+                return self._release_batch(jobs, budget, decision.reason)
             await self._wake.wait(decision.wait_s, also=self._stopping)
+
+    def _release_batch(self, jobs: list[Job], budget: int | None,
+                       reason: ReleaseReason) -> Batch:
+        suspect = next((job for job in jobs if job.claimed.attempt >= 2), None)
+        if suspect is not None:
+            # Its previous attempt crashed a worker or failed: it runs alone, so it cannot
+            # burn other requests' attempts.
+            self._carry = [job for job in jobs if job is not suspect]
+            return Batch(id=next(self._batch_ids), jobs=[suspect], reason=ReleaseReason.WINDOW,
+                         padding_efficiency=1.0, released_at=self.clock(),
+                         extra={"real": suspect.tokens, "padded": suspect.tokens,
+                                "isolated": True})
+        packed = pack(jobs, _job_tokens, max_count=self.window_config.max_batch_size,
+                      max_tokens=budget)
+        self._carry = packed.rest
+        return Batch(id=next(self._batch_ids), jobs=packed.batch, reason=reason,
+                     padding_efficiency=packed.padding_efficiency, released_at=self.clock(),
+                     extra={"real": packed.real_tokens, "padded": packed.padded_tokens})
+
+    async def _expire_overdue(self, now: float) -> bool:
+        """Answer 'expired' for claimed jobs whose deadline passed in the window."""
+        overdue = [job for job in self._carry if job.deadline is not None and job.deadline <= now]
+        if not overdue:
+            return False
+        self._carry = [job for job in self._carry if job not in overdue]
+        now_ms = int((now + self._clock_offset_s) * 1e3)
+        error = DeadlineMissed("the deadline passed before the request could run")
+        await self._complete([failed_completion(self.ctx, job.claimed, error, now_ms,
+                                                Status.EXPIRED) for job in overdue])
+        return True
 
     @staticmethod
     async def _wait_any(*events: asyncio.Event) -> None:
@@ -221,6 +263,8 @@ class Worker:
                                     max_count, self.config.result_ttl_ms)
         reply = ops.parse_claim(await self.scripts["claim"](keys=keys, args=args))
         self._clock_offset_s = reply.now_ms / 1e3 - self.clock()
+        self._next_retry_s = (None if reply.next_retry_ms is None
+                              else max(reply.next_retry_ms / 1e3, 0.001))
         if not reply.claimed:
             return []
         for claimed in reply.claimed:
@@ -292,18 +336,28 @@ class Worker:
             self._device_idle.clear()
             inputs = [job.input for job in batch.jobs]
             started = self.clock()
-            outcomes = await loop.run_in_executor(
-                self._forward_pool, run_isolated, self.model.forward, inputs)
+            outcomes = await loop.run_in_executor(self._forward_pool, self._forward, inputs)
             elapsed = self.clock() - started
             self._device_idle.set()
             if not any(isinstance(o, Failure) for o in outcomes):
                 self.policy.observe_batch(len(batch.jobs), elapsed)
+                self.memory.on_success(max(i.tokens for i in inputs), len(inputs))
             self._unpublished = True
             self.stats.record_batch(len(batch.jobs), batch.reason.value, batch.extra["real"],
                                     batch.extra["padded"], elapsed)
             task = asyncio.create_task(self._finish(batch, outcomes, elapsed))
             self._completions.add(task)
             task.add_done_callback(self._completions.discard)
+
+    def _forward(self, inputs: Sequence[ModelInput]) -> list[Any]:
+        """On the model thread: the forward pass, bisected on errors and out of memory."""
+        def oom(items: Sequence[ModelInput]) -> None:
+            width = max(item.tokens for item in items)
+            self.memory.on_oom(width, len(items))
+            log.warning("out of memory on %d x %d tokens: splitting; budget for this length is "
+                        "now %s tokens", len(items), width, self.memory.budget(width))
+
+        return run_isolated(self.model.forward, inputs, on_oom=oom)
 
     async def _finish(self, batch: Batch, outcomes: list[Any], elapsed: float) -> None:
         finished_ms = int((self.clock() + self._clock_offset_s) * 1e3)
@@ -317,14 +371,33 @@ class Worker:
                   elapsed * 1e3, batch.reason.value)
 
     async def _complete(self, completions: Sequence[ops.Completion]) -> None:
-        keys, args = ops.complete_call(self.keys, self.config.result_ttl_ms, completions)
-        written = ops.parse_complete(await self.scripts["complete"](keys=keys, args=args))
+        """One script call for the batch, retried through Redis outages while the leases can
+        still be valid; after that the requests are reclaimed and run again elsewhere."""
+        keys, args = ops.complete_call(self.keys, self.config.result_ttl_ms,
+                                       self.config.dead_letter_cap, completions)
+        give_up = self.clock() + self.config.lease_ms / 1e3
+        backoff = RedisBackoff("complete")
+        while True:
+            try:
+                reply = await self.scripts["complete"](keys=keys, args=args)
+                break
+            except RedisError as exc:
+                if self.clock() > give_up:
+                    log.error("could not write %d results before their leases expired (%s); "
+                              "they will be reclaimed and run again", len(completions), exc)
+                    for completion in completions:
+                        self.book.drop(completion.id)
+                    return
+                await backoff.failed(exc)
+        written = ops.parse_complete(reply)
         for completion, ok in zip(completions, written, strict=True):
             self.book.drop(completion.id)
             if not ok:
                 self.stats.refused += 1
                 log.warning("completion of %s refused: lease lost or request cancelled",
                             completion.id)
+            elif completion.status == "retry":
+                self.stats.retried += 1
             elif completion.status != "ok":
                 self.stats.failed += 1
 
@@ -332,9 +405,15 @@ class Worker:
         if not jobs:
             return
         keys, args = ops.release_call(self.keys, [(j.id, j.claimed.token) for j in jobs])
-        released = int(await self.scripts["release"](keys=keys, args=args))
-        for job in jobs:
-            self.book.drop(job.id)
+        try:
+            released = int(await self.scripts["release"](keys=keys, args=args))
+        except RedisError as exc:
+            log.warning("could not give %d claims back (%s); their leases will expire and "
+                        "they will be reclaimed", len(jobs), exc)
+            return
+        finally:
+            for job in jobs:
+                self.book.drop(job.id)
         self.stats.released += released
         log.info("gave %d unstarted requests back to the queue", released)
 
@@ -371,10 +450,12 @@ class Worker:
 
     async def _maintenance_loop(self) -> None:
         interval = min(max(self.config.lease_ms / 4e3, 0.25), 2.0)
+        backoff = RedisBackoff("maintenance")
         while True:
             await asyncio.sleep(interval)
             try:
                 await self._reclaim()
                 await self._publish()
+                backoff.succeeded()
             except RedisError as exc:
-                log.warning("maintenance failed: %s", exc)
+                backoff.note(exc)

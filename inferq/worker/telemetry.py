@@ -14,6 +14,7 @@ class WorkerStats:
     failed: int = 0
     refused: int = 0
     released: int = 0
+    retried: int = 0
     forward_s: float = 0.0
     real_tokens: int = 0
     padded_tokens: int = 0
@@ -44,6 +45,7 @@ class WorkerStats:
             "requests": str(self.requests),
             "failed": str(self.failed),
             "refused": str(self.refused),
+            "retried": str(self.retried),
             "mean_batch_size": f"{self.mean_batch_size:.3f}",
             "max_batch_size": str(max(self.sizes, default=0)),
             "padding_efficiency": f"{self.padding_efficiency:.4f}",

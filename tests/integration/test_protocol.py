@@ -35,7 +35,7 @@ class Scripts:
         body = encode_result(Result(id=claimed.id, status=status, output=output,
                                     attempts=claimed.attempt))
         keys, args = ops.complete_call(
-            KEYS, TTL_MS, [ops.Completion(claimed.id, claimed.token, status.value, body)])
+            KEYS, TTL_MS, 100, [ops.Completion(claimed.id, claimed.token, status.value, body)])
         return ops.parse_complete(self.s["complete"](keys=keys, args=args))[0]
 
     def heartbeat(self, worker: str, leases: list[tuple[str, str]],
@@ -131,12 +131,14 @@ def test_enqueue_many_is_one_round_trip_and_idempotent(client: inferq.Client,
 
 
 def test_back_pressure_refuses_with_queue_full(redis_url: str, scripts: Scripts) -> None:
-    client = inferq.Client(redis_url, options=inferq.ClientOptions(max_queue_depth=3))
+    flat = inferq.Shedding(levels=((inferq.PRIORITY_MIN, 1.0),))
+    client = inferq.Client(redis_url, options=inferq.ClientOptions(max_queue_depth=3,
+                                                                   shedding=flat))
     for i in range(3):
         enqueue(client, str(i))
     with pytest.raises(inferq.QueueFull) as info:
         enqueue(client, "overflow")
-    assert info.value.depth == 3 and info.value.max_depth == 3
+    assert info.value.depth == 3 and info.value.retry_after_s > 0
     assert info.value.code == "queue_full"
     with pytest.raises(inferq.QueueFull) as many:
         client.enqueue_many(["x", "y"], model="m")
@@ -145,6 +147,42 @@ def test_back_pressure_refuses_with_queue_full(redis_url: str, scripts: Scripts)
     assert enqueue(client, "fits now").outcome == "queued"
     assert scripts.r.zcard(KEYS.pending) == 3
     client.close()
+
+
+def test_low_priority_is_shed_first_while_high_priority_still_gets_in(
+        redis_url: str, scripts: Scripts) -> None:
+    # Default shedding at depth 10: priority < 0 refused from 5, 0..49 from 8, >= 50 at 10.
+    client = inferq.Client(redis_url, options=inferq.ClientOptions(max_queue_depth=10))
+    for i in range(5):
+        enqueue(client, f"bulk{i}", priority=-5)
+    with pytest.raises(inferq.QueueFull) as low:
+        enqueue(client, "one more bulk", priority=-5)
+    assert low.value.max_depth == 5
+    for i in range(3):
+        enqueue(client, f"normal{i}")
+    with pytest.raises(inferq.QueueFull):
+        enqueue(client, "one more normal")
+    enqueue(client, "urgent 1", priority=90)
+    enqueue(client, "urgent 2", priority=90)
+    with pytest.raises(inferq.QueueFull) as high:
+        enqueue(client, "urgent 3", priority=90)
+    assert high.value.max_depth == 10 and high.value.depth == 10
+    client.close()
+
+
+def test_retry_after_hint_follows_the_completion_rate(client: inferq.Client,
+                                                      scripts: Scripts, r: redis.Redis) -> None:
+    # 50 completions in the last 10 s (5/s); an excess of 1 should drain in ~0.2 s.
+    now_s = int(r.time()[0])
+    r.hset(KEYS.stats, mapping={f"ts:{(now_s - 2) % 64}": now_s - 2,
+                                f"n:{(now_s - 2) % 64}": 50})
+    small = inferq.Client(client.url, options=inferq.ClientOptions(
+        max_queue_depth=1, shedding=inferq.Shedding(levels=((inferq.PRIORITY_MIN, 1.0),))))
+    enqueue(small, "fills it")
+    with pytest.raises(inferq.QueueFull) as info:
+        enqueue(small, "refused")
+    assert info.value.retry_after_s == pytest.approx(0.2)
+    small.close()
 
 
 def test_claim_records_owner_token_attempt_and_lease(client: inferq.Client,
@@ -312,7 +350,7 @@ def test_failed_result_raises_request_failed_with_the_worker_code(
     claimed = scripts.claim("a", 1).claimed[0]
     body = encode_result(Result(id=claimed.id, status=Status.FAILED,
                                 error={"code": "invalid_input", "message": "bad"}))
-    keys, args = ops.complete_call(KEYS, TTL_MS, [ops.Completion(claimed.id, claimed.token,
+    keys, args = ops.complete_call(KEYS, TTL_MS, 100, [ops.Completion(claimed.id, claimed.token,
                                                                  "failed", body)])
     scripts.s["complete"](keys=keys, args=args)
     with pytest.raises(inferq.RequestFailed) as info:
