@@ -55,27 +55,32 @@ class ResultInbox:
                 self._waiters.pop(request_id, None)
 
     async def _listen(self) -> None:
+        failures = 0
         while self._waiters:
             try:
-                reply = await self._client.blmpop(BLOCK_S, 1, self._key, direction="LEFT",
-                                                  count=BATCH)
+                await self._deliver_once()
+                failures = 0
             except RedisError as exc:
-                log.warning("result inbox %s: %s; retrying", self._key, exc)
-                await asyncio.sleep(BLOCK_S)
-                continue
-            if not reply:
-                continue
-            ids = [i.decode() if isinstance(i, bytes) else str(i) for i in reply[1]]
-            wanted = [i for i in ids if i in self._waiters]
-            if not wanted:
-                continue
-            pipe = self._client.pipeline(transaction=False)
-            for request_id in wanted:
-                pipe.lindex(self._keys.result(request_id), 0)
-            for request_id, raw in zip(wanted, await pipe.execute(), strict=True):
-                for future in self._waiters.get(request_id, []):
-                    if raw is not None and not future.done():
-                        future.set_result(bytes(raw))
+                failures += 1
+                if failures == 1:
+                    log.warning("result inbox %s: %s; retrying with backoff", self._key, exc)
+                await asyncio.sleep(min(BLOCK_S * 2 ** (failures - 1) / 8, 5.0))
+
+    async def _deliver_once(self) -> None:
+        reply = await self._client.blmpop(BLOCK_S, 1, self._key, direction="LEFT", count=BATCH)
+        if not reply:
+            return
+        ids = [i.decode() if isinstance(i, bytes) else str(i) for i in reply[1]]
+        wanted = [i for i in ids if i in self._waiters]
+        if not wanted:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for request_id in wanted:
+            pipe.lindex(self._keys.result(request_id), 0)
+        for request_id, raw in zip(wanted, await pipe.execute(), strict=True):
+            for future in self._waiters.get(request_id, []):
+                if raw is not None and not future.done():
+                    future.set_result(bytes(raw))
 
     async def close(self) -> None:
         if self._task is not None:

@@ -124,7 +124,7 @@ def complete_call(keys: QueueKeys, result_ttl_ms: int, dead_cap: int,
     args: list[bytes | str | int] = [keys.prefix, result_ttl_ms, dead_cap]
     for item in items:
         args += [item.id, item.token, item.status, item.body, item.retry_delay_ms]
-    return [keys.inflight, keys.stats, keys.delayed, keys.dead], args
+    return [keys.inflight, keys.stats, keys.delayed, keys.dead, keys.wake], args
 
 
 def parse_complete(reply: Any) -> list[bool]:

@@ -207,18 +207,19 @@ return lost
 """
 
 COMPLETE = _PRELUDE + r"""
--- KEYS: 1 inflight, 2 stats, 3 delayed, 4 dead
+-- KEYS: 1 inflight, 2 stats, 3 delayed, 4 dead, 5 wake
 -- ARGV: 1 prefix, 2 result ttl ms, 3 dead-letter cap,
 --       then per request 5 values: id, token, status, result body, retry delay ms
 -- Token-checked and first writer wins: a zombie (a worker whose lease was taken over) or a
 -- request cancelled meanwhile gets its write refused. Status 'retry' puts the request in the
 -- delayed set for the given backoff (attempt kept; claim promotes it when due); 'dead' writes
 -- the body as the final result and dead-letters the id; any other status is final.
+-- A retry also pushes a wake token, so an idle worker learns when the retry falls due.
 -- Returns 1 (done) or 0 (refused) per request.
-local inflight, stats, delayed, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local inflight, stats, delayed, dead, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, ttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
-local out, refused, counts = {}, 0, {}
+local out, refused, counts, retried = {}, 0, {}, 0
 for i = 4, #ARGV, 5 do
   local id, token, status = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local rkey = prefix .. 'req:' .. id
@@ -229,7 +230,7 @@ for i = 4, #ARGV, 5 do
       redis.call('HSET', rkey, 'st', 'delayed')
       redis.call('HDEL', rkey, 'o', 't')
       redis.call('ZADD', delayed, num(now + tonumber(ARGV[i + 4])), id)
-      redis.call('HINCRBY', stats, 'retried', 1)
+      retried = retried + 1
       ok = 1
     elseif put_result(prefix, id, ARGV[i + 3], ttl) == 1 then
       if status == 'dead' then
@@ -247,6 +248,10 @@ for i = 4, #ARGV, 5 do
 end
 for status, n in pairs(counts) do count_done(stats, status, n, now) end
 if refused > 0 then redis.call('HINCRBY', stats, 'refused', refused) end
+if retried > 0 then
+  redis.call('HINCRBY', stats, 'retried', retried)
+  wake_workers(wake, 1)
+end
 return out
 """
 

@@ -20,7 +20,7 @@ def bucket_of(width: int) -> int:
 @dataclass
 class MemoryGovernor:
     max_tokens: int | None
-    shrink: float = 0.75
+    shrink: float = 0.5  # the halves that bisection runs next
     recover_factor: float = 1.1
     recover_after: int = 20
     limits: dict[int, int] = field(default_factory=dict)

@@ -45,3 +45,29 @@ def test_sigkill_mid_batch_then_a_second_worker_finishes_everything(
     assert second.stop() == 0
     assert "reclaimed" in second.log
     client.close()
+
+
+def test_a_worker_paused_past_its_lease_has_its_completion_refused(
+        redis_url: str, r: redis.Redis, start_worker: Callable[..., WorkerProcess]) -> None:
+    client = inferq.Client(redis_url)
+    handles = client.enqueue_many([f"req-{i}" for i in range(8)], model="slow")
+    paused = start_worker("--model", SLOW, "--lease-ms", "1000", "--max-batch-size", "8",
+                          "--worker-id", "paused")
+    wait_until(lambda: r.zcard(KEYS.inflight) == 8, 60, "the worker to claim all 8")
+    paused.proc.send_signal(signal.SIGSTOP)  # a GC pause / frozen VM, mid-forward
+    try:
+        second = start_worker("--model", SLOW, "--lease-ms", "1000", "--max-batch-size", "8",
+                              "--worker-id", "second")
+        results = [h.result(timeout=60) for h in handles]
+        assert {res.worker for res in results} == {"second"}
+        assert all(res.attempts == 2 for res in results)
+    finally:
+        paused.proc.send_signal(signal.SIGCONT)
+    # The paused worker wakes, finishes its forward and tries to complete: refused.
+    wait_until(lambda: int(r.hget(KEYS.stats, "refused") or 0) == 8, 30,
+               "the zombie's completion to be refused")
+    assert int(r.hget(KEYS.stats, "ok") or 0) == 8  # no duplicate result was written
+    assert [h.result(timeout=1).worker for h in handles] == ["second"] * 8
+    assert paused.stop() == 0 and second.stop() == 0
+    assert "refused" in paused.log
+    client.close()
