@@ -1,0 +1,43 @@
+"""``python -m inferq.gateway --host 127.0.0.1 --port 8000``: serve the gateway with uvicorn.
+
+Settings come from the environment (see ``inferq.gateway.settings``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+from pydantic import ValidationError as PydanticValidationError
+
+from inferq.errors import ConfigError
+from inferq.gateway.app import create_app
+from inferq.gateway.settings import GatewaySettings
+
+
+def serve(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inferq.gateway",
+                                     description="inferq HTTP gateway (settings from "
+                                                 "INFERQ_REDIS_URL and INFERQ_GATEWAY_*)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--root-path", default="", help="when served behind a path prefix")
+    args = parser.parse_args(argv)
+    # As the ``inferq`` CLI logs; uvicorn configures its own loggers on top.
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = GatewaySettings.from_env()
+    except (ConfigError, PydanticValidationError) as exc:
+        print(f"inferq gateway: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(create_app(settings), host=args.host, port=args.port,
+                log_level=args.log_level, root_path=args.root_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve())

@@ -1,0 +1,50 @@
+"""The app factory: ``create_app(settings)`` wires settings, the shared ``AsyncClient``
+(opened on startup in the server's loop, closed on shutdown), auth, routes and the error
+mapping."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI
+
+import inferq
+from inferq.gateway import errors
+from inferq.gateway.auth import bearer_auth
+from inferq.gateway.routes import health, native, openai_compat
+from inferq.gateway.settings import GatewaySettings
+from inferq.gateway.state import GatewayState
+from inferq.producer.aio import AsyncClient
+from inferq.producer.common import ClientOptions
+
+log = logging.getLogger("inferq.gateway")
+
+
+def create_app(settings: GatewaySettings | None = None) -> FastAPI:
+    settings = settings if settings is not None else GatewaySettings.from_env()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        options = ClientOptions(namespace=settings.namespace,
+                                max_queue_depth=settings.max_queue_depth,
+                                max_connections=settings.max_connections)
+        client = AsyncClient(settings.redis_url.get_secret_value(), options=options)
+        app.state.gateway = GatewayState(settings=settings, client=client)
+        log.info("inferq gateway: redis %s, auth %s", settings.redacted_redis_url,
+                 "bearer token" if settings.token is not None else "OFF")
+        try:
+            yield
+        finally:
+            await client.aclose()
+
+    app = FastAPI(title="inferq gateway", version=inferq.__version__, lifespan=lifespan,
+                  description="HTTP front of the inferq queue: OpenAI-compatible embeddings "
+                              "and inferq's native request API.")
+    errors.install(app, retry_after_s=settings.retry_after_s)
+    authenticated = [Depends(bearer_auth(settings.token))]
+    app.include_router(health.router)
+    app.include_router(openai_compat.router, dependencies=authenticated)
+    app.include_router(native.router, dependencies=authenticated)
+    return app

@@ -1,0 +1,142 @@
+"""Every failure becomes an OpenAI-shaped body: ``{"error": {"message", "type", "code",
+"param", "request_id"}}``, with the status code that tells a client what to do next.
+
+- ``ValidationError`` and body/header/query validation: 422, ``invalid_request`` (or
+  ``payload_too_large``), ``param`` names the field.
+- ``QueueFull``: 429 with ``Retry-After`` (seconds), ``queue_full``.
+- ``DeadlineExceeded``: 504 ``deadline_exceeded``; ``ResultTimeout``: 504 ``result_timeout``.
+- ``RequestCancelled``: 409 ``cancelled``.
+- ``RequestFailed``: 502 with the worker's code (``model_error``, ``max_attempts``, ...), but
+  422 when that code says the input itself is bad (``invalid_input``, ...).
+- Redis unreachable: 503 ``backend_unavailable`` (details go to the log only).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from inferq.errors import (
+    DeadlineExceeded,
+    InferqError,
+    PayloadTooLarge,
+    QueueFull,
+    RequestCancelled,
+    RequestError,
+    RequestFailed,
+    ResultTimeout,
+    ValidationError,
+)
+from inferq.gateway.schemas import ErrorBody, ErrorDetail
+
+log = logging.getLogger("inferq.gateway")
+
+#: Worker error codes that mean "this input is bad", not "the service is broken".
+CLIENT_ERROR_CODES = frozenset({"invalid_input", "invalid_request", "payload_too_large"})
+
+INVALID = "invalid_request_error"
+
+
+class ApiError(Exception):
+    """An error response, raised by a route and rendered by the handler below."""
+
+    def __init__(self, status: int, type: str, code: str, message: str, *,
+                 param: str | None = None, request_id: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type
+        self.code = code
+        self.message = message
+        self.param = param
+        self.request_id = request_id
+        self.headers = dict(headers or {})
+
+    def response(self) -> JSONResponse:
+        body = ErrorBody(error=ErrorDetail(message=self.message, type=self.type, code=self.code,
+                                           param=self.param, request_id=self.request_id))
+        return JSONResponse(body.model_dump(), status_code=self.status, headers=self.headers)
+
+
+def from_inferq(exc: InferqError, *, retry_after_s: int = 1,
+                param: str | None = None) -> ApiError:
+    """The HTTP form of an SDK error; ``param`` names the input it concerns, if known."""
+    request_id = exc.result.id if isinstance(exc, RequestError) else None
+    kw: dict[str, Any] = {"param": param, "request_id": request_id}
+    if isinstance(exc, QueueFull):
+        return ApiError(429, "rate_limit_error", exc.code, exc.message,
+                        headers={"Retry-After": str(retry_after_s)}, **kw)
+    if isinstance(exc, DeadlineExceeded | ResultTimeout):
+        return ApiError(504, "timeout_error", exc.code, exc.message, **kw)
+    if isinstance(exc, RequestCancelled):
+        return ApiError(409, "conflict_error", exc.code, exc.message, **kw)
+    if isinstance(exc, RequestFailed):
+        code = exc.error_code
+        if code in CLIENT_ERROR_CODES:
+            return ApiError(422, INVALID, code, exc.message, **kw)
+        return ApiError(502, "upstream_error", code, exc.message, **kw)
+    if isinstance(exc, PayloadTooLarge | ValidationError):
+        return ApiError(422, INVALID, exc.code, exc.message, **kw)
+    log.error("unexpected inferq error: %s", exc, exc_info=exc)
+    return ApiError(500, "server_error", exc.code, "internal error", **kw)
+
+
+def param_of(loc: Sequence[int | str]) -> str:
+    """``("body", "input", 3)`` -> ``input[3]``; ``("header", "x-priority")`` -> ``X-Priority``."""
+    where, *path = loc if loc else ("body",)
+    if where == "header" and path:
+        return "-".join(part.capitalize() for part in str(path[0]).split("-"))
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or str(where)
+
+
+def validation_error(exc: RequestValidationError) -> ApiError:
+    errors = list(exc.errors())
+    params = [param_of(tuple(e.get("loc", ()))) for e in errors]
+    message = "; ".join(f"{p}: {str(e.get('msg', 'invalid')).removeprefix('Value error, ')}"
+                        for p, e in zip(params, errors, strict=True))
+    return ApiError(422, INVALID, ValidationError.code, message or "invalid request",
+                    param=params[0] if params else None)
+
+
+def install(app: FastAPI, retry_after_s: int) -> None:
+    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError)
+        return exc.response()
+
+    async def on_inferq_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, InferqError)
+        return from_inferq(exc, retry_after_s=retry_after_s).response()
+
+    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return validation_error(exc).response()
+
+    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        kind = {401: "authentication_error", 404: "not_found_error"}.get(exc.status_code, INVALID)
+        code = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed"}.get(
+            exc.status_code, "http_error")
+        return ApiError(exc.status_code, kind, code, str(exc.detail),
+                        headers=exc.headers).response()
+
+    async def on_redis_error(_: Request, exc: Exception) -> JSONResponse:
+        # The detail (host, port) goes to the log, not to the caller.
+        log.warning("redis unavailable: %s", exc)
+        return ApiError(503, "service_unavailable", "backend_unavailable",
+                        "the queue backend (Redis) is unavailable").response()
+
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(InferqError, on_inferq_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(RedisError, on_redis_error)

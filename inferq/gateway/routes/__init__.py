@@ -1,0 +1,2 @@
+"""HTTP routes: ``openai_compat`` (OpenAI-shaped), ``native`` (inferq's request API),
+``health`` (probes, no auth)."""

@@ -1,0 +1,57 @@
+"""Probes for orchestrators, outside auth: ``/healthz`` (the process answers) and ``/readyz``
+(Redis answers and at least one live worker serves the queue)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
+
+from inferq.gateway.schemas import Health, ModelName, Readiness, TaskName
+from inferq.gateway.state import GatewayState, State
+from inferq.protocol.keys import QueueKeys
+
+router = APIRouter(tags=["health"])
+log = logging.getLogger("inferq.gateway")
+
+
+@router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
+async def healthz() -> Health:
+    return Health()
+
+
+async def live_workers(state: GatewayState, keys: QueueKeys) -> int:
+    """Workers whose liveness deadline (Redis clock) has not passed, as ``inferq stats``
+    counts them."""
+    redis = state.client.redis
+    seconds, micros = await redis.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    return int(await redis.zcount(keys.workers, now_ms, "+inf"))
+
+
+@router.get("/readyz", response_model=Readiness,
+            responses={503: {"model": Readiness, "description": "not ready"}},
+            summary="Readiness: Redis reachable and a live worker on the queue")
+async def readyz(state: State, model: Annotated[ModelName | None, Query()] = None,
+                 task: Annotated[TaskName | None, Query()] = None) -> JSONResponse:
+    """``?model=&task=`` name the queue; default ``INFERQ_GATEWAY_READY_MODEL``/``_TASK``."""
+    settings = state.settings
+    keys = QueueKeys.for_model(task or settings.ready_task, model or settings.ready_model,
+                               settings.namespace)
+    try:
+        workers = await asyncio.wait_for(live_workers(state, keys), settings.ready_timeout_s)
+    except (RedisError, OSError, TimeoutError) as exc:
+        log.warning("readyz: redis unavailable: %s", exc)
+        body = Readiness(status="unready", queue=keys.queue, redis=False, live_workers=0,
+                         reason="redis unavailable")
+        return JSONResponse(body.model_dump(), status_code=503)
+    if workers == 0:
+        body = Readiness(status="unready", queue=keys.queue, redis=True, live_workers=0,
+                         reason=f"no live worker on queue {keys.queue}")
+        return JSONResponse(body.model_dump(), status_code=503)
+    body = Readiness(status="ready", queue=keys.queue, redis=True, live_workers=workers)
+    return JSONResponse(body.model_dump())

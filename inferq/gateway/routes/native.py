@@ -1,0 +1,138 @@
+"""inferq's own request API: create (optionally wait), read, cancel.
+
+A request lives in the queue ``task:model``, so reads and cancels name ``model`` (and
+``task``, default ``embed``) next to the id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response
+
+from inferq.errors import ResultTimeout
+from inferq.gateway.errors import ApiError, from_inferq
+from inferq.gateway.routes.common import DeadlineHeader, PriorityHeader
+from inferq.gateway.schemas import (
+    ERROR_RESPONSES,
+    CreateRequest,
+    ModelName,
+    RequestView,
+    ResultView,
+    TaskName,
+)
+from inferq.gateway.state import GatewayState, State
+from inferq.producer.aio import AsyncHandle
+from inferq.producer.common import RequestState
+from inferq.protocol.codec import ID_RE, Result
+
+router = APIRouter(tags=["requests"])
+
+RequestIdPath = Annotated[str, Path(pattern=ID_RE.pattern)]
+ModelQuery = Annotated[ModelName, Query(description="the queue's model")]
+TaskQuery = Annotated[TaskName, Query(description="the queue's task")]
+WaitQuery = Annotated[bool, Query(description="wait for the result (200) instead of 202")]
+TimeoutQuery = Annotated[float | None, Query(gt=0, allow_inf_nan=False,
+                                             description="with wait: seconds to wait")]
+
+
+def view(handle: AsyncHandle, status: RequestState, result: Result | None = None,
+         duplicate: bool | None = None) -> RequestView:
+    return RequestView(id=handle.id, queue=handle.keys.queue, status=status,
+                       duplicate=duplicate,
+                       result=None if result is None else ResultView.of(result))
+
+
+def not_found(handle: AsyncHandle) -> ApiError:
+    return ApiError(404, "not_found_error", "not_found",
+                    f"no request {handle.id!r} in queue {handle.keys.queue!r} (never queued, "
+                    "or its result expired)", request_id=handle.id)
+
+
+async def current(handle: AsyncHandle, duplicate: bool | None = None) -> RequestView:
+    """The state now, and the result once there is one (two reads: the SDK has no one call
+    that returns both)."""
+    status = await handle.status()
+    finished = status not in (RequestState.PENDING, RequestState.RUNNING, RequestState.UNKNOWN)
+    return view(handle, status, await handle.peek() if finished else None, duplicate)
+
+
+async def wait_for(state: GatewayState, handle: AsyncHandle, timeout: float) -> Result:
+    if not handle.duplicate:
+        return await handle.result(timeout)  # over the client's shared inbox
+    # Someone else's request: its result is announced in their inbox, so this wait blocks a
+    # pooled connection (BLMOVE). Bounded, so such waits cannot starve the pool.
+    start = time.monotonic()
+    try:
+        async with asyncio.timeout(timeout):
+            await state.blocking_waits.acquire()
+    except TimeoutError as exc:
+        raise ResultTimeout(f"no result for request {handle.id} within {timeout} s") from exc
+    try:
+        # The wait itself is bounded by BLMOVE's timeout, not by cancelling it midway.
+        return await handle.result(max(0.001, timeout - (time.monotonic() - start)))
+    finally:
+        state.blocking_waits.release()
+
+
+@router.post("/v1/requests", status_code=202, response_model=RequestView,
+             responses={200: {"model": RequestView, "description": "with wait=true: done"},
+                        404: {"description": "unknown request"}, **ERROR_RESPONSES},
+             summary="Queue a request")
+async def create_request(body: CreateRequest, state: State, response: Response,
+                         x_priority: PriorityHeader = None,
+                         x_deadline_s: DeadlineHeader = None,
+                         wait: WaitQuery = False,
+                         timeout_s: TimeoutQuery = None) -> RequestView:
+    """202 with the id once queued (or, for an existing ``id``, that request's state). With
+    ``wait=true``: 200 and the result, or the error that the result stands for (a 504 on
+    timeout leaves the request queued: read it later by id)."""
+    timeout = state.timeout(timeout_s, "timeout_s")
+    handle = await state.client.enqueue(
+        body.prompt, model=body.model, task=body.task,
+        priority=body.priority if body.priority is not None else (x_priority or 0),
+        deadline_s=body.deadline_s if body.deadline_s is not None else x_deadline_s,
+        id=body.id, params=body.params, max_attempts=body.max_attempts)
+    if wait:
+        try:
+            result = await wait_for(state, handle, timeout)
+        except ResultTimeout as exc:
+            error = from_inferq(exc)
+            error.request_id = handle.id  # still queued: the caller can read it later
+            raise error from exc
+        response.status_code = 200
+        return view(handle, RequestState(result.status.value), result, handle.duplicate)
+    if not handle.duplicate:
+        return view(handle, RequestState.PENDING, duplicate=False)
+    return await current(handle, duplicate=True)
+
+
+@router.get("/v1/requests/{request_id}", response_model=RequestView,
+            responses={404: {"description": "unknown request"}, **ERROR_RESPONSES},
+            summary="A request's state, with its result once finished")
+async def get_request(request_id: RequestIdPath, state: State, model: ModelQuery,
+                      task: TaskQuery = "embed") -> RequestView:
+    handle = state.client.handle(request_id, model=model, task=task)
+    found = await current(handle)
+    if found.status is RequestState.UNKNOWN:
+        raise not_found(handle)
+    return found
+
+
+@router.delete("/v1/requests/{request_id}", response_model=RequestView,
+               responses={404: {"description": "unknown request"},
+                          409: {"description": "already finished"}, **ERROR_RESPONSES},
+               summary="Cancel a queued or running request")
+async def cancel_request(request_id: RequestIdPath, state: State, model: ModelQuery,
+                         task: TaskQuery = "embed") -> RequestView:
+    handle = state.client.handle(request_id, model=model, task=task)
+    if await handle.cancel():
+        return view(handle, RequestState.CANCELLED, await handle.peek())
+    status = await handle.status()
+    if status is RequestState.UNKNOWN:
+        raise not_found(handle)
+    raise ApiError(409, "conflict_error", "already_finished",
+                   f"request {request_id!r} already finished with status {status.value!r}",
+                   request_id=request_id)

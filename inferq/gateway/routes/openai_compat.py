@@ -1,0 +1,102 @@
+"""OpenAI-compatible routes: ``POST /v1/embeddings`` (the official ``openai`` client works
+against it). ``/v1/chat/completions`` and ``/v1/completions`` come with text generation."""
+
+from __future__ import annotations
+
+import base64
+import math
+import struct
+from typing import Any
+
+from fastapi import APIRouter, Response
+
+from inferq.errors import QueueFull
+from inferq.gateway.errors import ApiError, from_inferq
+from inferq.gateway.routes.common import (
+    DeadlineHeader,
+    InputFailed,
+    PriorityHeader,
+    TimeoutHeader,
+    wait_all,
+)
+from inferq.gateway.schemas import (
+    ERROR_RESPONSES,
+    Embedding,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    Usage,
+)
+from inferq.gateway.state import State, cancel_quietly
+
+router = APIRouter(tags=["openai"])
+
+#: Results carry no token counts, so ``usage`` is an ESTIMATE, not the worker tokenizer's
+#: count: OpenAI's rule of thumb of about 4 characters per token (English text). Responses
+#: say so in the ``X-Inferq-Usage: estimated`` header.
+CHARS_PER_TOKEN = 4
+
+
+def estimate_tokens(text: str) -> int:
+    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+def encode_base64(vector: list[float]) -> str:
+    """What OpenAI sends for ``encoding_format=base64``: little-endian float32 bytes."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+
+
+def as_vector(output: Any, index: int, model: str) -> list[float]:
+    if (isinstance(output, list) and output
+            and all(type(x) is float or type(x) is int for x in output)):
+        return output
+    raise ApiError(502, "upstream_error", "invalid_output",
+                   f"model {model!r} returned a {type(output).__name__} for input {index}, "
+                   "not a vector of numbers: is it an embedding model?",
+                   param=f"input[{index}]")
+
+
+@router.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=ERROR_RESPONSES,
+             summary="Create embeddings (OpenAI-compatible)")
+async def create_embeddings(body: EmbeddingsRequest, state: State,
+                            x_priority: PriorityHeader = None,
+                            x_deadline_s: DeadlineHeader = None,
+                            x_timeout_s: TimeoutHeader = None) -> Response:
+    """Queues every input (task ``embed``) in one round trip and waits for all of them. If one
+    fails or the wait times out, the others are cancelled and the call fails as a whole."""
+    settings = state.settings
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    if len(texts) > settings.max_embedding_inputs:
+        raise ApiError(422, "invalid_request_error", "invalid_request",
+                       f"input: at most {settings.max_embedding_inputs} texts per call, "
+                       f"got {len(texts)}", param="input")
+    max_bytes = state.client.options.limits.max_prompt_bytes
+    for i, text in enumerate(texts):
+        if len(text.encode("utf-8")) > max_bytes:
+            raise ApiError(422, "invalid_request_error", "payload_too_large",
+                           f"input[{i}]: longer than {max_bytes} bytes", param=f"input[{i}]")
+    timeout = state.timeout(x_timeout_s, "X-Timeout-S")
+    priority = body.priority if body.priority is not None else (x_priority or 0)
+    deadline_s = body.deadline_s if body.deadline_s is not None else x_deadline_s
+    try:
+        handles = await state.client.enqueue_many(
+            texts, model=body.model, task="embed", priority=priority, deadline_s=deadline_s)
+    except QueueFull as exc:
+        # Some inputs may have got in before the queue filled: all or nothing.
+        await cancel_quietly(exc.accepted)
+        raise
+    try:
+        results = await wait_all(handles, timeout)
+    except InputFailed as exc:
+        raise from_inferq(exc.error, param=f"input[{exc.index}]") from exc
+    data = []
+    for i, result in enumerate(results):
+        vector = as_vector(result.output, i, body.model)
+        data.append(Embedding.model_construct(
+            index=i, embedding=encode_base64(vector) if body.encoding_format == "base64"
+            else vector))
+    tokens = sum(estimate_tokens(t) for t in texts)
+    response = EmbeddingsResponse.model_construct(
+        data=data, model=body.model, usage=Usage(prompt_tokens=tokens, total_tokens=tokens))
+    # Serialized here in one pass: FastAPI would re-validate every float of the response.
+    return Response(response.model_dump_json(), media_type="application/json",
+                    headers={"X-Inferq-Usage": "estimated"})

@@ -1,0 +1,101 @@
+"""Gateway configuration: a typed settings object read from the environment.
+
+| variable | default | meaning |
+|---|---|---|
+| ``INFERQ_REDIS_URL`` | ``redis://localhost:6379/0`` | the queue's Redis (as the SDK) |
+| ``INFERQ_GATEWAY_TOKEN`` | unset | bearer token required on ``/v1/*``; unset = no auth |
+| ``INFERQ_GATEWAY_TIMEOUT_S`` | 60 | how long a call waits for results by default |
+| ``INFERQ_GATEWAY_MAX_TIMEOUT_S`` | 600 | the largest wait a caller may ask for |
+| ``INFERQ_GATEWAY_MAX_QUEUE_DEPTH`` | 1000000 | back-pressure: 429 beyond this many pending |
+| ``INFERQ_GATEWAY_RETRY_AFTER_S`` | 1 | ``Retry-After`` sent with a 429 |
+| ``INFERQ_GATEWAY_MAX_EMBEDDING_INPUTS`` | 2048 | inputs per ``/v1/embeddings`` call (OpenAI's) |
+| ``INFERQ_GATEWAY_READY_MODEL`` / ``_READY_TASK`` | ``minilm`` / ``embed`` | ``/readyz`` default |
+
+The Redis URL and the token are ``SecretStr``: neither appears in a repr or a log line; log
+``redacted_redis_url`` instead.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Self
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from inferq.errors import ConfigError
+from inferq.producer.common import DEFAULT_URL, URL_ENV
+from inferq.protocol.keys import DEFAULT_NAMESPACE, NAME_RE
+
+ENV_PREFIX = "INFERQ_GATEWAY_"
+Name = Annotated[str, Field(pattern=NAME_RE.pattern)]
+_SECRET_QUERY_KEYS = frozenset({"password", "pass", "passwd", "auth", "token"})
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, validate_by_name=True, validate_by_alias=True, frozen=True,
+        extra="forbid",
+    )
+
+    redis_url: SecretStr = Field(default=SecretStr(DEFAULT_URL), validation_alias=URL_ENV)
+    token: SecretStr | None = None
+    timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 60.0
+    max_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 600.0
+    namespace: Name = DEFAULT_NAMESPACE
+    max_queue_depth: Annotated[int, Field(ge=0)] = 1_000_000
+    retry_after_s: Annotated[int, Field(ge=1)] = 1
+    max_embedding_inputs: Annotated[int, Field(ge=1)] = 2048
+    #: Connections of the gateway's Redis pool (awaited results share one per queue).
+    max_connections: Annotated[int, Field(ge=4)] = 64
+    ready_model: Name = "minilm"
+    ready_task: Name = "embed"
+    #: ``/readyz`` gives up on Redis after this long (the SDK's sockets never time out).
+    ready_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 2.0
+
+    @field_validator("token")
+    @classmethod
+    def _empty_token_is_none(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value():
+            return None
+        return value
+
+    @model_validator(mode="after")
+    def _timeouts_ordered(self) -> Self:
+        if self.timeout_s > self.max_timeout_s:
+            raise ValueError(f"timeout_s ({self.timeout_s}) must be <= max_timeout_s "
+                             f"({self.max_timeout_s})")
+        return self
+
+    @classmethod
+    def from_env(cls) -> GatewaySettings:
+        """Settings from the environment; an ``INFERQ_GATEWAY_*`` variable that names no
+        setting (a typo) is an error, not silently ignored."""
+        known = {ENV_PREFIX + name.upper() for name in cls.model_fields if name != "redis_url"}
+        unknown = sorted(k for k in os.environ
+                         if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)
+        if unknown:
+            raise ConfigError(f"unknown gateway setting(s) {unknown}; known: {sorted(known)}")
+        return cls()
+
+    @property
+    def redacted_redis_url(self) -> str:
+        return redact_url(self.redis_url.get_secret_value())
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password (in the userinfo or the query) replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, host = netloc.rsplit("@", 1)
+            user, colon, _ = userinfo.partition(":")
+            # A lone userinfo may be a password to some clients: mask it too.
+            netloc = f"{user}:***@{host}" if colon else f"***@{host}"
+        query = urlencode([(k, "***" if k.lower() in _SECRET_QUERY_KEYS else v)
+                           for k, v in parse_qsl(parts.query, keep_blank_values=True)], safe="*")
+        return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    except ValueError:
+        return "<unparseable redis url>"

@@ -1,0 +1,60 @@
+"""What the routes share: the settings and one ``AsyncClient`` per app (created on startup,
+inside the server's event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from inferq.gateway.errors import ApiError
+from inferq.gateway.settings import GatewaySettings
+from inferq.producer.aio import AsyncClient, AsyncHandle
+
+log = logging.getLogger("inferq.gateway")
+
+
+@dataclass
+class GatewayState:
+    settings: GatewaySettings
+    client: AsyncClient
+    #: A wait on a request this gateway did not enqueue (a repeated ``id``) blocks one pooled
+    #: connection in ``BLMOVE``; bounding those waits keeps the pool free for everything else.
+    blocking_waits: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.blocking_waits = asyncio.Semaphore(max(1, self.settings.max_connections // 4))
+
+    def timeout(self, asked: float | None, param: str) -> float:
+        """The caller's wait (seconds), else the default; above the maximum is a 422."""
+        if asked is None:
+            return self.settings.timeout_s
+        if asked > self.settings.max_timeout_s:
+            raise ApiError(422, "invalid_request_error", "invalid_request",
+                           f"{param}: must be <= {self.settings.max_timeout_s} s, got {asked}",
+                           param=param)
+        return asked
+
+
+def get_state(request: Request) -> GatewayState:
+    state = request.app.state.gateway
+    assert isinstance(state, GatewayState), "the gateway's lifespan did not run"
+    return state
+
+
+State = Annotated[GatewayState, Depends(get_state)]
+
+
+async def cancel_quietly(handles: Iterable[AsyncHandle]) -> None:
+    """Best effort: cancel requests nobody will read any more (finished ones are untouched)."""
+    handles = list(handles)
+    if not handles:
+        return
+    outcomes = await asyncio.gather(*(h.cancel() for h in handles), return_exceptions=True)
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    if failed:
+        log.warning("could not cancel %d abandoned request(s): %s", len(failed), failed[0])

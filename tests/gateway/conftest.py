@@ -1,0 +1,44 @@
+"""Gateway fixtures: the app over the session's real Redis-compatible server."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from inferq.gateway import GatewaySettings, create_app
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(autouse=True)
+def _no_gateway_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings are explicit in these tests: the developer's environment must not leak in."""
+    for name in list(os.environ):
+        if name.startswith("INFERQ_GATEWAY_") or name == "INFERQ_REDIS_URL":
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def make_api(redis_url: str) -> Callable[..., AbstractContextManager[TestClient]]:
+    """``with make_api(token=..., max_queue_depth=...) as api:`` a TestClient whose app (and
+    its lifespan: the shared AsyncClient) runs for the block."""
+
+    @contextmanager
+    def make(**overrides: Any) -> Iterator[TestClient]:
+        values: dict[str, Any] = {"redis_url": redis_url, "token": None, "timeout_s": 30.0,
+                                  **overrides}
+        with TestClient(create_app(GatewaySettings(**values))) as api:
+            yield api
+
+    return make
+
+
+@pytest.fixture
+def api(make_api: Callable[..., AbstractContextManager[TestClient]]) -> Iterator[TestClient]:
+    with make_api() as client:
+        yield client

@@ -1,0 +1,93 @@
+"""Bearer auth, the probes, and the OpenAPI schema, against the real server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from inferq.embedded import free_port
+from inferq.gateway import GatewaySettings, create_app
+from tests.conftest import WorkerProcess, wait_until
+from tests.gateway.conftest import TOKEN
+
+MakeApi = Callable[..., AbstractContextManager[TestClient]]
+BODY = {"prompt": "hi", "model": "echo"}
+
+
+def test_requests_need_the_token_when_one_is_configured(make_api: MakeApi) -> None:
+    with make_api(token=TOKEN) as api:
+        missing = api.post("/v1/requests", json=BODY)
+        wrong = api.post("/v1/requests", json=BODY, headers={"Authorization": "Bearer nope"})
+        basic = api.post("/v1/embeddings", json={"input": "x", "model": "echo"},
+                         headers={"Authorization": f"Basic {TOKEN}"})
+        ok = api.post("/v1/requests", json=BODY, headers={"Authorization": f"Bearer {TOKEN}"})
+        get = api.get(f"/v1/requests/{ok.json()['id']}?model=echo",
+                      headers={"Authorization": f"Bearer {TOKEN}"})
+    for response in (missing, wrong, basic):
+        assert response.status_code == 401
+        assert response.headers["WWW-Authenticate"] == "Bearer"
+        assert response.json()["error"]["code"] == "invalid_api_key"
+        assert TOKEN not in response.text
+    assert ok.status_code == 202 and get.status_code == 200
+
+
+def test_without_a_token_configured_requests_pass(api: TestClient) -> None:
+    assert api.post("/v1/requests", json=BODY).status_code == 202
+
+
+def test_probes_and_schema_are_outside_auth(make_api: MakeApi) -> None:
+    with make_api(token=TOKEN) as api:
+        assert api.get("/healthz").json() == {"status": "ok"}
+        assert api.get("/readyz?model=echo").status_code == 503  # no worker, but not a 401
+        assert api.get("/openapi.json").status_code == 200
+
+
+def test_readyz_needs_a_live_worker_on_the_queue(
+        api: TestClient, start_worker: Callable[..., WorkerProcess]) -> None:
+    before = api.get("/readyz", params={"model": "echo", "task": "embed"})
+    assert before.status_code == 503
+    assert before.json() == {"status": "unready", "queue": "embed:echo", "redis": True,
+                             "live_workers": 0, "reason": "no live worker on queue embed:echo"}
+    start_worker("--model", "echo")
+    wait_until(lambda: api.get("/readyz?model=echo").status_code == 200, what="readyz 200")
+    after = api.get("/readyz?model=echo").json()
+    assert after["status"] == "ready" and after["live_workers"] == 1
+    # The default queue (minilm) has no worker: still unready.
+    assert api.get("/readyz").status_code == 503
+    assert api.get("/readyz").json()["queue"] == "embed:minilm"
+
+
+def test_readyz_is_503_when_redis_is_unreachable() -> None:
+    settings = GatewaySettings(redis_url=SecretStr(f"redis://:pw@127.0.0.1:{free_port()}/0"),
+                               ready_timeout_s=2.0)
+    with TestClient(create_app(settings)) as api:
+        response = api.get("/readyz?model=echo")
+        assert api.get("/healthz").status_code == 200
+        failed = api.post("/v1/requests", json=BODY)
+    assert response.status_code == 503
+    assert response.json()["redis"] is False
+    assert failed.status_code == 503
+    assert failed.json()["error"]["code"] == "backend_unavailable"
+    assert "pw" not in failed.text
+
+
+def test_openapi_lists_the_routes_and_no_generation_routes(api: TestClient) -> None:
+    schema = api.get("/openapi.json").json()
+    paths = schema["paths"]
+    assert set(paths) == {"/healthz", "/readyz", "/v1/embeddings", "/v1/requests",
+                          "/v1/requests/{request_id}"}
+    assert set(paths["/v1/requests/{request_id}"]) == {"get", "delete"}
+    assert "/v1/chat/completions" not in paths and "/v1/completions" not in paths
+    assert "HTTPBearer" in schema["components"]["securitySchemes"]
+    assert "429" in paths["/v1/embeddings"]["post"]["responses"]
+
+
+@pytest.mark.parametrize("path", ["/nope", "/v1/chat/completions"])
+def test_unknown_routes_answer_openai_shaped_404s(api: TestClient, path: str) -> None:
+    response = api.post(path, json={})
+    assert response.status_code == 404
+    assert response.json()["error"]["type"] == "not_found_error"
