@@ -9,13 +9,42 @@ import os
 import sys
 from collections.abc import Sequence
 
+import redis
+from redis.exceptions import AuthenticationWrongNumberOfArgsError, NoPermissionError
+
+from inferq.connection import (
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
+    ConnectionSettings,
+    describe_error,
+)
 from inferq.errors import InferqError
 from inferq.producer.common import DEFAULT_URL, URL_ENV
+
+#: Failures to reach or log in to the server; anything else keeps its traceback.
+CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, NoPermissionError,
+                     AuthenticationWrongNumberOfArgsError)
 
 
 def _url_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-url", default=os.environ.get(URL_ENV) or DEFAULT_URL,
-                        help=f"Redis URL (default ${URL_ENV} or {DEFAULT_URL})")
+                        help=f"Redis URL (default ${URL_ENV} or {DEFAULT_URL}); "
+                             "redis://[[user]:password@]host:port/db, rediss:// for TLS")
+    tls = parser.add_argument_group("TLS (rediss:// URLs)")
+    tls.add_argument("--tls-ca", metavar="PEM", default=os.environ.get(TLS_CA_ENV) or None,
+                     help=f"CA bundle that signed the server certificate (default ${TLS_CA_ENV}; "
+                          "else the system CAs)")
+    tls.add_argument("--tls-cert", metavar="PEM", default=os.environ.get(TLS_CERT_ENV) or None,
+                     help="client certificate, for servers with tls-auth-clients "
+                          f"(default ${TLS_CERT_ENV})")
+    tls.add_argument("--tls-key", metavar="PEM", default=os.environ.get(TLS_KEY_ENV) or None,
+                     help=f"client key, unless inside --tls-cert (default ${TLS_KEY_ENV})")
+
+
+def connection_from_args(args: argparse.Namespace) -> ConnectionSettings:
+    return ConnectionSettings(url=args.redis_url, ssl_ca_certs=args.tls_ca,
+                              ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,5 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_demo(args)
     except InferqError as exc:
         print(f"inferq: error [{exc.code}]: {exc.message}", file=sys.stderr)
+        return 2
+    except CONNECTION_ERRORS as exc:  # a one-line reason instead of a traceback
+        url = getattr(args, "redis_url", None) or os.environ.get(URL_ENV) or DEFAULT_URL
+        print(f"inferq: error [connection]: {describe_error(url, exc)}", file=sys.stderr)
         return 2
     raise AssertionError(args.command)

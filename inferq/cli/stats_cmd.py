@@ -6,8 +6,8 @@ import argparse
 import json
 from typing import Any
 
-import redis
-
+from inferq.cli.main import connection_from_args
+from inferq.connection import sync_client
 from inferq.protocol.keys import QueueKeys
 from inferq.stats import QueueStats, read_all
 
@@ -44,7 +44,7 @@ def format_window(worker: str, w: dict[str, Any]) -> str:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    client = redis.Redis.from_url(args.redis_url)
+    client = sync_client(connection_from_args(args))
     try:
         queues = [QueueKeys(q).queue for q in args.queue] if args.queue else None
         all_stats = read_all(client, queues)

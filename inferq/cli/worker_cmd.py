@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 
 from inferq.worker.config import WorkerConfig, default_worker_id
 from inferq.worker.models.registry import load_model, parse_model_arg
 from inferq.worker.runtime import Worker
+
+log = logging.getLogger("inferq.worker")
 
 
 def config_from_args(args: argparse.Namespace) -> WorkerConfig:
@@ -25,11 +28,16 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         lease_ms=args.lease_ms,
         result_ttl_s=args.result_ttl_s,
         worker_id=args.worker_id or default_worker_id(),
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
     )
 
 
 def run_worker(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    log.info("connecting to %s%s", config.connection.redacted_url,
+             f" (CA {config.tls_ca})" if config.tls_ca else "")
     spec = parse_model_arg(args.model)
     model = load_model(spec, config.task, device=config.device, dtype=config.dtype)
     try:

@@ -9,6 +9,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from inferq import connection
+from inferq.connection import ConnectionSettings
 from inferq.errors import ResultTimeout
 from inferq.producer import common
 from inferq.producer.common import BLOCKING_DEFAULTS, ClientOptions, RequestState
@@ -70,16 +72,17 @@ class AsyncHandle:
 
 
 class AsyncClient:
-    def __init__(self, url: str | None = None, *, options: ClientOptions | None = None,
-                 **redis_kwargs: Any) -> None:
-        self.url = common.resolve_url(url)
+    def __init__(self, url: str | ConnectionSettings | None = None, *,
+                 options: ClientOptions | None = None, **redis_kwargs: Any) -> None:
+        """See ``Client``: a URL or ``ConnectionSettings``, and redis-py overrides."""
+        self.connection = connection.resolve(url)
+        self.url = self.connection.url
         self.options = options or ClientOptions()
         # A blocking pool: more concurrent calls than connections wait for one instead of
         # failing. Awaited results do not hold connections (see ``ResultInbox``).
-        pool = aioredis.BlockingConnectionPool.from_url(
-            self.url, max_connections=self.options.max_connections, timeout=None,
+        self.redis: aioredis.Redis = connection.async_client(
+            self.connection, blocking_pool=True, max_connections=self.options.max_connections,
             **{**BLOCKING_DEFAULTS, **redis_kwargs})
-        self.redis: aioredis.Redis = aioredis.Redis(connection_pool=pool)
         self.scripts = ops.register(self.redis)
         self.client_id = uuid.uuid4().hex
         self._inboxes: dict[QueueKeys, ResultInbox] = {}

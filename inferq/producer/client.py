@@ -8,6 +8,8 @@ from typing import Any
 
 import redis
 
+from inferq import connection
+from inferq.connection import ConnectionSettings
 from inferq.errors import ResultTimeout
 from inferq.producer import common
 from inferq.producer.common import BLOCKING_DEFAULTS, ClientOptions, RequestState
@@ -70,12 +72,15 @@ class Handle:
 class Client:
     """``Client(url).enqueue("text", model="minilm")`` then ``handle.result(timeout=30)``."""
 
-    def __init__(self, url: str | None = None, *, options: ClientOptions | None = None,
-                 **redis_kwargs: Any) -> None:
-        self.url = common.resolve_url(url)
+    def __init__(self, url: str | ConnectionSettings | None = None, *,
+                 options: ClientOptions | None = None, **redis_kwargs: Any) -> None:
+        """``url`` is a URL (default ``$INFERQ_REDIS_URL``; TLS files from ``$INFERQ_TLS_*``)
+        or a ``ConnectionSettings``; ``redis_kwargs`` go to redis-py and win over both."""
+        self.connection = connection.resolve(url)
+        self.url = self.connection.url
         self.options = options or ClientOptions()
-        self.redis: redis.Redis = redis.Redis.from_url(
-            self.url, **{**BLOCKING_DEFAULTS, **redis_kwargs})
+        self.redis: redis.Redis = connection.sync_client(
+            self.connection, **{**BLOCKING_DEFAULTS, **redis_kwargs})
         self.scripts = ops.register(self.redis)
 
     def enqueue(

@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
+from inferq.connection import ConnectionSettings
 from inferq.errors import ConfigError
 from inferq.protocol.codec import DEFAULT_LIMITS, Limits
 from inferq.protocol.keys import DEFAULT_NAMESPACE, NAME_RE
@@ -22,7 +23,9 @@ def default_worker_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
-    redis_url: str
+    #: May carry a password (``redis://user:pw@host``): kept out of ``repr``; log
+    #: ``connection.redacted_url`` instead.
+    redis_url: str = field(repr=False)
     model_name: str
     model_spec: str
     task: str = "embed"
@@ -40,6 +43,10 @@ class WorkerConfig:
     namespace: str = DEFAULT_NAMESPACE
     worker_id: str = field(default_factory=default_worker_id)
     limits: Limits = DEFAULT_LIMITS
+    #: TLS files for a ``rediss://`` URL: CA bundle, client certificate and key (``--tls-*``).
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ConfigError:
@@ -68,6 +75,12 @@ class WorkerConfig:
             raise bad("dead_letter_cap", "must be >= 1")
         if not 0 < self.retry_base_ms <= self.retry_max_ms:
             raise bad("retry_base_ms", "must be > 0 and <= retry_max_ms")
+        _ = self.connection  # validates the URL and the TLS files
+
+    @property
+    def connection(self) -> ConnectionSettings:
+        return ConnectionSettings(url=self.redis_url, ssl_ca_certs=self.tls_ca,
+                                  ssl_certfile=self.tls_cert, ssl_keyfile=self.tls_key)
 
     @property
     def heartbeat_s(self) -> float:

@@ -11,6 +11,8 @@ import threading
 
 import redis
 
+from inferq import connection
+from inferq.connection import ConnectionSettings
 from inferq.protocol import ops, scripts
 from inferq.protocol.keys import QueueKeys
 
@@ -54,10 +56,10 @@ class LeaseBook:
 
 
 class Heartbeat(threading.Thread):
-    def __init__(self, url: str, keys: QueueKeys, worker_id: str, book: LeaseBook, *,
-                 lease_ms: int, interval_s: float) -> None:
+    def __init__(self, settings: ConnectionSettings | str, keys: QueueKeys, worker_id: str,
+                 book: LeaseBook, *, lease_ms: int, interval_s: float) -> None:
         super().__init__(name="inferq-heartbeat", daemon=True)
-        self._redis = redis.Redis.from_url(url, socket_timeout=max(5.0, lease_ms / 1e3))
+        self._redis = connection.sync_client(settings, socket_timeout=max(5.0, lease_ms / 1e3))
         self._script = self._redis.register_script(scripts.HEARTBEAT)
         self._keys = keys
         self._worker_id = worker_id

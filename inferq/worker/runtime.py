@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
+from inferq import connection
 from inferq.errors import DeadlineMissed, InferqError, InvalidInput
 from inferq.protocol import ops
 from inferq.protocol.codec import RequestPayload, Status, decode_request
@@ -98,8 +98,8 @@ class Worker:
         self._device_idle = asyncio.Event()
         self._device_idle.set()
         self._ready: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
-        self.redis = aioredis.Redis.from_url(self.config.redis_url)
-        self._blocking = aioredis.Redis.from_url(self.config.redis_url)
+        self.redis = connection.async_client(self.config.connection)
+        self._blocking = connection.async_client(self.config.connection)
         self.scripts = ops.register(self.redis)
         self._wake = WakeWaiter(self._blocking, self.keys.wake)
         loop = asyncio.get_running_loop()
@@ -110,7 +110,7 @@ class Worker:
         self.policy, self.resumed_tuning = await load_policy(
             self.redis, self.keys, self.model.model_id, self.window_config)
         await self.redis.sadd(queues_registry(self.config.namespace), self.keys.queue)
-        heartbeat = Heartbeat(self.config.redis_url, self.keys, self.config.worker_id,
+        heartbeat = Heartbeat(self.config.connection, self.keys, self.config.worker_id,
                               self.book, lease_ms=self.config.lease_ms,
                               interval_s=self.config.heartbeat_s)
         heartbeat.beat()

@@ -1,0 +1,333 @@
+"""How every part of inferq connects to Redis: one place for TLS, credentials and retries.
+
+A ``ConnectionSettings`` holds the URL and what a URL cannot say (CA and client certificate
+files, credential overrides, keepalive, health checks, retry policy). ``sync_client`` and
+``async_client`` turn it into redis-py clients; the producer SDK, the worker, its heartbeat
+thread and the CLI all go through them.
+
+* ``redis://host:6379/0``: plain TCP. ``rediss://host:6380/0``: TLS, verified against the
+  system CAs or ``ssl_ca_certs``; add ``ssl_certfile``/``ssl_keyfile`` when the server asks
+  for a client certificate (``tls-auth-clients yes``).
+* Credentials: ``redis://:password@host`` (``requirepass``) or ``redis://user:password@host``
+  (an ACL user); percent-encode reserved characters. ``username``/``password`` override
+  the URL's. Credentials are taken out of the URL before it reaches redis-py (where URL
+  values would silently beat keyword arguments), and ``redact_url`` hides the password
+  wherever a URL is shown.
+* Environment (the CLI, the worker and ``ConnectionSettings.from_env``): ``INFERQ_REDIS_URL``,
+  ``INFERQ_TLS_CA``, ``INFERQ_TLS_CERT``, ``INFERQ_TLS_KEY``.
+
+Connection and timeout errors are retried with jittered exponential backoff. Every script
+inferq runs is safe to repeat (enqueue is idempotent on the request id, completion is
+token-checked and first-writer-wins); a claim repeated after a lost reply leaves leases that
+nobody heartbeats, which the reclaim sweep returns to the queue when they expire.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import unquote, unquote_plus
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import AuthenticationWrongNumberOfArgsError, NoPermissionError
+from redis.retry import Retry
+
+from inferq.errors import ConfigError
+from inferq.producer.common import DEFAULT_URL, URL_ENV
+from inferq.protocol.keys import DEFAULT_NAMESPACE
+
+TLS_CA_ENV = "INFERQ_TLS_CA"
+TLS_CERT_ENV = "INFERQ_TLS_CERT"
+TLS_KEY_ENV = "INFERQ_TLS_KEY"
+
+CertReqs = Literal["required", "optional", "none"]
+SCHEMES = ("redis", "rediss", "unix")
+REDACTED = "***"
+
+_QUERY_SECRET = re.compile(r"([?&]password=)[^&#]+")
+
+
+#: Every command the SDK, the worker and ``inferq stats`` send, including the ones inferq's Lua
+#: scripts call (Redis checks those against the caller's ACL too). ``acl_rules`` turns it into
+#: a least-privilege ACL user. CONFIG GET is left out on purpose: it would reveal
+#: ``requirepass``; the worker then skips its persistence/eviction check.
+ACL_COMMANDS: tuple[str, ...] = (
+    # scripts: EVALSHA; redis-py loads a missing one with SCRIPT LOAD (pipelines: SCRIPT EXISTS)
+    "evalsha", "script|load", "script|exists",
+    # called inside the scripts
+    "time", "exists", "del", "incr", "pexpire",
+    "hget", "hmget", "hset", "hdel", "hincrby",
+    "rpush", "ltrim", "llen",
+    "zadd", "zrem", "zcard", "zrange", "zrangebyscore", "zpopmin", "zremrangebyscore",
+    "zremrangebyrank",
+    # producers: results (BLMOVE, LINDEX), the async client's inbox (BLMPOP), status (HGET)
+    "blmove", "blmpop", "lindex",
+    # workers: wake-ups (BLPOP), queue registry (SADD), tuning and window stats, heartbeat
+    "blpop", "sadd", "expire",
+    # inferq stats
+    "smembers", "hgetall", "zcount",
+    # connection health checks; SELECT only for a database other than 0
+    "ping", "select",
+)
+
+
+def acl_rules(namespace: str = DEFAULT_NAMESPACE) -> list[str]:
+    """ACL SETUSER rules (after ``on`` and ``>password``) for a user that can run everything
+    inferq does on one namespace and nothing else: no other keys, channels or commands."""
+    return ["resetkeys", f"~{namespace}:*", "resetchannels", "-@all",
+            *(f"+{command}" for command in ACL_COMMANDS)]
+
+
+def _split(url: str) -> tuple[str, str | None, str, str]:
+    """``scheme://``, userinfo (None without ``@``), host[:port], rest: the pieces ``urlsplit``
+    finds, kept verbatim so a URL can be put back together byte for byte."""
+    scheme, sep, rest = url.partition("://")
+    head = scheme + sep if sep else ""
+    if not sep:
+        rest = url
+    end = min((i for i in (rest.find(c) for c in "/?#") if i != -1), default=len(rest))
+    netloc, tail = rest[:end], rest[end:]
+    userinfo, at, hostport = netloc.rpartition("@")
+    return head, (userinfo if at else None), hostport, tail
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ``***``, everything else unchanged.
+
+    Covers ``redis://:pw@host``, ``redis://user:pw@host`` and a ``?password=`` query argument
+    (which redis-py also accepts). For logs and error messages: never show a URL without it.
+    """
+    head, userinfo, hostport, tail = _split(url)
+    if userinfo is not None:
+        user, colon, password = userinfo.partition(":")
+        if colon and password:
+            userinfo = f"{user}:{REDACTED}"
+        hostport = f"{userinfo}@{hostport}"
+    return head + hostport + _QUERY_SECRET.sub(rf"\g<1>{REDACTED}", tail)
+
+
+def _credentials(url: str) -> tuple[str, str | None, str | None]:
+    """The URL without credentials (userinfo, ``username=``/``password=`` query arguments),
+    and the username and password it carried, percent-decoded."""
+    head, userinfo, hostport, tail = _split(url)
+    username = password = None
+    if userinfo is not None:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon and secret else None
+    path, qmark, query = tail.partition("?")
+    if qmark:
+        query, hash_, fragment = query.partition("#")
+        kept = []
+        for arg in query.split("&"):
+            name, _, value = arg.partition("=")
+            if name == "username" and value:  # decoded as redis-py's parse_qs does
+                username = unquote_plus(value)
+            elif name == "password" and value:
+                password = unquote_plus(value)
+            elif arg:
+                kept.append(arg)
+        tail = path + ("?" + "&".join(kept) if kept else "") + hash_ + fragment
+    return head + hostport + tail, username, password
+
+
+def _env(environ: Mapping[str, str], name: str) -> str | None:
+    return environ.get(name) or None
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class ConnectionSettings:
+    """Where and how to connect. Validated at construction; every check names the bad value."""
+
+    url: str = DEFAULT_URL
+    #: PEM bundle of the CA(s) that signed the server certificate (``rediss://`` only);
+    #: None verifies against the system's default CAs.
+    ssl_ca_certs: str | None = None
+    #: Client certificate (PEM, may include the key) for servers with ``tls-auth-clients``.
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    #: ``required`` verifies the server certificate and host name; ``none`` turns both off
+    #: (only for testing: it allows a man in the middle).
+    ssl_cert_reqs: CertReqs = "required"
+    #: Override the URL's username / password (e.g. from a secret store).
+    username: str | None = None
+    password: str | None = None
+    socket_keepalive: bool = True
+    socket_connect_timeout: float | None = 10.0
+    #: PING a connection idle for this many seconds before reusing it (0 = never).
+    health_check_interval: float = 30.0
+    #: Retries of a command after a ConnectionError/TimeoutError (0 = none), with jittered
+    #: exponential backoff from ``retry_backoff_base_s`` up to ``retry_backoff_cap_s``.
+    retries: int = 3
+    retry_backoff_base_s: float = 0.05
+    retry_backoff_cap_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        shown = redact_url(self.url)
+        scheme = self.url.partition("://")[0] if "://" in self.url else ""
+        if scheme not in SCHEMES:
+            raise ConfigError(f"url must start with redis://, rediss:// or unix://, got {shown!r}")
+        if self.ssl_cert_reqs not in ("required", "optional", "none"):
+            raise ConfigError("ssl_cert_reqs must be required, optional or none, got "
+                              f"{self.ssl_cert_reqs!r}")
+        if self.ssl_cert_reqs != "required" and scheme != "rediss":
+            raise ConfigError(f"ssl_cert_reqs={self.ssl_cert_reqs!r} needs a rediss:// URL "
+                              f"(TLS), got {shown!r}")
+        tls_files = {"ssl_ca_certs": self.ssl_ca_certs, "ssl_certfile": self.ssl_certfile,
+                     "ssl_keyfile": self.ssl_keyfile}
+        for name, path in tls_files.items():
+            if path is None:
+                continue
+            if scheme != "rediss":
+                raise ConfigError(f"{name}={path!r} needs a rediss:// URL (TLS), got {shown!r}")
+            if not Path(path).is_file():
+                raise ConfigError(f"{name} must be a readable file, got {path!r}")
+        if self.ssl_keyfile is not None and self.ssl_certfile is None:
+            raise ConfigError(f"ssl_keyfile={self.ssl_keyfile!r} needs ssl_certfile "
+                              "(the client certificate it belongs to)")
+        if self.socket_connect_timeout is not None and not self.socket_connect_timeout > 0:
+            raise ConfigError("socket_connect_timeout must be > 0 or None, got "
+                              f"{self.socket_connect_timeout!r}")
+        if self.health_check_interval < 0:
+            raise ConfigError("health_check_interval must be >= 0, got "
+                              f"{self.health_check_interval!r}")
+        if self.retries < 0:
+            raise ConfigError(f"retries must be >= 0, got {self.retries!r}")
+        if not 0 < self.retry_backoff_base_s <= self.retry_backoff_cap_s:
+            raise ConfigError("retry_backoff_base_s must be > 0 and <= retry_backoff_cap_s, got "
+                              f"{self.retry_backoff_base_s!r} (cap {self.retry_backoff_cap_s!r})")
+
+    @classmethod
+    def from_env(cls, url: str | None = None, *, environ: Mapping[str, str] | None = None,
+                 **fields: Any) -> ConnectionSettings:
+        """Settings from ``INFERQ_REDIS_URL`` and ``INFERQ_TLS_CA/CERT/KEY``; arguments that are
+        given (not None) win over the environment."""
+        env = os.environ if environ is None else environ
+        given = {k: v for k, v in fields.items() if v is not None}
+        return cls(
+            url=url or _env(env, URL_ENV) or DEFAULT_URL,
+            **{
+                "ssl_ca_certs": _env(env, TLS_CA_ENV),
+                "ssl_certfile": _env(env, TLS_CERT_ENV),
+                "ssl_keyfile": _env(env, TLS_KEY_ENV),
+                **given,
+            },
+        )
+
+    @property
+    def tls(self) -> bool:
+        return self.url.startswith("rediss://")
+
+    @property
+    def redacted_url(self) -> str:
+        return redact_url(self.url)
+
+    def __repr__(self) -> str:
+        tls = (f", ssl_ca_certs={self.ssl_ca_certs!r}, ssl_certfile={self.ssl_certfile!r}, "
+               f"ssl_cert_reqs={self.ssl_cert_reqs!r}") if self.tls else ""
+        user = f", username={self.username!r}" if self.username is not None else ""
+        password = f", password={REDACTED!r}" if self.password is not None else ""
+        return f"ConnectionSettings(url={self.redacted_url!r}{tls}{user}{password})"
+
+    def _kwargs(self) -> tuple[str, dict[str, Any]]:
+        """The URL without credentials, and keyword arguments for ``from_url``."""
+        url, username, password = _credentials(self.url)
+        kwargs: dict[str, Any] = {
+            "socket_keepalive": self.socket_keepalive,
+            "socket_connect_timeout": self.socket_connect_timeout,
+            "health_check_interval": self.health_check_interval,
+        }
+        username = self.username if self.username is not None else username
+        password = self.password if self.password is not None else password
+        if username is not None:
+            kwargs["username"] = username
+        if password is not None:
+            kwargs["password"] = password
+        if self.tls:
+            kwargs.update(
+                ssl_ca_certs=self.ssl_ca_certs,
+                ssl_certfile=self.ssl_certfile,
+                ssl_keyfile=self.ssl_keyfile,
+                ssl_cert_reqs=self.ssl_cert_reqs,
+                # host names are checked whenever certificates are (ssl refuses the mix).
+                ssl_check_hostname=self.ssl_cert_reqs != "none",
+            )
+        return url, kwargs
+
+    def _backoff(self) -> ExponentialWithJitterBackoff:
+        return ExponentialWithJitterBackoff(cap=self.retry_backoff_cap_s,
+                                            base=self.retry_backoff_base_s)
+
+
+Settings = ConnectionSettings | str | None
+
+
+def resolve(settings: Settings) -> ConnectionSettings:
+    """A ``ConnectionSettings`` as given, or one from a URL (or None) plus the environment."""
+    if isinstance(settings, ConnectionSettings):
+        return settings
+    return ConnectionSettings.from_env(settings)
+
+
+def sync_client(settings: Settings = None, **overrides: Any) -> redis.Redis:
+    """A ``redis.Redis`` for these settings; ``overrides`` are redis-py keyword arguments
+    (e.g. ``socket_timeout``) and win over the settings."""
+    s = resolve(settings)
+    url, kwargs = s._kwargs()
+    kwargs["retry"] = Retry(s._backoff(), s.retries)
+    return redis.Redis.from_url(url, **{**kwargs, **overrides})
+
+
+def async_client(settings: Settings = None, *, max_connections: int | None = None,
+                 blocking_pool: bool = False, **overrides: Any) -> aioredis.Redis:
+    """A ``redis.asyncio.Redis`` for these settings.
+
+    ``blocking_pool`` uses a ``BlockingConnectionPool`` of ``max_connections``: calls beyond
+    that wait (without a time limit) for a free connection instead of failing.
+    """
+    s = resolve(settings)
+    url, kwargs = s._kwargs()
+    kwargs["retry"] = AsyncRetry(s._backoff(), s.retries)
+    kwargs.update(overrides)
+    if blocking_pool:
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections or 50, timeout=None, **kwargs)
+        return aioredis.Redis(connection_pool=pool)
+    if max_connections is not None:
+        kwargs["max_connections"] = max_connections
+    return aioredis.Redis.from_url(url, **kwargs)
+
+
+def describe_error(settings: ConnectionSettings | str, exc: BaseException) -> str:
+    """A one-line explanation of a failure to talk to the server, naming the redacted URL."""
+    url = settings.url if isinstance(settings, ConnectionSettings) else settings
+    text = str(exc)
+    if isinstance(exc, redis.AuthenticationError | AuthenticationWrongNumberOfArgsError):
+        hint = "authentication failed (wrong or missing username/password?)"
+    elif isinstance(exc, NoPermissionError):
+        hint = "the ACL user lacks a permission inferq needs"
+    elif isinstance(exc, redis.ConnectionError) and re.search(
+            r"ssl|certificate|EOF occurred", text, re.IGNORECASE):
+        hint = ("TLS handshake failed (server certificate not signed by --tls-ca, or the "
+                "server wants a client certificate: --tls-cert/--tls-key)")
+    elif isinstance(exc, redis.ConnectionError):
+        hint = "cannot connect"
+    elif isinstance(exc, redis.TimeoutError):
+        hint = "timed out"
+    else:
+        hint = "Redis error"
+    # Neither redis-py nor the server echo passwords today; scrub anyway, defensively.
+    secrets = [_credentials(url)[2]]
+    if isinstance(settings, ConnectionSettings):
+        secrets.append(settings.password)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, REDACTED)
+    return f"{hint} at {redact_url(url)}: {text}"
