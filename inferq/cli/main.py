@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--timeout", type=float, default=60.0)
     e.add_argument("--no-wait", action="store_true", help="print the id and return")
 
+    g = sub.add_parser("gateway", add_help=False,
+                       help="HTTP gateway (OpenAI-compatible); needs inferq[gateway]")
+    g.set_defaults(gateway_args=[])
+
     d = sub.add_parser("demo", help="embedded default: local server + MiniLM worker + requests")
     d.add_argument("--data-dir", default=".inferq/demo")
     d.add_argument("--requests", type=int, default=48)
@@ -92,7 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "gateway":
+        args.gateway_args = extra  # --host, --port, ... belong to the gateway's own parser
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -105,6 +114,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "enqueue":
             from inferq.cli.enqueue_cmd import run_enqueue
             return run_enqueue(args)
+        if args.command == "gateway":
+            try:
+                from inferq.gateway.__main__ import serve
+            except ImportError as exc:
+                print(f"inferq gateway needs the gateway extra: pip install 'inferq[gateway]' "
+                      f"({exc})", file=sys.stderr)
+                return 2
+            return serve(args.gateway_args)
         if args.command == "demo":
             from inferq.cli.demo_cmd import run_demo
             return run_demo(args)

@@ -16,8 +16,8 @@ from inferq.gateway.app import create_app
 from inferq.gateway.settings import GatewaySettings
 
 
-def serve(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inferq.gateway",
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inferq gateway",
                                      description="inferq HTTP gateway (settings from "
                                                  "INFERQ_REDIS_URL and INFERQ_GATEWAY_*)")
     parser.add_argument("--host", default="127.0.0.1")
@@ -25,7 +25,11 @@ def serve(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
     parser.add_argument("--root-path", default="", help="when served behind a path prefix")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def serve(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     # As the ``inferq`` CLI logs; uvicorn configures its own loggers on top.
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -95,6 +95,8 @@ class Result(BaseModel):
     worker: str | None = None
     attempts: int = 0
     batch_size: int | None = None
+    #: Tokens the model saw for this request (after truncation), when the task tokenizes.
+    input_tokens: int | None = None
     enqueued_ms: int | None = None
     started_ms: int | None = None
     finished_ms: int | None = None

