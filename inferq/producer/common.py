@@ -132,6 +132,8 @@ def prepare(
     reply_to: str | None = None,
 ) -> Prepared:
     request_id = id if id is not None else uuid.uuid4().hex
+    if params is not None and not isinstance(params, Mapping):
+        raise ValidationError(f"params must be a mapping, got {type(params).__name__}")
     payload = build_request(
         prompt, id=request_id, model=model, task=task, priority=priority,
         deadline_s=deadline_s, params=dict(params) if params is not None else None,
@@ -156,6 +158,9 @@ def prepare_many(
 ) -> list[Prepared]:
     """Each request is a prompt or a mapping of ``enqueue`` keyword arguments (with ``prompt``);
     ``defaults`` fills what a mapping leaves out."""
+    if isinstance(requests, str | bytes | Mapping) or not isinstance(requests, Iterable):
+        raise ValidationError(
+            f"requests must be a list of prompts or mappings, got {type(requests).__name__}")
     prepared = []
     for index, request in enumerate(requests):
         spec: dict[str, Any] = dict(defaults)
@@ -172,8 +177,10 @@ def prepare_many(
         prompt = spec.pop("prompt")
         try:
             prepared.append(prepare(prompt, options=options, reply_to=reply_to, **spec))
-        except TypeError as exc:
+        except TypeError as exc:  # an unknown keyword in the mapping
             raise ValidationError(f"request #{index}: {exc}") from exc
+        except ValidationError as exc:
+            raise type(exc)(f"request #{index}: {exc.message}") from exc
     return prepared
 
 

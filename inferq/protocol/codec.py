@@ -17,6 +17,7 @@ from inferq.protocol.keys import NAME_RE
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
 
 WIRE_VERSION = 1
+MAX_DEADLINE_S = 366 * 24 * 3600.0
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 
 JSONScalar = str | int | float | bool | None
@@ -54,7 +55,7 @@ class RequestPayload(BaseModel):
     prompt: str
     priority: Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX, strict=True)] = 0
     params: dict[str, ParamValue] = Field(default_factory=dict)
-    deadline_s: float | None = None
+    deadline_s: Annotated[float, Field(strict=True, le=MAX_DEADLINE_S)] | None = None
     max_attempts: Annotated[int, Field(ge=1, le=100, strict=True)] = 3
 
     @field_validator("deadline_s")
@@ -121,8 +122,20 @@ class Result(BaseModel):
 
 
 def pack(obj: Any) -> bytes:
-    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    """msgpack bytes; a value msgpack cannot carry (a lone surrogate, an int beyond 64 bits)
+    is a ``ValidationError``, not a crash."""
+    try:
+        data: bytes = msgpack.packb(obj, use_bin_type=True)
+    except (UnicodeEncodeError, OverflowError, TypeError, ValueError) as exc:
+        raise ValidationError(f"cannot encode as msgpack: {type(exc).__name__}: {exc}") from exc
     return data
+
+
+def utf8_size(text: str, what: str) -> int:
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValidationError(f"{what} is not valid Unicode text: {exc}") from exc
 
 
 def unpack(data: bytes, *, max_bytes: int) -> Any:
@@ -144,7 +157,7 @@ def _validation_message(exc: PydanticValidationError) -> str:
 
 
 def encode_request(payload: RequestPayload, limits: Limits = DEFAULT_LIMITS) -> bytes:
-    prompt_bytes = len(payload.prompt.encode("utf-8"))
+    prompt_bytes = utf8_size(payload.prompt, "prompt")
     if prompt_bytes > limits.max_prompt_bytes:
         raise PayloadTooLarge(
             f"prompt of {prompt_bytes} bytes exceeds the {limits.max_prompt_bytes}-byte limit"
@@ -168,8 +181,10 @@ def decode_request(data: bytes, limits: Limits = DEFAULT_LIMITS) -> RequestPaylo
         payload = RequestPayload.model_validate(raw)
     except PydanticValidationError as exc:
         raise ValidationError(f"invalid request payload: {_validation_message(exc)}") from exc
-    if len(payload.prompt.encode("utf-8")) > limits.max_prompt_bytes:
+    if utf8_size(payload.prompt, "prompt") > limits.max_prompt_bytes:
         raise PayloadTooLarge(f"prompt exceeds the {limits.max_prompt_bytes}-byte limit")
+    if payload.params and len(pack(payload.params)) > limits.max_params_bytes:
+        raise PayloadTooLarge(f"params exceed the {limits.max_params_bytes}-byte limit")
     return payload
 
 

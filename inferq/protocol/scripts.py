@@ -154,12 +154,18 @@ for _, id in ipairs(due) do
   end
 end
 local popped = redis.call('ZPOPMIN', pending, max_n)
-local out, expired = {}, 0
+local out, expired, broken = {}, 0, 0
 for i = 1, #popped, 2 do
   local id = popped[i]
   local rkey = prefix .. 'req:' .. id
   local h = redis.call('HMGET', rkey, 'p', 'a', 'eq', 'dl')
-  if h[1] then
+  if not h[1] and h[3] then
+    -- a request hash without its payload (damaged by hand): answer it, never drop it silently
+    put_result(prefix, id, error_result(id, 'failed', 'invalid_request',
+      'the stored request has no payload', h[2], h[3], now), ttl)
+    redis.call('DEL', rkey)
+    broken = broken + 1
+  elseif h[1] then
     local attempt = tonumber(h[2]) + 1
     if h[4] and tonumber(h[4]) <= now then
       put_result(prefix, id, error_result(id, 'expired', 'deadline_exceeded',
@@ -176,6 +182,7 @@ for i = 1, #popped, 2 do
   end
 end
 if expired > 0 then count_done(stats, 'expired', expired, now) end
+if broken > 0 then count_done(stats, 'failed', broken, now) end
 if redis.call('ZCARD', pending) == 0 then redis.call('DEL', wake) end
 local next_due = -1
 local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')

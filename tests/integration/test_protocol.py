@@ -394,3 +394,14 @@ def test_module_level_enqueue_uses_the_env_url(redis_url: str, r: redis.Redis,
     assert r.zscore(KEYS.pending, handle.id) is not None
     inferq.default_client().close()
     monkeypatch.setattr(inferq, "_default", None)
+
+
+def test_a_request_hash_without_payload_is_answered_not_dropped(
+        client: inferq.Client, scripts: Scripts) -> None:
+    handle = enqueue(client, "x", id="damaged")
+    scripts.r.hdel(KEYS.request("damaged"), "p")
+    assert scripts.claim("w", 5).claimed == []
+    with pytest.raises(inferq.RequestFailed) as info:
+        handle.result(timeout=1)
+    assert info.value.error_code == "invalid_request"
+    assert scripts.r.exists(KEYS.request("damaged")) == 0
