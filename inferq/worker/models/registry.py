@@ -67,9 +67,7 @@ def _load(spec: ModelSpec, task: str, device: str, dtype: str) -> BatchModel:
         kind, _, query = spec.source[len(BUILTIN_PREFIX):].partition("?")
         options = dict(parse_qsl(query, strict_parsing=bool(query)))
         if kind == "echo":
-            if options:
-                raise ConfigError(f"builtin:echo takes no options, got {sorted(options)}")
-            return EchoModel()
+            return EchoModel.from_options(options)
         if kind == "sleep":
             return SleepModel.from_options(options)
         raise ConfigError(f"unknown built-in model {kind!r}; known: echo, sleep")
