@@ -22,6 +22,10 @@ log = logging.getLogger("inferq.producer")
 
 BLOCK_S = 1.0
 BATCH = 512
+#: Also check waiters directly after a connection error and every RESYNC_S while some wait: a
+#: BLMPOP whose reply was lost with its connection (a server restart) popped ids that no one
+#: will push again, and those results must still reach their waiters.
+RESYNC_S = 5.0
 
 
 class ResultInbox:
@@ -56,8 +60,13 @@ class ResultInbox:
 
     async def _listen(self) -> None:
         failures = 0
+        loop = asyncio.get_running_loop()
+        next_resync = loop.time() + RESYNC_S
         while self._waiters:
             try:
+                if failures or loop.time() >= next_resync:
+                    await self._resolve(list(self._waiters))
+                    next_resync = loop.time() + RESYNC_S
                 await self._deliver_once()
                 failures = 0
             except RedisError as exc:
@@ -71,7 +80,10 @@ class ResultInbox:
         if not reply:
             return
         ids = [i.decode() if isinstance(i, bytes) else str(i) for i in reply[1]]
-        wanted = [i for i in ids if i in self._waiters]
+        await self._resolve([i for i in ids if i in self._waiters])
+
+    async def _resolve(self, wanted: list[str]) -> None:
+        """Read the results of these waiters' requests and wake the ones that have one."""
         if not wanted:
             return
         pipe = self._client.pipeline(transaction=False)

@@ -1,0 +1,423 @@
+"""Chaos run: real worker processes against a real server with AOF, while faults are injected.
+
+    python -m benchmarks chaos            # the long run: 20,000 requests, 4 workers, 30+ kills
+    python -m benchmarks chaos --quick    # about 20 s, not recorded (the suite runs SHORT)
+
+Faults, on a schedule spread over the run: SIGKILL of a random worker (a new one is started in
+its place), one SIGSTOP of a worker for longer than its lease (then SIGCONT), one restart of
+the Redis server, plus poison requests (the model raises on them) and requests whose deadline
+passes in the queue. The report counts every outcome and, above all, LOST requests: accepted
+by enqueue but neither answered nor still queued at the end. It must be 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+import inferq
+from benchmarks import harness
+from inferq.embedded import EmbeddedServer
+from inferq.protocol.codec import decode_result
+from inferq.protocol.keys import QueueKeys
+
+MODEL = "chaos"
+POISON = "POISON"
+KEYS = QueueKeys.for_model("embed", MODEL)
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    requests: int = 20_000
+    workers: int = 4
+    rate_per_s: float = 400.0
+    kills: int = 32
+    lease_ms: int = 1_500
+    batch_ms: float = 15.0
+    item_ms: float = 0.3
+    poison_share: float = 0.01
+    expiring_share: float = 0.02
+    seed: int = 7
+    result_timeout_s: float = 120.0
+
+    @property
+    def duration_s(self) -> float:
+        return self.requests / self.rate_per_s
+
+
+QUICK = ChaosConfig(requests=3_000, workers=3, rate_per_s=300.0, kills=5)
+SHORT = ChaosConfig(requests=1_200, workers=2, rate_per_s=240.0, kills=3, lease_ms=1_000,
+                    result_timeout_s=30.0)
+
+
+@dataclass
+class Fault:
+    kind: str
+    at_ms: int
+    worker: str | None = None
+    held: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    config: dict[str, Any]
+    submitted: int = 0
+    completed: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    expired: int = 0
+    still_pending: int = 0
+    answered_but_not_delivered: int = 0
+    lost: int = 0
+    executed_more_than_once: int = 0
+    max_attempts_seen: int = 0
+    refused_zombie_completions: int = 0
+    duplicate_results: int = 0
+    unexpected_failures: int = 0
+    kills: int = 0
+    stops: int = 0
+    redis_restarts: int = 0
+    recovery_ms: list[float] = field(default_factory=list)
+    throughput: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def recovery(self, q: float) -> float | None:
+        if not self.recovery_ms:
+            return None
+        ordered = sorted(self.recovery_ms)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["recovery_p50_ms"] = self.recovery(0.5)
+        data["recovery_p99_ms"] = self.recovery(0.99)
+        return data
+
+
+class Fleet:
+    """Worker processes; each keeps its log in the run folder."""
+
+    def __init__(self, url: str, config: ChaosConfig, log_dir: Path) -> None:
+        self.url = url
+        self.config = config
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.started = 0
+
+    def start(self) -> str:
+        self.started += 1
+        worker_id = f"chaos-{self.started}"
+        spec = (f"{MODEL}=builtin:sleep?batch_ms={self.config.batch_ms}"
+                f"&item_ms={self.config.item_ms}&fail_on={POISON}")
+        log = (self.log_dir / f"{worker_id}.log").open("wb")
+        self.procs[worker_id] = subprocess.Popen(
+            [sys.executable, "-m", "inferq", "--log-level", "WARNING", "worker",
+             "--redis-url", self.url, "--model", spec, "--lease-ms", str(self.config.lease_ms),
+             "--max-batch-size", "32", "--max-wait-ms", "5", "--worker-id", worker_id],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        return worker_id
+
+    def kill(self, worker_id: str) -> None:
+        proc = self.procs.pop(worker_id)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGCONT)
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+
+def _now_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _held_by(r: redis.Redis, worker_id: str) -> list[str]:
+    """The requests a worker holds leases on right now (read before it is killed)."""
+    ids = [m.decode() for m in r.zrange(KEYS.inflight, 0, -1)]
+    if not ids:
+        return []
+    pipe = r.pipeline(transaction=False)
+    for request_id in ids:
+        pipe.hget(KEYS.request(request_id), "o")
+    return [i for i, owner in zip(ids, pipe.execute(), strict=True)
+            if owner == worker_id.encode()]
+
+
+async def _inject_faults(config: ChaosConfig, fleet: Fleet, server: EmbeddedServer,
+                         faults: list[Fault], done: asyncio.Event) -> None:
+    """SIGKILLs spread over the run, one SIGSTOP past the lease at 1/3, one Redis restart
+    at 2/3 of the way."""
+    rng = random.Random(config.seed + 1)
+    r = redis.Redis.from_url(server.url)
+    start = time.monotonic()
+    span = config.duration_s * 0.9
+    kill_times = [span * (i + 1) / (config.kills + 1) for i in range(config.kills)]
+    events = [(t, "kill") for t in kill_times] + [(span / 3, "stop"), (span * 2 / 3, "restart")]
+    for at, kind in sorted(events):
+        delay = start + at - time.monotonic()
+        if delay > 0:
+            try:
+                await asyncio.wait_for(done.wait(), delay)
+                return
+            except TimeoutError:
+                pass
+        try:
+            now = _now_ms(r)
+        except redis.RedisError:
+            now = int(time.time() * 1000)
+        if kind == "kill" and fleet.procs:
+            victim = rng.choice(sorted(fleet.procs))
+            held = _held_by(r, victim)
+            fleet.kill(victim)
+            faults.append(Fault("kill", now, victim, held))
+            fleet.start()
+        elif kind == "stop" and fleet.procs:
+            victim = rng.choice(sorted(fleet.procs))
+            held = _held_by(r, victim)
+            fleet.procs[victim].send_signal(signal.SIGSTOP)
+            faults.append(Fault("stop", now, victim, held))
+            await asyncio.sleep(config.lease_ms / 1e3 * 2.5)
+            fleet.procs[victim].send_signal(signal.SIGCONT)
+        elif kind == "restart":
+            r.close()
+            server.stop()  # SIGTERM: the AOF is flushed; everything accepted survives
+            faults.append(Fault("restart", now))
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(server.start)
+            r = redis.Redis.from_url(server.url)
+    r.close()
+
+
+async def _produce(config: ChaosConfig, url: str, results: dict[str, inferq.Result | None],
+                   kinds: dict[str, str]) -> int:
+    rng = random.Random(config.seed)
+    submitted = 0
+    async with inferq.AsyncClient(url) as client:
+        waits: list[asyncio.Task[None]] = []
+
+        async def wait(handle: inferq.AsyncHandle) -> None:
+            try:
+                results[handle.id] = await handle.result(timeout=config.result_timeout_s)
+            except inferq.RequestError as exc:
+                results[handle.id] = exc.result
+            except inferq.ResultTimeout:
+                results[handle.id] = None
+
+        start = time.monotonic()
+        chunk = max(1, int(config.rate_per_s / 20))  # 20 enqueue calls per second
+        while submitted < config.requests:
+            batch = []
+            for _ in range(min(chunk, config.requests - submitted)):
+                roll = rng.random()
+                request_id = f"c{submitted + len(batch)}"
+                if roll < config.poison_share:
+                    kinds[request_id] = "poison"
+                    batch.append({"prompt": f"{POISON} {request_id}", "id": request_id,
+                                  "max_attempts": 2})
+                elif roll < config.poison_share + config.expiring_share:
+                    kinds[request_id] = "expiring"
+                    batch.append({"prompt": request_id, "id": request_id, "deadline_s": 0.001,
+                                  "priority": -10})
+                else:
+                    kinds[request_id] = "normal"
+                    batch.append({"prompt": request_id, "id": request_id,
+                                  "priority": rng.choice((0, 0, 0, 5))})
+            while True:
+                try:
+                    handles = await client.enqueue_many(batch, model=MODEL)
+                    break
+                except (inferq.QueueFull, redis.RedisError):
+                    await asyncio.sleep(0.2)  # the server restarts: the producer retries
+            submitted += len(handles)
+            waits += [asyncio.create_task(wait(h)) for h in handles]
+            next_at = start + submitted / config.rate_per_s
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+        await asyncio.gather(*waits)
+    return submitted
+
+
+def _phase_throughput(results: dict[str, inferq.Result | None],
+                      faults: list[Fault]) -> dict[str, float]:
+    finished = sorted(r.finished_ms for r in results.values()
+                      if r is not None and r.finished_ms is not None)
+    if not finished or not faults:
+        return {}
+    first, last = faults[0].at_ms, faults[-1].at_ms
+    out = {}
+    for name, lo, hi in (("before", finished[0], first), ("during", first, last),
+                         ("after", last, finished[-1])):
+        n = sum(1 for f in finished if lo <= f < hi)
+        out[name] = n / max((hi - lo) / 1e3, 1e-3)
+    return out
+
+
+def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
+    report = Report(config=asdict(config))
+    server = EmbeddedServer(workdir / "redis")
+    server.start()
+    fleet = Fleet(server.url, config, workdir)
+    results: dict[str, inferq.Result | None] = {}
+    kinds: dict[str, str] = {}
+    faults: list[Fault] = []
+    started = time.monotonic()
+    try:
+        for _ in range(config.workers):
+            fleet.start()
+
+        async def main() -> int:
+            done = asyncio.Event()
+            injector = asyncio.create_task(_inject_faults(config, fleet, server, faults, done))
+            submitted = await _produce(config, server.url, results, kinds)
+            done.set()
+            await injector
+            return submitted
+
+        report.submitted = asyncio.run(main())
+        report.wall_s = time.monotonic() - started
+        r = redis.Redis.from_url(server.url)
+        _tally(report, r, results, kinds, faults)
+        r.close()
+    finally:
+        fleet.stop_all()
+        server.stop()
+    return report
+
+
+def _tally(report: Report, r: redis.Redis, results: dict[str, inferq.Result | None],
+           kinds: dict[str, str], faults: list[Fault]) -> None:
+    statuses: Counter[str] = Counter()
+    for request_id, result in results.items():
+        if result is None:
+            continue
+        statuses[result.status.value] += 1
+        expected = {"normal": {"ok"}, "poison": {"dead"}, "expiring": {"expired", "ok"}}
+        if result.status.value not in expected[kinds[request_id]]:
+            report.unexpected_failures += 1
+        if result.attempts > 1:
+            report.executed_more_than_once += 1
+        report.max_attempts_seen = max(report.max_attempts_seen, result.attempts)
+        # The result stored now must be the one the producer received: a second write would
+        # show up as a different worker or finish time.
+        raw = r.lindex(KEYS.result(request_id), 0)
+        stored = decode_result(raw) if raw else None
+        if stored is not None and (stored.worker, stored.finished_ms) != (
+                result.worker, result.finished_ms):
+            report.duplicate_results += 1
+    report.completed = statuses["ok"]
+    report.failed = statuses["failed"]
+    report.dead_lettered = statuses["dead"]
+    report.expired = statuses["expired"]
+    unanswered = [i for i, res in results.items() if res is None]
+    queued = set()
+    for key in (KEYS.pending, KEYS.inflight, KEYS.delayed):
+        queued |= {m.decode() for m in r.zrange(key, 0, -1)}
+    report.still_pending = sum(1 for i in unanswered if i in queued)
+    stored = [i for i in unanswered if i not in queued and r.exists(KEYS.result(i))]
+    report.answered_but_not_delivered = len(stored)
+    report.lost = len(unanswered) - report.still_pending - len(stored)
+    counters = {k.decode(): int(v) for k, v in r.hgetall(KEYS.stats).items()
+                if b":" not in k}
+    report.refused_zombie_completions = counters.get("refused", 0)
+    written = sum(counters.get(s, 0) for s in ("ok", "failed", "dead", "expired", "cancelled"))
+    report.duplicate_results += max(
+        0, written - sum(statuses.values()) - report.answered_but_not_delivered)
+    report.kills = sum(1 for f in faults if f.kind == "kill")
+    report.stops = sum(1 for f in faults if f.kind == "stop")
+    report.redis_restarts = sum(1 for f in faults if f.kind == "restart")
+    for fault in faults:
+        held = [results.get(i) for i in fault.held]
+        done = [res.finished_ms for res in held if res is not None and res.finished_ms]
+        if fault.kind == "kill" and done:
+            report.recovery_ms.append(float(max(done) - fault.at_ms))
+    report.throughput = _phase_throughput(results, faults)
+
+
+def render(report: Report, command: str) -> str:
+    c = report.config
+    rec50, rec99 = report.recovery(0.5), report.recovery(0.99)
+    rows = [
+        ("submitted", report.submitted), ("completed (ok)", report.completed),
+        ("failed", report.failed), ("dead-lettered (poison)", report.dead_lettered),
+        ("expired", report.expired), ("still pending at the end", report.still_pending),
+        ("answered in Redis but not delivered to the waiting producer (must be 0)",
+         report.answered_but_not_delivered),
+        ("**LOST** (must be 0)", report.lost),
+        ("unexpected outcomes (a normal request not ok, ...)", report.unexpected_failures),
+        ("executed more than once (attempts > 1)", report.executed_more_than_once),
+        ("max attempts of one request", report.max_attempts_seen),
+        ("refused zombie completions", report.refused_zombie_completions),
+        ("duplicate results delivered (must be 0)", report.duplicate_results),
+        ("SIGKILLs / SIGSTOPs / Redis restarts",
+         f"{report.kills} / {report.stops} / {report.redis_restarts}"),
+        ("recovery after a kill p50 / p99 (lease "
+         f"{c['lease_ms']} ms)", f"{rec50:.0f} / {rec99:.0f} ms" if rec50 is not None else "-"),
+        ("throughput before / during / after faults (req/s)",
+         " / ".join(f"{report.throughput.get(k, 0):.0f}" for k in ("before", "during", "after"))),
+        ("wall time", f"{report.wall_s:.1f} s"),
+    ]
+    lines = [f"- Command: `{command}`",
+             f"- Setup: {c['requests']} requests at {c['rate_per_s']:.0f}/s, {c['workers']} "
+             f"worker processes (built-in sleep model {c['batch_ms']} ms/batch + "
+             f"{c['item_ms']} ms/item), lease {c['lease_ms']} ms, {c['poison_share']:.0%} poison "
+             f"(max_attempts 2), {c['expiring_share']:.0%} with a 1 ms deadline; AOF on "
+             "(appendfsync everysec); the Redis restart is a SIGTERM (AOF flushed) then a start.",
+             "", "| measure | value |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in rows]
+    lines += ["", "Recovery is measured per kill: from the SIGKILL to the last result of the "
+              "requests the killed worker held (their leases must expire first)."]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="about 20 s; not recorded")
+    parser.add_argument("--requests", type=int)
+    parser.add_argument("--workers", type=int)
+    parser.add_argument("--kills", type=int)
+    parser.add_argument("--out", default="benchmarks/out")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = QUICK if args.quick else ChaosConfig()
+    overrides = {k: v for k, v in (("requests", args.requests), ("workers", args.workers),
+                                   ("kills", args.kills)) if v is not None}
+    config = ChaosConfig(**{**asdict(config), **overrides})
+    with tempfile.TemporaryDirectory(prefix="inferq-chaos-") as tmp:
+        report = run_chaos(config, Path(tmp))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    info = harness.machine_info()
+    harness.write_json(out / "chaos.json", {"report": report.as_dict(), "machine": info,
+                                            "command": harness.command_line(),
+                                            "date": harness.now_utc()})
+    text = render(report, harness.command_line())
+    text += f"\n- Machine: {harness.describe_machine(info)}; {harness.now_utc()}"
+    print(text)
+    if not args.quick:
+        harness.update_results_md(
+            "chaos", "## chaos: crashes, pauses, a Redis restart, poison, expiry\n\n" + text)
+    return 0 if report.lost == 0 and report.duplicate_results == 0 else 1

@@ -1,0 +1,26 @@
+"""The chaos harness, short: real workers SIGKILLed, one SIGSTOPped past its lease, the Redis
+server restarted, poison and expiring requests. Nothing accepted may be lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.chaos import SHORT, run_chaos
+
+pytestmark = pytest.mark.e2e
+
+
+def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
+    report = run_chaos(SHORT, tmp_path)
+    assert report.submitted == SHORT.requests
+    assert report.lost == 0, report.as_dict()
+    assert report.duplicate_results == 0
+    assert report.still_pending == 0
+    assert report.unexpected_failures == 0, report.as_dict()
+    assert (report.kills, report.stops, report.redis_restarts) == (SHORT.kills, 1, 1)
+    answered = (report.completed + report.failed + report.dead_lettered + report.expired)
+    assert answered == SHORT.requests
+    assert report.dead_lettered > 0 and report.expired > 0  # poison and expiry did happen
+    assert report.executed_more_than_once > 0  # kills interrupted work that then re-ran
