@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 
 from inferq.protocol import scores
 from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys, queues_registry
@@ -101,3 +102,34 @@ def read_all(client: redis.Redis, queues: list[str] | None = None,
              namespace: str = DEFAULT_NAMESPACE) -> list[QueueStats]:
     names = queues or known_queues(client, namespace)
     return [read_queue(client, QueueKeys(name, namespace)) for name in names]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueGauges:
+    pending_by_priority: dict[int, int]
+    inflight: int
+    dead: int
+    live_workers: int
+
+
+async def read_queue_gauges(client: aioredis.Redis, keys: QueueKeys) -> QueueGauges:
+    """The queue-wide numbers a worker exports as metrics (asyncio; same rules as above)."""
+    seconds, _ = await client.time()
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(keys.inflight)
+    pipe.zcard(keys.dead)
+    pipe.zcount(keys.workers, int(seconds) * 1000, "+inf")
+    inflight, dead, live = await pipe.execute()
+    counts: dict[int, int] = {}
+    low = "-inf"
+    while True:
+        first = await client.zrangebyscore(keys.pending, low, "+inf", start=0, num=1,
+                                           withscores=True)
+        if not first:
+            break
+        priority, _ = scores.decode(float(first[0][1]))
+        band_end = scores.band(priority) + scores.SEQ_LIMIT
+        counts[priority] = int(await client.zcount(keys.pending, scores.band(priority),
+                                                   f"({band_end}"))
+        low = str(band_end)
+    return QueueGauges(counts, int(inflight), int(dead), int(live))

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from inferq.connection import (
     describe_error,
 )
 from inferq.errors import InferqError
+from inferq.logs import configure as configure_logging
 from inferq.producer.common import DEFAULT_URL, URL_ENV
 
 #: Failures to reach or log in to the server; anything else keeps its traceback.
@@ -50,6 +50,9 @@ def connection_from_args(args: argparse.Namespace) -> ConnectionSettings:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inferq", description=__doc__)
     parser.add_argument("--log-level", default=os.environ.get("INFERQ_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-format", choices=["auto", "json", "text"],
+                        default=os.environ.get("INFERQ_LOG_FORMAT", "auto"),
+                        help="auto: JSON lines unless stderr is a terminal")
     sub = parser.add_subparsers(dest="command", required=True)
 
     w = sub.add_parser("worker", help="run a worker that serves one model")
@@ -68,15 +71,27 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--lease-ms", type=int, default=30_000)
     w.add_argument("--result-ttl-s", type=float, default=3600.0)
     w.add_argument("--worker-id", default=None)
+    w.add_argument("--metrics-port", type=int,
+                   default=int(os.environ["INFERQ_METRICS_PORT"])
+                   if os.environ.get("INFERQ_METRICS_PORT") else None,
+                   help="serve Prometheus /metrics and /healthz on this port (0: any free one)")
+    w.add_argument("--torch-threads", type=int, default=None,
+                   help="torch intra-op threads on the CPU (default: torch's choice)")
 
     s = sub.add_parser("stats", help="queue depths, in flight, workers, windows, throughput")
     _url_arg(s)
     s.add_argument("--queue", action="append", help="task:model (default: every known queue)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--watch", action="store_true", help="refresh a live table")
+    s.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
 
     e = sub.add_parser("enqueue", help="enqueue one prompt and print its result")
     _url_arg(e)
-    e.add_argument("prompt")
+    e.add_argument("prompt", nargs="?", help="one prompt (or use --file)")
+    e.add_argument("--file", help="JSON lines of prompts: each a string or an object with "
+                                  "prompt and optional id, priority, deadline_s, params")
+    e.add_argument("--out", help="with --file: write one JSON result per line here")
+    e.add_argument("--chunk", type=int, default=500, help="with --file: enqueue batch size")
     e.add_argument("--model", required=True)
     e.add_argument("--task", default="embed")
     e.add_argument("--priority", type=int, default=0)
@@ -102,8 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.gateway_args = extra  # --host, --port, ... belong to the gateway's own parser
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.log_format)
     try:
         if args.command == "worker":
             from inferq.cli.worker_cmd import run_worker

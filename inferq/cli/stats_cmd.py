@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 from typing import Any
+
+import redis
 
 from inferq.cli.main import connection_from_args
 from inferq.connection import sync_client
+from inferq.errors import ValidationError
 from inferq.protocol.keys import QueueKeys
 from inferq.stats import QueueStats, read_all
 
@@ -45,13 +50,43 @@ def format_window(worker: str, w: dict[str, Any]) -> str:
 
 def run_stats(args: argparse.Namespace) -> int:
     client = sync_client(connection_from_args(args))
+    queues = [QueueKeys(q).queue for q in args.queue] if args.queue else None
     try:
-        queues = [QueueKeys(q).queue for q in args.queue] if args.queue else None
-        all_stats = read_all(client, queues)
+        if not args.watch:
+            all_stats = read_all(client, queues)
+            if args.json:
+                print(json.dumps([s.as_dict() for s in all_stats], indent=2))
+            else:
+                print(format_stats(all_stats))
+            return 0
+        return watch(client, queues, args.interval, as_json=args.json)
     finally:
         client.close()
-    if args.json:
-        print(json.dumps([s.as_dict() for s in all_stats], indent=2))
-    else:
-        print(format_stats(all_stats))
+
+
+def watch(client: redis.Redis, queues: list[str] | None, interval: float, *,
+          as_json: bool, rounds: int | None = None) -> int:
+    """Refresh until interrupted (or ``rounds`` times): a live table on a terminal, one JSON
+    document per refresh otherwise."""
+    if not interval > 0:
+        raise ValidationError(f"--interval must be > 0, got {interval}")
+    tty = sys.stdout.isatty() and not as_json
+    done = 0
+    try:
+        while rounds is None or done < rounds:
+            all_stats = read_all(client, queues)
+            stamp = time.strftime("%H:%M:%S")
+            if as_json:
+                print(json.dumps({"time": stamp, "queues": [s.as_dict() for s in all_stats]}),
+                      flush=True)
+            else:
+                if tty:
+                    print("\x1b[2J\x1b[H", end="")  # clear the screen, cursor home
+                print(f"inferq stats  {stamp}  (every {interval:g} s, Ctrl-C to stop)\n"
+                      f"{format_stats(all_stats)}\n", flush=True)
+            done += 1
+            if rounds is None or done < rounds:
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
     return 0

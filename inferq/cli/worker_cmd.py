@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 
+from inferq.logs import set_context as set_log_context
 from inferq.worker.config import WorkerConfig, default_worker_id
 from inferq.worker.models.registry import load_model, parse_model_arg
 from inferq.worker.runtime import Worker
@@ -31,11 +32,17 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         tls_ca=args.tls_ca,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        metrics_port=args.metrics_port,
     )
 
 
 def run_worker(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    set_log_context(worker=config.worker_id, queue=f"{config.task}:{config.model_name}")
+    if args.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     log.info("connecting to %s%s", config.connection.redacted_url,
              f" (CA {config.tls_ca})" if config.tls_ca else "")
     spec = parse_model_arg(args.model)

@@ -39,6 +39,8 @@ class WorkerConfig:
     result_ttl_s: float = 3600.0
     dead_letter_cap: int = 10_000
     retry_base_ms: float = 250.0
+    #: Port for /metrics and /healthz (None: not served; 0: any free port).
+    metrics_port: int | None = None
     retry_max_ms: float = 30_000.0
     namespace: str = DEFAULT_NAMESPACE
     worker_id: str = field(default_factory=default_worker_id)
@@ -73,6 +75,8 @@ class WorkerConfig:
             raise bad("result_ttl_s", "must be > 0")
         if self.dead_letter_cap < 1:
             raise bad("dead_letter_cap", "must be >= 1")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise bad("metrics_port", "must be in [0, 65535] or None")
         if not 0 < self.retry_base_ms <= self.retry_max_ms:
             raise bad("retry_base_ms", "must be > 0 and <= retry_max_ms")
         _ = self.connection  # validates the URL and the TLS files

@@ -23,6 +23,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from http.server import ThreadingHTTPServer
 from typing import Any, cast
 
 from redis.exceptions import RedisError, ResponseError
@@ -32,12 +33,15 @@ from inferq.errors import DeadlineMissed, InferqError, InvalidInput
 from inferq.protocol import ops
 from inferq.protocol.codec import RequestPayload, Status, decode_request
 from inferq.protocol.keys import QueueKeys, queues_registry
+from inferq.stats import read_queue_gauges
 from inferq.worker.backoff import RedisBackoff
 from inferq.worker.batch import Batch, Job, ResultContext, failed_completion, job_result
 from inferq.worker.config import WorkerConfig
 from inferq.worker.isolation import Failure, run_isolated
 from inferq.worker.leases import Heartbeat, LeaseBook
 from inferq.worker.memory import MemoryGovernor
+from inferq.worker.metrics import HealthState, WorkerMetrics
+from inferq.worker.metrics import serve as serve_metrics
 from inferq.worker.models.base import BatchModel, ModelInput
 from inferq.worker.packing import fill_tokens, pack
 from inferq.worker.policy import ReleaseReason, WindowConfig, WindowPolicy
@@ -85,6 +89,9 @@ class Worker:
         self._unpublished = False
         self._next_retry_s: float | None = None
         self.memory = MemoryGovernor(config.max_batch_tokens)
+        self.metrics = WorkerMetrics(self.keys.queue, config.worker_id)
+        self.health = HealthState(stale_after_s=max(10.0, config.lease_ms / 1e3))
+        self.metrics_server: ThreadingHTTPServer | None = None
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -107,6 +114,10 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop)
         await self._check_server()
+        if self.config.metrics_port is not None:
+            self.metrics_server = serve_metrics(self.metrics, self.health,
+                                                self.config.metrics_port)
+            log.info("metrics and /healthz on port %d", self.metrics_server.server_address[1])
         self.policy, self.resumed_tuning = await load_policy(
             self.redis, self.keys, self.model.model_id, self.window_config)
         await self.redis.sadd(queues_registry(self.config.namespace), self.keys.queue)
@@ -138,6 +149,8 @@ class Worker:
             await self.redis.aclose()
             self._forward_pool.shutdown(wait=True)
             self._prepare_pool.shutdown(wait=True)
+            if self.metrics_server is not None:
+                self.metrics_server.shutdown()
             log.info("worker %s stopped after %d batches, %d requests",
                      self.config.worker_id, self.stats.batches, self.stats.requests)
 
@@ -345,15 +358,26 @@ class Worker:
             self._unpublished = True
             self.stats.record_batch(len(batch.jobs), batch.reason.value, batch.extra["real"],
                                     batch.extra["padded"], elapsed)
+            self._observe_batch(batch, elapsed)
             task = asyncio.create_task(self._finish(batch, outcomes, elapsed))
             self._completions.add(task)
             task.add_done_callback(self._completions.discard)
+
+    def _observe_batch(self, batch: Batch, elapsed: float) -> None:
+        m, q = self.metrics, self.keys.queue
+        m.batch_size.labels(q).observe(len(batch.jobs))
+        m.batch_fill.labels(q).observe(len(batch.jobs) / self.window_config.max_batch_size)
+        m.padding.labels(q).observe(batch.padding_efficiency)
+        m.releases.labels(q, batch.reason.value).inc()
+        m.tokens.labels(q).inc(batch.extra["real"])
+        m.forward.labels(q).observe(elapsed)
 
     def _forward(self, inputs: Sequence[ModelInput]) -> list[Any]:
         """On the model thread: the forward pass, bisected on errors and out of memory."""
         def oom(items: Sequence[ModelInput]) -> None:
             width = max(item.tokens for item in items)
             self.memory.on_oom(width, len(items))
+            self.metrics.oom_splits.labels(self.keys.queue).inc()
             log.warning("out of memory on %d x %d tokens: splitting; budget for this length is "
                         "now %s tokens", len(items), width, self.memory.budget(width))
 
@@ -367,6 +391,13 @@ class Worker:
             for job, outcome in zip(batch.jobs, outcomes, strict=True)
         ]
         await self._complete(completions)
+        for job, completion in zip(batch.jobs, completions, strict=True):
+            if completion.status != "retry":
+                priority = str(job.payload.priority)
+                self.metrics.queue_wait.labels(self.keys.queue, priority).observe(
+                    max(job.claimed_ms - job.claimed.enqueued_ms, 0) / 1e3)
+                self.metrics.claim_to_result.labels(self.keys.queue, priority).observe(
+                    max(finished_ms - job.claimed_ms, 0) / 1e3)
         log.debug("batch %d: %d requests, %.1f ms, released by %s", batch.id, len(batch.jobs),
                   elapsed * 1e3, batch.reason.value)
 
@@ -390,9 +421,20 @@ class Worker:
                     return
                 await backoff.failed(exc)
         written = ops.parse_complete(reply)
+        m, q = self.metrics, self.keys.queue
         for completion, ok in zip(completions, written, strict=True):
             self.book.drop(completion.id)
+            if ok:
+                if completion.status == "retry":
+                    m.retries.labels(q).inc()
+                else:
+                    m.requests.labels(q, completion.status).inc()
+                    if completion.status == "dead":
+                        m.dead_letters.labels(q).inc()
+                    elif completion.status == "expired":
+                        m.expirations.labels(q).inc()
             if not ok:
+                m.refused.labels(q).inc()
                 self.stats.refused += 1
                 log.warning("completion of %s refused: lease lost or request cancelled",
                             completion.id)
@@ -423,6 +465,8 @@ class Worker:
         keys, args = ops.reclaim_call(self.keys, RECLAIM_BATCH, self.config.result_ttl_ms,
                                       self.config.dead_letter_cap)
         requeued, dead = ops.parse_reclaim(await self.scripts["reclaim"](keys=keys, args=args))
+        self.metrics.reclaims.labels(self.keys.queue).inc(requeued)
+        self.metrics.dead_letters.labels(self.keys.queue).inc(dead)
         if requeued or dead:
             log.warning("reclaimed %d expired leases (%d dead-lettered)", requeued + dead, dead)
         return requeued, dead
@@ -446,6 +490,9 @@ class Worker:
         pipe.pexpire(key, WINDOW_STATS_TTL_MS)
         await pipe.execute()
         await save_policy(self.redis, self.keys, self.model.model_id, self.policy)
+        m, q = self.metrics, self.keys.queue
+        m.window.labels(q).set(self.policy.window_s(now))
+        m.target_batch.labels(q).set(self.policy.target_batch_size(now))
         self._unpublished = False
 
     async def _maintenance_loop(self) -> None:
@@ -456,6 +503,26 @@ class Worker:
             try:
                 await self._reclaim()
                 await self._publish()
+                await self._sample_queue()
                 backoff.succeeded()
+                self.health.ok(worker=self.config.worker_id, queue=self.keys.queue,
+                               batches=self.stats.batches, leases=len(self.book))
             except RedisError as exc:
                 backoff.note(exc)
+                self.health.failing(f"redis: {type(exc).__name__}")
+
+    async def _sample_queue(self) -> None:
+        """Queue-wide gauges (depth by priority, in flight, dead letters, live workers)."""
+        sample = await read_queue_gauges(self.redis, self.keys)
+        m, q = self.metrics, self.keys.queue
+        m.queue_depth.clear()
+        for priority, count in sample.pending_by_priority.items():
+            m.queue_depth.labels(q, str(priority)).set(count)
+        m.inflight.labels(q).set(sample.inflight)
+        m.dead_letter_depth.labels(q).set(sample.dead)
+        m.live_workers.labels(q).set(sample.live_workers)
+        if self.model.device.startswith("cuda"):
+            import torch
+
+            m.device_memory.labels(q, "allocated").set(torch.cuda.memory_allocated())
+            m.device_memory.labels(q, "reserved").set(torch.cuda.memory_reserved())

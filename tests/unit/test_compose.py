@@ -274,7 +274,8 @@ def dockerignored(path: str) -> bool:
 
 
 def test_compose_defines_the_services_and_the_override_only_touches_them() -> None:
-    assert set(BASE["services"]) == {"redis", "worker", "gateway", "producer-demo"}
+    assert set(BASE["services"]) == {"redis", "worker", "gateway", "producer-demo",
+                                     "prometheus", "grafana"}
     override = load_compose(GPU_OVERRIDE)
     assert set(override["services"]) <= set(BASE["services"])
     # `docker compose up` starts Redis and workers; the demo only with --profile demo.
@@ -537,3 +538,30 @@ def test_worker_healthcheck_sees_only_this_hosts_live_workers() -> None:
     })
     assert module.local_live_workers(client, host) == [f"{host}-7-live"]
     assert module.local_live_workers(client, "no-such-host") == []
+
+
+def test_prometheus_scrapes_every_worker_on_its_metrics_port() -> None:
+    worker = parse_cli(argv_of(BASE["services"]["worker"]["command"]))
+    assert worker.metrics_port is not None
+    config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "inferq-worker"]
+    (sd,) = job["dns_sd_configs"]
+    # DNS service discovery on the service name finds every `--scale worker=N` replica.
+    assert sd["names"] == ["worker"] and sd["type"] == "A"
+    assert sd["port"] == worker.metrics_port
+    mounts = BASE["services"]["prometheus"]["volumes"]
+    assert any(str(m).startswith("./deploy/prometheus/prometheus.yml:") for m in mounts)
+
+
+def test_grafana_is_provisioned_with_the_datasource_and_dashboard() -> None:
+    service = BASE["services"]["grafana"]
+    mounts = {str(m).split(":")[0]: str(m).split(":")[1] for m in service["volumes"]}
+    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    provider = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/dashboards/inferq.yml").read_text())
+    path = provider["providers"][0]["options"]["path"]
+    assert mounts["./deploy/grafana/dashboards"] == path
+    assert (ROOT / "deploy/grafana/dashboards/inferq.json").is_file()
+    datasource = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"

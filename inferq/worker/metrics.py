@@ -1,0 +1,165 @@
+"""Prometheus metrics and the health endpoint of one worker.
+
+Every metric is named ``inferq_*`` and labelled with the queue (``task:model``); the names are
+the contract the Grafana dashboard and the Prometheus config in ``deploy/`` rely on (a test
+checks they match). Each worker has its own registry, served on ``--metrics-port`` together
+with ``/healthz``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+FORWARD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+
+class WorkerMetrics:
+    def __init__(self, queue: str, worker_id: str) -> None:
+        self.queue = queue
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        q = ["queue"]
+        self.queue_depth = Gauge("inferq_queue_depth", "Pending requests by priority",
+                                 ["queue", "priority"], registry=r)
+        self.inflight = Gauge("inferq_inflight", "Requests under lease (all workers)", q,
+                              registry=r)
+        self.dead_letter_depth = Gauge("inferq_dead_letter_depth",
+                                       "Requests in the capped dead-letter set", q, registry=r)
+        self.live_workers = Gauge("inferq_live_workers", "Workers with a current heartbeat", q,
+                                  registry=r)
+        self.claim_to_result = Histogram(
+            "inferq_claim_to_result_seconds", "From claim to result written, by priority",
+            ["queue", "priority"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_wait = Histogram(
+            "inferq_queue_wait_seconds", "From enqueue to claim, by priority",
+            ["queue", "priority"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("inferq_batch_size", "Requests per batch", q,
+                                    buckets=SIZE_BUCKETS, registry=r)
+        self.batch_fill = Histogram("inferq_batch_fill_ratio",
+                                    "Batch size / max batch size", q, buckets=RATIO_BUCKETS,
+                                    registry=r)
+        self.padding = Histogram("inferq_padding_efficiency",
+                                 "Real tokens / padded tokens per batch", q,
+                                 buckets=RATIO_BUCKETS, registry=r)
+        self.releases = Counter("inferq_batch_releases_total",
+                                "Batches released, by why the window closed",
+                                ["queue", "reason"], registry=r)
+        self.window = Gauge("inferq_window_seconds", "Current adaptive batch window", q,
+                            registry=r)
+        self.target_batch = Gauge("inferq_target_batch_size",
+                                  "Batch size the window currently aims for", q, registry=r)
+        self.tokens = Counter("inferq_tokens_total", "Real (unpadded) tokens processed", q,
+                              registry=r)
+        self.forward = Histogram("inferq_forward_seconds", "Model forward time per batch", q,
+                                 buckets=FORWARD_BUCKETS, registry=r)
+        self.requests = Counter("inferq_requests_total",
+                                "Requests finished by this worker, by outcome",
+                                ["queue", "status"], registry=r)
+        self.retries = Counter("inferq_retries_total", "Requests sent back for a retry", q,
+                               registry=r)
+        self.reclaims = Counter("inferq_reclaims_total",
+                                "Expired leases returned to pending by this worker", q,
+                                registry=r)
+        self.dead_letters = Counter("inferq_dead_letters_total",
+                                    "Requests dead-lettered (by this worker)", q, registry=r)
+        self.expirations = Counter("inferq_expired_total",
+                                   "Requests answered expired without running", q, registry=r)
+        self.oom_splits = Counter("inferq_oom_splits_total",
+                                  "Batches split after running out of device memory", q,
+                                  registry=r)
+        self.refused = Counter("inferq_refused_completions_total",
+                               "Completions refused (lease lost, cancelled)", q, registry=r)
+        self.device_memory = Gauge("inferq_device_memory_bytes",
+                                   "CUDA memory in use (allocated) and reserved by torch",
+                                   ["queue", "kind"], registry=r)
+        self.info = Gauge("inferq_worker_info", "Constant 1, labelled with the worker's id",
+                          ["queue", "worker"], registry=r)
+        self.info.labels(queue, worker_id).set(1)
+        for gauge in (self.inflight, self.dead_letter_depth, self.live_workers, self.window,
+                      self.target_batch):
+            gauge.labels(queue).set(0)
+
+    def names(self) -> set[str]:
+        """Every sample name this registry can export, labelled children or not yet (for
+        checking dashboards and alerts against what is exported)."""
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+                    "gauge": ("",)}
+        return {metric.name + suffix for metric in self.registry.collect()
+                for suffix in suffixes.get(metric.type, ("",))}
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HealthState:
+    """What ``/healthz`` reports: the event loop ticks and Redis answered recently."""
+
+    def __init__(self, stale_after_s: float) -> None:
+        self.stale_after_s = stale_after_s
+        self._last_ok = time.monotonic()
+        self._detail: dict[str, Any] = {"status": "starting"}
+        self._lock = threading.Lock()
+
+    def ok(self, **detail: Any) -> None:
+        with self._lock:
+            self._last_ok = time.monotonic()
+            self._detail = {"status": "ok", **detail}
+
+    def failing(self, reason: str) -> None:
+        with self._lock:
+            self._detail = {**self._detail, "status": "degraded", "reason": reason}
+
+    def report(self) -> tuple[bool, dict[str, Any]]:
+        with self._lock:
+            age = time.monotonic() - self._last_ok
+            healthy = age <= self.stale_after_s and self._detail.get("status") == "ok"
+            return healthy, {**self._detail, "seconds_since_ok": round(age, 3)}
+
+
+def serve(metrics: WorkerMetrics, health: HealthState, port: int,
+          host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """Serve ``/metrics`` and ``/healthz`` on a daemon thread; ``port`` 0 picks a free one."""
+    routes: dict[str, Callable[[], tuple[int, str, bytes]]] = {
+        "/metrics": lambda: (200, CONTENT_TYPE_LATEST, metrics.render()),
+        "/healthz": lambda: _health(health),
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            route = routes.get(self.path.split("?", 1)[0])
+            status, ctype, body = route() if route else (404, "text/plain", b"not found\n")
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return  # scrapes every few seconds would flood the worker's log
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="inferq-metrics", daemon=True).start()
+    return server
+
+
+def _health(health: HealthState) -> tuple[int, str, bytes]:
+    healthy, detail = health.report()
+    return (200 if healthy else 503), "application/json", json.dumps(detail).encode()
