@@ -40,13 +40,13 @@ def test_create_then_read_until_done(api: TestClient, start_worker: StartWorker)
 
 
 def test_wait_returns_the_result(api: TestClient, start_worker: StartWorker) -> None:
-    start_worker("--model", "echo", "--task", "generate")
+    start_worker("--model", "echo", "--task", "classify")
     response = api.post("/v1/requests?wait=true&timeout_s=60",
-                        json={"prompt": "echo me", "model": "echo", "task": "generate",
+                        json={"prompt": "echo me", "model": "echo", "task": "classify",
                               "params": {"max_tokens": 3}})
     assert response.status_code == 200
     body = response.json()
-    assert body["status"] == "ok" and body["queue"] == "generate:echo"
+    assert body["status"] == "ok" and body["queue"] == "classify:echo"
     assert body["result"]["output"] == "echo me"
 
 
