@@ -220,3 +220,22 @@ def test_no_key_is_left_behind_but_unexpired_results(redis_url: str, r: redis.Re
     assert all(n == 1 for kind, n in counts.items() if kind != "result")
 
 
+
+
+async def test_worker_warns_when_the_server_could_lose_requests(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    server = EmbeddedServer(tmp_path / "volatile", appendonly=False)
+    server.start()
+    try:
+        redis.Redis.from_url(server.url).config_set("maxmemory-policy", "allkeys-lru")
+        worker = Worker(config(server.url), EchoModel())
+        with caplog.at_level("WARNING", logger="inferq.worker"):
+            task = await run_worker(worker)
+            async with inferq.AsyncClient(server.url) as client:
+                await (await client.enqueue("x", model="t")).result(timeout=10)
+            await stop(worker, task)
+        text = caplog.text
+        assert "maxmemory-policy is allkeys-lru" in text
+        assert "persistence is off" in text
+    finally:
+        server.stop()
