@@ -33,7 +33,8 @@ from inferq.errors import (
 from inferq.producer.aio import AsyncClient, AsyncHandle
 from inferq.producer.client import Client, Handle
 from inferq.producer.common import ClientOptions, RequestState, Shedding
-from inferq.protocol.codec import ErrorInfo, Limits, Result, Status
+from inferq.protocol.codec import ErrorInfo, Limits, Result, Status, Usage
+from inferq.protocol.generation import FinishReason, GenerationParams
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
 
 __version__ = "0.1.0"
@@ -50,6 +51,8 @@ __all__ = [
     "DeadlineExceeded",
     "DeviceOutOfMemory",
     "ErrorInfo",
+    "FinishReason",
+    "GenerationParams",
     "Handle",
     "InferqError",
     "InvalidInput",
@@ -66,6 +69,7 @@ __all__ = [
     "Status",
     "TransientError",
     "UnknownModel",
+    "Usage",
     "ValidationError",
     "default_client",
     "enqueue",

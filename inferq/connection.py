@@ -66,9 +66,10 @@ ACL_COMMANDS: tuple[str, ...] = (
     "hget", "hmget", "hset", "hdel", "hincrby",
     "rpush", "ltrim", "llen",
     "zadd", "zrem", "zcard", "zrange", "zrangebyscore", "zpopmin", "zremrangebyscore",
-    "zremrangebyrank",
-    # producers: results (BLMOVE, LINDEX), the async client's inbox (BLMPOP), status (HGET)
-    "blmove", "blmpop", "lindex",
+    "zremrangebyrank", "xadd",
+    # producers: results (BLMOVE, LINDEX), the async client's inbox (BLMPOP), status (HGET),
+    # generation streams (XREAD)
+    "blmove", "blmpop", "lindex", "xread",
     # workers: wake-ups (BLPOP), queue registry (SADD), tuning and window stats, heartbeat
     "blpop", "sadd", "expire",
     # inferq stats

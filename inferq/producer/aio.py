@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -15,6 +16,7 @@ from inferq.errors import ResultTimeout
 from inferq.producer import common
 from inferq.producer.common import BLOCKING_DEFAULTS, ClientOptions, RequestState
 from inferq.producer.inbox import ResultInbox
+from inferq.producer.streaming import BLOCK_MS, READ_COUNT, StreamReader
 from inferq.protocol import ops
 from inferq.protocol.codec import Result
 from inferq.protocol.keys import QueueKeys
@@ -53,6 +55,33 @@ class AsyncHandle:
     async def peek(self) -> Result | None:
         raw = await self._client.redis.lindex(self.keys.result(self.id), 0)
         return common.parse_result(raw, self._client.options)
+
+    async def stream(self, timeout: float | None = None) -> AsyncIterator[str | Result]:
+        """``async for`` over a generation's text deltas, ending with its ``Result``; see
+        ``Handle.stream``."""
+        redis_ = self._client.redis
+        key, result_key = self.keys.stream(self.id), self.keys.result(self.id)
+        deadline = None if timeout is None else time.monotonic() + common.block_timeout(timeout)
+        reader = StreamReader()
+        while True:
+            block = BLOCK_MS
+            if deadline is not None:
+                block = max(1, min(block, int((deadline - time.monotonic()) * 1e3)))
+            reply = await redis_.xread({key: reader.last_id}, count=READ_COUNT, block=block)
+            for delta in reader.feed(reply):
+                yield delta
+            if reader.ended or not reply:
+                raw = await redis_.lindex(result_key, 0)
+                if raw is not None:
+                    rest = await redis_.xread({key: reader.last_id}, count=1 << 16)
+                    for delta in reader.feed(rest):
+                        yield delta
+                    result = common.parse_result(raw, self._client.options)
+                    assert result is not None
+                    yield result
+                    return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeout(f"no result for request {self.id} within {timeout} s")
 
     async def status(self) -> RequestState:
         pipe = self._client.redis.pipeline(transaction=False)
@@ -95,7 +124,7 @@ class AsyncClient:
 
     async def enqueue(
         self,
-        prompt: str,
+        prompt: str = "",
         *,
         model: str,
         task: str = "embed",
@@ -104,11 +133,13 @@ class AsyncClient:
         id: str | None = None,
         params: Mapping[str, Any] | None = None,
         max_attempts: int = 3,
+        messages: Sequence[Mapping[str, str]] | None = None,
     ) -> AsyncHandle:
+        """See ``Client.enqueue`` (``messages`` for chat input to ``generate``)."""
         p = common.prepare(prompt, model=model, task=task, priority=priority,
                            deadline_s=deadline_s, id=id, params=params,
                            max_attempts=max_attempts, options=self.options,
-                           reply_to=self.client_id)
+                           reply_to=self.client_id, messages=messages)
         keys, args = ops.enqueue_call(p.keys, [p.item])
         reply = ops.parse_enqueue(await self.scripts["enqueue"](keys=keys, args=args))
         common.check_full(reply, p, self.options)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -13,6 +14,7 @@ from inferq.connection import ConnectionSettings
 from inferq.errors import ResultTimeout
 from inferq.producer import common
 from inferq.producer.common import BLOCKING_DEFAULTS, ClientOptions, RequestState
+from inferq.producer.streaming import BLOCK_MS, READ_COUNT, StreamReader
 from inferq.protocol import ops
 from inferq.protocol.codec import Result
 from inferq.protocol.keys import QueueKeys
@@ -51,6 +53,37 @@ class Handle:
         raw = self._client.redis.lindex(self.keys.result(self.id), 0)
         return common.parse_result(raw, self._client.options)
 
+    def stream(self, timeout: float | None = None) -> Iterator[str | Result]:
+        """Follow a ``generate`` request: yield its text deltas as the worker produces them,
+        then its final ``Result`` (whatever its status: ok, cancelled, failed, ...), and stop.
+
+        Reads the request's stream from the start, so calling it again (or from another
+        process) replays the whole text. ``timeout`` bounds the whole iteration
+        (``ResultTimeout``). A request served by a worker that does not stream yields no
+        deltas, only its result (whose ``output["text"]`` holds the text).
+        """
+        redis_ = self._client.redis
+        key, result_key = self.keys.stream(self.id), self.keys.result(self.id)
+        deadline = None if timeout is None else time.monotonic() + common.block_timeout(timeout)
+        reader = StreamReader()
+        while True:
+            block = BLOCK_MS
+            if deadline is not None:
+                block = max(1, min(block, int((deadline - time.monotonic()) * 1e3)))
+            reply = redis_.xread({key: reader.last_id}, count=READ_COUNT, block=block)
+            yield from reader.feed(reply)
+            if reader.ended or not reply:
+                raw = redis_.lindex(result_key, 0)
+                if raw is not None:
+                    # Deltas are written before the result: take any not read yet.
+                    yield from reader.feed(redis_.xread({key: reader.last_id}, count=1 << 16))
+                    result = common.parse_result(raw, self._client.options)
+                    assert result is not None
+                    yield result
+                    return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeout(f"no result for request {self.id} within {timeout} s")
+
     def status(self) -> RequestState:
         pipe = self._client.redis.pipeline(transaction=False)
         pipe.hget(self.keys.request(self.id), "st")
@@ -85,7 +118,7 @@ class Client:
 
     def enqueue(
         self,
-        prompt: str,
+        prompt: str = "",
         *,
         model: str,
         task: str = "embed",
@@ -94,10 +127,14 @@ class Client:
         id: str | None = None,
         params: Mapping[str, Any] | None = None,
         max_attempts: int = 3,
+        messages: Sequence[Mapping[str, str]] | None = None,
     ) -> Handle:
+        """Queue one request. For ``task="generate"``, ``params`` takes ``max_new_tokens``,
+        ``temperature``, ``top_p``, ``top_k``, ``seed`` and ``stop``, and ``messages`` (a list
+        of ``{"role", "content"}``, with an empty prompt) asks for the model's chat template."""
         p = common.prepare(prompt, model=model, task=task, priority=priority,
                            deadline_s=deadline_s, id=id, params=params,
-                           max_attempts=max_attempts, options=self.options)
+                           max_attempts=max_attempts, options=self.options, messages=messages)
         keys, args = ops.enqueue_call(p.keys, [p.item])
         reply = ops.parse_enqueue(self.scripts["enqueue"](keys=keys, args=args))
         common.check_full(reply, p, self.options)

@@ -27,6 +27,7 @@ from inferq.protocol.codec import (
     decode_result,
     encode_request,
 )
+from inferq.protocol.generation import check_task_params
 from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys
 
 DEFAULT_URL = "redis://localhost:6379/0"
@@ -130,6 +131,7 @@ def prepare(
     max_attempts: int = 3,
     options: ClientOptions,
     reply_to: str | None = None,
+    messages: Sequence[Mapping[str, str]] | None = None,
 ) -> Prepared:
     request_id = id if id is not None else uuid.uuid4().hex
     if params is not None and not isinstance(params, Mapping):
@@ -137,8 +139,10 @@ def prepare(
     payload = build_request(
         prompt, id=request_id, model=model, task=task, priority=priority,
         deadline_s=deadline_s, params=dict(params) if params is not None else None,
-        max_attempts=max_attempts,
+        max_attempts=max_attempts, messages=messages,
     )
+    # generate/score params are checked here too, so a typo fails at enqueue, not in a worker.
+    check_task_params(payload.task, payload.params, payload.messages is not None)
     keys = QueueKeys.for_model(payload.task, payload.model, options.namespace)
     item = ops.EnqueueItem(
         depth_limit=options.shedding.limit(payload.priority, options.max_queue_depth),

@@ -9,10 +9,11 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
 from inferq.errors import PayloadTooLarge, ValidationError
+from inferq.protocol.generation import MAX_MESSAGES, ChatMessage, FinishReason
 from inferq.protocol.keys import NAME_RE
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
 
@@ -57,6 +58,10 @@ class RequestPayload(BaseModel):
     params: dict[str, ParamValue] = Field(default_factory=dict)
     deadline_s: Annotated[float, Field(strict=True, le=MAX_DEADLINE_S)] | None = None
     max_attempts: Annotated[int, Field(ge=1, le=100, strict=True)] = 3
+    #: Chat input for the ``generate`` task, rendered with the model's chat template; the
+    #: prompt is then empty. Absent (None) from payloads that do not use it.
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = (
+        None)
 
     @field_validator("deadline_s")
     @classmethod
@@ -65,6 +70,20 @@ class RequestPayload(BaseModel):
             raise ValueError(f"deadline_s must be a finite number of seconds > 0, got {value}")
         return value
 
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> RequestPayload:
+        if self.messages is not None and self.prompt:
+            raise ValueError("give either a prompt or messages, not both")
+        return self
+
+    @property
+    def text_bytes(self) -> int:
+        """UTF-8 size of the input text: the prompt, or the messages' contents."""
+        size = utf8_size(self.prompt, "prompt")
+        for message in self.messages or ():
+            size += utf8_size(message.content, "messages.content")
+        return size
+
 
 class Status(StrEnum):
     OK = "ok"
@@ -72,6 +91,19 @@ class Status(StrEnum):
     CANCELLED = "cancelled"
     EXPIRED = "expired"
     DEAD = "dead"
+
+
+class Usage(BaseModel):
+    """Token counts of a generation (or a scoring) request."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
 
 class ErrorInfo(BaseModel):
@@ -102,6 +134,22 @@ class Result(BaseModel):
     started_ms: int | None = None
     finished_ms: int | None = None
     compute_ms: float | None = None
+    #: ``generate``: why the generation ended (stop, length, cancelled).
+    finish_reason: FinishReason | None = None
+    #: ``generate`` / ``score``: prompt and completion token counts.
+    usage: Usage | None = None
+    #: ``generate``: ms from enqueue until the first generated text was visible to the producer
+    #: (in the request's stream, or in the result for a worker that does not stream).
+    ttft_ms: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cancelled_finish(cls, data: Any) -> Any:
+        # A cancellation is recorded by the cancel script, which knows nothing of generation.
+        if (isinstance(data, dict) and data.get("status") == Status.CANCELLED.value
+                and data.get("finish_reason") is None):
+            return {**data, "finish_reason": FinishReason.CANCELLED.value}
+        return data
 
     @property
     def ok(self) -> bool:
@@ -157,7 +205,7 @@ def _validation_message(exc: PydanticValidationError) -> str:
 
 
 def encode_request(payload: RequestPayload, limits: Limits = DEFAULT_LIMITS) -> bytes:
-    prompt_bytes = utf8_size(payload.prompt, "prompt")
+    prompt_bytes = payload.text_bytes
     if prompt_bytes > limits.max_prompt_bytes:
         raise PayloadTooLarge(
             f"prompt of {prompt_bytes} bytes exceeds the {limits.max_prompt_bytes}-byte limit"
@@ -167,7 +215,8 @@ def encode_request(payload: RequestPayload, limits: Limits = DEFAULT_LIMITS) -> 
         raise PayloadTooLarge(
             f"params of {params_bytes} bytes exceed the {limits.max_params_bytes}-byte limit"
         )
-    data = pack(payload.model_dump(mode="python"))
+    data = pack(payload.model_dump(mode="python",
+                                   exclude={"messages"} if payload.messages is None else None))
     if len(data) > limits.max_payload_bytes:
         raise PayloadTooLarge(
             f"payload of {len(data)} bytes exceeds the {limits.max_payload_bytes}-byte limit"
@@ -181,7 +230,7 @@ def decode_request(data: bytes, limits: Limits = DEFAULT_LIMITS) -> RequestPaylo
         payload = RequestPayload.model_validate(raw)
     except PydanticValidationError as exc:
         raise ValidationError(f"invalid request payload: {_validation_message(exc)}") from exc
-    if utf8_size(payload.prompt, "prompt") > limits.max_prompt_bytes:
+    if payload.text_bytes > limits.max_prompt_bytes:
         raise PayloadTooLarge(f"prompt exceeds the {limits.max_prompt_bytes}-byte limit")
     if payload.params and len(pack(payload.params)) > limits.max_params_bytes:
         raise PayloadTooLarge(f"params exceed the {limits.max_params_bytes}-byte limit")
@@ -215,22 +264,28 @@ def build_request(
     deadline_s: object,
     params: object,
     max_attempts: object,
+    messages: object = None,
 ) -> RequestPayload:
     """Validate producer arguments into a payload, raising ``ValidationError`` naming the field."""
     if not isinstance(prompt, str):
         raise ValidationError(f"prompt must be a str, got {type(prompt).__name__}")
+    fields: dict[str, object] = {
+        "id": id,
+        "task": task,
+        "model": model,
+        "prompt": prompt,
+        "priority": priority,
+        "params": {} if params is None else params,
+        "deadline_s": deadline_s,
+        "max_attempts": max_attempts,
+    }
+    if messages is not None:
+        if isinstance(messages, str | bytes) or not isinstance(messages, list | tuple):
+            raise ValidationError(
+                f"messages must be a list of {{role, content}} mappings, got "
+                f"{type(messages).__name__}")
+        fields["messages"] = list(messages)
     try:
-        return RequestPayload.model_validate(
-            {
-                "id": id,
-                "task": task,
-                "model": model,
-                "prompt": prompt,
-                "priority": priority,
-                "params": {} if params is None else params,
-                "deadline_s": deadline_s,
-                "max_attempts": max_attempts,
-            }
-        )
+        return RequestPayload.model_validate(fields)
     except PydanticValidationError as exc:
         raise ValidationError(f"invalid request: {_validation_message(exc)}") from exc

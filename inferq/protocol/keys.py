@@ -107,3 +107,8 @@ class QueueKeys:
     def result(self, request_id: str) -> str:
         """A list holding exactly one msgpack result; readers block on it with BLMOVE."""
         return f"{self.prefix}result:{request_id}"
+
+    def stream(self, request_id: str) -> str:
+        """A Redis Stream of a generation's text deltas (``generate``), with the result's TTL;
+        readers follow it with ``XREAD BLOCK`` from the start."""
+        return f"{self.prefix}stream:{request_id}"

@@ -151,3 +151,24 @@ def release_call(keys: QueueKeys, leases: Iterable[tuple[str, str]]) -> Call:
 def cancel_call(keys: QueueKeys, request_id: str, result_ttl_ms: int) -> Call:
     return ([keys.pending, keys.inflight, keys.stats, keys.delayed],
             [keys.prefix, request_id, result_ttl_ms])
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDelta:
+    """One running generation's text produced by a decode step ('' checks the lease only)."""
+
+    id: str
+    token: str
+    attempt: int
+    text: str
+
+
+def stream_call(keys: QueueKeys, result_ttl_ms: int, items: Iterable[StreamDelta]) -> Call:
+    args: list[bytes | str | int] = [keys.prefix, result_ttl_ms]
+    for item in items:
+        args += [item.id, item.token, item.attempt, item.text]
+    return [keys.inflight], args
+
+
+def stream_end_call(keys: QueueKeys, result_ttl_ms: int, request_ids: Iterable[str]) -> Call:
+    return [keys.inflight], [keys.prefix, result_ttl_ms, *request_ids]

@@ -352,6 +352,56 @@ count_done(stats, 'cancelled', 1, now)
 return 'cancelled'
 """
 
+STREAM = _PRELUDE + r"""
+-- KEYS: 1 inflight (names the queue's slot; per-request keys are built from prefix)
+-- ARGV: 1 prefix, 2 ttl ms, then per request 4 values: id, token, attempt, delta text
+-- Called by a generating worker once per decode step for every request it runs. A request
+-- whose lease token still matches gets its delta appended to its stream (nothing is appended
+-- for an empty delta: the call then only checks the lease). A request whose token no longer
+-- matches was cancelled, finished elsewhere or reclaimed: nothing is appended, its id is
+-- returned, and when its result exists an end marker is appended so readers stop waiting.
+-- Stream entries: a = attempt, d = text delta; e = 1 marks the end (the result exists).
+-- Returns the ids whose lease was lost.
+local prefix, ttl = ARGV[1], tonumber(ARGV[2])
+local lost = {}
+for i = 3, #ARGV, 4 do
+  local id, token, attempt, delta = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local skey = prefix .. 'stream:' .. id
+  if redis.call('HGET', prefix .. 'req:' .. id, 't') == token then
+    if delta ~= '' then
+      redis.call('XADD', skey, '*', 'a', attempt, 'd', delta)
+      redis.call('PEXPIRE', skey, ttl)
+    end
+  else
+    lost[#lost + 1] = id
+    if redis.call('EXISTS', prefix .. 'result:' .. id) == 1 then
+      redis.call('XADD', skey, '*', 'e', 1)
+      redis.call('PEXPIRE', skey, ttl)
+    end
+  end
+end
+return lost
+"""
+
+STREAM_END = r"""
+-- KEYS: 1 inflight (names the queue's slot)
+-- ARGV: 1 prefix, 2 ttl ms, then ids
+-- After a generating worker's complete call: appends the end marker (e = 1) to the stream of
+-- each id whose result exists, so readers blocked in XREAD stop waiting. Returns how many.
+local prefix, ttl = ARGV[1], tonumber(ARGV[2])
+local n = 0
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  if redis.call('EXISTS', prefix .. 'result:' .. id) == 1 then
+    local skey = prefix .. 'stream:' .. id
+    redis.call('XADD', skey, '*', 'e', 1)
+    redis.call('PEXPIRE', skey, ttl)
+    n = n + 1
+  end
+end
+return n
+"""
+
 ALL: dict[str, str] = {
     "enqueue": ENQUEUE,
     "claim": CLAIM,
@@ -360,4 +410,6 @@ ALL: dict[str, str] = {
     "reclaim": RECLAIM,
     "release": RELEASE,
     "cancel": CANCEL,
+    "stream": STREAM,
+    "stream_end": STREAM_END,
 }
