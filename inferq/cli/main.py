@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import redis
 from redis.exceptions import AuthenticationWrongNumberOfArgsError, NoPermissionError
 
+from inferq.cli import generate_cmd
 from inferq.connection import (
     TLS_CA_ENV,
     TLS_CERT_ENV,
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve Prometheus /metrics and /healthz on this port (0: any free one)")
     w.add_argument("--torch-threads", type=int, default=None,
                    help="torch intra-op threads on the CPU (default: torch's choice)")
+    generate_cmd.add_worker_arguments(w)
 
     s = sub.add_parser("stats", help="queue depths, in flight, workers, windows, throughput")
     _url_arg(s)
@@ -98,10 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--deadline-s", type=float, default=None)
     e.add_argument("--timeout", type=float, default=60.0)
     e.add_argument("--no-wait", action="store_true", help="print the id and return")
+    generate_cmd.add_enqueue_arguments(e)
 
     g = sub.add_parser("gateway", add_help=False,
                        help="HTTP gateway (OpenAI-compatible); needs inferq[gateway]")
     g.set_defaults(gateway_args=[])
+
+    generate_cmd.add_convert_parser(sub)
 
     d = sub.add_parser("demo", help="embedded default: local server + MiniLM worker + requests")
     d.add_argument("--data-dir", default=".inferq/demo")
@@ -122,10 +127,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "worker":
             from inferq.cli.worker_cmd import run_worker
             return run_worker(args)
+        if args.command == "convert-smollm2":
+            return generate_cmd.run_convert(args)
         if args.command == "stats":
             from inferq.cli.stats_cmd import run_stats
             return run_stats(args)
         if args.command == "enqueue":
+            if generate_cmd.wants_generation_cli(args):
+                return generate_cmd.run_enqueue_generation(args)
             from inferq.cli.enqueue_cmd import run_enqueue
             return run_enqueue(args)
         if args.command == "gateway":

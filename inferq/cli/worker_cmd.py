@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 
+from inferq.cli import generate_cmd
 from inferq.logs import set_context as set_log_context
 from inferq.worker.config import WorkerConfig, default_worker_id
 from inferq.worker.models.registry import load_model, parse_model_arg
@@ -46,6 +47,8 @@ def run_worker(args: argparse.Namespace) -> int:
     log.info("connecting to %s%s", config.connection.redacted_url,
              f" (CA {config.tls_ca})" if config.tls_ca else "")
     spec = parse_model_arg(args.model)
+    if generate_cmd.serves_continuous(args, config.task, spec.source):
+        return generate_cmd.run_generation_worker(args, config)
     model = load_model(spec, config.task, device=config.device, dtype=config.dtype)
     try:
         asyncio.run(Worker(config, model).run())

