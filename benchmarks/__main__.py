@@ -19,6 +19,14 @@ SCENARIOS: dict[str, tuple[str, str]] = {
               "MiniLM embeddings: full stack vs the bare model vs a batch-1 worker"),
     "chaos": ("benchmarks.chaos",
               "kills, pauses, a Redis restart, poison and expiry: nothing may be lost"),
+    "embed-load": ("benchmarks.embed_load",
+                   "MiniLM under open-loop Poisson arrivals, 25 to 125 percent of capacity"),
+    "overhead": ("benchmarks.overhead",
+                 "no-op requests: queue cost with 1/2/4 workers, Redis commands, vs arq and rq"),
+    "scaleout": ("benchmarks.scaleout",
+                 "1..16 workers on one queue (sleep model): throughput, Redis load, efficiency"),
+    "priority": ("benchmarks.priority",
+                 "high-priority trickle through a saturating low-priority flood"),
 }
 
 

@@ -1,0 +1,517 @@
+"""Scenario ``priority``: a trickle of high-priority requests through a saturating flood of
+low-priority ones.
+
+    python -m benchmarks priority            # 60 s floods x 3 trials (~4 min)
+    python -m benchmarks priority --quick    # smoke test: one 15 s flood (~30 s)
+
+One worker (``--model prio=builtin:sleep?batch_ms=40&item_ms=0.5 --max-batch-size 32
+--max-wait-ms 10``: a full batch takes 56 ms, a GPU-like fixed cost) is flooded with
+low-priority requests at 1.5x its capacity, so the queue only grows; after a short warm-up,
+high-priority requests arrive as a Poisson process (10/s) and are awaited one by one.
+
+Reported: the high-priority latency p50/p90/p99, end to end (scheduled arrival -> result
+received by the producer) and on the Redis clock (enqueue -> result written), against "one
+batch time + the window" (the measured median forward time of a batch plus ``--max-wait-ms``);
+the age of the oldest waiting low-priority request over time (FIFO within a priority means it
+is the backlog divided by the service rate); the low-priority requests served meanwhile.
+
+Target: high-priority p99 within 2x (one batch time + window).
+
+Each trial uses a fresh queue and worker, and the backlog is dropped (FLUSHDB of the
+benchmark's own server) after the trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from benchmarks import charts
+from benchmarks.harness import (
+    Cleanup,
+    fmt_range,
+    machine_info,
+    markdown_table,
+    say,
+    stop_child,
+    update_results_md,
+    write_json,
+)
+from benchmarks.stack import (
+    BenchmarkFailed,
+    Probe,
+    WorkerProc,
+    add_common_arguments,
+    base_report,
+    batches_of,
+    check_alive,
+    display_path,
+    header_lines,
+    load_str,
+    merge_counters,
+    noise_of,
+    pcts,
+    publish_plots,
+    read_results,
+    run_scenario,
+    scaled,
+    server_pid,
+    spawn_worker,
+    start_server,
+    summarize_trials,
+    wait_registered,
+)
+
+if TYPE_CHECKING:
+    from inferq.producer.aio import AsyncClient, AsyncHandle
+    from inferq.protocol.codec import Result
+
+NAME = "priority"
+TARGET_FACTOR = 2.0
+TICK_S = 0.05
+SAMPLE_S = 0.5
+SEED = 20240607
+
+
+@dataclass(frozen=True)
+class PriorityConfig:
+    seconds: float
+    trials: int
+    workers: int
+    batch_ms: float
+    item_ms: float
+    max_batch_size: int
+    max_wait_ms: float
+    overload: float
+    high_rate: float
+    low_priority: int
+    high_priority: int
+    warmup_s: float
+    quick: bool
+    out: Path
+    results_md: Path | None
+
+    @property
+    def full_batch_s(self) -> float:
+        return (self.batch_ms + self.item_ms * self.max_batch_size) / 1e3
+
+    @property
+    def capacity(self) -> float:
+        """Requests/s the workers serve running full batches back to back."""
+        return self.workers * self.max_batch_size / self.full_batch_s
+
+    @property
+    def low_rate(self) -> float:
+        return self.overload * self.capacity
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser, NAME, "smoke test: one 15 s flood (~30 s)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="flood duration per trial (default 60; 15 with --quick)")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--batch-ms", type=float, default=40.0,
+                        help="sleep model: milliseconds per batch (default 40)")
+    parser.add_argument("--item-ms", type=float, default=0.5,
+                        help="sleep model: extra milliseconds per request (default 0.5)")
+    parser.add_argument("--max-batch-size", type=int, default=32,
+                        help="workers' --max-batch-size (default 32)")
+    parser.add_argument("--max-wait-ms", type=float, default=10.0,
+                        help="workers' --max-wait-ms, the window (default 10)")
+    parser.add_argument("--overload", type=float, default=1.5,
+                        help="low-priority arrival rate / capacity (default 1.5)")
+    parser.add_argument("--high-rate", type=float, default=10.0,
+                        help="high-priority Poisson arrivals per second (default 10)")
+    parser.add_argument("--low-priority", type=int, default=0, help="(default 0)")
+    parser.add_argument("--high-priority", type=int, default=10, help="(default 10)")
+
+
+def config_from_args(args: argparse.Namespace) -> PriorityConfig:
+    quick = bool(args.quick)
+    cfg = PriorityConfig(
+        seconds=args.seconds if args.seconds is not None else (15.0 if quick else 60.0),
+        trials=args.trials if args.trials is not None else (1 if quick else 3),
+        workers=args.workers, batch_ms=args.batch_ms, item_ms=args.item_ms,
+        max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
+        overload=args.overload, high_rate=args.high_rate, low_priority=args.low_priority,
+        high_priority=args.high_priority, warmup_s=1.0 if quick else 2.0, quick=quick,
+        out=args.out, results_md=None if args.no_results_md else args.results_md,
+    )
+    if min(cfg.seconds, cfg.trials, cfg.workers, cfg.max_batch_size, cfg.overload,
+           cfg.high_rate) <= 0 or cfg.full_batch_s <= 0:
+        raise SystemExit(f"benchmarks {NAME}: durations, counts and rates must be positive")
+    if cfg.seconds <= cfg.warmup_s + 1:
+        raise SystemExit(f"benchmarks {NAME}: --seconds must exceed {cfg.warmup_s + 1:g}")
+    if cfg.high_priority <= cfg.low_priority:
+        raise SystemExit(f"benchmarks {NAME}: --high-priority must exceed --low-priority")
+    return cfg
+
+
+# ------------------------------------------------------------------------------- a trial
+
+
+@dataclass
+class HighSample:
+    at_s: float  # scheduled arrival, seconds since the flood started
+    e2e_ms: float
+    result: Result
+
+
+@dataclass
+class TrialData:
+    high: list[HighSample] = field(default_factory=list)
+    low_ids: list[str] = field(default_factory=list)
+    oldest_low: list[tuple[float, float | None, int]] = field(default_factory=list)
+    flood_s: float = 0.0
+
+
+async def _flood(client: AsyncClient, model: str, cfg: PriorityConfig, t0: float,
+                 data: TrialData) -> None:
+    """Low-priority requests at ``cfg.low_rate``, enqueued every tick as one chunk."""
+    sent = 0
+    while (elapsed := time.perf_counter() - t0) < cfg.seconds:
+        due = int(cfg.low_rate * elapsed) - sent
+        if due > 0:
+            handles = await client.enqueue_many(
+                [f"low-{sent + i}" for i in range(due)], model=model,
+                priority=cfg.low_priority)
+            data.low_ids += [h.id for h in handles]
+            sent += due
+        await asyncio.sleep(TICK_S)
+
+
+async def _trickle(client: AsyncClient, model: str, cfg: PriorityConfig, t0: float,
+                   rng: random.Random, data: TrialData, workers: Sequence[WorkerProc]) -> None:
+    """High-priority Poisson arrivals from the end of the warm-up to the end of the flood;
+    each is awaited by its own task. Latency counts from the scheduled arrival."""
+    waiters: list[asyncio.Task[None]] = []
+
+    async def wait(handle: AsyncHandle, at: float) -> None:
+        result = await handle.result(timeout=max(60.0, cfg.seconds * 2))
+        data.high.append(HighSample(at - t0, (time.perf_counter() - at) * 1e3, result))
+
+    at = t0 + cfg.warmup_s
+    index = 0
+    while True:
+        at += rng.expovariate(cfg.high_rate)
+        if at - t0 >= cfg.seconds:
+            break
+        await asyncio.sleep(max(0.0, at - time.perf_counter()))
+        handle = await client.enqueue(f"high-{index}", model=model,
+                                      priority=cfg.high_priority)
+        index += 1
+        waiters.append(asyncio.create_task(wait(handle, at)))
+        check_alive(workers)
+    await asyncio.gather(*waiters)
+
+
+async def _sample(client: AsyncClient, model: str, cfg: PriorityConfig, t0: float,
+                  data: TrialData, stop: asyncio.Event) -> None:
+    """Every SAMPLE_S: the age of the oldest waiting low-priority request, and their count."""
+    from inferq.protocol import scores
+    from inferq.protocol.keys import QueueKeys
+
+    keys = QueueKeys.for_model("embed", model)
+    low, high = scores.band(cfg.low_priority), scores.band(cfg.low_priority) + scores.SEQ_LIMIT
+    r = client.redis
+    while not stop.is_set():
+        first = await r.zrangebyscore(keys.pending, low, f"({high}", start=0, num=1)
+        count = int(await r.zcount(keys.pending, low, f"({high}"))
+        age = None
+        if first:
+            request_id = first[0].decode() if isinstance(first[0], bytes) else str(first[0])
+            eq = await r.hget(keys.request(request_id), "eq")
+            seconds, micros = await r.time()
+            if eq is not None:
+                age = int(seconds) * 1000 + int(micros) // 1000 - int(eq)
+        data.oldest_low.append((time.perf_counter() - t0, age, count))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), SAMPLE_S)
+
+
+def run_trial(cleanup: Cleanup, url: str, cfg: PriorityConfig, trial: int,
+              server: int | None) -> dict[str, Any]:
+    from inferq.producer.aio import AsyncClient
+    from inferq.protocol.keys import QueueKeys
+
+    model = f"prio-t{trial}"
+    spec = (f"{model}=builtin:sleep?batch_ms={cfg.batch_ms:g}&item_ms={cfg.item_ms:g}")
+    flags = ["--max-batch-size", str(cfg.max_batch_size), "--max-wait-ms",
+             f"{cfg.max_wait_ms:g}", "--max-batch-tokens", "0"]
+    workers = [spawn_worker(cleanup, url, model_arg=spec, worker_id=f"bench-prio-t{trial}-{i}",
+                            log_dir=cfg.out / "logs", flags=flags) for i in range(cfg.workers)]
+    wait_registered(url, workers)
+    data = TrialData()
+    rng = random.Random(SEED + trial)
+    probe = Probe({"producer": None, "server": server,
+                   **{f"worker{i}": w.pid for i, w in enumerate(workers)}})
+
+    async def main() -> None:
+        async with AsyncClient(url) as flood_client, AsyncClient(url) as high_client:
+            stop = asyncio.Event()
+            t0 = time.perf_counter()
+            sampler = asyncio.create_task(_sample(flood_client, model, cfg, t0, data, stop))
+            flood = asyncio.create_task(_flood(flood_client, model, cfg, t0, data))
+            await _trickle(high_client, model, cfg, t0, rng, data, workers)
+            await flood
+            data.flood_s = time.perf_counter() - t0
+            stop.set()
+            await sampler
+
+    probe.start()
+    asyncio.run(main())
+    cpu = probe.stop()
+    check_alive(workers)
+
+    client = redis.Redis.from_url(url)
+    keys = QueueKeys.for_model("embed", model)
+    # The low-priority requests served so far (the rest are still queued).
+    served_low: list[Result] = []
+    for start in range(0, len(data.low_ids), 5000):
+        ids = data.low_ids[start:start + 5000]
+        pipe = client.pipeline(transaction=False)
+        for request_id in ids:
+            pipe.exists(keys.result(request_id))
+        done = [i for i, e in zip(ids, pipe.execute(), strict=True) if e]
+        served_low += read_results(client, keys, done)
+    for w in workers:
+        stop_child(w.child)
+    client.flushdb()  # the backlog of this trial
+    client.close()
+    return summarize_trial(cfg, data, served_low, cpu)
+
+
+def summarize_trial(cfg: PriorityConfig, data: TrialData, served_low: Sequence[Result],
+                    cpu: Mapping[str, float | None]) -> dict[str, Any]:
+    high = sorted(data.high, key=lambda s: s.at_s)
+    bad = [s for s in high if s.result.status.value != "ok"]
+    if bad or not high:
+        raise BenchmarkFailed(f"high priority: {len(bad)} failed of {len(high)}: {bad[:1]!r}")
+    e2e = [s.e2e_ms for s in high]
+    redis_ms = [s.result.total_ms for s in high if s.result.total_ms is not None]
+    wait_ms = [s.result.queue_wait_ms for s in high if s.result.queue_wait_ms is not None]
+    everything = [*(s.result for s in high), *served_low]
+    sizes = batches_of(everything)
+    full = [r.compute_ms for r in everything
+            if r.compute_ms is not None and r.batch_size == cfg.max_batch_size]
+    batch_ms = statistics.median(full) if full else cfg.full_batch_s * 1e3
+    reference = batch_ms + cfg.max_wait_ms
+    low_total = [r.total_ms for r in served_low if r.total_ms is not None]
+    ages = [a for _, a, _ in data.oldest_low if a is not None]
+    served_rate = len(served_low) / max(data.flood_s, 1e-9)
+    out: dict[str, Any] = {
+        "high_e2e_ms": pcts(e2e), "high_redis_ms": pcts(redis_ms),
+        "high_queue_wait_ms": pcts(wait_ms), "high_count": len(high),
+        "high_batch_size_mean": statistics.fmean(s.result.batch_size or 0 for s in high),
+        "batch_ms": batch_ms, "reference_ms": reference,
+        "high_p99_over_reference": (pcts(e2e)["p99"] or 0.0) / reference,
+        "high_redis_p99_over_reference": (pcts(redis_ms)["p99"] or 0.0) / reference,
+        "low_served": len(served_low), "low_enqueued": len(data.low_ids),
+        "low_served_per_s": served_rate, "low_completed_total_ms": pcts(low_total),
+        "low_oldest_wait_ms_max": max(ages) if ages else None,
+        "low_oldest_wait_ms_end": ages[-1] if ages else None,
+        "low_pending_end": data.oldest_low[-1][2] if data.oldest_low else None,
+        "oldest_low_series": data.oldest_low,
+        "high_series": [(s.at_s, s.e2e_ms) for s in high],
+        "batch_sizes": dict(sorted(sizes.items())),
+        "flood_s": data.flood_s, "cpu_seconds": dict(cpu), "other_load": cpu.get("other_load"),
+    }
+    say(f"  high priority: {len(high)} requests, e2e p50/p99 "
+        f"{out['high_e2e_ms']['p50']:.0f}/{out['high_e2e_ms']['p99']:.0f} ms (Redis clock "
+        f"{out['high_redis_ms']['p50']:.0f}/{out['high_redis_ms']['p99']:.0f}) vs batch "
+        f"{batch_ms:.0f} ms + window {cfg.max_wait_ms:g} ms = {reference:.0f} ms -> p99 is "
+        f"{out['high_p99_over_reference']:.2f}x; low priority served {served_rate:.0f}/s, "
+        f"oldest waiting {(out['low_oldest_wait_ms_end'] or 0) / 1e3:.1f} s at the end; other "
+        f"load {load_str(out['other_load'])}")
+    return out
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+
+    def body(cleanup: Cleanup) -> int:
+        report = _run(cfg, cleanup)
+        print()
+        print(report_text(report))
+        return 0
+
+    return run_scenario(NAME, body)
+
+
+def _run(cfg: PriorityConfig, cleanup: Cleanup) -> dict[str, Any]:
+    started = time.monotonic()
+    server, url = start_server(cleanup, NAME)
+    machine = machine_info(server_binary=server.binary)
+    say(f"{NAME} benchmark: {cfg.workers} worker(s), full batch {cfg.full_batch_s * 1e3:.0f} ms"
+        f" -> capacity {cfg.capacity:.0f} req/s; low priority at {cfg.low_rate:.0f}/s "
+        f"({cfg.overload:g}x), high priority {cfg.high_rate:g}/s; {cfg.seconds:g} s x "
+        f"{cfg.trials} trial(s)")
+    trials = []
+    for trial in range(cfg.trials):
+        say(f"trial {trial + 1}/{cfg.trials}")
+        trials.append(run_trial(cleanup, url, cfg, trial, server_pid(server)))
+    server.stop()
+    report = build_report(cfg, machine, trials, started)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    report["plots"] = [str(p) for p in draw_plots(report, trials, cfg.out / "plots")]
+    json_path = cfg.out / f"{NAME}.json"
+    write_json(json_path, report)
+    say(f"wrote {json_path}")
+    if cfg.results_md is not None:
+        links = publish_plots([Path(p) for p in report["plots"]], cfg.results_md)
+        update_results_md(NAME, results_markdown(report, links, json_path), cfg.results_md)
+        say(f"updated {cfg.results_md}")
+    return report
+
+
+# ------------------------------------------------------------------------------ reports
+
+
+def build_report(cfg: PriorityConfig, machine: dict[str, Any],
+                 trials: Sequence[Mapping[str, Any]], started: float) -> dict[str, Any]:
+    report = base_report(NAME, cfg.quick, machine, started)
+    report["config"] = {**asdict(cfg), "out": str(cfg.out),
+                        "results_md": str(cfg.results_md) if cfg.results_md else None,
+                        "full_batch_ms": cfg.full_batch_s * 1e3, "capacity": cfg.capacity,
+                        "low_rate": cfg.low_rate}
+    s: dict[str, Any] = {}
+    for key in ("high_e2e_ms", "high_redis_ms", "high_queue_wait_ms",
+                "low_completed_total_ms"):
+        s[key] = {q: summarize_trials(trials, [key, q]) for q in ("p50", "p90", "p99", "max")}
+    for key in ("batch_ms", "reference_ms", "high_p99_over_reference",
+                "high_redis_p99_over_reference", "low_served_per_s", "low_oldest_wait_ms_max",
+                "low_oldest_wait_ms_end", "low_pending_end", "high_count",
+                "high_batch_size_mean", "other_load"):
+        s[key] = summarize_trials(trials, [key])
+    s["batch_sizes"] = merge_counters(t["batch_sizes"] for t in trials)
+    report["summary"] = s
+    report["trials"] = list(trials)
+    report["noise"] = noise_of(t.get("other_load") for t in trials)
+    ratio = s["high_p99_over_reference"]["median"]
+    report["target"] = {"factor": TARGET_FACTOR, "p99_over_reference": ratio,
+                        "verdict": "n/a" if ratio is None else (
+                            "PASS" if ratio <= TARGET_FACTOR else "MISS")}
+    return report
+
+
+def draw_plots(r: Mapping[str, Any], trials: Sequence[Mapping[str, Any]], folder: Path
+               ) -> list[Path]:
+    s = r["summary"]
+    ref = s["reference_ms"]["median"] or 0.0
+    qs = ("p50", "p90", "p99")
+    groups = ["high, end to end", "high, Redis clock", "low (served), Redis clock"]
+    keys = ("high_e2e_ms", "high_redis_ms", "low_completed_total_ms")
+    bars = {q: [s[k][q]["median"] for k in keys] for q in qs}
+    low = {q: [s[k][q]["min"] for k in keys] for q in qs}
+    high = {q: [s[k][q]["max"] for k in keys] for q in qs}
+    p1 = charts.grouped_bars(
+        folder / "priority-latency.png", title="Latency by priority under a low-priority flood",
+        ylabel="ms (log scale)", groups=groups, bars=bars, low=low, high=high,
+        hlines=[(f"one batch + window = {ref:.0f} ms", ref),
+                (f"target: p99 <= {TARGET_FACTOR:g}x = {ref * TARGET_FACTOR:.0f} ms",
+                 ref * TARGET_FACTOR)],
+        logy=True, note="median over trials, bars = min..max; low priority: only requests "
+                        "served during the flood (the backlog still waits)")
+    t = trials[0]
+    high_series = charts.Series("high priority: each request's latency (end to end)",
+                                [x for x, _ in t["high_series"]],
+                                [y for _, y in t["high_series"]], style=".")
+    oldest = charts.Series("low priority: age of the oldest waiting request",
+                           [x for x, _, _ in t["oldest_low_series"]],
+                           [y for _, y, _ in t["oldest_low_series"]], style="-")
+    p2 = charts.timeline(
+        folder / "priority-timeline.png", title="During the flood (first trial)",
+        xlabel="seconds since the flood started", ylabel="ms (log scale)",
+        series=[high_series, oldest],
+        hlines=[(f"target for high-priority p99: {ref * TARGET_FACTOR:.0f} ms",
+                 ref * TARGET_FACTOR)], logy=True)
+    return [p1, p2]
+
+
+def _ms(s: Mapping[str, Any]) -> str:
+    return fmt_range(s, 0)
+
+
+def results_markdown(r: Mapping[str, Any], links: Sequence[str], json_path: Path) -> str:
+    c, s, t = r["config"], r["summary"], r["target"]
+    rows = []
+    for key, label in (("high_e2e_ms", "high priority, end to end (scheduled arrival -> "
+                                       "result received)"),
+                       ("high_redis_ms", "high priority, Redis clock (enqueue -> result "
+                                         "written)"),
+                       ("high_queue_wait_ms", "high priority, waiting in the queue (enqueue "
+                                              "-> claimed)"),
+                       ("low_completed_total_ms", "low priority, the requests served during "
+                                                  "the flood (Redis clock)")):
+        rows.append([label, *(_ms(s[key][q]) for q in ("p50", "p90", "p99", "max"))])
+    table = markdown_table(["ms", "p50", "p90", "p99", "max"], rows)
+    ref = s["reference_ms"]["median"] or 0.0
+    verdict_rows = [
+        ["high-priority p99 (end to end) / (one batch + window)",
+         fmt_range(s["high_p99_over_reference"], 2), f"<= {t['factor']:g}", t["verdict"]],
+        ["the same on the Redis clock", fmt_range(s["high_redis_p99_over_reference"], 2),
+         "", ""],
+    ]
+    low_rows = [
+        ["low-priority arrivals / served", f"{c['low_rate']:.0f}/s / "
+                                           f"{fmt_range(s['low_served_per_s'], 0)}/s"],
+        ["oldest waiting low-priority request, at the end of the flood",
+         f"{fmt_range(scaled(s['low_oldest_wait_ms_end'], 1e-3), 1)} s"],
+        ["oldest waiting low-priority request, worst sample",
+         f"{fmt_range(scaled(s['low_oldest_wait_ms_max'], 1e-3), 1)} s"],
+        ["low-priority requests still queued at the end", fmt_range(s["low_pending_end"], 0)],
+        ["high-priority requests per trial", fmt_range(s["high_count"], 0)],
+        ["batch size a high-priority request ran in (mean)",
+         fmt_range(s["high_batch_size_mean"], 1)],
+    ]
+    plots = "\n".join(f"![priority plot]({link})" for link in links)
+    body = header_lines(r, "priority: high-priority requests through a low-priority flood")
+    return body + f"""- Workload: {c['workers']} worker(s), built-in `sleep` model ({c['batch_ms']:g} ms per batch + {c['item_ms']:g} ms per request: {c['full_batch_ms']:.0f} ms for a full batch of {c['max_batch_size']}), `--max-wait-ms {c['max_wait_ms']:g}`: capacity {c['capacity']:.0f} req/s. Low priority ({c['low_priority']}) arrives at {c['overload']:g}x capacity for {c['seconds']:g} s; after {c['warmup_s']:g} s, high priority ({c['high_priority']}) arrives as a Poisson process at {c['high_rate']:g}/s, each awaited by the producer. {c['trials']} trial(s), fresh queue and worker each; median (min..max) over trials.
+- Reference: one batch time (measured median forward of a full batch: {fmt_range(s['batch_ms'])} ms) + the window ({c['max_wait_ms']:g} ms) = **{ref:.0f} ms**.
+
+{table}
+
+{markdown_table(["measure", "median (min..max)", "target", "verdict"], verdict_rows)}
+
+{markdown_table(["low priority", "median (min..max)"], low_rows)}
+
+The worker claims its next batch while the current one runs (so the model never waits for
+Redis); a high-priority request that arrives after that claim waits for the rest of the running
+batch, then the already-claimed one, then runs in the next: between one and three batch times.
+
+{plots}
+
+Raw figures: `{display_path(json_path)}`.
+"""  # noqa: E501
+
+
+def report_text(r: Mapping[str, Any]) -> str:
+    s, t = r["summary"], r["target"]
+    lines = [
+        f"{NAME}: high priority through a {r['config']['overload']:g}x low-priority flood",
+        f"  high e2e p50/p99 ms: {_ms(s['high_e2e_ms']['p50'])} / "
+        f"{_ms(s['high_e2e_ms']['p99'])}; Redis clock {_ms(s['high_redis_ms']['p50'])} / "
+        f"{_ms(s['high_redis_ms']['p99'])}",
+        f"  one batch + window: {fmt_range(s['reference_ms'])} ms; p99 / that: "
+        f"{fmt_range(s['high_p99_over_reference'], 2)} (target <= {t['factor']:g}) "
+        f"{t['verdict']}",
+        f"  low priority: served {fmt_range(s['low_served_per_s'])}/s, oldest waiting at the "
+        f"end {fmt_range(scaled(s['low_oldest_wait_ms_end'], 1e-3), 1)} s",
+    ]
+    if r["noise"]["disturbed"]:
+        lines.append(f"  WARNING: other processes used up to {r['noise']['max_other_load']:.0%}"
+                     " of the machine during measurements; wall-clock figures are unreliable")
+    return "\n".join(lines)

@@ -1,0 +1,533 @@
+"""Scenario ``scaleout``: throughput with 1, 2, 4, 8 and 16 worker processes serving one queue,
+with the built-in ``sleep`` model (a fixed time per batch, no CPU: it models a GPU).
+
+    python -m benchmarks scaleout            # 20 s of work per worker count x 3 trials (~8 min)
+    python -m benchmarks scaleout --quick    # smoke test (~1 min)
+
+All workers (``--model sleep-scale=builtin:sleep?batch_ms=50 --max-batch-size 16``) start once
+on one queue. Each pass pauses them all (SIGSTOP), enqueues ``n x (ideal per-worker rate) x
+seconds`` requests, resumes ``n`` of them and waits until the queue is empty: the measurement
+is the drain, first claim -> last result written on the Redis clock, with nothing else running
+(the producer only polls the queue depth). ``--mode e2e`` instead has the producer enqueue and
+await everything while the ``n`` workers run (then the producer's CPU, on the same machine,
+also counts).
+
+Reported per worker count: throughput, efficiency against linear (n x the one-worker
+throughput of the same trial) and against the ideal (n x batch size / batch time), Redis
+commands per request and per second, Redis CPU per request and its share of one core, the
+spread of work between workers. From Redis' CPU per request (enqueue + claim + complete), the
+report estimates the request rate one Redis shard sustains and the fleet it serves.
+
+Target: efficiency >= 0.9 of linear up to 16 workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from benchmarks import charts
+from benchmarks.harness import (
+    Cleanup,
+    fmt_range,
+    machine_info,
+    markdown_table,
+    say,
+    stop_child,
+    summary,
+    update_results_md,
+    write_json,
+)
+from benchmarks.stack import (
+    BenchmarkFailed,
+    Probe,
+    WorkerProc,
+    add_common_arguments,
+    base_report,
+    batches_of,
+    display_path,
+    enqueue_and_await,
+    fill_and_drain,
+    header_lines,
+    int_list,
+    load_str,
+    merge_counters,
+    noise_of,
+    paused,
+    publish_plots,
+    redis_delta,
+    redis_snapshot,
+    run_scenario,
+    scaled,
+    server_pid,
+    spawn_worker,
+    start_server,
+    sum_cpu,
+    summarize_trials,
+    wait_registered,
+)
+
+if TYPE_CHECKING:
+    from inferq.protocol.codec import Result
+
+NAME = "scaleout"
+MODEL = "sleep-scale"
+TARGET_EFFICIENCY = 0.9
+#: Redis utilisation a shard is planned at (headroom for bursts, AOF rewrites, failover).
+PLANNING_UTILISATION = 0.7
+#: Per-worker request rates the fleet-size estimate is tabulated for.
+PER_WORKER_RATES = (100, 1_000, 5_000)
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    worker_counts: tuple[int, ...]
+    trials: int
+    seconds: float
+    batch_ms: float
+    item_ms: float
+    max_batch_size: int
+    max_wait_ms: float
+    chunk: int
+    mode: str
+    quick: bool
+    out: Path
+    results_md: Path | None
+    timeout_s: float = 600.0
+
+    @property
+    def batch_s(self) -> float:
+        return (self.batch_ms + self.item_ms * self.max_batch_size) / 1e3
+
+    @property
+    def ideal_per_worker(self) -> float:
+        """Requests/s of one worker running full batches back to back."""
+        return self.max_batch_size / self.batch_s
+
+    def requests_for(self, workers: int) -> int:
+        return max(self.max_batch_size * workers,
+                   round(workers * self.ideal_per_worker * self.seconds))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser, NAME, "smoke test: 3 s of work per worker count, 1 trial "
+                                       "(~1 min)")
+    parser.add_argument("--workers", default="1,2,4,8,16",
+                        help="worker process counts, comma-separated (default 1,2,4,8,16)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="work per pass, in seconds of ideal throughput (default 20; 3 "
+                             "with --quick)")
+    parser.add_argument("--batch-ms", type=float, default=50.0,
+                        help="sleep model: milliseconds per batch (default 50)")
+    parser.add_argument("--item-ms", type=float, default=0.0,
+                        help="sleep model: extra milliseconds per request (default 0)")
+    parser.add_argument("--max-batch-size", type=int, default=16,
+                        help="workers' --max-batch-size (default 16)")
+    parser.add_argument("--max-wait-ms", type=float, default=5.0,
+                        help="workers' --max-wait-ms (default 5)")
+    parser.add_argument("--chunk", type=int, default=1000,
+                        help="requests per enqueue_many call (default 1000)")
+    parser.add_argument("--mode", choices=("drain", "e2e"), default="drain",
+                        help="drain: fill while paused, then time the workers alone (default); "
+                             "e2e: the producer enqueues and awaits while they run")
+
+
+def config_from_args(args: argparse.Namespace) -> ScaleConfig:
+    quick = bool(args.quick)
+    trials = args.trials if args.trials is not None else (1 if quick else 3)
+    seconds = args.seconds if args.seconds is not None else (3.0 if quick else 20.0)
+    if trials < 1 or seconds <= 0 or args.max_batch_size < 1 or args.chunk < 1:
+        raise SystemExit(f"benchmarks {NAME}: --trials, --seconds, --max-batch-size and "
+                         "--chunk must be positive")
+    if args.batch_ms + args.item_ms <= 0:
+        raise SystemExit(f"benchmarks {NAME}: --batch-ms + --item-ms must be > 0")
+    return ScaleConfig(
+        worker_counts=tuple(sorted(set(int_list(NAME, "workers", args.workers)))),
+        trials=trials, seconds=seconds, batch_ms=args.batch_ms, item_ms=args.item_ms,
+        max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, chunk=args.chunk,
+        mode=args.mode, quick=quick, out=args.out,
+        results_md=None if args.no_results_md else args.results_md,
+    )
+
+
+# ------------------------------------------------------------------------------ passes
+
+
+def _prompts(tag: str, n: int) -> list[str]:
+    return [f"{tag}-{i:08d}" for i in range(n)]
+
+
+def _check(results: Sequence[Result], n: int, what: str) -> None:
+    bad = [r for r in results if r.status.value != "ok"]
+    if bad or len(results) != n:
+        raise BenchmarkFailed(f"{what}: {len(bad)} failed results of {len(results)} "
+                              f"(expected {n} ok), e.g. {bad[:1]!r}")
+
+
+def _spread(results: Sequence[Result], workers: int) -> dict[str, Any]:
+    """How evenly the work went to the workers: requests per worker, min/max over mean."""
+    per = Counter(r.worker for r in results)
+    counts = list(per.values()) + [0] * max(0, workers - len(per))
+    mean = statistics.fmean(counts) if counts else 0.0
+    return {"per_worker": dict(sorted(per.items())), "workers_used": len(per),
+            "min_over_mean": min(counts) / mean if mean else None,
+            "max_over_mean": max(counts) / mean if mean else None}
+
+
+def drain_pass(cleanup: Cleanup, url: str, workers: Sequence[WorkerProc], n: int,
+               cfg: ScaleConfig, tag: str, server: int | None) -> dict[str, Any]:
+    count = cfg.requests_for(n)
+    d = fill_and_drain(cleanup, url, MODEL, _prompts(tag, count), chunk=cfg.chunk,
+                       paused_workers=workers, active=workers[:n], server=server,
+                       timeout_s=cfg.timeout_s)
+    _check(d.results, count, f"{n} workers")
+    return _pass_result(n, count, d.throughput, d.wall_s, d.results, d.cpu,
+                        asdict(d.redis_drain), asdict(d.redis_fill), cfg)
+
+
+def e2e_pass(cleanup: Cleanup, url: str, workers: Sequence[WorkerProc], n: int,
+             cfg: ScaleConfig, tag: str, server: int | None) -> dict[str, Any]:
+    count = cfg.requests_for(n)
+    prompts = _prompts(tag, count)
+    client = redis.Redis.from_url(url)
+    probe = Probe({"producer": None, "server": server,
+                   **{f"worker{i}": w.pid for i, w in enumerate(workers[:n])}})
+    with paused(cleanup, [w.pid for w in workers[n:]]):
+        before = redis_snapshot(client)
+        probe.start()
+        results, seconds, _ = asyncio.run(enqueue_and_await(
+            url, MODEL, prompts, cfg.chunk, workers[:n], cfg.timeout_s))
+        cpu = probe.stop()
+        after = redis_snapshot(client)
+    client.close()
+    _check(results, count, f"{n} workers")
+    work = redis_delta(before, after, count)
+    return _pass_result(n, count, count / seconds, seconds, results, cpu, asdict(work), None,
+                        cfg)
+
+
+def _pass_result(n: int, count: int, throughput: float, wall_s: float,
+                 results: Sequence[Result], cpu: Mapping[str, float | None],
+                 redis_work: dict[str, Any], redis_fill: dict[str, Any] | None,
+                 cfg: ScaleConfig) -> dict[str, Any]:
+    sizes = batches_of(results)
+    worker_cpu = sum_cpu(cpu, "worker")
+    out: dict[str, Any] = {
+        "workers": n, "requests": count, "throughput": throughput, "wall_s": wall_s,
+        "per_worker": throughput / n, "efficiency_vs_ideal": throughput / (
+            n * cfg.ideal_per_worker),
+        "batch_sizes": dict(sorted(sizes.items())),
+        "mean_batch_size": count / max(sum(sizes.values()), 1),
+        "spread": _spread(results, n), "cpu_seconds": dict(cpu),
+        "other_load": cpu.get("other_load"),
+        "worker_cpu_us_per_request": None if worker_cpu is None else worker_cpu / count * 1e6,
+        "redis": redis_work, "redis_fill": redis_fill,
+    }
+    say(f"  {n:>2} workers: {throughput:8.1f} req/s ({out['per_worker']:.1f}/worker, "
+        f"{out['efficiency_vs_ideal']:.2f} of ideal), mean batch {out['mean_batch_size']:.1f};"
+        f" Redis {redis_work['ops_per_s']:.0f} ops/s, {redis_work['commands_per_request']:.1f}"
+        f" cmds/req, CPU {redis_work['cpu_share']:.1%} of a core; other load "
+        f"{load_str(out['other_load'])}")
+    return out
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+
+    def body(cleanup: Cleanup) -> int:
+        report = _run(cfg, cleanup)
+        print()
+        print(report_text(report))
+        return 0
+
+    return run_scenario(NAME, body)
+
+
+def _run(cfg: ScaleConfig, cleanup: Cleanup) -> dict[str, Any]:
+    started = time.monotonic()
+    server, url = start_server(cleanup, NAME)
+    machine = machine_info(server_binary=server.binary)
+    spid = server_pid(server)
+    fleet_size = max(cfg.worker_counts)
+    spec = f"{MODEL}=builtin:sleep?batch_ms={cfg.batch_ms:g}&item_ms={cfg.item_ms:g}"
+    flags = ["--max-batch-size", str(cfg.max_batch_size), "--max-wait-ms",
+             f"{cfg.max_wait_ms:g}", "--max-batch-tokens", "0"]
+    say(f"{NAME} benchmark ({cfg.mode}): workers {list(cfg.worker_counts)}, {cfg.seconds:g} s "
+        f"of work per pass x {cfg.trials} trial(s); batch {cfg.batch_s * 1e3:.1f} ms for "
+        f"{cfg.max_batch_size} requests = {cfg.ideal_per_worker:.0f} req/s per worker ideal")
+    workers = [spawn_worker(cleanup, url, model_arg=spec, worker_id=f"bench-scale-{i:02d}",
+                            log_dir=cfg.out / "logs", flags=flags) for i in range(fleet_size)]
+    wait_registered(url, workers)
+    say(f"{fleet_size} workers ready; warming up")
+    warm = fill_and_drain(cleanup, url, MODEL, _prompts("warm", cfg.requests_for(fleet_size) // 10
+                                                        + fleet_size * cfg.max_batch_size),
+                          chunk=cfg.chunk, paused_workers=workers, active=workers, server=spid,
+                          timeout_s=cfg.timeout_s)
+    _check(warm.results, len(warm.ids), "warm-up")
+    rss = _rss_mib([w.pid for w in workers])
+
+    trials: dict[int, list[dict[str, Any]]] = {n: [] for n in cfg.worker_counts}
+    counts = list(cfg.worker_counts)
+    for trial in range(cfg.trials):
+        shift = trial % len(counts)
+        order = counts[shift:] + counts[:shift]
+        say(f"trial {trial + 1}/{cfg.trials}: worker counts {order}")
+        for n in order:
+            tag = f"t{trial}n{n}"
+            run_pass = drain_pass if cfg.mode == "drain" else e2e_pass
+            trials[n].append(run_pass(cleanup, url, workers, n, cfg, tag, spid))
+
+    say("stopping the workers and the server")
+    exit_codes = {w.worker_id: stop_child(w.child) for w in workers}
+    server.stop()
+    report = build_report(cfg, machine, trials, rss, exit_codes, started)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    report["plots"] = [str(p) for p in draw_plots(report, cfg.out / "plots")]
+    json_path = cfg.out / f"{NAME}.json"
+    write_json(json_path, report)
+    say(f"wrote {json_path}")
+    if cfg.results_md is not None:
+        links = publish_plots([Path(p) for p in report["plots"]], cfg.results_md)
+        update_results_md(NAME, results_markdown(report, links, json_path), cfg.results_md)
+        say(f"updated {cfg.results_md}")
+    return report
+
+
+def _rss_mib(pids: Sequence[int]) -> dict[str, float | None]:
+    values: list[float] = []
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    values.append(int(line.split()[1]) / 1024)
+        except OSError:
+            pass
+    return {"per_worker_median": statistics.median(values) if values else None,
+            "total": sum(values) if values else None}
+
+
+# ------------------------------------------------------------------------------ reports
+
+
+def build_report(cfg: ScaleConfig, machine: dict[str, Any],
+                 trials: Mapping[int, Sequence[Mapping[str, Any]]], rss: Mapping[str, Any],
+                 exit_codes: Mapping[str, int | None], started: float) -> dict[str, Any]:
+    report = base_report(NAME, cfg.quick, machine, started)
+    report["config"] = {**asdict(cfg), "out": str(cfg.out),
+                        "results_md": str(cfg.results_md) if cfg.results_md else None,
+                        "batch_s": cfg.batch_s, "ideal_per_worker": cfg.ideal_per_worker}
+    base = min(trials)
+    per_count: dict[str, Any] = {}
+    for n, ts in trials.items():
+        # Linear = n x the single-worker throughput of the same trial (paired; drift cancels).
+        eff = [t["throughput"] / (n / base * b["throughput"])
+               for t, b in zip(ts, trials[base], strict=True)]
+        per_count[str(n)] = {
+            "workers": n,
+            "throughput": summarize_trials(ts, ["throughput"]),
+            "per_worker": summarize_trials(ts, ["per_worker"]),
+            "efficiency_vs_linear": summary(eff),
+            "efficiency_vs_ideal": summarize_trials(ts, ["efficiency_vs_ideal"]),
+            "mean_batch_size": summarize_trials(ts, ["mean_batch_size"]),
+            "redis_ops_per_s": summarize_trials(ts, ["redis", "ops_per_s"]),
+            "redis_commands_per_request": summarize_trials(ts, ["redis",
+                                                                "commands_per_request"]),
+            "redis_client_commands_per_request": summarize_trials(
+                ts, ["redis", "client_commands_per_request"]),
+            "redis_cpu_us_per_request": summarize_trials(ts, ["redis", "cpu_us_per_request"]),
+            "redis_cpu_share": summarize_trials(ts, ["redis", "cpu_share"]),
+            "enqueue_redis_cpu_us_per_request": summarize_trials(
+                ts, ["redis_fill", "cpu_us_per_request"]),
+            "enqueue_redis_commands_per_request": summarize_trials(
+                ts, ["redis_fill", "commands_per_request"]),
+            "worker_cpu_us_per_request": summarize_trials(ts, ["worker_cpu_us_per_request"]),
+            "spread_min_over_mean": summarize_trials(ts, ["spread", "min_over_mean"]),
+            "other_load": summarize_trials(ts, ["other_load"]),
+            "batch_sizes": merge_counters(t["batch_sizes"] for t in ts),
+            "trials": list(ts),
+        }
+    report["per_count"] = per_count
+    report["worker_rss_mib"] = dict(rss)
+    report["worker_exit_codes"] = dict(exit_codes)
+    report["noise"] = noise_of(t.get("other_load") for ts in trials.values() for t in ts)
+    top = per_count[str(max(trials))]
+    eff = top["efficiency_vs_linear"]["median"]
+    report["target"] = {"efficiency_vs_linear_at_max": eff, "target": TARGET_EFFICIENCY,
+                        "workers": max(trials),
+                        "verdict": "n/a" if eff is None else (
+                            "PASS" if eff >= TARGET_EFFICIENCY else "MISS")}
+    fit = redis_cpu_fit([t for ts in trials.values() for t in ts])
+    report["redis_cpu_fit"] = fit
+    report["shard_estimate"] = shard_estimate(per_count[str(max(trials))], fit, cfg)
+    return report
+
+
+def redis_cpu_fit(passes: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+    """Least-squares line through (throughput, Redis CPU share of a core) over all passes:
+    the slope is Redis' CPU per request (microseconds), the intercept its fixed load (serverCron,
+    AOF fsync, heartbeats, idle workers' blocking calls), which inflates the per-request figure
+    of a slow pass."""
+    points = [(float(t["throughput"]), float(t["redis"]["cpu_share"])) for t in passes]
+    if len({x for x, _ in points}) < 2:
+        return None
+    mx = statistics.fmean(x for x, _ in points)
+    my = statistics.fmean(y for _, y in points)
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    return {"us_per_request": slope * 1e6, "fixed_share_of_core": my - slope * mx,
+            "passes": float(len(points))}
+
+
+def shard_estimate(top: Mapping[str, Any], fit: Mapping[str, float] | None,
+                   cfg: ScaleConfig) -> dict[str, Any]:
+    """Requests/s one Redis shard carries, from the Redis CPU a request costs (enqueue in the
+    fill, claim + complete in the drain: the marginal cost from ``redis_cpu_fit`` when there is
+    one), at a planning utilisation of one core."""
+    enqueue = top["enqueue_redis_cpu_us_per_request"]["median"]
+    drain = fit["us_per_request"] if fit else top["redis_cpu_us_per_request"]["median"]
+    # e2e: the pass's own figure already includes the enqueue.
+    both = cfg.mode == "drain" and enqueue is not None and drain is not None
+    total = (enqueue or 0.0) + (drain or 0.0) if both else drain
+    if not total:
+        return {}
+    capacity = 1e6 / total
+    return {
+        "redis_cpu_us_per_request": total, "enqueue_us": enqueue, "claim_complete_us": drain,
+        "marginal": fit is not None,
+        "batch_size": cfg.max_batch_size, "requests_per_s_at_full_core": capacity,
+        "planning_utilisation": PLANNING_UTILISATION,
+        "requests_per_s_planned": capacity * PLANNING_UTILISATION,
+        "workers_per_shard": {str(rate): capacity * PLANNING_UTILISATION / rate
+                              for rate in PER_WORKER_RATES},
+        "commands_per_request": (top["redis_commands_per_request"]["median"] or 0.0) + (
+            top["enqueue_redis_commands_per_request"]["median"] or 0.0),
+    }
+
+
+def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
+    pc = r["per_count"]
+    xs = [float(k) for k in pc]
+    base = pc[str(min(int(k) for k in pc))]["throughput"]["median"] or 0.0
+    ideal = r["config"]["ideal_per_worker"]
+    measured = charts.Series("measured (median, min..max)", xs,
+                             [pc[k]["throughput"]["median"] for k in pc],
+                             [pc[k]["throughput"]["min"] for k in pc],
+                             [pc[k]["throughput"]["max"] for k in pc])
+    linear = charts.Series("linear (n x measured 1 worker)", xs, [x * base for x in xs],
+                           style="--")
+    perfect = charts.Series(f"ideal (n x {ideal:.0f} req/s: full batches back to back)", xs,
+                            [x * ideal for x in xs], style=":")
+    p1 = charts.line_chart(
+        folder / "scaleout-throughput.png",
+        title=f"Scale-out: sleep model, {r['config']['batch_s'] * 1e3:.0f} ms per batch of "
+              f"{r['config']['max_batch_size']}", xlabel="worker processes",
+        ylabel="requests/s", series=[measured, linear, perfect], logx=True, xticks=xs,
+        note=f"mode {r['config']['mode']}; one queue, one Redis server (AOF everysec)")
+    eff = charts.Series("efficiency vs linear", xs,
+                        [pc[k]["efficiency_vs_linear"]["median"] for k in pc],
+                        [pc[k]["efficiency_vs_linear"]["min"] for k in pc],
+                        [pc[k]["efficiency_vs_linear"]["max"] for k in pc])
+    redis_share = charts.Series("Redis CPU, share of one core", xs,
+                                [pc[k]["redis_cpu_share"]["median"] for k in pc], style="s--")
+    p2 = charts.line_chart(
+        folder / "scaleout-efficiency.png", title="Scale-out efficiency and Redis load",
+        xlabel="worker processes", ylabel="fraction", series=[eff, redis_share],
+        hlines=[(f"target {TARGET_EFFICIENCY}", TARGET_EFFICIENCY)], logx=True, xticks=xs,
+        note="Redis ops/s per worker count are in the table")
+    return [p1, p2]
+
+
+def _f(s: Mapping[str, Any], digits: int = 0) -> str:
+    return fmt_range(s, digits)
+
+
+def results_markdown(r: Mapping[str, Any], links: Sequence[str], json_path: Path) -> str:
+    c, pc = r["config"], r["per_count"]
+    rows = []
+    for k, s in pc.items():
+        rows.append([k, _f(s["throughput"]), _f(s["per_worker"], 1),
+                     _f(s["efficiency_vs_linear"], 2), _f(s["efficiency_vs_ideal"], 2),
+                     _f(s["mean_batch_size"], 1), _f(s["redis_ops_per_s"]),
+                     _f(s["redis_commands_per_request"], 1),
+                     _f(s["redis_cpu_us_per_request"], 1),
+                     _f(scaled(s["redis_cpu_share"], 100), 1),
+                     _f(s["spread_min_over_mean"], 2), _f(scaled(s["other_load"], 100))])
+    table = markdown_table(
+        ["workers", "req/s", "per worker", "efficiency vs linear", "vs ideal", "mean batch",
+         "Redis ops/s", "Redis cmds/request", "Redis CPU us/request", "Redis CPU % of a core",
+         "least-loaded worker / mean", "other tenants' load %"], rows)
+    t = r["target"]
+    est = r["shard_estimate"]
+    mode = ("drain: the queue is filled while the workers are paused, then n of them are "
+            "resumed; throughput = requests / (first claim -> last result), Redis clock"
+            if c["mode"] == "drain" else
+            "e2e: the producer enqueues and awaits everything while n workers run")
+    estimate = ""
+    fit = r.get("redis_cpu_fit")
+    fit_text = ("the slope of Redis CPU against throughput over all passes, whose intercept, "
+                f"{fit['fixed_share_of_core']:.1%} of a core, is Redis' fixed load" if fit else
+                "at the largest worker count")
+    if est:
+        fleet_rows = [[f"{int(rate):,} req/s", f"{n:,.0f}"]
+                      for rate, n in est["workers_per_shard"].items()]
+        estimate = f"""
+### One Redis shard, on paper
+
+At batches of {est['batch_size']}, a request costs Redis about **{est['redis_cpu_us_per_request']:.0f} us of CPU** ({est['enqueue_us'] or 0:.0f} us to enqueue, measured during the fill; {est['claim_complete_us']:.0f} us to claim and complete, {fit_text}; {est['commands_per_request']:.0f} commands in all, nearly all inside the Lua scripts) on this CPU, with AOF `everysec`. Redis executes commands on one core, so one shard saturates near **{est['requests_per_s_at_full_core']:,.0f} requests/s**; planned at {est['planning_utilisation']:.0%} of its core, about {est['requests_per_s_planned']:,.0f} requests/s. The fleet that keeps it there:
+
+{markdown_table(['one worker serves', 'workers per shard'], fleet_rows)}
+
+(An async producer awaiting its results adds a little more per request: the inbox delivery, see `overhead`; claim and complete are one script call per batch, so bigger batches cost Redis less per request.)
+
+Beyond one shard, Redis Cluster: every key of a queue carries the hash tag `{{task:model}}`, so each queue lives in one slot on one shard and all its scripts stay atomic there. Different queues (models, tasks) spread over the shards, so a cluster of S shards carries about S times the figure above, as long as no single queue needs more than one shard. A single queue beyond one shard's rate would have to be split into sub-queues with their own tags (e.g. `{{embed:minilm:0}}` .. `{{embed:minilm:K-1}}`), producers spreading requests over them and workers claiming from several; priority order then holds within each sub-queue only. inferq does not do that today.
+"""  # noqa: E501
+    plots = "\n".join(f"![scale-out plot]({link})" for link in links)
+    rss = r["worker_rss_mib"]
+    body = header_lines(r, "scaleout: 1 to 16 workers on one queue (sleep model)")
+    return body + f"""- Workload: built-in `sleep` model, {c['batch_ms']:g} ms per batch + {c['item_ms']:g} ms per request, workers `--max-batch-size {c['max_batch_size']} --max-wait-ms {c['max_wait_ms']:g}`: ideal {c['ideal_per_worker']:.0f} req/s per worker; {c['seconds']:g} s of ideal work per pass ({mode}); {c['trials']} trial(s), worker counts rotated per trial; median (min..max) over trials. Worker RSS {rss['per_worker_median'] or 0:.0f} MiB each (no torch imported).
+
+{table}
+
+Efficiency vs linear = throughput / (n x the one-worker throughput of the same trial); vs ideal = throughput / (n x batch size / batch time). "Least-loaded worker / mean": requests served by the least busy worker over the mean (1.0 = perfectly even). Redis figures cover the timed drain only (claim, complete, heartbeats, the wake list), per request; the enqueue is measured separately during the fill.
+
+| target | measured | verdict |
+|---|---|---|
+| efficiency >= {t['target']} of linear at {t['workers']} workers | {_f(pc[str(t['workers'])]['efficiency_vs_linear'], 2)} | {t['verdict']} |
+{estimate}
+{plots}
+
+Raw figures: `{display_path(json_path)}`.
+"""  # noqa: E501
+
+
+def report_text(r: Mapping[str, Any]) -> str:
+    lines = [f"{NAME}: requests/s, median (min..max) over trials"]
+    for k, s in r["per_count"].items():
+        lines.append(f"  {k:>2} workers: {_f(s['throughput'])} req/s, efficiency vs linear "
+                     f"{_f(s['efficiency_vs_linear'], 2)}, vs ideal "
+                     f"{_f(s['efficiency_vs_ideal'], 2)}; Redis {_f(s['redis_ops_per_s'])} "
+                     f"ops/s, {_f(s['redis_cpu_us_per_request'], 1)} us CPU/request")
+    t = r["target"]
+    lines.append(f"  efficiency at {t['workers']} workers: "
+                 f"{t['efficiency_vs_linear_at_max'] or 0:.2f} (target >= {t['target']}) "
+                 f"{t['verdict']}")
+    est = r["shard_estimate"]
+    if est:
+        lines.append(f"  one shard: ~{est['redis_cpu_us_per_request']:.0f} us Redis CPU/request "
+                     f"-> ~{est['requests_per_s_at_full_core']:,.0f} req/s at a full core")
+    if r["noise"]["disturbed"]:
+        lines.append(f"  WARNING: other processes used up to {r['noise']['max_other_load']:.0%}"
+                     " of the machine during measurements; wall-clock figures are unreliable")
+    return "\n".join(lines)
