@@ -44,8 +44,14 @@ class ResultInbox:
             self._task = asyncio.create_task(self._listen())
         try:
             # Registered first, then checked: a result written before registration is found
-            # here, one written after is delivered through the inbox.
-            raw = await self._client.lindex(self._keys.result(request_id), 0)
+            # here, one written after is delivered through the inbox. If Redis is unreachable
+            # right now, the listener's resync after the outage delivers it instead.
+            try:
+                raw = await self._client.lindex(self._keys.result(request_id), 0)
+            except RedisError as exc:
+                log.warning("result check for %s failed (%s); waiting on the inbox", request_id,
+                            exc)
+                raw = None
             if raw is not None:
                 return raw.encode() if isinstance(raw, str) else bytes(raw)
             return await asyncio.wait_for(asyncio.shield(future), timeout)

@@ -25,7 +25,7 @@ from tests.integration.test_worker import config, run_worker, stop
 
 
 def scrape(port: int) -> dict[str, float]:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read()
     samples: dict[str, float] = {}
     for family in text_string_to_metric_families(body.decode()):
         for sample in family.samples:
@@ -36,7 +36,7 @@ def scrape(port: int) -> dict[str, float]:
 
 def health(port: int) -> tuple[int, dict[str, object]]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=30) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
@@ -55,8 +55,15 @@ async def test_worker_exports_prometheus_metrics_and_health(redis_url: str) -> N
     assert worker.metrics_server is not None
     port = worker.metrics_server.server_address[1]
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, lambda: wait_until(lambda: health(port)[0] == 200, 10,
-                                                        "healthz to report ok"))
+    seen: list[dict[str, object]] = []
+
+    def healthy() -> bool:
+        status, detail = health(port)
+        seen.append(detail)
+        return status == 200
+
+    await loop.run_in_executor(None, lambda: wait_until(healthy, 30, "healthz to report ok"))
+    assert seen[-1]["status"] == "ok" and seen[-1]["worker"] == "test-worker"
     samples = await loop.run_in_executor(None, scrape, port)
     q = "queue=embed:t"
     assert samples[f"inferq_requests_total{{{q},status=ok}}"] == 20
@@ -68,8 +75,6 @@ async def test_worker_exports_prometheus_metrics_and_health(redis_url: str) -> N
     assert samples[f"inferq_tokens_total{{{q}}}"] > 0
     assert samples[f"inferq_live_workers{{{q}}}"] == 1
     assert samples[f"inferq_worker_info{{{q},worker=test-worker}}"] == 1
-    status, detail = health(port)
-    assert status == 200 and detail["status"] == "ok" and detail["worker"] == "test-worker"
     await stop(worker, task)
 
 
