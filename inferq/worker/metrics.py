@@ -84,6 +84,10 @@ class WorkerMetrics:
         self.oom_splits = Counter("inferq_oom_splits_total",
                                   "Batches split after running out of device memory", q,
                                   registry=r)
+        self.preemptions = Counter(
+            "inferq_priority_swaps_total",
+            "Higher-priority requests swapped into a window claimed before they arrived", q,
+            registry=r)
         self.refused = Counter("inferq_refused_completions_total",
                                "Completions refused (lease lost, cancelled)", q, registry=r)
         self.device_memory = Gauge("inferq_device_memory_bytes",

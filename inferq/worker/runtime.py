@@ -30,7 +30,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from inferq import connection
 from inferq.errors import DeadlineMissed, InferqError, InvalidInput
-from inferq.protocol import ops
+from inferq.protocol import ops, scores
 from inferq.protocol.codec import RequestPayload, Status, decode_request
 from inferq.protocol.keys import QueueKeys, queues_registry
 from inferq.stats import read_queue_gauges
@@ -219,6 +219,8 @@ class Worker:
             if await self._expire_overdue(now):
                 continue
             if full:
+                if await self._admit_higher_priority(jobs):
+                    continue  # the window changed: decide again
                 reason = (ReleaseReason.FULL if len(jobs) >= cfg.max_batch_size
                           else ReleaseReason.BUDGET)
                 return self._release_batch(jobs, budget, reason)
@@ -231,6 +233,27 @@ class Worker:
             if decision.release:
                 return self._release_batch(jobs, budget, decision.reason)
             await self._wake.wait(decision.wait_s, also=self._stopping)
+
+    async def _admit_higher_priority(self, jobs: list[Job]) -> bool:
+        """Priority over a pre-claimed window: the window was filled while the model was busy;
+        if a request of higher priority than the window's lowest arrived since, swap it in and
+        give the displaced requests back to ``pending`` (original score, attempt not counted).
+        Costs one ZCOUNT per full window; more only when there is an inversion."""
+        lowest = min(job.payload.priority for job in jobs)
+        # Pending requests of strictly higher priority score below the lowest one's band.
+        higher = int(await self.redis.zcount(self.keys.pending, "-inf",
+                                             f"({scores.band(lowest)}"))
+        if higher == 0:
+            return False
+        newer = await self._claim(min(higher, len(jobs)))
+        ranked = sorted(jobs + newer, key=lambda j: (-j.payload.priority, j.claimed.enqueued_ms))
+        keep = ranked[:len(jobs)]
+        displaced = ranked[len(jobs):]
+        self._carry = keep
+        self.metrics.preemptions.labels(self.keys.queue).inc(
+            sum(1 for job in keep if job in newer))
+        await self._release(displaced, why="displaced by higher priority")
+        return True
 
     def _release_batch(self, jobs: list[Job], budget: int | None,
                        reason: ReleaseReason) -> Batch:
@@ -443,7 +466,7 @@ class Worker:
             elif completion.status != "ok":
                 self.stats.failed += 1
 
-    async def _release(self, jobs: Sequence[Job]) -> None:
+    async def _release(self, jobs: Sequence[Job], why: str = "") -> None:
         if not jobs:
             return
         keys, args = ops.release_call(self.keys, [(j.id, j.claimed.token) for j in jobs])
@@ -457,7 +480,9 @@ class Worker:
             for job in jobs:
                 self.book.drop(job.id)
         self.stats.released += released
-        log.info("gave %d unstarted requests back to the queue", released)
+        log.log(logging.DEBUG if why else logging.INFO,
+                "gave %d unstarted requests back to the queue%s", released,
+                f" ({why})" if why else "")
 
     # --------------------------------------------------------------------------- maintenance
 

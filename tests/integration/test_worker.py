@@ -231,3 +231,25 @@ async def test_many_awaited_results_share_one_connection(redis_url: str,
         # A handle built from a bare id (another process) blocks on the result key instead.
         other = client.handle(handles[7].id, model="t")
         assert (await other.result(timeout=5)).output == "r7"
+
+
+async def test_higher_priority_arrival_is_swapped_into_a_preclaimed_window(
+        redis_url: str, r: redis.Redis, aclient: inferq.AsyncClient) -> None:
+    model = ScriptedModel()
+    model.gate.clear()
+    worker = Worker(config(redis_url, max_batch_size=4), model)
+    task = await run_worker(worker)
+    first = await aclient.enqueue("running", model="t")
+    await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 10)
+    low = await aclient.enqueue_many([f"low{i}" for i in range(8)], model="t", priority=-5)
+    # The next window (4 of the low ones) is claimed while the model is busy...
+    await asyncio.get_running_loop().run_in_executor(
+        None, lambda: wait_until(lambda: r.zcard(KEYS.inflight) == 5, 10, "the next window"))
+    high = await aclient.enqueue("urgent", model="t", priority=50)
+    model.gate.set()  # ...and when the device frees up, the urgent request goes first.
+    assert (await high.result(timeout=10)).output == "URGENT"
+    await asyncio.gather(*(h.result(timeout=10) for h in [first, *low]))
+    await stop(worker, task)
+    assert "urgent" in model.batches[1]
+    assert sum(len(b) for b in model.batches) == 10  # nothing ran twice
+    assert worker.stats.released == 1  # one low request went back, attempt not counted
