@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -26,6 +27,7 @@ BATCH = 512
 #: BLMPOP whose reply was lost with its connection (a server restart) popped ids that no one
 #: will push again, and those results must still reach their waiters.
 RESYNC_S = 5.0
+ARRIVED_CAP = 100_000
 
 
 class ResultInbox:
@@ -34,26 +36,33 @@ class ResultInbox:
         self._keys = keys
         self._key = keys.inbox(client_id)
         self._waiters: dict[str, list[asyncio.Future[bytes]]] = {}
+        self._since: dict[str, float] = {}
+        #: Ids already popped from the inbox (delivered, or popped before anyone waited):
+        #: a waiter that registers later reads its result directly.
+        self._arrived: OrderedDict[str, None] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
 
     async def wait(self, request_id: str, timeout: float | None) -> bytes | None:
         """The raw result, or None when ``timeout`` passes first."""
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bytes] = loop.create_future()
         self._waiters.setdefault(request_id, []).append(future)
+        self._since.setdefault(request_id, loop.time())
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._listen())
         try:
-            # Registered first, then checked: a result written before registration is found
-            # here, one written after is delivered through the inbox. If Redis is unreachable
-            # right now, the listener's resync after the outage delivers it instead.
-            try:
-                raw = await self._client.lindex(self._keys.result(request_id), 0)
-            except RedisError as exc:
-                log.warning("result check for %s failed (%s); waiting on the inbox", request_id,
-                            exc)
-                raw = None
-            if raw is not None:
-                return raw.encode() if isinstance(raw, str) else bytes(raw)
+            # Registered first, then checked: an id the inbox already gave up is read
+            # directly; any other result arrives through the inbox (no read per waiter). If
+            # Redis is unreachable right now, the listener's resync delivers it later.
+            if request_id in self._arrived:
+                try:
+                    raw = await self._client.lindex(self._keys.result(request_id), 0)
+                except RedisError as exc:
+                    log.warning("result check for %s failed (%s); waiting on the inbox",
+                                request_id, exc)
+                    raw = None
+                if raw is not None:
+                    return raw.encode() if isinstance(raw, str) else bytes(raw)
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:
             return None
@@ -63,6 +72,7 @@ class ResultInbox:
                 waiters.remove(future)
             if not waiters:
                 self._waiters.pop(request_id, None)
+                self._since.pop(request_id, None)
 
     async def _listen(self) -> None:
         failures = 0
@@ -71,7 +81,10 @@ class ResultInbox:
         while self._waiters:
             try:
                 if failures or loop.time() >= next_resync:
-                    await self._resolve(list(self._waiters))
+                    # Safety net for ids lost in transit (a reply lost with its connection,
+                    # an inbox trimmed at its cap): waiters older than RESYNC_S read directly.
+                    cutoff = loop.time() - (0 if failures else RESYNC_S)
+                    await self._resolve([i for i, t in self._since.items() if t <= cutoff])
                     next_resync = loop.time() + RESYNC_S
                 await self._deliver_once()
                 failures = 0
@@ -86,6 +99,10 @@ class ResultInbox:
         if not reply:
             return
         ids = [i.decode() if isinstance(i, bytes) else str(i) for i in reply[1]]
+        for request_id in ids:
+            self._arrived[request_id] = None
+        while len(self._arrived) > ARRIVED_CAP:
+            self._arrived.popitem(last=False)
         await self._resolve([i for i in ids if i in self._waiters])
 
     async def _resolve(self, wanted: list[str]) -> None:
