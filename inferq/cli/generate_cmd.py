@@ -34,6 +34,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
                         "CUDA, 1024 MiB on the CPU)")
     g.add_argument("--max-prefill-tokens", type=int, default=2048,
                    help="generate: prompt tokens prefilled per step")
+    g.add_argument("--stream-interval-ms", type=float, default=10.0,
+                   help="generate: write token streams and results at most this often")
 
 
 def add_convert_parser(sub: Any) -> None:
@@ -123,7 +125,8 @@ def run_generation_worker(args: argparse.Namespace, config: Any) -> int:
 
     lm = load_causal_lm(parse_model_arg(args.model), device=config.device, dtype=config.dtype)
     settings = GenerationSettings(max_slots=args.max_slots, kv_cache_mb=args.kv_cache_mb,
-                                  max_prefill_tokens=args.max_prefill_tokens)
+                                  max_prefill_tokens=args.max_prefill_tokens,
+                                  stream_interval_ms=args.stream_interval_ms)
     try:
         asyncio.run(GenerationWorker(config, lm, settings).run())
     finally:

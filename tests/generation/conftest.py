@@ -37,7 +37,8 @@ def lm(tiny_path: Path) -> Iterator[CausalLM]:
 def greedy_reference(lm: CausalLM, prompt_ids: list[int], max_new: int, *,
                      ignore_eos: bool = False) -> list[int]:
     """The request alone through transformers' own ``generate`` (greedy)."""
-    kwargs: dict[str, Any] = {"min_new_tokens": max_new} if ignore_eos else {}
+    # ignore_eos: generation goes on past an end-of-sequence token, which stays in the output.
+    kwargs: dict[str, Any] = {"eos_token_id": None} if ignore_eos else {}
     with torch.inference_mode():
         out = lm.model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new,
                                 do_sample=False, pad_token_id=lm.pad_id,

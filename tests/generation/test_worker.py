@@ -228,3 +228,17 @@ async def test_shutdown_finishes_running_generations_and_gives_back_the_rest(
     assert r.zcard(KEYS.pending) == 2
     for h in rest:
         assert r.hget(KEYS.request(h.id), "a") == b"0"
+
+
+async def test_the_worker_survives_a_flushed_script_cache(
+        gen_worker: Any, aclient: inferq.AsyncClient, r: redis.Redis) -> None:
+    await gen_worker()
+    first = await aclient.enqueue("one", model=MODEL, task="generate",
+                                  params={"max_new_tokens": 4})
+    assert (await first.result(timeout=30)).ok
+    r.script_flush()  # as after a server restart: the publisher's EVALSHA must reload
+    second = await aclient.enqueue("two", model=MODEL, task="generate",
+                                   params={"max_new_tokens": 4})
+    items = [i async for i in second.stream(timeout=30)]
+    assert isinstance(items[-1], inferq.Result) and items[-1].ok
+    assert "".join(i for i in items if isinstance(i, str)) == items[-1].output["text"]

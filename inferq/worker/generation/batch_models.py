@@ -160,9 +160,10 @@ class RequestLevelGenerator(BatchModel):
             mask[row, width - len(r.ids):] = 1
         max_new = max(min(r.params.max_new_tokens, self.lm.max_positions - len(r.ids))
                       for r in requests)
+        # ignore_eos: keep going after an end-of-sequence token (it stays in the output), as
+        # the continuous worker does.
+        eos = None if requests[0].params.ignore_eos else (sorted(self.lm.eos_ids) or None)
         kwargs: dict[str, Any] = {"do_sample": False}
-        if all(r.params.ignore_eos for r in requests):
-            kwargs["min_new_tokens"] = max_new
         if sampling is not None:
             torch.manual_seed(seed_for(requests[0].id, sampling))
             kwargs = {"do_sample": True, "temperature": sampling.temperature,
@@ -170,13 +171,12 @@ class RequestLevelGenerator(BatchModel):
         device = self.lm.torch_device
         out = self.lm.model.generate(
             input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new,
-            pad_token_id=self.lm.pad_id, eos_token_id=sorted(self.lm.eos_ids) or None,
-            **kwargs)
+            pad_token_id=self.lm.pad_id, eos_token_id=eos, **kwargs)
         return [row[width:].tolist() for row in out.cpu()]
 
     def _finish(self, r: _Request, generated: list[int]) -> dict[str, Any]:
         max_new = min(r.params.max_new_tokens, self.lm.max_positions - len(r.ids))
-        detok = Detokenizer(self.lm.decode, r.ids, r.params.stop)
+        detok = Detokenizer(self.lm.decode, r.ids, r.params.stop, backend=self.lm.backend)
         tokens: list[int] = []
         reason = "length"
         for token in generated[:max_new]:

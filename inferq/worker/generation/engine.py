@@ -102,7 +102,7 @@ class Engine:
         return Generation(
             id=request_id, prompt_ids=prompt_ids, params=params,
             max_new=max(0, min(params.max_new_tokens, room)),
-            detok=Detokenizer(self.lm.decode, prompt_ids, params.stop),
+            detok=Detokenizer(self.lm.decode, prompt_ids, params.stop, backend=self.lm.backend),
             priority=priority, order=order, generator=generator, tag=tag,
         )
 

@@ -64,6 +64,9 @@ class CausalLM:
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.keeps_logits = "logits_to_keep" in params
         self.attn_implementation = str(getattr(config, "_attn_implementation", "sdpa"))
+        #: The Rust tokenizer of a fast tokenizer (incremental decoding), else None.
+        self.backend = (getattr(self.tokenizer, "backend_tokenizer", None)
+                        if getattr(self.tokenizer, "is_fast", False) else None)
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()

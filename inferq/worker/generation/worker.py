@@ -1,25 +1,21 @@
 """The ``generate`` worker: iteration-level batching over the Redis queue, with token streams.
 
-One asyncio loop owns the Redis I/O; the model runs on its own thread, one ``Engine.step`` (one
-decode iteration) at a time. Between two steps the loop
+The model runs on its own thread (``steploop.StepLoop``): decode steps back to back, each one
+admitting waiting requests in priority order under the slot and KV-token budgets and letting
+finished and cancelled ones leave. One asyncio loop owns the Redis I/O, concurrently:
 
-1. applies cancellations and lost leases (the request leaves the batch, its slot is free for
-   this very step's admissions),
-2. claims from Redis as many requests as there are free slots (one Lua call; decoding,
-   validation, chat-template rendering and tokenization run on a helper thread), so new
-   requests join the running batch at the next step instead of waiting for it to drain. The
-   worker only claims what it can admit now: the backlog stays in Redis, in priority order,
-   where any worker can take it, and a high-priority arrival is claimed first at the next
-   free slot,
-3. admits waiting requests in priority order under the slot and KV-token budgets
-   (``scheduler.admit``) and runs the step.
-
-Each step's new text goes to a publisher coroutine that appends it to every request's Redis
-Stream (one ``stream`` script call for the whole step, token-checked) and writes the results
-of finished requests (one ``complete`` call), in order, overlapped with the next step. The
-``stream`` call also reports the requests whose lease is gone: cancelled by their producer
-(``Handle.cancel``), or taken over. No text is appended for them after that, and the loop frees
-their slot before the next step.
+* the claimer claims from Redis as many requests as there will be free slots at the next step
+  boundary (free slots, plus sequences finishing by length in the step in flight), while the
+  step runs (one Lua call; decoding, validation, chat-template rendering and tokenization on a
+  helper thread), so new requests join the running batch at the next step instead of waiting
+  for it to drain. It claims only what it can admit: the backlog stays in Redis, in priority
+  order, where any worker can take it, and a high-priority arrival is claimed first;
+* the publisher appends each step's new text to every running request's Redis Stream and
+  writes the results of finished ones: one pipelined round trip per step (``stream``, token
+  checked; ``complete``; ``stream_end``), falling behind gracefully (queued steps are merged
+  into one write). The ``stream`` call reports requests whose lease is gone: cancelled by their
+  producer (``Handle.cancel``) or taken over. Nothing is appended for them after that and the
+  model thread drops them at its next step boundary, freeing the slot.
 
 Leases of everything claimed are extended by the heartbeat thread (``LeaseBook``). On
 SIGTERM/SIGINT the worker stops claiming, gives waiting claims back at once, and finishes the
@@ -34,15 +30,15 @@ import itertools
 import logging
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from inferq import connection
-from inferq.errors import DeadlineMissed, InferqError, InvalidInput
+from inferq.errors import ConfigError, DeadlineMissed, InferqError, InvalidInput
 from inferq.protocol import ops
 from inferq.protocol.codec import (
     ErrorInfo,
@@ -61,6 +57,7 @@ from inferq.worker.config import WorkerConfig
 from inferq.worker.generation.engine import Engine, Generation
 from inferq.worker.generation.lm import CausalLM
 from inferq.worker.generation.scheduler import Budget
+from inferq.worker.generation.steploop import StepLoop, StepOutput
 from inferq.worker.isolation import failure_of
 from inferq.worker.leases import Heartbeat, LeaseBook
 from inferq.worker.wake import WakeWaiter
@@ -87,6 +84,20 @@ class GenerationSettings:
     kv_cache_mb: float | None = None
     #: Prompt tokens prefilled in one step (the first admission of a step always runs).
     max_prefill_tokens: int = 2048
+    #: Stream writes (and result writes) happen at most this often; the steps in between
+    #: are merged into one write. Bounds TTFT and cancellation latency by as much.
+    stream_interval_ms: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.max_slots < 1:
+            raise ConfigError(f"max_slots must be >= 1, got {self.max_slots}")
+        if self.kv_cache_mb is not None and not self.kv_cache_mb > 0:
+            raise ConfigError(f"kv_cache_mb must be > 0, got {self.kv_cache_mb}")
+        if self.max_prefill_tokens < 1:
+            raise ConfigError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+        if not 0 <= self.stream_interval_ms <= 1000:
+            raise ConfigError(
+                f"stream_interval_ms must be in [0, 1000], got {self.stream_interval_ms}")
 
     def budget(self, lm: CausalLM) -> Budget:
         if self.kv_cache_mb is not None:
@@ -116,14 +127,6 @@ class Claim:
     first_visible: float | None = None
     batch_sum: int = 0
     steps: int = 0
-
-
-@dataclass(slots=True)
-class _Out:
-    """One step's output for the publisher."""
-
-    deltas: list[tuple[Generation, ops.StreamDelta]]
-    finished: list[Generation]
 
 
 @dataclass
@@ -187,14 +190,11 @@ class GenerationWorker:
                                  model=config.model_name, limits=config.limits,
                                  retry_base_ms=config.retry_base_ms,
                                  retry_max_ms=config.retry_max_ms)
-        self.waiting: list[Generation] = []
         self._order = itertools.count()
-        self._lost: set[str] = set()
         self._clock_offset_s = 0.0
         self._maybe_pending = True
         self._wakes = 0
         self._retry_at: float | None = None
-        self._model_pool = ThreadPoolExecutor(1, thread_name_prefix="inferq-generate")
         self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="inferq-prepare")
         self._stopping: asyncio.Event | None = None
         log.info("generation budget: %d slots, %d KV tokens (%.0f MiB), %d prefill tokens/step",
@@ -214,20 +214,30 @@ class GenerationWorker:
         return self.engine.running
 
     async def run(self, *, install_signal_handlers: bool = True) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
         self._stopping = asyncio.Event()
-        self._work = asyncio.Event()
-        self._outbox: asyncio.Queue[_Out | None] = asyncio.Queue()
+        self._nudge = asyncio.Event()
+        self._outbox: asyncio.Queue[StepOutput | list[ops.Completion] | None] = asyncio.Queue()
         self.redis = connection.async_client(self.config.connection)
         self._blocking = connection.async_client(self.config.connection)
         self._publisher_redis = connection.async_client(self.config.connection)
         self.scripts = ops.register(self.redis)
         self._publisher_scripts = ops.register(self._publisher_redis)
         self._wake = WakeWaiter(self._blocking, self.keys.wake)
-        loop = asyncio.get_running_loop()
+        self.steps = StepLoop(
+            self.engine, is_lost=self.book.is_lost, clock=self.clock,
+            on_step=lambda out: loop.call_soon_threadsafe(self._on_step, out),
+            on_error=lambda exc, victims: loop.call_soon_threadsafe(
+                self._on_step_failed, exc, victims),
+            on_cancelled=lambda gone: loop.call_soon_threadsafe(self._on_cancelled, gone),
+            on_capacity=lambda: loop.call_soon_threadsafe(self._nudge.set))
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop)
         await _check_server(self.redis)
+        for name in ("stream", "complete", "stream_end"):  # the publisher's EVALSHA needs them
+            await self._publisher_redis.script_load(self._publisher_scripts[name].script)
         await self.redis.sadd(queues_registry(self.config.namespace), self.keys.queue)
         heartbeat = Heartbeat(self.config.connection, self.keys, self.config.worker_id,
                               self.book, lease_ms=self.config.lease_ms,
@@ -237,94 +247,62 @@ class GenerationWorker:
         await self._reclaim()
         log.info("worker %s serving %s with continuous batching (device %s)",
                  self.config.worker_id, self.keys.queue, self.lm.device)
+        self.steps.start()
         background = [asyncio.create_task(self._maintenance_loop()),
                       asyncio.create_task(self._wake_loop())]
         publisher = asyncio.create_task(self._publish_loop())
         try:
-            await self._loop()
+            await self._claim_loop()
         finally:
+            await self._release(self.steps.take_waiting())
+            self.steps.stop()
+            await asyncio.to_thread(self.steps.join)
             for task in background:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await asyncio.sleep(0)  # callbacks the model thread scheduled last
             await self._outbox.put(None)
             with contextlib.suppress(Exception):
                 await publisher
-            await self._release(self.waiting)
-            self.waiting = []
             heartbeat.stop()
             with contextlib.suppress(RedisError):
                 await self._publish_stats()
             await self._wake.close()
             for client in (self._blocking, self._publisher_redis, self.redis):
                 await client.aclose()
-            self._model_pool.shutdown(wait=True)
             self._prepare_pool.shutdown(wait=True)
             log.info("worker %s stopped after %d steps, %d requests, %d tokens",
                      self.config.worker_id, self.stats.steps, self.stats.requests,
                      self.stats.tokens)
 
-    # ------------------------------------------------------------------------------ the loop
+    # ---------------------------------------------------------------------------- claiming
 
-    async def _loop(self) -> None:
+    async def _claim_loop(self) -> None:
+        """Claim whenever slots will be free at the next step boundary and work may be
+        pending; sleep on a nudge (capacity freed, wake token, due retry) otherwise."""
         assert self._stopping is not None
-        loop = asyncio.get_running_loop()
         backoff = RedisBackoff("generation claims")
-        while True:
-            self._drop_lost()
-            if self._stopping.is_set():
-                if self.waiting:
-                    await self._release(self.waiting)
-                    self.waiting = []
-                if not self.running:
-                    return
-            else:
+        while not self._stopping.is_set():
+            self._nudge.clear()
+            await self._expire_waiting()
+            free = self.steps.capacity()
+            if free > 0 and self._maybe_pending:
                 try:
-                    await self._top_up()
+                    await self._claim(free)
                     backoff.succeeded()
                 except RedisError as exc:
-                    backoff.note(exc)
-                    if not self.running:
-                        await backoff.failed(exc, self._stopping)
-                        continue
-                await self._expire_waiting()
-            if not self.running and not self.waiting:
-                await self._idle()
+                    await backoff.failed(exc, self._stopping)
                 continue
-            admitted = self.engine.select(self.waiting)
-            for g in admitted:
-                self.waiting.remove(g)
-            started = self.clock()
-            try:
-                advanced = await loop.run_in_executor(self._model_pool, self.engine.step,
-                                                      admitted)
-            except Exception as exc:
-                await self._step_failed(exc, admitted)
-                continue
-            self._record_step(advanced, admitted, self.clock() - started)
-            await self._outbox.put(self._output(advanced))
-
-    async def _idle(self) -> None:
-        """Nothing to run: sleep until a wake token, a due retry or a stop."""
-        assert self._stopping is not None
-        self._work.clear()
-        if self._maybe_pending or self._stopping.is_set():
-            return
-        timeout = None if self._retry_at is None else max(0.0, self._retry_at - self.clock())
-        waiters = [asyncio.ensure_future(self._work.wait()),
-                   asyncio.ensure_future(self._stopping.wait())]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
-        if self._retry_at is not None and self.clock() >= self._retry_at:
-            self._retry_at = None
-            self._maybe_pending = True
+            timeout = None if self._retry_at is None else max(0.0, self._retry_at - self.clock())
+            await _wait_any((self._nudge, self._stopping), timeout)
+            if self._retry_at is not None and self.clock() >= self._retry_at:
+                self._retry_at = None
+                self._maybe_pending = True
 
     async def _wake_loop(self) -> None:
         """Block on the queue's wake list (enqueue pushes a token per request) and note that
-        work may be pending; the main loop claims at its next step boundary."""
+        work may be pending."""
         assert self._stopping is not None
         backoff = RedisBackoff("wake")
         while True:
@@ -339,12 +317,9 @@ class GenerationWorker:
             if woke:
                 self._wakes += 1
                 self._maybe_pending = True
-                self._work.set()
+                self._nudge.set()
 
-    async def _top_up(self) -> None:
-        free = self.budget.max_slots - len(self.running) - len(self.waiting)
-        if free <= 0 or not self._maybe_pending:
-            return
+    async def _claim(self, free: int) -> None:
         keys, args = ops.claim_call(self.keys, self.config.worker_id, self.config.lease_ms,
                                     free, self.config.result_ttl_ms)
         wakes = self._wakes
@@ -363,9 +338,9 @@ class GenerationWorker:
         loop = asyncio.get_running_loop()
         generations, failures = await loop.run_in_executor(
             self._prepare_pool, self._prepare, reply.claimed, reply.now_ms)
+        self.steps.submit(generations)
         if failures:
             await self._complete(failures)
-        self.waiting.extend(generations)
 
     def _prepare(self, claimed: Sequence[ops.Claimed],
                  now_ms: int) -> tuple[list[Generation], list[ops.Completion]]:
@@ -411,68 +386,42 @@ class GenerationWorker:
 
     async def _expire_waiting(self) -> None:
         now = self.clock()
-        overdue = [g for g in self.waiting
-                   if (d := _claim(g).deadline) is not None and d <= now]
+        overdue = self.steps.take_waiting(
+            lambda g: (d := _claim(g).deadline) is not None and d <= now)
         if not overdue:
             return
-        self.waiting = [g for g in self.waiting if g not in overdue]
-        now_ms = int((now + self._clock_offset_s) * 1e3)
+        now_ms = self._to_ms(now)
         error = DeadlineMissed("the deadline passed before the request could run")
         await self._complete([failed_completion(self.ctx, _claim(g).claimed, error, now_ms,
                                                 Status.EXPIRED) for g in overdue])
 
-    def _drop_lost(self) -> None:
-        """Cancelled (or taken over) requests leave the batch before the next step."""
-        lost = self._lost
-        self._lost = set()
-        for g in list(self.running):
-            if g.id in lost or self.book.is_lost(g.id):
-                self.engine.cancel(g)
-                self.book.drop(g.id)
-                self.stats.cancelled += 1
-                log.info("request %s left the batch after %d tokens: cancelled or lease lost",
-                         g.id, len(g.tokens))
-        kept = []
-        for g in self.waiting:
-            if g.id in lost or self.book.is_lost(g.id):
-                self.book.drop(g.id)
-            else:
-                kept.append(g)
-        self.waiting = kept
+    # ------------------------------------------------------ callbacks from the model thread
 
-    def _record_step(self, advanced: list[Generation], admitted: Sequence[Generation],
-                     elapsed: float) -> None:
-        size = len(advanced)
+    def _on_step(self, out: StepOutput) -> None:
+        size = len(out.advanced)
         self.stats.steps += 1
         self.stats.tokens += size
-        self.stats.prefill_tokens += sum(g.prompt_tokens for g in admitted)
-        self.stats.forward_s += elapsed
+        self.stats.prefill_tokens += out.prefill_tokens
+        self.stats.forward_s += out.elapsed_s
         self.stats.batch_sum += size
         self.stats.max_batch = max(self.stats.max_batch, size)
-        for g in advanced:
+        for g, _ in out.advanced:
             claim = _claim(g)
             claim.batch_sum += size
             claim.steps += 1
+        self._outbox.put_nowait(out)
 
-    def _output(self, advanced: list[Generation]) -> _Out:
-        deltas: list[tuple[Generation, ops.StreamDelta]] = []
-        finished: list[Generation] = []
-        for g in advanced:
-            claim = _claim(g)
-            text = g.detok.delta(final=g.finish is not None)
-            deltas.append((g, ops.StreamDelta(g.id, claim.claimed.token, claim.claimed.attempt,
-                                              text)))
-            if g.finish is not None:
-                finished.append(g)
-        # Requests that produced nothing this step still get their lease checked, so a
-        # cancellation is noticed at the next step whatever the request is doing.
-        return _Out(deltas, finished)
+    def _on_cancelled(self, gone: list[Generation]) -> None:
+        for g in gone:
+            self.book.drop(g.id)
+            self.stats.cancelled += 1
+            log.info("request %s left the batch after %d tokens: cancelled or lease lost",
+                     g.id, len(g.tokens))
+        self._nudge.set()
 
-    async def _step_failed(self, exc: Exception, admitted: Sequence[Generation]) -> None:
+    def _on_step_failed(self, exc: Exception, victims: list[Generation]) -> None:
         """A forward raised: every sequence of the step fails (retried with backoff while
         attempts remain, as a crashed batch in the embedding worker)."""
-        dropped = self.engine.clear()
-        victims = [*dropped, *(g for g in admitted if g not in dropped)]
         log.warning("generation step failed for %d requests: %s: %s", len(victims),
                     type(exc).__name__, exc)
         failure = failure_of(exc)
@@ -492,70 +441,111 @@ class GenerationWorker:
                             finished_ms=now_ms)
             completions.append(ops.Completion(c.id, c.token, status.value,
                                               encode_result(result, self.ctx.limits)))
-        await self._complete(completions)
+        self._outbox.put_nowait(completions)
+        self._nudge.set()
 
     # ----------------------------------------------------------------------------- publishing
 
     async def _publish_loop(self) -> None:
-        """Write each step's text and results in step order (one coroutine: ordered)."""
+        """Write each step's text and results in step order (one coroutine: ordered); steps
+        queued while a write was in flight are merged into the next one."""
+        interval = self.settings.stream_interval_ms / 1e3
+        last = -interval
         while True:
-            out = await self._outbox.get()
-            if out is None:
+            item = await self._outbox.get()
+            if item is None:
                 return
-            batch = [out]
-            while not self._outbox.empty():  # fell behind: merge the queued steps
+            # At most one write per interval: steps that finish meanwhile are merged into it
+            # (a tiny model steps every couple of ms; writing each step would cost more CPU,
+            # shared with the model thread, than the step itself).
+            wait = last + interval - self.clock()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            last = self.clock()
+            batch = [item]
+            done = False
+            while not self._outbox.empty():
                 more = self._outbox.get_nowait()
                 if more is None:
-                    await self._publish(batch)
-                    return
-                batch.append(more)
-            await self._publish(batch)
-
-    async def _publish(self, outs: list[_Out]) -> None:
-        merged: dict[str, tuple[Generation, ops.StreamDelta]] = {}
-        for out in outs:
-            for g, d in out.deltas:
-                prev = merged.get(d.id)
-                merged[d.id] = (g, d if prev is None else ops.StreamDelta(
-                    d.id, d.token, d.attempt, prev[1].text + d.text))
-        finished = [g for out in outs for g in out.finished]
-        lost: set[str] = set()
-        if merged:
-            keys, args = ops.stream_call(self.keys, self.config.result_ttl_ms,
-                                         [d for _, d in merged.values()])
-            backoff = RedisBackoff("stream")
-            give_up = self.clock() + self.config.lease_ms / 1e3
-            while True:
-                try:
-                    lost = set(ops.parse_ids(await self._publisher_scripts["stream"](
-                        keys=keys, args=args)))
+                    done = True
                     break
-                except RedisError as exc:
-                    if self.clock() > give_up:
-                        break
-                    await backoff.failed(exc)
-            now = self.clock()
-            for g, d in merged.values():
-                claim = _claim(g)
-                if d.text and d.id not in lost and claim.first_visible is None:
-                    claim.first_visible = now
-            self._lost.update(lost)
-        if finished:
-            for g in finished:
-                if g.id in lost:
-                    self.book.drop(g.id)
-                    self.stats.cancelled += 1
-            await self._complete([self._completion(g) for g in finished if g.id not in lost],
-                                 publisher=True)
-            keys, args = ops.stream_end_call(self.keys, self.config.result_ttl_ms,
-                                             [g.id for g in finished])
-            with contextlib.suppress(RedisError):
-                await self._publisher_scripts["stream_end"](keys=keys, args=args)
+                batch.append(more)
+            steps = [b for b in batch if isinstance(b, StepOutput)]
+            for b in batch:
+                if isinstance(b, list):
+                    await self._complete(b, publisher=True)
+            if steps:
+                await self._publish(steps)
+            if done:
+                return
+
+    async def _publish(self, outs: list[StepOutput]) -> None:
+        merged: dict[str, tuple[Generation, str]] = {}
+        for out in outs:
+            for g, text in out.advanced:
+                prev = merged.get(g.id)
+                merged[g.id] = (g, text if prev is None else prev[1] + text)
+        finished = [g for out in outs for g in out.finished]
+        deltas = [ops.StreamDelta(g.id, _claim(g).claimed.token, _claim(g).claimed.attempt,
+                                  text) for g, text in merged.values()]
+        completions = [self._completion(g) for g in finished]
+        calls = [("stream", ops.stream_call(self.keys, self.config.result_ttl_ms, deltas))]
+        if completions:
+            calls.append(("complete", ops.complete_call(
+                self.keys, self.config.result_ttl_ms, self.config.dead_letter_cap, completions)))
+            calls.append(("stream_end", ops.stream_end_call(
+                self.keys, self.config.result_ttl_ms, [c.id for c in completions])))
+        backoff = RedisBackoff("publish")
+        give_up = self.clock() + self.config.lease_ms / 1e3
+        while True:
+            try:
+                replies = await self._pipelined(calls)
+                break
+            except RedisError as exc:
+                if self.clock() > give_up:
+                    log.error("could not publish %d steps before the leases expired (%s); "
+                              "their requests will be reclaimed and run again", len(outs), exc)
+                    for c in completions:
+                        self.book.drop(c.id)
+                    return
+                await backoff.failed(exc)
+        lost = set(ops.parse_ids(replies[0]))
+        now = self.clock()
+        for g, text in merged.values():
+            claim = _claim(g)
+            if text and g.id not in lost and claim.first_visible is None:
+                claim.first_visible = now
+        running_lost = [i for i in lost if i not in {c.id for c in completions}]
+        if running_lost:
+            self.steps.cancel(running_lost)
+        if completions:
+            self._account(completions, ops.parse_complete(replies[1]), lost)
+
+    async def _pipelined(self, calls: Sequence[tuple[str, ops.Call]]) -> list[Any]:
+        """Several scripts in one round trip, as plain EVALSHA. (redis-py's pipelined script
+        objects would first send SCRIPT EXISTS, a second round trip, at every step.) A server
+        that lost its script cache (restart, SCRIPT FLUSH) gets them loaded again."""
+        for attempt in (1, 2):
+            pipe = self._publisher_redis.pipeline(transaction=False)
+            for name, (keys, args) in calls:
+                pipe.evalsha(self._publisher_scripts[name].sha, len(keys), *keys, *args)
+            try:
+                replies: list[Any] = await pipe.execute()
+                return replies
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                for name, _ in calls:
+                    script = self._publisher_scripts[name]
+                    script.sha = await self._publisher_redis.script_load(script.script)
+        raise AssertionError("unreachable")
 
     def _completion(self, g: Generation) -> ops.Completion:
         claim = _claim(g)
         c = claim.claimed
         finished_at = g.finished_at if g.finished_at is not None else self.clock()
+        # A text that became visible in this very write is visible when the write returns;
+        # "now" is within that round trip.
         first = claim.first_visible if claim.first_visible is not None else self.clock()
         finish = g.finish or FinishReason.LENGTH
         output: dict[str, Any] = {"text": g.detok.text, "token_ids": g.tokens}
@@ -581,6 +571,24 @@ class GenerationWorker:
             status = Status.FAILED
         return ops.Completion(c.id, c.token, status.value, body)
 
+    def _account(self, completions: Sequence[ops.Completion], written: Sequence[bool],
+                 cancelled: Collection[str] = ()) -> None:
+        for completion, ok in zip(completions, written, strict=True):
+            self.book.drop(completion.id)
+            if not ok:
+                if completion.id in cancelled:
+                    self.stats.cancelled += 1
+                    continue
+                self.stats.refused += 1
+                log.warning("completion of %s refused: lease lost or request cancelled",
+                            completion.id)
+            elif completion.status == "retry":
+                self.stats.retried += 1
+            elif completion.status == "ok":
+                self.stats.requests += 1
+            else:
+                self.stats.failed += 1
+
     async def _complete(self, completions: Sequence[ops.Completion], *,
                         publisher: bool = False) -> None:
         if not completions:
@@ -602,18 +610,7 @@ class GenerationWorker:
                         self.book.drop(completion.id)
                     return
                 await backoff.failed(exc)
-        for completion, ok in zip(completions, ops.parse_complete(reply), strict=True):
-            self.book.drop(completion.id)
-            if not ok:
-                self.stats.refused += 1
-                log.warning("completion of %s refused: lease lost or request cancelled",
-                            completion.id)
-            elif completion.status == "retry":
-                self.stats.retried += 1
-            elif completion.status == "ok":
-                self.stats.requests += 1
-            else:
-                self.stats.failed += 1
+        self._account(completions, ops.parse_complete(reply))
 
     async def _release(self, generations: Sequence[Generation]) -> None:
         if not generations:
@@ -647,10 +644,10 @@ class GenerationWorker:
         if requeued or dead:
             log.warning("reclaimed %d expired leases (%d dead-lettered)", requeued + dead, dead)
             self._maybe_pending = True
-            self._work.set()
+            self._nudge.set()
 
     async def _publish_stats(self) -> None:
-        fields = self.stats.as_fields(len(self.running), len(self.waiting))
+        fields = self.stats.as_fields(self.steps.running, self.steps.waiting)
         fields.update({"model": self.lm.model_id, "device": self.lm.device,
                        "max_slots": str(self.budget.max_slots),
                        "kv_tokens": str(self.budget.kv_tokens)})
@@ -671,6 +668,15 @@ class GenerationWorker:
                 backoff.succeeded()
             except RedisError as exc:
                 backoff.note(exc)
+
+
+async def _wait_any(events: Sequence[asyncio.Event], timeout: float | None) -> None:
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
 
 
 def _claim(g: Generation) -> Claim:
