@@ -65,6 +65,7 @@ from inferq.worker.wake import WakeWaiter
 log = logging.getLogger("inferq.worker")
 
 RECLAIM_BATCH = 500
+PUBLISHER_SCRIPTS = ("stream", "complete", "stream_end")
 WINDOW_STATS_TTL_MS = 15_000
 #: KV cache budget on a CPU when none is given. Never derived from the host's RAM: a worker
 #: shares its machine, and a cache sized from all of it would starve everything else.
@@ -236,7 +237,7 @@ class GenerationWorker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop)
         await _check_server(self.redis)
-        for name in ("stream", "complete", "stream_end"):  # the publisher's EVALSHA needs them
+        for name in PUBLISHER_SCRIPTS:  # the publisher's plain EVALSHA needs them loaded
             await self._publisher_redis.script_load(self._publisher_scripts[name].script)
         await self.redis.sadd(queues_registry(self.config.namespace), self.keys.queue)
         heartbeat = Heartbeat(self.config.connection, self.keys, self.config.worker_id,
@@ -522,22 +523,32 @@ class GenerationWorker:
             self._account(completions, ops.parse_complete(replies[1]), lost)
 
     async def _pipelined(self, calls: Sequence[tuple[str, ops.Call]]) -> list[Any]:
-        """Several scripts in one round trip, as plain EVALSHA. (redis-py's pipelined script
-        objects would first send SCRIPT EXISTS, a second round trip, at every step.) A server
-        that lost its script cache (restart, SCRIPT FLUSH) gets them loaded again."""
+        """Several scripts in one round trip, in order, as plain EVALSHA (redis-py's pipelined
+        script objects would first send SCRIPT EXISTS: a second round trip at every step). A
+        server that lost its script cache (restart, SCRIPT FLUSH) gets all of them loaded
+        again, and only the calls it refused run again, so nothing is written twice."""
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
         for attempt in (1, 2):
             pipe = self._publisher_redis.pipeline(transaction=False)
-            for name, (keys, args) in calls:
+            for i in todo:
+                name, (keys, args) = calls[i]
                 pipe.evalsha(self._publisher_scripts[name].sha, len(keys), *keys, *args)
-            try:
-                replies: list[Any] = await pipe.execute()
+            results = await pipe.execute(raise_on_error=False)
+            missing = []
+            for i, result in zip(todo, results, strict=True):
+                if isinstance(result, NoScriptError) and attempt == 1:
+                    missing.append(i)
+                elif isinstance(result, Exception):
+                    raise result
+                else:
+                    replies[i] = result
+            if not missing:
                 return replies
-            except NoScriptError:
-                if attempt == 2:
-                    raise
-                for name, _ in calls:
-                    script = self._publisher_scripts[name]
-                    script.sha = await self._publisher_redis.script_load(script.script)
+            for name in PUBLISHER_SCRIPTS:
+                script = self._publisher_scripts[name]
+                script.sha = await self._publisher_redis.script_load(script.script)
+            todo = missing
         raise AssertionError("unreachable")
 
     def _completion(self, g: Generation) -> ops.Completion:
