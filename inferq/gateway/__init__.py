@@ -1,5 +1,6 @@
-"""The HTTP gateway (``pip install 'inferq[gateway]'``): OpenAI-compatible ``/v1/embeddings``
-and inferq's native ``/v1/requests`` over one shared ``AsyncClient``.
+"""The HTTP gateway (``pip install 'inferq[gateway]'``): OpenAI-compatible ``/v1/embeddings``,
+``/v1/completions`` and ``/v1/chat/completions`` (with server-sent event streaming), and
+inferq's native ``/v1/requests``, over one shared ``AsyncClient``.
 
     python -m inferq.gateway --host 0.0.0.0 --port 8000   # INFERQ_REDIS_URL, INFERQ_GATEWAY_*
 """

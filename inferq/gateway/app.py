@@ -13,7 +13,7 @@ from fastapi import Depends, FastAPI
 import inferq
 from inferq.gateway import errors
 from inferq.gateway.auth import bearer_auth
-from inferq.gateway.routes import health, native, openai_compat
+from inferq.gateway.routes import completions, health, native, openai_compat
 from inferq.gateway.settings import GatewaySettings
 from inferq.gateway.state import GatewayState
 from inferq.producer.aio import AsyncClient
@@ -40,11 +40,13 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             await client.aclose()
 
     app = FastAPI(title="inferq gateway", version=inferq.__version__, lifespan=lifespan,
-                  description="HTTP front of the inferq queue: OpenAI-compatible embeddings "
-                              "and inferq's native request API.")
+                  description="HTTP front of the inferq queue: OpenAI-compatible embeddings, "
+                              "completions and chat completions (streamed as server-sent "
+                              "events), and inferq's native request API.")
     errors.install(app, retry_after_s=settings.retry_after_s)
     authenticated = [Depends(bearer_auth(settings.token))]
     app.include_router(health.router)
     app.include_router(openai_compat.router, dependencies=authenticated)
+    app.include_router(completions.router, dependencies=authenticated)
     app.include_router(native.router, dependencies=authenticated)
     return app

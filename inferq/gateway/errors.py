@@ -59,10 +59,13 @@ class ApiError(Exception):
         self.request_id = request_id
         self.headers = dict(headers or {})
 
+    def body(self) -> dict[str, Any]:
+        return ErrorBody(error=ErrorDetail(message=self.message, type=self.type, code=self.code,
+                                           param=self.param, request_id=self.request_id)
+                         ).model_dump()
+
     def response(self) -> JSONResponse:
-        body = ErrorBody(error=ErrorDetail(message=self.message, type=self.type, code=self.code,
-                                           param=self.param, request_id=self.request_id))
-        return JSONResponse(body.model_dump(), status_code=self.status, headers=self.headers)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def from_inferq(exc: InferqError, *, retry_after_s: int = 1,

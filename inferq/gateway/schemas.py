@@ -5,10 +5,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from inferq.producer.common import RequestState
 from inferq.protocol.codec import ID_RE, Result
+from inferq.protocol.generation import (
+    MAX_MESSAGES,
+    MAX_NEW_TOKENS_LIMIT,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    SEED_MAX,
+    ChatMessage,
+)
 from inferq.protocol.keys import NAME_RE
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
 
@@ -79,6 +87,143 @@ class EmbeddingsResponse(BaseModel):
     data: list[Embedding]
     model: str
     usage: Usage
+
+
+# --- OpenAI-compatible text generation ----------------------------------------------------
+
+class StreamOptions(_Body):
+    include_usage: bool = Field(default=False, description="a last chunk (no choices) carries "
+                                                           "the token usage")
+
+
+class _GenerationBody(_Body):
+    """What ``/v1/completions`` and ``/v1/chat/completions`` share; each maps onto a
+    ``generate`` request's params (``max_tokens`` is ``max_new_tokens``)."""
+
+    model: ModelName
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS_LIMIT, strict=True)] | None = Field(
+        default=None, description="tokens to generate at most (default: the worker's, 128)")
+    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS_LIMIT,
+                                                strict=True)] | None = Field(
+        default=None, description="the newer name of max_tokens; give one of them")
+    temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = Field(
+        default=None, description="0 (the default) is greedy decoding, deterministic")
+    top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    seed: Annotated[int, Field(ge=0, le=SEED_MAX, strict=True)] | None = Field(
+        default=None, description="makes sampling reproducible")
+    stop: str | list[str] | None = Field(default=None, description=f"up to {MAX_STOP_STRINGS} "
+                                                                   "stop strings")
+    stream: bool = Field(default=False, description="server-sent events of chunks, then "
+                                                    "`data: [DONE]`")
+    stream_options: StreamOptions | None = None
+    n: Literal[1] | None = Field(default=None, description="only 1 is supported")
+    user: str | None = Field(default=None, description="accepted for compatibility; unused")
+    # inferq extensions (the OpenAI SDK sends them with ``extra_body=``); priority and
+    # deadline_s win over the X-Priority / X-Deadline-S headers.
+    top_k: Annotated[int, Field(ge=0, le=1_000_000, strict=True)] | None = None
+    priority: Priority | None = None
+    deadline_s: DeadlineS | None = None
+
+    @field_validator("temperature", "top_p", mode="before")
+    @classmethod
+    def _number(cls, value: Any) -> Any:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"must be a number, got {type(value).__name__}")
+        return value
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, value: Any) -> Any:
+        if value is None:
+            return value
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or any(not isinstance(s, str) for s in items):
+            raise ValueError("must be a string or a list of strings")
+        if len(items) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(items)}")
+        for s in items:
+            if not 1 <= len(s) <= MAX_STOP_CHARS:
+                raise ValueError(f"each stop string must have 1..{MAX_STOP_CHARS} characters, "
+                                 f"got {s!r}")
+        return value
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _one_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("max_tokens") is not None:
+            raise ValueError("give max_tokens or max_completion_tokens, not both")
+        return value
+
+    def params(self) -> dict[str, Any]:
+        """The ``generate`` params: only what the caller set (the worker has the defaults)."""
+        limit = self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
+        values: dict[str, Any] = {"max_new_tokens": limit, "temperature": self.temperature,
+                                  "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed,
+                                  "stop": [self.stop] if isinstance(self.stop, str) else self.stop}
+        return {k: v for k, v in values.items() if v is not None}
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_GenerationBody):
+    prompt: str = Field(description="one text (lists and token arrays are not supported)")
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            raise ValueError("must be a string (lists and token arrays are not supported)")
+        return value
+
+
+class ChatCompletionRequest(_GenerationBody):
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] = Field(
+        description="the chat so far, rendered with the model's chat template on the worker")
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: Literal["stop", "length"]
+    logprobs: None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+    logprobs: None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: CompletionUsage
 
 
 # --- native --------------------------------------------------------------------------------

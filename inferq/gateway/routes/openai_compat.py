@@ -1,5 +1,5 @@
 """OpenAI-compatible routes: ``POST /v1/embeddings`` (the official ``openai`` client works
-against it). ``/v1/chat/completions`` and ``/v1/completions`` come with text generation."""
+against it). ``/v1/chat/completions`` and ``/v1/completions`` are in ``completions``."""
 
 from __future__ import annotations
 
