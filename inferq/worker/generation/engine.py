@@ -60,6 +60,9 @@ class Generation:
     #: Positions of this sequence held in the KV cache.
     length: int = 0
     finish: FinishReason | None = None
+    #: Decode steps this sequence took part in, and the batch sizes of those steps summed.
+    steps: int = 0
+    batch_sum: int = 0
     admitted_at: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -134,6 +137,8 @@ class Engine:
         advanced = [*decoding, *admitted]
         now = self.clock()
         for g in advanced:
+            g.steps += 1
+            g.batch_sum += len(advanced)
             if g.first_token_at is None:
                 g.first_token_at = now
             if g.finish is not None:

@@ -4,8 +4,8 @@ Redis.
 The asyncio side hands it claimed generations (``submit``) and cancellations (``cancel``); at
 every step boundary the thread applies cancellations and lost leases (the sequence leaves, its
 slot is free), admits waiting generations in priority order (``Engine.select``), runs the step
-and hands its output back to the event loop (``on_step``), which streams and completes while
-the next step already runs. Before each step it publishes how many slots will be free after it
+and queues its output for the event loop (``take_outputs``), which streams and completes while
+the next steps already run. Before each step it publishes how many slots will be free after it
 (``capacity``: free slots, plus sequences that reach ``max_new_tokens`` in this step, minus
 those already waiting), so the event loop claims replacements while the step runs and they
 join at the very next step.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ class StepOutput:
 
 class StepLoop:
     def __init__(self, engine: Engine, *,
-                 on_step: Callable[[StepOutput], object],
+                 on_step: Callable[[], object],
                  on_error: Callable[[Exception, list[Generation]], object],
                  on_cancelled: Callable[[list[Generation]], object],
                  on_capacity: Callable[[], object],
@@ -56,6 +57,11 @@ class StepLoop:
         self._halt = False
         self._due = 0
         self._running = 0
+        #: Step outputs not yet taken by the event loop; ``on_step`` is called only when the
+        #: event loop asked to be told (``arm``), not after every step: a tiny model steps
+        #: every couple of ms, and waking the event loop that often costs the model thread.
+        self._outputs: deque[StepOutput] = deque()
+        self._armed = False
         self._thread = threading.Thread(target=self._run, name="inferq-generate", daemon=True)
 
     # ----------------------------------------------------------------- event-loop side
@@ -72,6 +78,15 @@ class StepLoop:
         with self._cond:
             self._cancel.update(request_ids)
             self._cond.notify()
+
+    def take_outputs(self, *, arm: bool) -> list[StepOutput]:
+        """Outputs so far, oldest first; with ``arm``, ``on_step`` fires at the next one if
+        there is none now."""
+        with self._cond:
+            out = list(self._outputs)
+            self._outputs.clear()
+            self._armed = arm and not out
+            return out
 
     def capacity(self) -> int:
         """Slots that will be free at the next step boundary and that no claimed request
@@ -149,8 +164,12 @@ class StepLoop:
             finished = [g for g in advanced if g.finish is not None]
             with self._cond:
                 self._running, self._due = len(engine.running), 0
-            self._on_step(StepOutput(out, finished, len(admitted),
-                                     sum(g.prompt_tokens for g in admitted), elapsed))
+                self._outputs.append(StepOutput(out, finished, len(admitted),
+                                                sum(g.prompt_tokens for g in admitted),
+                                                elapsed))
+                notify, self._armed = self._armed, False
+            if notify:
+                self._on_step()
             if finished:
                 self._on_capacity()
 

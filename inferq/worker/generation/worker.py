@@ -126,8 +126,6 @@ class Claim:
     deadline: float | None
     claimed_ms: int
     first_visible: float | None = None
-    batch_sum: int = 0
-    steps: int = 0
 
 
 @dataclass
@@ -219,7 +217,9 @@ class GenerationWorker:
         self._loop = loop
         self._stopping = asyncio.Event()
         self._nudge = asyncio.Event()
-        self._outbox: asyncio.Queue[StepOutput | list[ops.Completion] | None] = asyncio.Queue()
+        self._publish_wake = asyncio.Event()
+        self._publish_stop = False
+        self._failures: list[list[ops.Completion]] = []
         self.redis = connection.async_client(self.config.connection)
         self._blocking = connection.async_client(self.config.connection)
         self._publisher_redis = connection.async_client(self.config.connection)
@@ -228,7 +228,7 @@ class GenerationWorker:
         self._wake = WakeWaiter(self._blocking, self.keys.wake)
         self.steps = StepLoop(
             self.engine, is_lost=self.book.is_lost, clock=self.clock,
-            on_step=lambda out: loop.call_soon_threadsafe(self._on_step, out),
+            on_step=lambda: loop.call_soon_threadsafe(self._publish_wake.set),
             on_error=lambda exc, victims: loop.call_soon_threadsafe(
                 self._on_step_failed, exc, victims),
             on_cancelled=lambda gone: loop.call_soon_threadsafe(self._on_cancelled, gone),
@@ -263,7 +263,8 @@ class GenerationWorker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await asyncio.sleep(0)  # callbacks the model thread scheduled last
-            await self._outbox.put(None)
+            self._publish_stop = True
+            self._publish_wake.set()
             with contextlib.suppress(Exception):
                 await publisher
             heartbeat.stop()
@@ -398,7 +399,7 @@ class GenerationWorker:
 
     # ------------------------------------------------------ callbacks from the model thread
 
-    def _on_step(self, out: StepOutput) -> None:
+    def _record(self, out: StepOutput) -> None:
         size = len(out.advanced)
         self.stats.steps += 1
         self.stats.tokens += size
@@ -406,11 +407,6 @@ class GenerationWorker:
         self.stats.forward_s += out.elapsed_s
         self.stats.batch_sum += size
         self.stats.max_batch = max(self.stats.max_batch, size)
-        for g, _ in out.advanced:
-            claim = _claim(g)
-            claim.batch_sum += size
-            claim.steps += 1
-        self._outbox.put_nowait(out)
 
     def _on_cancelled(self, gone: list[Generation]) -> None:
         for g in gone:
@@ -442,43 +438,39 @@ class GenerationWorker:
                             finished_ms=now_ms)
             completions.append(ops.Completion(c.id, c.token, status.value,
                                               encode_result(result, self.ctx.limits)))
-        self._outbox.put_nowait(completions)
+        self._failures.append(completions)
+        self._publish_wake.set()
         self._nudge.set()
 
     # ----------------------------------------------------------------------------- publishing
 
     async def _publish_loop(self) -> None:
-        """Write each step's text and results in step order (one coroutine: ordered); steps
-        queued while a write was in flight are merged into the next one."""
+        """Write the steps' text and results in step order (one coroutine: ordered), at most
+        once per ``stream_interval_ms``: the steps that finish meanwhile are merged into one
+        write (a tiny model steps every couple of ms; a write per step would cost more CPU,
+        shared with the model thread, than the step itself)."""
         interval = self.settings.stream_interval_ms / 1e3
         last = -interval
         while True:
-            item = await self._outbox.get()
-            if item is None:
-                return
-            # At most one write per interval: steps that finish meanwhile are merged into it
-            # (a tiny model steps every couple of ms; writing each step would cost more CPU,
-            # shared with the model thread, than the step itself).
+            self._publish_wake.clear()
+            outs = self.steps.take_outputs(arm=True)
+            failures, self._failures = self._failures, []
+            if not outs and not failures:
+                if self._publish_stop:
+                    return
+                await self._publish_wake.wait()
+                continue
             wait = last + interval - self.clock()
             if wait > 0:
                 await asyncio.sleep(wait)
+                outs += self.steps.take_outputs(arm=False)
             last = self.clock()
-            batch = [item]
-            done = False
-            while not self._outbox.empty():
-                more = self._outbox.get_nowait()
-                if more is None:
-                    done = True
-                    break
-                batch.append(more)
-            steps = [b for b in batch if isinstance(b, StepOutput)]
-            for b in batch:
-                if isinstance(b, list):
-                    await self._complete(b, publisher=True)
-            if steps:
-                await self._publish(steps)
-            if done:
-                return
+            for completions in failures:
+                await self._complete(completions, publisher=True)
+            if outs:
+                await self._publish(outs)
+                for out in outs:
+                    self._record(out)
 
     async def _publish(self, outs: list[StepOutput]) -> None:
         merged: dict[str, tuple[Generation, str]] = {}
@@ -562,7 +554,7 @@ class GenerationWorker:
         output: dict[str, Any] = {"text": g.detok.text, "token_ids": g.tokens}
         common: dict[str, Any] = dict(
             id=c.id, task=self.ctx.task, model=self.ctx.model, worker=self.ctx.worker,
-            attempts=c.attempt, batch_size=round(claim.batch_sum / max(claim.steps, 1)),
+            attempts=c.attempt, batch_size=round(g.batch_sum / max(g.steps, 1)),
             input_tokens=g.prompt_tokens, enqueued_ms=c.enqueued_ms,
             started_ms=claim.claimed_ms, finished_ms=self._to_ms(finished_at),
             compute_ms=round((finished_at - (g.admitted_at or finished_at)) * 1e3, 3),
