@@ -15,6 +15,8 @@ from types import ModuleType
 
 #: name -> (module, one-line description)
 SCENARIOS: dict[str, tuple[str, str]] = {
+    "generate": ("benchmarks.generation",
+                 "text generation: continuous batching vs request-level batching vs batch 1"),
     "embed": ("benchmarks.embed_throughput",
               "MiniLM embeddings: full stack vs the bare model vs a batch-1 worker"),
     "chaos": ("benchmarks.chaos",

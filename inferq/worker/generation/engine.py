@@ -9,16 +9,23 @@ next step's admissions, which the scheduler picks in priority order under the sl
 budgets.
 
 Why our own loop rather than transformers' ``init_continuous_batching`` (measured on this
-2-core CPU, tiny 2-layer Llama, 32 requests x 100 new tokens, 16 at a time; see
-``benchmarks/generation.py --compare-engines``): transformers' manager, configured with 16-token
-pages and a bounded cache, ran at about 4,100 tokens/s against about 6,000 for this loop and
-10,400 for padded ``generate`` at batch 16, and it has no per-request sampling parameters or
-seeds, no priorities (FIFO admission from its own queue), no stop strings, and its greedy
-tokens come from a paged attention path whose numerics differ from ``generate``'s. This loop
-admits in our priority order at every step, samples each row with its own parameters and
-generator, cancels within a step, and its greedy output equals ``generate`` token for token.
-Its price is attention over the longest running sequence (a padded rectangle, not pages),
-which is cheap next to the matmuls for the models and contexts a queue worker serves here.
+2-core CPU by ``python -m benchmarks generate --compare-engines``, in process, the same prompts,
+16 sequences at a time; tokens/s, see benchmarks/RESULTS.md):
+
+    model                      ours    transformers CB    padded generate (static batches)
+    tiny Llama, 32 x 100       13,916  3,021              9,112
+    SmolLM2-135M, 16 x 32      138     93                 123
+
+transformers' manager was configured as it must be on a CPU (16-token pages instead of 256,
+a cache sized for the work instead of from the host's RAM, 16 requests per batch) and is still
+the slowest of the three at these sizes. It also lacks what a queue worker needs: per-request
+sampling parameters and seeds, admission in our priority order (it admits FIFO from its own
+queue), stop strings. This loop admits
+in priority order at every step, samples each row with its own parameters and generator,
+cancels within a step, and its greedy output equals ``generate`` token for token (tested). Its
+price is attention over the longest running sequence (a padded rectangle, not pages), cheap
+next to the matmuls for the models and contexts served here; a GPU deployment with long
+contexts would want paged attention kernels, behind the same ``step`` interface.
 """
 
 from __future__ import annotations
