@@ -81,7 +81,7 @@ def run_enqueue_generation(args: argparse.Namespace) -> int:
             print(handle.id)
             return 0
         if not args.stream:
-            result = handle.peek() or handle.result(timeout=args.timeout)
+            result = handle.result(timeout=args.timeout)
             print(json.dumps(result.model_dump(mode="json", exclude_none=True)))
             return 0
         final: Result | None = None
