@@ -25,7 +25,18 @@ class Failure:
     retryable: bool
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """``DeviceOutOfMemory``, or torch's own out-of-memory error (``torch.OutOfMemoryError``,
+    which ``torch.cuda.OutOfMemoryError`` names), recognised without importing torch."""
+    if isinstance(exc, DeviceOutOfMemory):
+        return True
+    return any(cls.__name__ == "OutOfMemoryError" and cls.__module__.startswith("torch")
+               for cls in type(exc).__mro__)
+
+
 def failure_of(exc: BaseException) -> Failure:
+    if is_out_of_memory(exc) and not isinstance(exc, InferqError):
+        exc = DeviceOutOfMemory(str(exc).splitlines()[0] if str(exc) else "out of memory")
     if isinstance(exc, InferqError):
         code, retryable = exc.code, exc.retryable
     else:
@@ -45,7 +56,7 @@ def run_isolated(forward: Callable[[Sequence[T]], list[Any]], items: Sequence[T]
             raise RuntimeError(f"model returned {len(outputs)} outputs for {len(items)} inputs")
         return outputs
     except Exception as exc:
-        if isinstance(exc, DeviceOutOfMemory) and on_oom is not None:
+        if is_out_of_memory(exc) and on_oom is not None:
             on_oom(items)
         if len(items) == 1:
             log.warning("request failed in the model: %s", exc)

@@ -138,7 +138,7 @@ class Cand:
     name: str
     priority: int
     order: int
-    prompt_tokens: int = 10
+    prefill_tokens: int = 10
     reserve_tokens: int = 50
 
 
@@ -162,9 +162,9 @@ def test_admission_stops_at_the_first_request_that_does_not_fit() -> None:
 
 def test_prefill_budget_spreads_a_burst_over_steps_but_always_admits_one() -> None:
     budget = Budget(max_slots=16, kv_tokens=10**6, max_prefill_tokens=100)
-    waiting = [Cand(str(i), 0, i, prompt_tokens=60) for i in range(4)]
+    waiting = [Cand(str(i), 0, i, prefill_tokens=60) for i in range(4)]
     assert len(admit(waiting, [], budget, fp)) == 1
-    huge = [Cand("x", 0, 0, prompt_tokens=500)]
+    huge = [Cand("x", 0, 0, prefill_tokens=500)]
     assert len(admit(huge, [], budget, fp)) == 1
 
 

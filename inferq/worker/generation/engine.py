@@ -73,10 +73,25 @@ class Generation:
     admitted_at: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
+    #: Steps that failed while this sequence took part (see ``steploop``); a suspect is
+    #: admitted alone until one step of its own succeeds.
+    failures: int = 0
+    suspect: bool = False
 
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def prefill_ids(self) -> list[int]:
+        """What admission prefills: the prompt, plus the tokens generated so far when a
+        sequence is admitted again after leaving the batch without finishing (recomputation:
+        it goes on from where it was, its stream and sampler state untouched)."""
+        return self.prompt_ids + self.tokens if self.tokens else self.prompt_ids
+
+    @property
+    def prefill_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.tokens)
 
     @property
     def reserve_tokens(self) -> int:
@@ -85,6 +100,19 @@ class Generation:
     @property
     def running(self) -> bool:
         return self.row >= 0
+
+
+class AdmissionFailed(Exception):
+    """The prefill of a step's admissions raised. The running sequences decoded their token
+    (``advanced``, as ``Engine.step`` returns it); ``rejected`` did not join the batch and
+    are as they were before the step."""
+
+    def __init__(self, advanced: list[Generation], rejected: list[Generation],
+                 cause: Exception) -> None:
+        super().__init__(f"prefill of {len(rejected)} sequences failed: {cause}")
+        self.advanced = advanced
+        self.rejected = rejected
+        self.cause = cause
 
 
 class Engine:
@@ -132,16 +160,26 @@ class Engine:
     @torch.inference_mode()
     def step(self, admitted: Sequence[Generation] = ()) -> list[Generation]:
         """One iteration: prefill ``admitted``, decode one token for every sequence already
-        running. Returns the sequences that advanced; finished ones have left the batch."""
+        running. Returns the sequences that advanced; finished ones have left the batch.
+
+        A failed decode raises before any sequence changed (the caller ``clear``s the batch);
+        a failed prefill raises ``AdmissionFailed`` after the running sequences advanced."""
         decoding = list(self.running)
         if len(decoding) + len(admitted) > self.budget.max_slots:
             raise ValueError("admitting more sequences than there are slots")
         if decoding:
             self._decode(decoding)
+        cause: Exception | None = None
         if admitted:
-            self._prefill(list(admitted))
+            try:
+                self._prefill(list(admitted))
+            except Exception as exc:
+                cause = exc
+                del self.running[len(decoding):]
+                for g in admitted:
+                    g.row = -1
         self.steps += 1
-        advanced = [*decoding, *admitted]
+        advanced = [*decoding, *admitted] if cause is None else decoding
         now = self.clock()
         for g in advanced:
             g.steps += 1
@@ -152,6 +190,10 @@ class Engine:
                 g.detok.flush()
                 g.finished_at = now
                 self._leave(g)
+        if cause is not None:
+            if not self.running:
+                self.cache.release()
+            raise AdmissionFailed(advanced, list(admitted), cause) from cause
         return advanced
 
     @torch.inference_mode()
@@ -202,11 +244,11 @@ class Engine:
     def _prefill(self, admitted: list[Generation]) -> None:
         device = self.lm.torch_device
         n, k = len(self.running), len(admitted)
-        lengths = [g.prompt_tokens for g in admitted]
+        lengths = [g.prefill_tokens for g in admitted]
         width = max(lengths)
         ids = torch.full((k, width), self.lm.pad_id, dtype=torch.long)
         for r, g in enumerate(admitted):
-            ids[r, width - lengths[r]:] = torch.as_tensor(g.prompt_ids, dtype=torch.long)
+            ids[r, width - lengths[r]:] = torch.as_tensor(g.prefill_ids, dtype=torch.long)
         cols = torch.arange(width)
         start = torch.tensor([width - length for length in lengths])
         key_ok = cols[None, :] >= start[:, None]                      # [k, W] real keys
@@ -219,9 +261,11 @@ class Engine:
         logits = self._forward(ids.to(device), allowed[:, None].to(device), positions.to(device))
         tokens = choose(logits, [g.params for g in admitted], [g.generator for g in admitted])
         now = self.clock()
-        for r, (g, token) in enumerate(zip(admitted, tokens, strict=True)):
-            g.row, g.length, g.admitted_at = n + r, lengths[r], now
+        for r, g in enumerate(admitted):
+            g.row, g.length = n + r, lengths[r]
+            g.admitted_at = now if g.admitted_at is None else g.admitted_at
             self.running.append(g)
+        for g, token in zip(admitted, tokens, strict=True):
             self._accept(g, token)
         self.prefilled_tokens += sum(lengths)
 

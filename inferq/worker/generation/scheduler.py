@@ -6,11 +6,13 @@ shorter ones of the same or lower priority. A request fits when
 
 * a slot is free (``max_slots`` sequences decode together),
 * the KV cache, with it, stays within the token budget. Each running sequence reserves room for
-  its prompt plus its ``max_new_tokens`` (no preemption is ever needed), and the budget counts
+  its prompt plus its ``max_new_tokens`` (so nothing is preempted for room; only a device out of
+  memory pushes sequences out, see ``steploop``), and the budget counts
   the cache's real footprint: rows x the longest reservation, rounded as the cache allocates;
 * the prompts admitted in one step stay within ``max_prefill_tokens`` (a burst of long prompts
   is spread over several steps, so running sequences keep producing tokens); the first request
-  of a step is always admitted if it fits the cache.
+  of a step is always admitted if it fits the cache. A sequence admitted again after leaving the
+  batch unfinished prefills its prompt and the tokens it generated (``prefill_tokens``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class Candidate(Protocol):
     def order(self) -> int: ...
 
     @property
-    def prompt_tokens(self) -> int: ...
+    def prefill_tokens(self) -> int: ...
 
     @property
     def reserve_tokens(self) -> int: ...
@@ -72,12 +74,12 @@ def admit(waiting: Sequence[C], running_reserve: Sequence[int], budget: Budget,
         new_longest = max(longest, candidate.reserve_tokens)
         if footprint(rows + 1, new_longest) > budget.kv_tokens:
             break
-        if chosen and prefill + candidate.prompt_tokens > budget.max_prefill_tokens:
+        if chosen and prefill + candidate.prefill_tokens > budget.max_prefill_tokens:
             break
         chosen.append(candidate)
         rows += 1
         longest = new_longest
-        prefill += candidate.prompt_tokens
+        prefill += candidate.prefill_tokens
     return chosen
 
 

@@ -9,6 +9,18 @@ the next steps already run. Before each step it publishes how many slots will be
 (``capacity``: free slots, plus sequences that reach ``max_new_tokens`` in this step, minus
 those already waiting), so the event loop claims replacements while the step runs and they
 join at the very next step.
+
+A failed step loses nothing but what it must. Sequences that leave the batch without finishing
+keep their tokens and are admitted again later, prefilling prompt + generated tokens
+(recomputation), so their streams go on where they were:
+
+* out of device memory: the budget shrinks (half the sequences that failed, or the prefill
+  that failed) and everyone is re-admitted under it; it grows back after a run of good steps.
+  Only a sequence that does not fit alone fails (``out_of_memory``, retried by the queue);
+* any other error in a prefill of one sequence fails that sequence alone; in a prefill of
+  several, or in a decode, every sequence involved becomes a suspect and is admitted again
+  alone (one suspect per step, in its own prefill), so the one that fails by itself is found
+  and the others continue. A sequence in ``MAX_STEP_FAILURES`` failed steps fails for good.
 """
 
 from __future__ import annotations
@@ -18,11 +30,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from inferq.worker.generation.engine import Engine, Generation
+from inferq.worker.generation.engine import AdmissionFailed, Engine, Generation
+from inferq.worker.isolation import is_out_of_memory
+from inferq.worker.memory import free_device_cache
 
 log = logging.getLogger("inferq.worker")
+
+#: A sequence that took part in this many failed steps fails (the queue may retry it).
+MAX_STEP_FAILURES = 3
+#: Good steps after which a budget shrunk by an out-of-memory error grows one notch back.
+RECOVER_AFTER_STEPS = 200
 
 
 @dataclass(slots=True)
@@ -43,8 +62,12 @@ class StepLoop:
                  on_cancelled: Callable[[list[Generation]], object],
                  on_capacity: Callable[[], object],
                  is_lost: Callable[[str], bool],
+                 on_oom: Callable[[int], object] = lambda sequences: None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
+        self._full_budget = engine.budget
+        self._good_steps = 0
+        self._on_oom = on_oom
         self._on_step = on_step
         self._on_error = on_error
         self._on_cancelled = on_cancelled
@@ -111,7 +134,8 @@ class StepLoop:
             return taken
 
     def stop(self) -> None:
-        """Finish the running sequences, admit nothing more, then end the thread."""
+        """Finish the running sequences (and those back after a failed step), admit nothing
+        new, then end the thread; what still waits is for ``take_waiting``."""
         with self._cond:
             self._halt = True
             self._cond.notify()
@@ -126,7 +150,7 @@ class StepLoop:
         while True:
             with self._cond:
                 cancelled = self._apply_cancels()
-                admitted = [] if self._halt else engine.select(self._waiting)
+                admitted = self._select()
                 for g in admitted:
                     self._waiting.remove(g)
                 idle = not engine.running and not admitted
@@ -150,28 +174,114 @@ class StepLoop:
             if self._due:
                 self._on_capacity()
             started = self._clock()
+            prefill = sum(g.prefill_tokens for g in admitted)
             try:
                 advanced = engine.step(admitted)
+            except AdmissionFailed as failed:
+                advanced = failed.advanced
+                self._admission_failed(failed.rejected, failed.cause)
+                admitted, prefill = [], 0
             except Exception as exc:
                 victims = engine.clear()
                 victims += [g for g in admitted if g not in victims]
                 with self._cond:
                     self._running, self._due = 0, 0
-                self._on_error(exc, victims)
+                self._step_failed(victims, exc)
                 continue
+            for g in admitted:
+                g.suspect = False
+            self._recover()
             elapsed = self._clock() - started
             out = [(g, g.detok.delta(final=g.finish is not None)) for g in advanced]
             finished = [g for g in advanced if g.finish is not None]
             with self._cond:
                 self._running, self._due = len(engine.running), 0
                 self._outputs.append(StepOutput(out, finished, len(admitted),
-                                                sum(g.prompt_tokens for g in admitted),
+                                                prefill,
                                                 elapsed))
                 notify, self._armed = self._armed, False
             if notify:
                 self._on_step()
             if finished:
                 self._on_capacity()
+
+    def _select(self) -> list[Generation]:
+        """(Holding the lock.) The step's admissions; a suspect is prefilled alone. Once
+        stopping, only sequences that already produced tokens (back after a failed step) are
+        admitted: the others go back to the queue untouched."""
+        waiting = [g for g in self._waiting if g.tokens] if self._halt else self._waiting
+        admitted = self.engine.select(waiting)
+        suspects = [g for g in admitted if g.suspect]
+        return suspects[:1] if suspects else admitted
+
+    def _requeue(self, generations: Sequence[Generation]) -> None:
+        if generations:
+            with self._cond:
+                self._waiting.extend(generations)
+
+    def _shrink(self, *, max_slots: int | None = None, max_prefill: int | None = None) -> None:
+        budget = self.engine.budget
+        self.engine.budget = replace(
+            budget,
+            max_slots=max(1, min(budget.max_slots, max_slots or budget.max_slots)),
+            max_prefill_tokens=max(1, min(budget.max_prefill_tokens,
+                                          max_prefill or budget.max_prefill_tokens)))
+        self._good_steps = 0
+        free_device_cache(self.engine.lm.device)
+        log.warning("out of device memory: now %d slots, %d prefill tokens per step",
+                    self.engine.budget.max_slots, self.engine.budget.max_prefill_tokens)
+
+    def _recover(self) -> None:
+        budget, full = self.engine.budget, self._full_budget
+        if budget == full:
+            return
+        self._good_steps += 1
+        if self._good_steps < RECOVER_AFTER_STEPS:
+            return
+        self._good_steps = 0
+        self.engine.budget = replace(
+            budget, max_slots=min(full.max_slots, budget.max_slots + 1),
+            max_prefill_tokens=min(full.max_prefill_tokens,
+                                   budget.max_prefill_tokens * 5 // 4 + 1))
+        self._on_capacity()
+
+    def _step_failed(self, victims: list[Generation], exc: Exception) -> None:
+        """A decode (or a whole step) raised; the batch is cleared, ``victims`` are out."""
+        if is_out_of_memory(exc) and len(victims) > 1:
+            self._on_oom(len(victims))
+            self._shrink(max_slots=len(victims) // 2)
+            self._requeue(victims)
+            return
+        self._isolate(victims, exc)
+
+    def _admission_failed(self, rejected: list[Generation], exc: Exception) -> None:
+        """The prefill of ``rejected`` raised; the running sequences are fine."""
+        if is_out_of_memory(exc) and (len(rejected) > 1 or self.engine.running):
+            self._on_oom(len(rejected))
+            if len(rejected) > 1:
+                self._shrink(max_prefill=sum(g.prefill_tokens for g in rejected) // 2)
+            else:
+                self._shrink(max_slots=len(self.engine.running))
+            self._requeue(rejected)
+            return
+        self._isolate(rejected, exc)
+
+    def _isolate(self, victims: list[Generation], exc: Exception) -> None:
+        """Fail a sequence that failed alone; make suspects of several."""
+        failed = []
+        for g in victims:
+            g.failures += 1
+            if len(victims) == 1 or g.failures >= MAX_STEP_FAILURES:
+                failed.append(g)
+            else:
+                g.suspect = True
+        if failed:
+            self._on_error(exc, failed)
+        suspects = [g for g in victims if g not in failed]
+        if suspects:
+            log.warning("a step of %d sequences failed (%s: %s); each is admitted again alone",
+                        len(victims), type(exc).__name__, exc)
+            self._requeue(suspects)
 
     def _apply_cancels(self) -> list[Generation]:
         """(Holding the lock.) Sequences cancelled or whose lease was lost leave now."""
