@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -23,6 +23,13 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+from inferq.stats import read_queue_gauges
+
+if TYPE_CHECKING:
+    from redis import asyncio as aioredis
+
+    from inferq.protocol.keys import QueueKeys
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 FORWARD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -93,11 +100,18 @@ class WorkerMetrics:
         self.device_memory = Gauge("inferq_device_memory_bytes",
                                    "CUDA memory in use (allocated) and reserved by torch",
                                    ["queue", "kind"], registry=r)
+        self.running = Gauge("inferq_running_sequences",
+                             "generate: sequences in the running batch", q, registry=r)
+        self.generated_tokens = Counter("inferq_generated_tokens_total",
+                                        "generate: tokens generated (decoded)", q, registry=r)
+        self.ttft = Histogram("inferq_time_to_first_token_seconds",
+                              "generate: from enqueue to the first text in the stream",
+                              ["queue", "priority"], buckets=LATENCY_BUCKETS, registry=r)
         self.info = Gauge("inferq_worker_info", "Constant 1, labelled with the worker's id",
                           ["queue", "worker"], registry=r)
         self.info.labels(queue, worker_id).set(1)
         for gauge in (self.inflight, self.dead_letter_depth, self.live_workers, self.window,
-                      self.target_batch):
+                      self.target_batch, self.running):
             gauge.labels(queue).set(0)
 
     def names(self) -> set[str]:
@@ -110,6 +124,42 @@ class WorkerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    async def sample_queue(self, client: aioredis.Redis, keys: QueueKeys, device: str) -> None:
+        """Queue-wide gauges (depth by priority, in flight, dead letters, live workers), and
+        torch's CUDA memory on a GPU worker."""
+        sample = await read_queue_gauges(client, keys)
+        q = self.queue
+        self.queue_depth.clear()
+        for priority, count in sample.pending_by_priority.items():
+            self.queue_depth.labels(q, str(priority)).set(count)
+        self.inflight.labels(q).set(sample.inflight)
+        self.dead_letter_depth.labels(q).set(sample.dead)
+        self.live_workers.labels(q).set(sample.live_workers)
+        if device.startswith("cuda"):
+            import torch
+
+            self.device_memory.labels(q, "allocated").set(torch.cuda.memory_allocated())
+            self.device_memory.labels(q, "reserved").set(torch.cuda.memory_reserved())
+
+    def count_expired(self, requests: int) -> None:
+        """Requests the claim script answered ``expired`` (deadline passed while pending)."""
+        self.requests.labels(self.queue, "expired").inc(requests)
+        self.expirations.labels(self.queue).inc(requests)
+
+    def observe_outcome(self, status: str, written: bool) -> None:
+        """One completion the worker sent: counted by what the server did with it."""
+        q = self.queue
+        if not written:
+            self.refused.labels(q).inc()
+        elif status == "retry":
+            self.retries.labels(q).inc()
+        else:
+            self.requests.labels(q, status).inc()
+            if status == "dead":
+                self.dead_letters.labels(q).inc()
+            elif status == "expired":
+                self.expirations.labels(q).inc()
 
 
 class HealthState:

@@ -33,13 +33,12 @@ from inferq.errors import DeadlineMissed, InferqError, InvalidInput
 from inferq.protocol import ops, scores
 from inferq.protocol.codec import RequestPayload, Status, decode_request
 from inferq.protocol.keys import QueueKeys, queues_registry
-from inferq.stats import read_queue_gauges
 from inferq.worker.backoff import RedisBackoff
 from inferq.worker.batch import Batch, Job, ResultContext, failed_completion, job_result
 from inferq.worker.config import WorkerConfig
 from inferq.worker.isolation import Failure, run_isolated
 from inferq.worker.leases import Heartbeat, LeaseBook
-from inferq.worker.memory import MemoryGovernor
+from inferq.worker.memory import MemoryGovernor, free_device_cache
 from inferq.worker.metrics import HealthState, WorkerMetrics
 from inferq.worker.metrics import serve as serve_metrics
 from inferq.worker.models.base import BatchModel, ModelInput
@@ -298,6 +297,8 @@ class Worker:
         keys, args = ops.claim_call(self.keys, self.config.worker_id, self.config.lease_ms,
                                     max_count, self.config.result_ttl_ms)
         reply = ops.parse_claim(await self.scripts["claim"](keys=keys, args=args))
+        if reply.expired:  # answered expired by the script, past their deadline
+            self.metrics.count_expired(reply.expired)
         self._clock_offset_s = reply.now_ms / 1e3 - self.clock()
         self._next_retry_s = (None if reply.next_retry_ms is None
                               else max(reply.next_retry_ms / 1e3, 0.001))
@@ -400,6 +401,7 @@ class Worker:
         def oom(items: Sequence[ModelInput]) -> None:
             width = max(item.tokens for item in items)
             self.memory.on_oom(width, len(items))
+            free_device_cache(self.model.device)
             self.metrics.oom_splits.labels(self.keys.queue).inc()
             log.warning("out of memory on %d x %d tokens: splitting; budget for this length is "
                         "now %s tokens", len(items), width, self.memory.budget(width))
@@ -444,20 +446,10 @@ class Worker:
                     return
                 await backoff.failed(exc)
         written = ops.parse_complete(reply)
-        m, q = self.metrics, self.keys.queue
         for completion, ok in zip(completions, written, strict=True):
             self.book.drop(completion.id)
-            if ok:
-                if completion.status == "retry":
-                    m.retries.labels(q).inc()
-                else:
-                    m.requests.labels(q, completion.status).inc()
-                    if completion.status == "dead":
-                        m.dead_letters.labels(q).inc()
-                    elif completion.status == "expired":
-                        m.expirations.labels(q).inc()
+            self.metrics.observe_outcome(completion.status, ok)
             if not ok:
-                m.refused.labels(q).inc()
                 self.stats.refused += 1
                 log.warning("completion of %s refused: lease lost or request cancelled",
                             completion.id)
@@ -528,26 +520,10 @@ class Worker:
             try:
                 await self._reclaim()
                 await self._publish()
-                await self._sample_queue()
+                await self.metrics.sample_queue(self.redis, self.keys, self.model.device)
                 backoff.succeeded()
                 self.health.ok(worker=self.config.worker_id, queue=self.keys.queue,
                                batches=self.stats.batches, leases=len(self.book))
             except RedisError as exc:
                 backoff.note(exc)
                 self.health.failing(f"redis: {type(exc).__name__}")
-
-    async def _sample_queue(self) -> None:
-        """Queue-wide gauges (depth by priority, in flight, dead letters, live workers)."""
-        sample = await read_queue_gauges(self.redis, self.keys)
-        m, q = self.metrics, self.keys.queue
-        m.queue_depth.clear()
-        for priority, count in sample.pending_by_priority.items():
-            m.queue_depth.labels(q, str(priority)).set(count)
-        m.inflight.labels(q).set(sample.inflight)
-        m.dead_letter_depth.labels(q).set(sample.dead)
-        m.live_workers.labels(q).set(sample.live_workers)
-        if self.model.device.startswith("cuda"):
-            import torch
-
-            m.device_memory.labels(q, "allocated").set(torch.cuda.memory_allocated())
-            m.device_memory.labels(q, "reserved").set(torch.cuda.memory_reserved())

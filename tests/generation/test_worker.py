@@ -16,6 +16,7 @@ from inferq.protocol.codec import RequestPayload
 from inferq.protocol.keys import QueueKeys
 from inferq.worker.generation.lm import CausalLM
 from tests.generation.conftest import MODEL, greedy_reference
+from tests.metrics_client import health, scrape
 
 KEYS = QueueKeys.for_model("generate", MODEL)
 WORDS = ["the", "queue", "worker", "asks", "what", "is", "the", "capital", "of", "France",
@@ -242,3 +243,68 @@ async def test_the_worker_survives_a_flushed_script_cache(
     items = [i async for i in second.stream(timeout=30)]
     assert isinstance(items[-1], inferq.Result) and items[-1].ok
     assert "".join(i for i in items if isinstance(i, str)) == items[-1].output["text"]
+
+
+async def test_generate_worker_exports_metrics_and_health(
+        gen_worker: Any, aclient: inferq.AsyncClient) -> None:
+    worker = await gen_worker({"metrics_port": 0, "lease_ms": 1_000}, max_slots=4)
+    handles = await aclient.enqueue_many(
+        [{"prompt": f"count {i}", "priority": 5 if i % 2 else 0,
+          "params": {"max_new_tokens": 6 + i, "ignore_eos": True}} for i in range(8)],
+        model=MODEL, task="generate")
+    results = [await h.result(timeout=60) for h in handles]
+    assert worker.metrics_server is not None
+    port = worker.metrics_server.server_address[1]
+    loop = asyncio.get_running_loop()
+    await until(lambda: worker.health.report()[0], what="healthz to report ok")
+    status, detail = await loop.run_in_executor(None, health, port)
+    assert status == 200 and detail["worker"] == "gen-worker" and "running" in detail
+    samples = await loop.run_in_executor(None, scrape, port)
+    q = f"queue=generate:{MODEL}"
+    generated = sum(r.usage.completion_tokens for r in results if r.usage)
+    assert samples[f"inferq_requests_total{{{q},status=ok}}"] == 8
+    assert samples[f"inferq_generated_tokens_total{{{q}}}"] == generated
+    prompts = sum(r.usage.prompt_tokens for r in results if r.usage)
+    assert samples[f"inferq_tokens_total{{{q}}}"] == generated + prompts
+    assert samples[f"inferq_batch_size_count{{{q}}}"] == worker.stats.steps
+    assert samples[f"inferq_forward_seconds_count{{{q}}}"] == worker.stats.steps
+    for priority in ("0", "5"):
+        assert samples[f"inferq_time_to_first_token_seconds_count{{priority={priority},{q}}}"
+                       ] == 4
+        assert samples[f"inferq_queue_wait_seconds_count{{priority={priority},{q}}}"] == 4
+        assert samples[f"inferq_claim_to_result_seconds_count{{priority={priority},{q}}}"
+                       ] == 4
+    assert samples[f"inferq_target_batch_size{{{q}}}"] == 4
+    assert samples[f"inferq_live_workers{{{q}}}"] == 1
+
+
+async def test_a_request_that_breaks_the_model_fails_alone_through_the_queue(
+        gen_worker: Any, aclient: inferq.AsyncClient, lm: CausalLM,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = await gen_worker(max_slots=8)
+    poison = "the poison pill"
+    poison_ids = lm.tokenizer(poison)["input_ids"]
+    real = worker.engine._prefill
+
+    def prefill(admitted: list[Any]) -> None:
+        if any(g.prompt_ids == poison_ids for g in admitted):
+            raise RuntimeError("this input breaks the model")
+        real(admitted)
+
+    monkeypatch.setattr(worker.engine, "_prefill", prefill)
+    rng = random.Random(8)
+    prompts = [text(rng, 2, 20) for _ in range(7)]
+    prompts.insert(3, poison)
+    handles = await aclient.enqueue_many(
+        [{"prompt": p, "max_attempts": 1, "params": {"max_new_tokens": 12}} for p in prompts],
+        model=MODEL, task="generate")
+    outcomes = await asyncio.gather(*(h.result(timeout=60) for h in handles),
+                                    return_exceptions=True)
+    for prompt, outcome in zip(prompts, outcomes, strict=True):
+        if prompt == poison:
+            assert isinstance(outcome, inferq.RequestFailed), outcome
+            assert "breaks the model" in str(outcome)
+        else:
+            assert isinstance(outcome, inferq.Result) and outcome.ok
+            ids = lm.tokenizer(prompt)["input_ids"]
+            assert outcome.output["token_ids"] == greedy_reference(lm, ids, 12)

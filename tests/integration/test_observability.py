@@ -7,14 +7,11 @@ import io
 import json
 import logging
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 
 import inferq
 from inferq.logs import JsonFormatter, set_context
@@ -22,36 +19,28 @@ from inferq.worker.models.builtin import EchoModel
 from inferq.worker.runtime import Worker
 from tests.conftest import WorkerProcess, wait_until
 from tests.integration.test_worker import config, run_worker, stop
+from tests.metrics_client import health, scrape
 
 
-def scrape(port: int) -> dict[str, float]:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read()
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}"] = sample.value
-    return samples
-
-
-def health(port: int) -> tuple[int, dict[str, object]]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+async def server_ms(client: inferq.AsyncClient) -> int:
+    seconds, micros = await client.redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 async def test_worker_exports_prometheus_metrics_and_health(redis_url: str) -> None:
     worker = Worker(config(redis_url, metrics_port=0, lease_ms=1_000), EchoModel())
-    task = await run_worker(worker)
     async with inferq.AsyncClient(redis_url) as client:
+        # Expired before any worker can claim it: the server's clock passes its deadline first.
+        expired = await client.enqueue("never", model="t", deadline_s=0.001)
+        start_ms = await server_ms(client)
+        while await server_ms(client) < start_ms + 2:
+            await asyncio.sleep(0)
+        task = await run_worker(worker)
+        with pytest.raises(inferq.DeadlineExceeded):
+            await expired.result(timeout=10)
         handles = await client.enqueue_many(
             [{"prompt": f"r{i}", "priority": 5 if i % 2 else 0} for i in range(20)], model="t")
         await asyncio.gather(*(h.result(timeout=10) for h in handles))
-        cancelled = await client.enqueue("never", model="t", deadline_s=0.001)
-        with pytest.raises(inferq.DeadlineExceeded):
-            await cancelled.result(timeout=10)
     assert worker.metrics_server is not None
     port = worker.metrics_server.server_address[1]
     loop = asyncio.get_running_loop()
@@ -73,6 +62,8 @@ async def test_worker_exports_prometheus_metrics_and_health(redis_url: str) -> N
     assert samples[f"inferq_queue_wait_seconds_count{{priority=5,{q}}}"] == 10
     assert samples[f"inferq_claim_to_result_seconds_count{{priority=0,{q}}}"] == 10
     assert samples[f"inferq_tokens_total{{{q}}}"] > 0
+    assert samples[f"inferq_expired_total{{{q}}}"] == 1
+    assert samples[f"inferq_requests_total{{{q},status=expired}}"] == 1
     assert samples[f"inferq_live_workers{{{q}}}"] == 1
     assert samples[f"inferq_worker_info{{{q},worker=test-worker}}"] == 1
     await stop(worker, task)

@@ -33,6 +33,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
 from typing import Any, cast
 
 from redis.exceptions import NoScriptError, RedisError, ResponseError
@@ -60,6 +61,8 @@ from inferq.worker.generation.scheduler import Budget
 from inferq.worker.generation.steploop import StepLoop, StepOutput
 from inferq.worker.isolation import failure_of
 from inferq.worker.leases import Heartbeat, LeaseBook
+from inferq.worker.metrics import HealthState, WorkerMetrics
+from inferq.worker.metrics import serve as serve_metrics
 from inferq.worker.wake import WakeWaiter
 
 log = logging.getLogger("inferq.worker")
@@ -139,6 +142,7 @@ class GenerationStats:
     released: int = 0
     retried: int = 0
     cancelled: int = 0
+    oom_splits: int = 0
     forward_s: float = 0.0
     batch_sum: int = 0
     max_batch: int = 0
@@ -159,6 +163,7 @@ class GenerationStats:
             "refused": str(self.refused),
             "retried": str(self.retried),
             "cancelled": str(self.cancelled),
+            "oom_splits": str(self.oom_splits),
             "mean_batch_size": f"{mean:.3f}",
             "max_batch_size": str(self.max_batch),
             "padding_efficiency": "1.0000",
@@ -185,6 +190,9 @@ class GenerationWorker:
         self.keys = QueueKeys.for_model(config.task, config.model_name, config.namespace)
         self.book = LeaseBook()
         self.stats = GenerationStats()
+        self.metrics = WorkerMetrics(self.keys.queue, config.worker_id)
+        self.health = HealthState(stale_after_s=max(10.0, config.lease_ms / 1e3))
+        self.metrics_server: ThreadingHTTPServer | None = None
         self.ctx = ResultContext(worker=config.worker_id, task=config.task,
                                  model=config.model_name, limits=config.limits,
                                  retry_base_ms=config.retry_base_ms,
@@ -232,10 +240,15 @@ class GenerationWorker:
             on_error=lambda exc, victims: loop.call_soon_threadsafe(
                 self._on_step_failed, exc, victims),
             on_cancelled=lambda gone: loop.call_soon_threadsafe(self._on_cancelled, gone),
-            on_capacity=lambda: loop.call_soon_threadsafe(self._nudge.set))
+            on_capacity=lambda: loop.call_soon_threadsafe(self._nudge.set),
+            on_oom=lambda sequences: loop.call_soon_threadsafe(self._on_oom, sequences))
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop)
+        if self.config.metrics_port is not None:
+            self.metrics_server = serve_metrics(self.metrics, self.health,
+                                                self.config.metrics_port)
+            log.info("metrics and /healthz on port %d", self.metrics_server.server_address[1])
         await _check_server(self.redis)
         for name in PUBLISHER_SCRIPTS:  # the publisher's plain EVALSHA needs them loaded
             await self._publisher_redis.script_load(self._publisher_scripts[name].script)
@@ -255,9 +268,10 @@ class GenerationWorker:
         try:
             await self._claim_loop()
         finally:
-            await self._release(self.steps.take_waiting())
+            await self._release(self.steps.take_waiting(_unstarted))
             self.steps.stop()
             await asyncio.to_thread(self.steps.join)
+            await self._release(self.steps.take_waiting())
             for task in background:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -274,6 +288,8 @@ class GenerationWorker:
             for client in (self._blocking, self._publisher_redis, self.redis):
                 await client.aclose()
             self._prepare_pool.shutdown(wait=True)
+            if self.metrics_server is not None:
+                self.metrics_server.shutdown()
             log.info("worker %s stopped after %d steps, %d requests, %d tokens",
                      self.config.worker_id, self.stats.steps, self.stats.requests,
                      self.stats.tokens)
@@ -326,6 +342,8 @@ class GenerationWorker:
                                     free, self.config.result_ttl_ms)
         wakes = self._wakes
         reply = ops.parse_claim(await self.scripts["claim"](keys=keys, args=args))
+        if reply.expired:  # answered expired by the script, past their deadline
+            self.metrics.count_expired(reply.expired)
         self._clock_offset_s = reply.now_ms / 1e3 - self.clock()
         self._retry_at = (None if reply.next_retry_ms is None
                           else self.clock() + max(reply.next_retry_ms / 1e3, 0.001))
@@ -407,6 +425,18 @@ class GenerationWorker:
         self.stats.forward_s += out.elapsed_s
         self.stats.batch_sum += size
         self.stats.max_batch = max(self.stats.max_batch, size)
+        m, q = self.metrics, self.keys.queue
+        m.batch_size.labels(q).observe(size)
+        m.batch_fill.labels(q).observe(size / self.budget.max_slots)
+        m.forward.labels(q).observe(out.elapsed_s)
+        m.tokens.labels(q).inc(size + out.prefill_tokens)
+        m.generated_tokens.labels(q).inc(size)
+
+    def _on_oom(self, sequences: int) -> None:
+        self.stats.oom_splits += 1
+        self.metrics.oom_splits.labels(self.keys.queue).inc()
+        log.warning("out of device memory with %d sequences: shrinking the batch and "
+                    "re-admitting them", sequences)
 
     def _on_cancelled(self, gone: list[Generation]) -> None:
         for g in gone:
@@ -512,7 +542,21 @@ class GenerationWorker:
         if running_lost:
             self.steps.cancel(running_lost)
         if completions:
-            self._account(completions, ops.parse_complete(replies[1]), lost)
+            written = ops.parse_complete(replies[1])
+            self._account(completions, written, lost)
+            for g, ok in zip(finished, written, strict=True):
+                if ok:
+                    self._observe_latency(g)
+
+    def _observe_latency(self, g: Generation) -> None:
+        claim, m, q = _claim(g), self.metrics, self.keys.queue
+        priority = str(claim.payload.priority)
+        c = claim.claimed
+        m.queue_wait.labels(q, priority).observe(max(claim.claimed_ms - c.enqueued_ms, 0) / 1e3)
+        m.claim_to_result.labels(q, priority).observe(max(self._now_ms() - claim.claimed_ms,
+                                                          0) / 1e3)
+        if claim.first_visible is not None:
+            m.ttft.labels(q, priority).observe(max(claim.first_visible - claim.arrival, 0.0))
 
     async def _pipelined(self, calls: Sequence[tuple[str, ops.Call]]) -> list[Any]:
         """Several scripts in one round trip, in order, as plain EVALSHA (redis-py's pipelined
@@ -582,10 +626,13 @@ class GenerationWorker:
                 if completion.id in cancelled:
                     self.stats.cancelled += 1
                     continue
+                self.metrics.observe_outcome(completion.status, ok)
                 self.stats.refused += 1
                 log.warning("completion of %s refused: lease lost or request cancelled",
                             completion.id)
-            elif completion.status == "retry":
+                continue
+            self.metrics.observe_outcome(completion.status, ok)
+            if completion.status == "retry":
                 self.stats.retried += 1
             elif completion.status == "ok":
                 self.stats.requests += 1
@@ -644,6 +691,8 @@ class GenerationWorker:
         keys, args = ops.reclaim_call(self.keys, RECLAIM_BATCH, self.config.result_ttl_ms,
                                       self.config.dead_letter_cap)
         requeued, dead = ops.parse_reclaim(await self.scripts["reclaim"](keys=keys, args=args))
+        self.metrics.reclaims.labels(self.keys.queue).inc(requeued)
+        self.metrics.dead_letters.labels(self.keys.queue).inc(dead)
         if requeued or dead:
             log.warning("reclaimed %d expired leases (%d dead-lettered)", requeued + dead, dead)
             self._maybe_pending = True
@@ -659,6 +708,9 @@ class GenerationWorker:
         pipe.hset(key, mapping=cast("Mapping[Any, Any]", fields))
         pipe.pexpire(key, WINDOW_STATS_TTL_MS)
         await pipe.execute()
+        m, q = self.metrics, self.keys.queue
+        m.running.labels(q).set(self.steps.running)
+        m.target_batch.labels(q).set(self.engine.budget.max_slots)
 
     async def _maintenance_loop(self) -> None:
         interval = min(max(self.config.lease_ms / 4e3, 0.25), 2.0)
@@ -668,9 +720,14 @@ class GenerationWorker:
             try:
                 await self._reclaim()
                 await self._publish_stats()
+                await self.metrics.sample_queue(self.redis, self.keys, self.lm.device)
                 backoff.succeeded()
+                self.health.ok(worker=self.config.worker_id, queue=self.keys.queue,
+                               steps=self.stats.steps, running=self.steps.running,
+                               leases=len(self.book))
             except RedisError as exc:
                 backoff.note(exc)
+                self.health.failing(f"redis: {type(exc).__name__}")
 
 
 async def _wait_any(events: Sequence[asyncio.Event], timeout: float | None) -> None:
@@ -680,6 +737,10 @@ async def _wait_any(events: Sequence[asyncio.Event], timeout: float | None) -> N
     finally:
         for w in waiters:
             w.cancel()
+
+
+def _unstarted(g: Generation) -> bool:
+    return not g.tokens
 
 
 def _claim(g: Generation) -> Claim:
