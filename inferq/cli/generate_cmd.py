@@ -34,7 +34,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
                         "CUDA, 1024 MiB on the CPU)")
     g.add_argument("--max-prefill-tokens", type=int, default=2048,
                    help="generate: prompt tokens prefilled per step")
-    g.add_argument("--stream-interval-ms", type=float, default=10.0,
+    g.add_argument("--stream-interval-ms", type=float, default=25.0,
                    help="generate: write token streams and results at most this often")
 
 

@@ -97,6 +97,11 @@ class QueueKeys:
         """Hash with one worker's current window, for ``inferq stats``."""
         return f"{self.prefix}window:{worker_id}"
 
+    def cancels(self, worker_id: str) -> str:
+        """List of request ids cancelled while ``worker_id`` ran them (``generate`` workers
+        block on it with the wake list and drop the generation at its next decode step)."""
+        return f"{self.prefix}cancels:{worker_id}"
+
     def inbox(self, client_id: str) -> str:
         """List of finished request ids for one async client (its single waiting connection)."""
         return f"{self.prefix}inbox:{client_id}"

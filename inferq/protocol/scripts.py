@@ -331,19 +331,26 @@ CANCEL = _PRELUDE + r"""
 -- KEYS: 1 pending, 2 inflight, 3 stats, 4 delayed
 -- ARGV: 1 prefix, 2 id, 3 result ttl ms
 -- Cancels a queued, delayed or running request: writes a 'cancelled' result (which also
--- refuses a later completion of a running one).
+-- refuses a later completion of a running one). A running request's id is pushed onto its
+-- owner's cancel list (expiring with CANCEL_NOTICE_TTL_MS, so a dead owner's list goes away):
+-- a generate worker blocks on it and frees the slot at its next decode step.
 -- Returns 'cancelled', 'done' (already finished) or 'unknown'.
 local pending, inflight, stats, delayed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local CANCEL_NOTICE_TTL_MS = 60000
 local rkey = prefix .. 'req:' .. id
-local h = redis.call('HMGET', rkey, 'a', 'eq')
+local h = redis.call('HMGET', rkey, 'a', 'eq', 'o')
 if not h[2] then
   if redis.call('EXISTS', prefix .. 'result:' .. id) == 1 then return 'done' end
   return 'unknown'
 end
 local now = now_ms()
 redis.call('ZREM', pending, id)
-redis.call('ZREM', inflight, id)
+if redis.call('ZREM', inflight, id) == 1 and h[3] then
+  local notice = prefix .. 'cancels:' .. h[3]
+  redis.call('RPUSH', notice, id)
+  redis.call('PEXPIRE', notice, CANCEL_NOTICE_TTL_MS)
+end
 redis.call('ZREM', delayed, id)
 put_result(prefix, id, error_result(id, 'cancelled', 'cancelled', 'cancelled by the producer',
   h[1], h[2], now), ttl)

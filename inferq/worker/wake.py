@@ -4,6 +4,8 @@ Enqueue pushes a token per new request (the list is capped at 64), so an idle wo
 ``BLPOP`` until work arrives. One BLPOP is outstanding at a time on a dedicated connection; a
 caller that stops waiting early leaves it running and picks up its answer on the next call,
 so a blocking command is never cancelled mid-flight (which would poison the connection).
+Several lists can share the wait (a ``generate`` worker also hears cancellations): BLPOP
+serves them in the order given, and ``wait`` says which one answered.
 """
 
 from __future__ import annotations
@@ -18,21 +20,22 @@ BLOCK_S = 1.0
 
 
 class WakeWaiter:
-    def __init__(self, client: aioredis.Redis, key: str) -> None:
+    def __init__(self, client: aioredis.Redis, *keys: str) -> None:
         self._client = client
-        self._key = key
-        self._task: asyncio.Task[object] | None = None
+        self._keys = list(keys)
+        self._task: asyncio.Task[Any] | None = None
 
     async def wait(self, timeout: float | None, *,
-                   also: asyncio.Event | None = None) -> bool:
-        """Wait until a wake token arrives (True), ``also`` is set, or ``timeout`` passes."""
+                   also: asyncio.Event | None = None) -> tuple[str, str] | None:
+        """Wait until an element arrives (returned as ``(list key, element)``), ``also`` is
+        set, or ``timeout`` passes (both: None)."""
         if self._task is None:
-            self._task = asyncio.ensure_future(self._client.blpop([self._key], timeout=BLOCK_S))
+            self._task = asyncio.ensure_future(self._client.blpop(self._keys, timeout=BLOCK_S))
         waiters: set[asyncio.Future[Any]] = {self._task}
         event_task: asyncio.Task[Any] | None = None
         if also is not None:
             if also.is_set():
-                return False
+                return None
             event_task = asyncio.ensure_future(also.wait())
             waiters.add(event_task)
         try:
@@ -41,9 +44,13 @@ class WakeWaiter:
             if event_task is not None and not event_task.done():
                 event_task.cancel()
         if not self._task.done():
-            return False
+            return None
         task, self._task = self._task, None
-        return task.result() is not None
+        popped = task.result()
+        if popped is None:
+            return None
+        key, element = popped
+        return _text(key), _text(element)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -51,3 +58,7 @@ class WakeWaiter:
             with contextlib.suppress(BaseException):
                 await self._task
             self._task = None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -146,6 +146,25 @@ async def test_cancel_stops_a_long_generation_within_a_step_and_frees_its_slot(
     assert (await after.result(timeout=30)).ok
 
 
+async def test_cancel_reaches_the_running_generation_without_waiting_for_a_stream_write(
+        gen_worker: Any, aclient: inferq.AsyncClient) -> None:
+    # Stream writes (which also report lost leases) once a second: only the cancel notice
+    # pushed to the worker can stop the generation within a few steps.
+    worker = await gen_worker(max_slots=2, stream_interval_ms=1000)
+    handle = await aclient.enqueue("stop me", model=MODEL, task="generate",
+                                   params={"max_new_tokens": 3000, "ignore_eos": True})
+    await until(lambda: worker.running and len(worker.running[0].tokens) >= 20,
+                what="the generation to run")
+    g = worker.running[0]
+    at_cancel = len(g.tokens)
+    assert await handle.cancel()
+    await until(lambda: g.finish is inferq.FinishReason.CANCELLED, timeout=10,
+                what="the generation to leave the batch")
+    # The decode step in flight when the notice arrived, and the cancel's round trips.
+    assert len(g.tokens) - at_cancel <= 8, len(g.tokens) - at_cancel
+    await until(lambda: worker.stats.cancelled == 1, what="the worker to count it")
+
+
 async def test_chat_messages_use_the_chat_template(
         gen_worker: Any, aclient: inferq.AsyncClient, lm: CausalLM) -> None:
     await gen_worker()
