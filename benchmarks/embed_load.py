@@ -38,18 +38,16 @@ from typing import TYPE_CHECKING, Any
 from benchmarks import charts, corpus
 from benchmarks.harness import (
     Cleanup,
+    CpuProbe,
     fmt_range,
     machine_info,
     markdown_table,
     say,
     stop_child,
     summary,
-    update_results_md,
-    write_json,
 )
 from benchmarks.stack import (
     BenchmarkFailed,
-    Probe,
     WorkerProc,
     add_common_arguments,
     base_report,
@@ -64,8 +62,8 @@ from benchmarks.stack import (
     merge_counters,
     noise_of,
     pcts,
-    publish_plots,
-    run_scenario,
+    run_reported,
+    save_report,
     scaled,
     server_pid,
     spawn_worker,
@@ -261,7 +259,7 @@ def open_loop_pass(url: str, worker: WorkerProc, variant: str, texts: Sequence[s
     arrivals = poisson_arrivals(rate, seconds, random.Random(seed))
     if not arrivals:
         raise BenchmarkFailed(f"no arrivals at {rate:.2f}/s in {seconds:g} s")
-    probe = Probe({"producer": None, "server": server, "worker": worker.pid})
+    probe = CpuProbe({"producer": None, "server": server, "worker": worker.pid}, children=True)
     probe.start()
     records, late = asyncio.run(_open_loop(url, worker, texts, arrivals, timeout_s))
     cpu = probe.stop()
@@ -298,14 +296,7 @@ def open_loop_pass(url: str, worker: WorkerProc, variant: str, texts: Sequence[s
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-
-    def body(cleanup: Cleanup) -> int:
-        report = _run(cfg, cleanup)
-        print()
-        print(report_text(report))
-        return 0
-
-    return run_scenario(NAME, body)
+    return run_reported(NAME, lambda cleanup: _run(cfg, cleanup), report_text)
 
 
 def _warm_up(url: str, workers: Mapping[str, WorkerProc], texts: Sequence[str],
@@ -404,15 +395,9 @@ def _run(cfg: LoadConfig, cleanup: Cleanup) -> dict[str, Any]:
     exit_codes = {v: stop_child(w.child) for v, w in workers.items()}
     server.stop()
     report = build_report(cfg, machine, capacity, rates, skipped, passes, exit_codes, started)
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    report["plots"] = [str(p) for p in draw_plots(report, cfg.out / "plots")]
-    json_path = cfg.out / f"{NAME}.json"
-    write_json(json_path, report)
-    say(f"wrote {json_path}")
-    if cfg.results_md is not None:
-        links = publish_plots([Path(p) for p in report["plots"]], cfg.results_md)
-        update_results_md(NAME, results_markdown(report, links, json_path), cfg.results_md)
-        say(f"updated {cfg.results_md}")
+    save_report(NAME, report, cfg.out, cfg.results_md,
+                plots=lambda folder: draw_plots(report, folder),
+                markdown=lambda links, json_path: results_markdown(report, links, json_path))
     return report
 
 

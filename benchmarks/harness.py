@@ -270,9 +270,12 @@ def stop_child(child: Child, *, grace_s: float = 20.0) -> int | None:
     return process.returncode
 
 
-def cpu_seconds(pid: int | None = None) -> float | None:
+def cpu_seconds(pid: int | None = None, *, children: bool = False) -> float | None:
     """User + system CPU seconds of a process (all its threads; this process when ``pid`` is
-    None). Unlike wall time, this barely moves when other tenants load the machine."""
+    None), plus (``children``) those of the children it has waited for: rq's forked work
+    horses, a server's rewrite child. This process counts itself only: its exited children
+    are the workers a scenario stopped. Unlike wall time, this barely moves when other
+    tenants load the machine."""
     if pid is None or pid == os.getpid():
         t = os.times()
         return t.user + t.system
@@ -281,7 +284,10 @@ def cpu_seconds(pid: int | None = None) -> float | None:
     except OSError:
         return None
     fields = stat[stat.rfind(")") + 2:].split()  # fields[0] is field 3 ("state") of proc(5)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def system_busy_seconds() -> float | None:
@@ -303,16 +309,18 @@ class CpuProbe:
     """CPU seconds spent by a named set of our processes between ``start`` and ``stop``, and
     how much of the machine *other* processes used meanwhile (``other_load``: the share of
     all CPUs busy with work that is not ours), which tells a clean measurement from one
-    disturbed by other tenants."""
+    disturbed by other tenants. ``children``: see ``cpu_seconds``."""
 
-    def __init__(self, pids: Mapping[str, int | None]) -> None:
+    def __init__(self, pids: Mapping[str, int | None], *, children: bool = False) -> None:
         self.pids = dict(pids)
+        self.children = children
         self._start: dict[str, float | None] = {}
         self._system: float | None = None
         self._wall = 0.0
 
     def start(self) -> None:
-        self._start = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._start = {name: cpu_seconds(pid, children=self.children)
+                       for name, pid in self.pids.items()}
         self._system = system_busy_seconds()
         self._wall = time.perf_counter()
 
@@ -321,14 +329,15 @@ class CpuProbe:
         system = system_busy_seconds()
         out: dict[str, float | None] = {}
         for name, pid in self.pids.items():
-            before, after = self._start.get(name), cpu_seconds(pid)
-            out[name] = None if before is None or after is None else round(after - before, 3)
+            before, after = self._start.get(name), cpu_seconds(pid, children=self.children)
+            out[name] = None if before is None or after is None else round(after - before, 4)
         ours = sum(v for v in out.values() if v is not None)
         if system is None or self._system is None or wall <= 0:
             out["other_load"] = None
         else:
             other = max(0.0, system - self._system - ours)
             out["other_load"] = round(min(1.0, other / (wall * usable_cpus())), 3)
+        out["wall_s"] = round(wall, 4)
         return out
 
 

@@ -52,20 +52,18 @@ import redis
 from benchmarks import baselines, charts
 from benchmarks.harness import (
     Cleanup,
+    CpuProbe,
     fmt_range,
     machine_info,
     markdown_table,
     say,
     stop_child,
     summary,
-    update_results_md,
-    write_json,
 )
 from benchmarks.stack import (
     SCRIPT_CALLS,
     SCRIPT_INNER_COMMANDS,
     BenchmarkFailed,
-    Probe,
     WorkerProc,
     add_common_arguments,
     base_report,
@@ -79,10 +77,10 @@ from benchmarks.stack import (
     merge_counters,
     noise_of,
     pcts,
-    publish_plots,
     redis_delta,
     redis_snapshot,
-    run_scenario,
+    run_reported,
+    save_report,
     scaled,
     server_pid,
     spawn_worker,
@@ -256,8 +254,8 @@ def inferq_e2e_pass(url: str, fleet: Fleet, cfg: OverheadConfig, tag: str,
                     server: int | None) -> dict[str, Any]:
     prompts = _prompts(tag, cfg.requests)
     client = redis.Redis.from_url(url)
-    probe = Probe({"producer": None, "server": server,
-                      **{f"worker{i}": pid for i, pid in enumerate(fleet.pids)}})
+    probe = CpuProbe({"producer": None, "server": server,
+                      **{f"worker{i}": pid for i, pid in enumerate(fleet.pids)}}, children=True)
     before = redis_snapshot(client)
     probe.start()
     results, seconds, enqueue_s = asyncio.run(enqueue_and_await(
@@ -380,8 +378,8 @@ def arq_pass(cleanup: Cleanup, url: str, variant: str, jobs: int, log_dir: Path,
         async def go(n: int, measure: bool) -> tuple[list[Any], float, dict[str, Any]]:
             pool: ArqRedis = await create_pool(RedisSettings.from_dsn(db_url))
             try:
-                probe = Probe({"producer": None, "server": server,
-                                  "worker0": child.process.pid})
+                probe = CpuProbe({"producer": None, "server": server,
+                                  "worker0": child.process.pid}, children=True)
                 before = redis_snapshot(client)
                 probe.start()
                 t0 = time.time()
@@ -443,7 +441,8 @@ def rq_pass(cleanup: Cleanup, url: str, variant: str, jobs: int, log_dir: Path,
                   child.log_tail, 60)
 
         def go(n: int, measure: bool) -> tuple[list[Job], float, dict[str, Any]]:
-            probe = Probe({"producer": None, "server": server, "worker0": child.process.pid})
+            probe = CpuProbe({"producer": None, "server": server, "worker0": child.process.pid},
+                             children=True)
             finished = queue.finished_job_registry
             failed = queue.failed_job_registry
             done_before = (finished.get_job_count(cleanup=False)
@@ -510,14 +509,7 @@ def _baseline_result(variant: str, jobs: int, t0: float, first_start: float, end
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-
-    def body(cleanup: Cleanup) -> int:
-        report = _run(cfg, cleanup)
-        print()
-        print(report_text(report))
-        return 0
-
-    return run_scenario(NAME, body)
+    return run_reported(NAME, lambda cleanup: _run(cfg, cleanup), report_text)
 
 
 def _run(cfg: OverheadConfig, cleanup: Cleanup) -> dict[str, Any]:
@@ -568,15 +560,9 @@ def _run(cfg: OverheadConfig, cleanup: Cleanup) -> dict[str, Any]:
     exit_codes = {w.worker_id: stop_child(w.child) for f in fleets.values() for w in f.workers}
     server.stop()
     report = build_report(cfg, machine, fleets, trials, skipped, exit_codes, started)
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    report["plots"] = [str(p) for p in draw_plots(report, cfg.out / "plots")]
-    json_path = cfg.out / f"{NAME}.json"
-    write_json(json_path, report)
-    say(f"wrote {json_path}")
-    if cfg.results_md is not None:
-        links = publish_plots([Path(p) for p in report["plots"]], cfg.results_md)
-        update_results_md(NAME, results_markdown(report, links, json_path), cfg.results_md)
-        say(f"updated {cfg.results_md}")
+    save_report(NAME, report, cfg.out, cfg.results_md,
+                plots=lambda folder: draw_plots(report, folder),
+                markdown=lambda links, json_path: results_markdown(report, links, json_path))
     return report
 
 

@@ -39,17 +39,15 @@ import redis
 from benchmarks import charts
 from benchmarks.harness import (
     Cleanup,
+    CpuProbe,
     fmt_range,
     machine_info,
     markdown_table,
     say,
     stop_child,
-    update_results_md,
-    write_json,
 )
 from benchmarks.stack import (
     BenchmarkFailed,
-    Probe,
     WorkerProc,
     add_common_arguments,
     base_report,
@@ -61,9 +59,9 @@ from benchmarks.stack import (
     merge_counters,
     noise_of,
     pcts,
-    publish_plots,
     read_results,
-    run_scenario,
+    run_reported,
+    save_report,
     scaled,
     server_pid,
     spawn_worker,
@@ -253,8 +251,8 @@ def run_trial(cleanup: Cleanup, url: str, cfg: PriorityConfig, trial: int,
     wait_registered(url, workers)
     data = TrialData()
     rng = random.Random(SEED + trial)
-    probe = Probe({"producer": None, "server": server,
-                   **{f"worker{i}": w.pid for i, w in enumerate(workers)}})
+    probe = CpuProbe({"producer": None, "server": server,
+                   **{f"worker{i}": w.pid for i, w in enumerate(workers)}}, children=True)
 
     async def main() -> None:
         async with AsyncClient(url) as flood_client, AsyncClient(url) as high_client:
@@ -341,14 +339,7 @@ def summarize_trial(cfg: PriorityConfig, data: TrialData, served_low: Sequence[R
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-
-    def body(cleanup: Cleanup) -> int:
-        report = _run(cfg, cleanup)
-        print()
-        print(report_text(report))
-        return 0
-
-    return run_scenario(NAME, body)
+    return run_reported(NAME, lambda cleanup: _run(cfg, cleanup), report_text)
 
 
 def _run(cfg: PriorityConfig, cleanup: Cleanup) -> dict[str, Any]:
@@ -365,15 +356,9 @@ def _run(cfg: PriorityConfig, cleanup: Cleanup) -> dict[str, Any]:
         trials.append(run_trial(cleanup, url, cfg, trial, server_pid(server)))
     server.stop()
     report = build_report(cfg, machine, trials, started)
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    report["plots"] = [str(p) for p in draw_plots(report, trials, cfg.out / "plots")]
-    json_path = cfg.out / f"{NAME}.json"
-    write_json(json_path, report)
-    say(f"wrote {json_path}")
-    if cfg.results_md is not None:
-        links = publish_plots([Path(p) for p in report["plots"]], cfg.results_md)
-        update_results_md(NAME, results_markdown(report, links, json_path), cfg.results_md)
-        say(f"updated {cfg.results_md}")
+    save_report(NAME, report, cfg.out, cfg.results_md,
+                plots=lambda folder: draw_plots(report, trials, folder),
+                markdown=lambda links, json_path: results_markdown(report, links, json_path))
     return report
 
 

@@ -38,18 +38,16 @@ import redis
 from benchmarks import charts
 from benchmarks.harness import (
     Cleanup,
+    CpuProbe,
     fmt_range,
     machine_info,
     markdown_table,
     say,
     stop_child,
     summary,
-    update_results_md,
-    write_json,
 )
 from benchmarks.stack import (
     BenchmarkFailed,
-    Probe,
     WorkerProc,
     add_common_arguments,
     base_report,
@@ -63,10 +61,10 @@ from benchmarks.stack import (
     merge_counters,
     noise_of,
     paused,
-    publish_plots,
     redis_delta,
     redis_snapshot,
-    run_scenario,
+    run_reported,
+    save_report,
     scaled,
     server_pid,
     spawn_worker,
@@ -199,8 +197,8 @@ def e2e_pass(cleanup: Cleanup, url: str, workers: Sequence[WorkerProc], n: int,
     count = cfg.requests_for(n)
     prompts = _prompts(tag, count)
     client = redis.Redis.from_url(url)
-    probe = Probe({"producer": None, "server": server,
-                   **{f"worker{i}": w.pid for i, w in enumerate(workers[:n])}})
+    probe = CpuProbe({"producer": None, "server": server,
+                   **{f"worker{i}": w.pid for i, w in enumerate(workers[:n])}}, children=True)
     with paused(cleanup, [w.pid for w in workers[n:]]):
         before = redis_snapshot(client)
         probe.start()
@@ -245,14 +243,7 @@ def _pass_result(n: int, count: int, throughput: float, wall_s: float,
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-
-    def body(cleanup: Cleanup) -> int:
-        report = _run(cfg, cleanup)
-        print()
-        print(report_text(report))
-        return 0
-
-    return run_scenario(NAME, body)
+    return run_reported(NAME, lambda cleanup: _run(cfg, cleanup), report_text)
 
 
 def _run(cfg: ScaleConfig, cleanup: Cleanup) -> dict[str, Any]:
@@ -293,15 +284,9 @@ def _run(cfg: ScaleConfig, cleanup: Cleanup) -> dict[str, Any]:
     exit_codes = {w.worker_id: stop_child(w.child) for w in workers}
     server.stop()
     report = build_report(cfg, machine, trials, rss, exit_codes, started)
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    report["plots"] = [str(p) for p in draw_plots(report, cfg.out / "plots")]
-    json_path = cfg.out / f"{NAME}.json"
-    write_json(json_path, report)
-    say(f"wrote {json_path}")
-    if cfg.results_md is not None:
-        links = publish_plots([Path(p) for p in report["plots"]], cfg.results_md)
-        update_results_md(NAME, results_markdown(report, links, json_path), cfg.results_md)
-        say(f"updated {cfg.results_md}")
+    save_report(NAME, report, cfg.out, cfg.results_md,
+                plots=lambda folder: draw_plots(report, folder),
+                markdown=lambda links, json_path: results_markdown(report, links, json_path))
     return report
 
 

@@ -27,6 +27,7 @@ import redis
 from benchmarks.harness import (
     Child,
     Cleanup,
+    CpuProbe,
     command_line,
     describe_machine,
     dying_with_parent,
@@ -34,8 +35,8 @@ from benchmarks.harness import (
     percentile,
     say,
     summary,
-    system_busy_seconds,
-    usable_cpus,
+    update_results_md,
+    write_json,
 )
 from inferq.embedded import EmbeddedServer
 from inferq.protocol.keys import QueueKeys
@@ -136,6 +137,34 @@ def run_scenario(name: str, body: Callable[[Cleanup], int]) -> int:
         return 1
     finally:
         cleanup.close()
+
+
+def run_reported(name: str, produce: Callable[[Cleanup], Mapping[str, Any]],
+                 text: Callable[[Mapping[str, Any]], str]) -> int:
+    """``run_scenario`` for a scenario that makes a report: printed as text at the end."""
+    def body(cleanup: Cleanup) -> int:
+        report = produce(cleanup)
+        print()
+        print(text(report))
+        return 0
+
+    return run_scenario(name, body)
+
+
+def save_report(name: str, report: dict[str, Any], out: Path, results_md: Path | None, *,
+                plots: Callable[[Path], Sequence[Path]],
+                markdown: Callable[[list[str], Path], str]) -> None:
+    """Draw the plots (``plots(folder)``), write ``<out>/<name>.json`` and, with
+    ``results_md``, the scenario's section of RESULTS.md (``markdown(plot links, json)``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    report["plots"] = [str(p) for p in plots(out / "plots")]
+    json_path = out / f"{name}.json"
+    write_json(json_path, report)
+    say(f"wrote {json_path}")
+    if results_md is not None:
+        links = publish_plots([Path(p) for p in report["plots"]], results_md)
+        update_results_md(name, markdown(links, json_path), results_md)
+        say(f"updated {results_md}")
 
 
 def first_leaf(exc: BaseException) -> BaseException:
@@ -263,57 +292,6 @@ def paused(cleanup: Cleanup, pids: Sequence[int]) -> Iterator[Callable[[Sequence
         resume(list(stopped))
 
 
-def proc_cpu_seconds(pid: int | None, *, children: bool = True) -> float | None:
-    """User + system CPU seconds of a process, plus (``children``) those of its children it
-    has waited for: rq's forked work horses, a server's rewrite child. This process (``pid``
-    None) counts itself only: its exited children are the workers a scenario stopped."""
-    if pid is None or pid == os.getpid():
-        t = os.times()
-        return t.user + t.system
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()  # fields[0] is field 3 ("state") of proc(5)
-    ticks = int(fields[11]) + int(fields[12])
-    if children:
-        ticks += int(fields[13]) + int(fields[14])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-class Probe:
-    """Like ``harness.CpuProbe`` (CPU seconds of our processes between ``start`` and ``stop``,
-    and ``other_load``: the share of all CPUs other tenants used meanwhile), but counting the
-    CPU of children our processes waited for, such as rq's forked work horses."""
-
-    def __init__(self, pids: Mapping[str, int | None]) -> None:
-        self.pids = dict(pids)
-        self._start: dict[str, float | None] = {}
-        self._system: float | None = None
-        self._wall = 0.0
-
-    def start(self) -> None:
-        self._start = {name: proc_cpu_seconds(pid) for name, pid in self.pids.items()}
-        self._system = system_busy_seconds()
-        self._wall = time.perf_counter()
-
-    def stop(self) -> dict[str, float | None]:
-        wall = time.perf_counter() - self._wall
-        system = system_busy_seconds()
-        out: dict[str, float | None] = {}
-        for name, pid in self.pids.items():
-            before, after = self._start.get(name), proc_cpu_seconds(pid)
-            out[name] = None if before is None or after is None else round(after - before, 4)
-        ours = sum(v for v in out.values() if v is not None)
-        if system is None or self._system is None or wall <= 0:
-            out["other_load"] = None
-        else:
-            other = max(0.0, system - self._system - ours)
-            out["other_load"] = round(min(1.0, other / (wall * usable_cpus())), 3)
-        out["wall_s"] = round(wall, 4)
-        return out
-
-
 def sum_cpu(cpu: Mapping[str, float | None], prefix: str) -> float | None:
     values = [v for k, v in cpu.items() if k.startswith(prefix)]
     if not values or any(v is None for v in values):
@@ -437,8 +415,8 @@ def fill_and_drain(cleanup: Cleanup, url: str, model: str, prompts: Sequence[str
                 ids += [h.id for h in handles]
         return ids
 
-    probe = Probe({"producer": None, "server": server,
-                   **{f"worker{i}": w.pid for i, w in enumerate(active)}})
+    probe = CpuProbe({"producer": None, "server": server,
+                   **{f"worker{i}": w.pid for i, w in enumerate(active)}}, children=True)
     try:
         with paused(cleanup, [w.pid for w in paused_workers]) as resume:
             start_fill = redis_snapshot(client)
