@@ -1,10 +1,14 @@
 """Many awaited results over one connection.
 
 An ``AsyncClient`` names a reply inbox in each request it enqueues; whoever writes the result
-(worker, dead-lettering, cancellation) also pushes the request id onto that inbox in the same
-atomic script. One listener per queue blocks on the inbox with ``BLMPOP`` and resolves the
-waiting futures, so ten thousand awaited results cost one connection, not ten thousand
-blocking ones. The listener runs only while someone waits.
+(worker, dead-lettering, cancellation) also pushes ``<id> <result>`` onto that inbox in the
+same atomic script. One listener per queue blocks on the inbox with ``BLMPOP`` and resolves the
+waiting futures with the results it popped, so ten thousand awaited results cost one
+connection and no read each. The listener runs only while someone waits.
+
+Results popped before anyone waits for them (``enqueue_many`` of many requests, then awaiting
+them) are kept for a later waiter up to ``ARRIVED_BYTES``; beyond that only their ids are
+kept, and such a waiter reads its result from its key.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ BATCH = 512
 #: will push again, and those results must still reach their waiters.
 RESYNC_S = 5.0
 ARRIVED_CAP = 100_000
+ARRIVED_BYTES = 64 * 2**20
 
 
 class ResultInbox:
@@ -38,12 +43,19 @@ class ResultInbox:
         self._waiters: dict[str, list[asyncio.Future[bytes]]] = {}
         self._since: dict[str, float] = {}
         #: Ids already popped from the inbox (delivered, or popped before anyone waited):
-        #: a waiter that registers later reads its result directly.
+        #: a waiter that registers later takes its result from ``_kept`` or reads it.
         self._arrived: OrderedDict[str, None] = OrderedDict()
+        #: Results popped before anyone waited for them, oldest first, within ARRIVED_BYTES.
+        self._kept: OrderedDict[str, bytes] = OrderedDict()
+        self._kept_bytes = 0
         self._task: asyncio.Task[None] | None = None
 
     async def wait(self, request_id: str, timeout: float | None) -> bytes | None:
         """The raw result, or None when ``timeout`` passes first."""
+        kept = self._kept.pop(request_id, None)
+        if kept is not None:
+            self._kept_bytes -= len(kept)
+            return kept
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bytes] = loop.create_future()
         self._waiters.setdefault(request_id, []).append(future)
@@ -51,9 +63,9 @@ class ResultInbox:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._listen())
         try:
-            # Registered first, then checked: an id the inbox already gave up is read
-            # directly; any other result arrives through the inbox (no read per waiter). If
-            # Redis is unreachable right now, the listener's resync delivers it later.
+            # Registered first, then checked: an id the inbox already gave up (and whose
+            # result was not kept) is read directly; any other result arrives through the
+            # inbox. If Redis is unreachable right now, the listener's resync delivers it later.
             if request_id in self._arrived:
                 try:
                     raw = await self._client.lindex(self._keys.result(request_id), 0)
@@ -63,7 +75,7 @@ class ResultInbox:
                     raw = None
                 if raw is not None:
                     return raw.encode() if isinstance(raw, str) else bytes(raw)
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
+            return await asyncio.wait_for(future, timeout)
         except TimeoutError:
             return None
         finally:
@@ -98,12 +110,36 @@ class ResultInbox:
         reply = await self._client.blmpop(BLOCK_S, 1, self._key, direction="LEFT", count=BATCH)
         if not reply:
             return
-        ids = [i.decode() if isinstance(i, bytes) else str(i) for i in reply[1]]
-        for request_id in ids:
+        bare: list[str] = []
+        for entry in reply[1]:
+            raw = entry if isinstance(entry, bytes) else str(entry).encode()
+            head, _, body = raw.partition(b" ")
+            request_id = head.decode()
             self._arrived[request_id] = None
+            waiters = self._waiters.get(request_id)
+            if not body:
+                # An id alone (pushed by an older version of the scripts): read the result.
+                if waiters:
+                    bare.append(request_id)
+            elif waiters:
+                for future in waiters:
+                    if not future.done():
+                        future.set_result(body)
+            else:
+                self._keep(request_id, body)
         while len(self._arrived) > ARRIVED_CAP:
             self._arrived.popitem(last=False)
-        await self._resolve([i for i in ids if i in self._waiters])
+        await self._resolve(bare)
+
+    def _keep(self, request_id: str, body: bytes) -> None:
+        previous = self._kept.pop(request_id, None)
+        if previous is not None:
+            self._kept_bytes -= len(previous)
+        self._kept[request_id] = body
+        self._kept_bytes += len(body)
+        while self._kept_bytes > ARRIVED_BYTES and self._kept:
+            _, dropped = self._kept.popitem(last=False)
+            self._kept_bytes -= len(dropped)
 
     async def _resolve(self, wanted: list[str]) -> None:
         """Read the results of these waiters' requests and wake the ones that have one."""

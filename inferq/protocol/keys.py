@@ -103,7 +103,8 @@ class QueueKeys:
         return f"{self.prefix}cancels:{worker_id}"
 
     def inbox(self, client_id: str) -> str:
-        """List of finished request ids for one async client (its single waiting connection)."""
+        """List of ``<id> <result>`` entries for one async client (its single waiting
+        connection), pushed by whoever writes a result of a request that named it."""
         return f"{self.prefix}inbox:{client_id}"
 
     def request(self, request_id: str) -> str:

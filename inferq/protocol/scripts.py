@@ -25,7 +25,8 @@ local function now_ms()
 end
 local function num(x) return string.format('%.0f', x) end
 -- Writes the result once (first writer wins) and, when the request named a reply inbox (an
--- async client waiting on many results over one connection), pushes its id there too.
+-- async client waiting on many results over one connection), pushes "<id> <result>" there too
+-- (ids never contain a space), so the client needs no read per result.
 local INBOX_CAP = 100000
 local function put_result(prefix, id, body, ttl)
   local k = prefix .. 'result:' .. id
@@ -35,7 +36,7 @@ local function put_result(prefix, id, body, ttl)
   local rt = redis.call('HGET', prefix .. 'req:' .. id, 'rt')
   if rt then
     local inbox = prefix .. 'inbox:' .. rt
-    redis.call('RPUSH', inbox, id)
+    redis.call('RPUSH', inbox, id .. ' ' .. body)
     redis.call('LTRIM', inbox, -INBOX_CAP, -1)
     redis.call('PEXPIRE', inbox, ttl)
   end

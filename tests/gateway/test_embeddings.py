@@ -129,8 +129,9 @@ def test_a_worker_side_failure_is_mapped_with_its_code(
                         error=ErrorInfo(code="max_attempts", message="lease expired"))
         inbox = r.hget(ECHO.request(first), "rt")
         assert isinstance(inbox, bytes)
-        r.rpush(ECHO.result(first), encode_result(result))
-        r.rpush(ECHO.inbox(inbox.decode()), first)
+        body = encode_result(result)
+        r.rpush(ECHO.result(first), body)
+        r.rpush(ECHO.inbox(inbox.decode()), first.encode() + b" " + body)
         response = pending.result(timeout=30)
     assert response.status_code == 502
     error = response.json()["error"]
