@@ -103,7 +103,7 @@ async def test_high_priority_arrival_takes_the_next_free_slot_ahead_of_the_backl
 
 async def test_stream_deltas_concatenate_to_the_final_text_and_replay_from_the_start(
         gen_worker: Any, aclient: inferq.AsyncClient, redis_url: str) -> None:
-    await gen_worker()
+    await gen_worker(stream_interval_ms=0)  # a write per step: many deltas, even on a fast CPU
     handle = await aclient.enqueue("tell me about the queue", model=MODEL, task="generate",
                                    params={"max_new_tokens": 60, "ignore_eos": True})
     items = [item async for item in handle.stream(timeout=30)]
