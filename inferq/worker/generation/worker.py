@@ -92,7 +92,7 @@ class GenerationSettings:
     #: are merged into one write. Adds up to this much to TTFT (cancellations do not wait for
     #: it: they are pushed to the worker). Each write costs the event loop GIL time the model
     #: thread waits for: on the 2-core CPU, 25 ms gave the tiny model ~20% more tokens/s than
-    #: 10 ms (median of 3 interleaved runs; single runs vary by as much).
+    #: 10 ms (medians over 3 interleaved rounds of 2 burst runs; single runs vary by as much).
     stream_interval_ms: float = 25.0
 
     def __post_init__(self) -> None:
