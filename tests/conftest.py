@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -62,10 +62,11 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0,
 class WorkerProcess:
     """An ``inferq worker`` subprocess whose log is kept for assertions."""
 
-    def __init__(self, url: str, *args: str, log_dir: Path) -> None:
+    def __init__(self, url: str, *args: str, log_dir: Path,
+                 env: Mapping[str, str] | None = None) -> None:
         self.log_path = log_dir / f"worker-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "inferq", "worker", "--redis-url", url, *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env,
@@ -91,8 +92,8 @@ class WorkerProcess:
 def start_worker(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
-    def start(*args: str) -> WorkerProcess:
-        worker = WorkerProcess(redis_url, *args, log_dir=tmp_path)
+    def start(*args: str, env: Mapping[str, str] | None = None) -> WorkerProcess:
+        worker = WorkerProcess(redis_url, *args, log_dir=tmp_path, env=env)
         started.append(worker)
         return worker
 

@@ -372,6 +372,7 @@ class Worker:
                 continue
             self._device_idle.clear()
             inputs = [job.input for job in batch.jobs]
+            log.debug("batch %d: running %d requests", batch.id, len(batch.jobs))
             started = self.clock()
             outcomes = await loop.run_in_executor(self._forward_pool, self._forward, inputs)
             elapsed = self.clock() - started

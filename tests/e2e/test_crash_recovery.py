@@ -52,8 +52,10 @@ def test_a_worker_paused_past_its_lease_has_its_completion_refused(
     client = inferq.Client(redis_url)
     handles = client.enqueue_many([f"req-{i}" for i in range(8)], model="slow")
     paused = start_worker("--model", SLOW, "--lease-ms", "1000", "--max-batch-size", "8",
-                          "--worker-id", "paused")
-    wait_until(lambda: r.zcard(KEYS.inflight) == 8, 60, "the worker to claim all 8")
+                          "--worker-id", "paused", env={"INFERQ_LOG_LEVEL": "DEBUG"})
+    # The forward sleeps 1.5 s: stopped right after it starts, the worker is mid-forward (a
+    # worker stopped before its batch forms drops the lost claims unrun instead).
+    wait_until(lambda: "running 8 requests" in paused.log, 60, "the forward to start")
     paused.proc.send_signal(signal.SIGSTOP)  # a GC pause / frozen VM, mid-forward
     try:
         second = start_worker("--model", SLOW, "--lease-ms", "1000", "--max-batch-size", "8",
