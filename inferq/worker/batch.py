@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferq.errors import InferqError
+from inferq.errors import InferqError, InvalidInput
 from inferq.protocol import ops
 from inferq.protocol.codec import (
     ErrorInfo,
@@ -14,6 +15,7 @@ from inferq.protocol.codec import (
     RequestPayload,
     Result,
     Status,
+    decode_request,
     encode_result,
 )
 from inferq.worker.isolation import Failure
@@ -103,3 +105,23 @@ def failed_completion(ctx: ResultContext, claimed: ops.Claimed, error: InferqErr
     )
     return ops.Completion(claimed.id, claimed.token, status.value,
                           encode_result(result, ctx.limits))
+
+
+def decode_claims(ctx: ResultContext, claimed: Sequence[ops.Claimed], now_ms: int
+                  ) -> tuple[list[tuple[ops.Claimed, RequestPayload]], list[ops.Completion]]:
+    """Decode and check claimed payloads: the valid ones, and a failed completion for each
+    malformed one or one that belongs to another request or queue (each fails alone)."""
+    valid: list[tuple[ops.Claimed, RequestPayload]] = []
+    failures: list[ops.Completion] = []
+    for c in claimed:
+        try:
+            payload = decode_request(c.payload, ctx.limits)
+            if payload.id != c.id:
+                raise InvalidInput(f"payload id {payload.id!r} does not match {c.id!r}")
+            if (payload.task, payload.model) != (ctx.task, ctx.model):
+                raise InvalidInput(f"payload is for {payload.task}:{payload.model}, queue is "
+                                   f"{ctx.task}:{ctx.model}")
+            valid.append((c, payload))
+        except InferqError as exc:
+            failures.append(failed_completion(ctx, c, exc, now_ms))
+    return valid, failures

@@ -31,10 +31,17 @@ from redis.exceptions import RedisError, ResponseError
 from inferq import connection
 from inferq.errors import DeadlineMissed, InferqError, InvalidInput
 from inferq.protocol import ops, scores
-from inferq.protocol.codec import RequestPayload, Status, decode_request
+from inferq.protocol.codec import RequestPayload, Status
 from inferq.protocol.keys import QueueKeys, queues_registry
 from inferq.worker.backoff import RedisBackoff
-from inferq.worker.batch import Batch, Job, ResultContext, failed_completion, job_result
+from inferq.worker.batch import (
+    Batch,
+    Job,
+    ResultContext,
+    decode_claims,
+    failed_completion,
+    job_result,
+)
 from inferq.worker.config import WorkerConfig
 from inferq.worker.isolation import Failure, run_isolated
 from inferq.worker.leases import Heartbeat, LeaseBook
@@ -318,20 +325,7 @@ class Worker:
     def _prepare(self, claimed: Sequence[ops.Claimed],
                  now_ms: int) -> tuple[list[Job], list[ops.Completion]]:
         """Decode, validate and tokenize (helper thread). Bad requests fail alone, here."""
-        failures: list[ops.Completion] = []
-        valid: list[tuple[ops.Claimed, RequestPayload]] = []
-        for c in claimed:
-            try:
-                payload = decode_request(c.payload, self.config.limits)
-                if payload.id != c.id:
-                    raise InvalidInput(f"payload id {payload.id!r} does not match {c.id!r}")
-                if (payload.task, payload.model) != (self.config.task, self.config.model_name):
-                    raise InvalidInput(
-                        f"payload is for {payload.task}:{payload.model}, queue is "
-                        f"{self.keys.queue}")
-                valid.append((c, payload))
-            except InferqError as exc:
-                failures.append(failed_completion(self.ctx, c, exc, now_ms))
+        valid, failures = decode_claims(self.ctx, claimed, now_ms)
         inputs: list[ModelInput | InferqError]
         try:
             inputs = self.model.prepare([p for _, p in valid])

@@ -47,13 +47,12 @@ from inferq.protocol.codec import (
     Result,
     Status,
     Usage,
-    decode_request,
     encode_result,
 )
 from inferq.protocol.generation import FinishReason, parse_generation_params
 from inferq.protocol.keys import QueueKeys, queues_registry
 from inferq.worker.backoff import RedisBackoff
-from inferq.worker.batch import ResultContext, failed_completion
+from inferq.worker.batch import ResultContext, decode_claims, failed_completion
 from inferq.worker.config import WorkerConfig
 from inferq.worker.generation.engine import Engine, Generation
 from inferq.worker.generation.lm import CausalLM
@@ -374,19 +373,7 @@ class GenerationWorker:
     def _prepare(self, claimed: Sequence[ops.Claimed],
                  now_ms: int) -> tuple[list[Generation], list[ops.Completion]]:
         """Decode, validate, render and tokenize (helper thread). Bad requests fail here."""
-        failures: list[ops.Completion] = []
-        valid: list[tuple[ops.Claimed, RequestPayload]] = []
-        for c in claimed:
-            try:
-                payload = decode_request(c.payload, self.config.limits)
-                if payload.id != c.id:
-                    raise InvalidInput(f"payload id {payload.id!r} does not match {c.id!r}")
-                if (payload.task, payload.model) != (self.config.task, self.config.model_name):
-                    raise InvalidInput(f"payload is for {payload.task}:{payload.model}, queue "
-                                       f"is {self.keys.queue}")
-                valid.append((c, payload))
-            except InferqError as exc:
-                failures.append(failed_completion(self.ctx, c, exc, now_ms))
+        valid, failures = decode_claims(self.ctx, claimed, now_ms)
         offset = now_ms / 1e3 - self.clock()
         encoded = self.lm.encode([p for _, p in valid]) if valid else []
         generations: list[Generation] = []
