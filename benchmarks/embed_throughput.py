@@ -56,6 +56,7 @@ from benchmarks.harness import (
     update_results_md,
     write_json,
 )
+from benchmarks.stack import BenchmarkFailed, run_reported
 
 if TYPE_CHECKING:
     import torch
@@ -81,10 +82,6 @@ SORTED_BATCH_SIZE = 32
 #: flagged as disturbed.
 DISTURBED_LOAD = 0.10
 VARIANT_ORDERS = (("limit", "full", "bs1"), ("full", "bs1", "limit"), ("bs1", "limit", "full"))
-
-
-class BenchmarkFailed(RuntimeError):
-    """A worker died or stopped answering; the message carries its log's tail."""
 
 
 @dataclass(frozen=True)
@@ -526,32 +523,7 @@ def _server_class() -> type[EmbeddedServer]:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    cleanup = Cleanup()
-    cleanup.install_signal_handlers()
-    try:
-        report = _run(cfg, cleanup)
-    except KeyboardInterrupt as exc:
-        print(f"\nbenchmarks embed: interrupted ({exc or 'Ctrl-C'}); stopping workers and the "
-              "server", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        leaf = _first_leaf(exc)
-        if not isinstance(leaf, BenchmarkFailed):
-            raise
-        print(f"\nbenchmarks embed: failed: {leaf}", file=sys.stderr)
-        return 1
-    finally:
-        cleanup.close()
-    print()
-    print(report_text(report))
-    return 0
-
-
-def _first_leaf(exc: BaseException) -> BaseException:
-    """The first real error inside (nested) exception groups, e.g. from a TaskGroup."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
+    return run_reported("embed", lambda cleanup: _run(cfg, cleanup), report_text)
 
 
 def _run(cfg: EmbedConfig, cleanup: Cleanup) -> dict[str, Any]:
