@@ -21,12 +21,12 @@ import itertools
 import logging
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from http.server import ThreadingHTTPServer
-from typing import Any, cast
+from typing import Any
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from inferq import connection
 from inferq.errors import DeadlineMissed, InferqError, InvalidInput
@@ -51,14 +51,13 @@ from inferq.worker.metrics import serve as serve_metrics
 from inferq.worker.models.base import BatchModel, ModelInput
 from inferq.worker.packing import fill_tokens, pack
 from inferq.worker.policy import ReleaseReason, WindowConfig, WindowPolicy
+from inferq.worker.queue_link import QueueLink, wait_any
 from inferq.worker.telemetry import WorkerStats
 from inferq.worker.tuning import load_policy, save_policy
 from inferq.worker.wake import WakeWaiter
 
 log = logging.getLogger("inferq.worker")
 
-RECLAIM_BATCH = 500
-WINDOW_STATS_TTL_MS = 15_000
 
 
 def _job_tokens(job: Job) -> int:
@@ -86,7 +85,6 @@ class Worker:
                                  retry_max_ms=config.retry_max_ms)
         self._carry: list[Job] = []
         self._batch_ids = itertools.count(1)
-        self._clock_offset_s = 0.0  # Redis time minus our monotonic clock
         self._forward_pool = ThreadPoolExecutor(1, thread_name_prefix="inferq-forward")
         self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="inferq-prepare")
         self._completions: set[asyncio.Task[None]] = set()
@@ -97,6 +95,7 @@ class Worker:
         self.memory = MemoryGovernor(config.max_batch_tokens)
         self.metrics = WorkerMetrics(self.keys.queue, config.worker_id)
         self.health = HealthState(stale_after_s=max(10.0, config.lease_ms / 1e3))
+        self.link = QueueLink(config, self.keys, self.book, self.metrics, clock)
         self.metrics_server: ThreadingHTTPServer | None = None
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -113,13 +112,13 @@ class Worker:
         self._ready: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
         self.redis = connection.async_client(self.config.connection)
         self._blocking = connection.async_client(self.config.connection)
-        self.scripts = ops.register(self.redis)
+        self.link.attach(self.redis, ops.register(self.redis))
         self._wake = WakeWaiter(self._blocking, self.keys.wake)
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop)
-        await self._check_server()
+        await self.link.check_server()
         if self.config.metrics_port is not None:
             self.metrics_server = serve_metrics(self.metrics, self.health,
                                                 self.config.metrics_port)
@@ -132,12 +131,14 @@ class Worker:
                               interval_s=self.config.heartbeat_s)
         heartbeat.beat()
         heartbeat.start()
-        await self._reclaim()
+        await self.link.reclaim()
         log.info("worker %s serving %s (device %s, window max %.1f ms, batch max %d, "
                  "tuning %s)", self.config.worker_id, self.keys.queue, self.model.device,
                  self.config.max_wait_ms, self.config.max_batch_size,
                  "resumed" if self.resumed_tuning else "fresh")
-        maintenance = asyncio.create_task(self._maintenance_loop())
+        maintenance = asyncio.create_task(self.link.maintain(
+            self.health, self.model.device, upkeep=lambda reclaimed: self._publish(),
+            detail=lambda: {"batches": self.stats.batches}))
         try:
             await asyncio.gather(self._collect_loop(), self._execute_loop())
         finally:
@@ -159,21 +160,6 @@ class Worker:
                 self.metrics_server.shutdown()
             log.info("worker %s stopped after %d batches, %d requests",
                      self.config.worker_id, self.stats.batches, self.stats.requests)
-
-    async def _check_server(self) -> None:
-        """Warn when the server could drop accepted requests (eviction, no persistence)."""
-        try:
-            policy = await self.redis.config_get("maxmemory-policy")
-            aof = await self.redis.config_get("appendonly")
-            save = await self.redis.config_get("save")
-        except ResponseError:
-            return  # CONFIG disabled (managed service, ACL): nothing to check
-        if policy.get("maxmemory-policy", "noeviction") != "noeviction":
-            log.warning("maxmemory-policy is %s: Redis may evict queued requests; "
-                        "use noeviction", policy.get("maxmemory-policy"))
-        if aof.get("appendonly") != "yes" and not save.get("save"):
-            log.warning("Redis persistence is off (no AOF, no RDB): a server restart "
-                        "loses every queued request")
 
     # ----------------------------------------------------------------------------- collector
 
@@ -217,7 +203,7 @@ class Worker:
                 # The model is busy: collecting more costs no latency. Wake on new work or
                 # when the device frees up.
                 if full:
-                    await self._wait_any(self._device_idle, self._stopping)
+                    await wait_any((self._device_idle, self._stopping))
                 else:
                     await self._wake.wait(None, also=self._device_idle)
                 continue
@@ -285,34 +271,18 @@ class Worker:
         if not overdue:
             return False
         self._carry = [job for job in self._carry if job not in overdue]
-        now_ms = int((now + self._clock_offset_s) * 1e3)
+        now_ms = self.link.to_ms(now)
         error = DeadlineMissed("the deadline passed before the request could run")
         await self._complete([failed_completion(self.ctx, job.claimed, error, now_ms,
                                                 Status.EXPIRED) for job in overdue])
         return True
 
-    @staticmethod
-    async def _wait_any(*events: asyncio.Event) -> None:
-        waiters = [asyncio.ensure_future(e.wait()) for e in events]
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waiters:
-                w.cancel()
-
     async def _claim(self, max_count: int) -> list[Job]:
-        keys, args = ops.claim_call(self.keys, self.config.worker_id, self.config.lease_ms,
-                                    max_count, self.config.result_ttl_ms)
-        reply = ops.parse_claim(await self.scripts["claim"](keys=keys, args=args))
-        if reply.expired:  # answered expired by the script, past their deadline
-            self.metrics.count_expired(reply.expired)
-        self._clock_offset_s = reply.now_ms / 1e3 - self.clock()
+        reply = await self.link.claim(max_count)
         self._next_retry_s = (None if reply.next_retry_ms is None
                               else max(reply.next_retry_ms / 1e3, 0.001))
         if not reply.claimed:
             return []
-        for claimed in reply.claimed:
-            self.book.add(claimed.id, claimed.token)
         loop = asyncio.get_running_loop()
         jobs, failures = await loop.run_in_executor(
             self._prepare_pool, self._prepare, reply.claimed, reply.now_ms)
@@ -404,7 +374,7 @@ class Worker:
         return run_isolated(self.model.forward, inputs, on_oom=oom)
 
     async def _finish(self, batch: Batch, outcomes: list[Any], elapsed: float) -> None:
-        finished_ms = int((self.clock() + self._clock_offset_s) * 1e3)
+        finished_ms = self.link.now_ms()
         completions = [
             job_result(self.ctx, job, outcome, batch_size=len(batch.jobs),
                        finished_ms=finished_ms, compute_ms=elapsed * 1e3)
@@ -422,27 +392,10 @@ class Worker:
                   elapsed * 1e3, batch.reason.value)
 
     async def _complete(self, completions: Sequence[ops.Completion]) -> None:
-        """One script call for the batch, retried through Redis outages while the leases can
-        still be valid; after that the requests are reclaimed and run again elsewhere."""
-        keys, args = ops.complete_call(self.keys, self.config.result_ttl_ms,
-                                       self.config.dead_letter_cap, completions)
-        give_up = self.clock() + self.config.lease_ms / 1e3
-        backoff = RedisBackoff("complete")
-        while True:
-            try:
-                reply = await self.scripts["complete"](keys=keys, args=args)
-                break
-            except RedisError as exc:
-                if self.clock() > give_up:
-                    log.error("could not write %d results before their leases expired (%s); "
-                              "they will be reclaimed and run again", len(completions), exc)
-                    for completion in completions:
-                        self.book.drop(completion.id)
-                    return
-                await backoff.failed(exc)
-        written = ops.parse_complete(reply)
+        written = await self.link.complete(completions)
+        if written is None:
+            return
         for completion, ok in zip(completions, written, strict=True):
-            self.book.drop(completion.id)
             self.metrics.observe_outcome(completion.status, ok)
             if not ok:
                 self.stats.refused += 1
@@ -454,34 +407,10 @@ class Worker:
                 self.stats.failed += 1
 
     async def _release(self, jobs: Sequence[Job], why: str = "") -> None:
-        if not jobs:
-            return
-        keys, args = ops.release_call(self.keys, [(j.id, j.claimed.token) for j in jobs])
-        try:
-            released = int(await self.scripts["release"](keys=keys, args=args))
-        except RedisError as exc:
-            log.warning("could not give %d claims back (%s); their leases will expire and "
-                        "they will be reclaimed", len(jobs), exc)
-            return
-        finally:
-            for job in jobs:
-                self.book.drop(job.id)
-        self.stats.released += released
-        log.log(logging.DEBUG if why else logging.INFO,
-                "gave %d unstarted requests back to the queue%s", released,
-                f" ({why})" if why else "")
+        self.stats.released += await self.link.release(
+            [(j.id, j.claimed.token) for j in jobs], why)
 
     # --------------------------------------------------------------------------- maintenance
-
-    async def _reclaim(self) -> tuple[int, int]:
-        keys, args = ops.reclaim_call(self.keys, RECLAIM_BATCH, self.config.result_ttl_ms,
-                                      self.config.dead_letter_cap)
-        requeued, dead = ops.parse_reclaim(await self.scripts["reclaim"](keys=keys, args=args))
-        self.metrics.reclaims.labels(self.keys.queue).inc(requeued)
-        self.metrics.dead_letters.labels(self.keys.queue).inc(dead)
-        if requeued or dead:
-            log.warning("reclaimed %d expired leases (%d dead-lettered)", requeued + dead, dead)
-        return requeued, dead
 
     async def _publish(self) -> None:
         """Window and batch statistics for ``inferq stats``, plus the tuned state."""
@@ -496,29 +425,9 @@ class Worker:
             "model": self.model.model_id,
             "device": self.model.device,
         })
-        key = self.keys.window(self.config.worker_id)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(key, mapping=cast("Mapping[Any, Any]", fields))
-        pipe.pexpire(key, WINDOW_STATS_TTL_MS)
-        await pipe.execute()
+        await self.link.publish_stats(fields)
         await save_policy(self.redis, self.keys, self.model.model_id, self.policy)
         m, q = self.metrics, self.keys.queue
         m.window.labels(q).set(self.policy.window_s(now))
         m.target_batch.labels(q).set(self.policy.target_batch_size(now))
         self._unpublished = False
-
-    async def _maintenance_loop(self) -> None:
-        interval = min(max(self.config.lease_ms / 4e3, 0.25), 2.0)
-        backoff = RedisBackoff("maintenance")
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self._reclaim()
-                await self._publish()
-                await self.metrics.sample_queue(self.redis, self.keys, self.model.device)
-                backoff.succeeded()
-                self.health.ok(worker=self.config.worker_id, queue=self.keys.queue,
-                               batches=self.stats.batches, leases=len(self.book))
-            except RedisError as exc:
-                backoff.note(exc)
-                self.health.failing(f"redis: {type(exc).__name__}")

@@ -30,13 +30,13 @@ import itertools
 import logging
 import signal
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
-from typing import Any, cast
+from typing import Any
 
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError
 
 from inferq import connection
 from inferq.errors import ConfigError, DeadlineMissed, InferqError, InvalidInput
@@ -62,13 +62,12 @@ from inferq.worker.isolation import failure_of
 from inferq.worker.leases import Heartbeat, LeaseBook
 from inferq.worker.metrics import HealthState, WorkerMetrics
 from inferq.worker.metrics import serve as serve_metrics
+from inferq.worker.queue_link import QueueLink, wait_any
 from inferq.worker.wake import WakeWaiter
 
 log = logging.getLogger("inferq.worker")
 
-RECLAIM_BATCH = 500
 PUBLISHER_SCRIPTS = ("stream", "complete", "stream_end")
-WINDOW_STATS_TTL_MS = 15_000
 #: KV cache budget on a CPU when none is given. Never derived from the host's RAM: a worker
 #: shares its machine, and a cache sized from all of it would starve everything else.
 CPU_KV_CACHE_MB = 1024
@@ -194,13 +193,13 @@ class GenerationWorker:
         self.stats = GenerationStats()
         self.metrics = WorkerMetrics(self.keys.queue, config.worker_id)
         self.health = HealthState(stale_after_s=max(10.0, config.lease_ms / 1e3))
+        self.link = QueueLink(config, self.keys, self.book, self.metrics, clock)
         self.metrics_server: ThreadingHTTPServer | None = None
         self.ctx = ResultContext(worker=config.worker_id, task=config.task,
                                  model=config.model_name, limits=config.limits,
                                  retry_base_ms=config.retry_base_ms,
                                  retry_max_ms=config.retry_max_ms)
         self._order = itertools.count()
-        self._clock_offset_s = 0.0
         self._maybe_pending = True
         self._wakes = 0
         self._retry_at: float | None = None
@@ -233,7 +232,7 @@ class GenerationWorker:
         self.redis = connection.async_client(self.config.connection)
         self._blocking = connection.async_client(self.config.connection)
         self._publisher_redis = connection.async_client(self.config.connection)
-        self.scripts = ops.register(self.redis)
+        self.link.attach(self.redis, ops.register(self.redis))
         self._publisher_scripts = ops.register(self._publisher_redis)
         # Cancellations first: BLPOP serves its lists in order, and the wake list of a busy
         # queue is never empty.
@@ -254,7 +253,7 @@ class GenerationWorker:
             self.metrics_server = serve_metrics(self.metrics, self.health,
                                                 self.config.metrics_port)
             log.info("metrics and /healthz on port %d", self.metrics_server.server_address[1])
-        await _check_server(self.redis)
+        await self.link.check_server()
         for name in PUBLISHER_SCRIPTS:  # the publisher's plain EVALSHA needs them loaded
             await self._publisher_redis.script_load(self._publisher_scripts[name].script)
         await self.redis.sadd(queues_registry(self.config.namespace), self.keys.queue)
@@ -263,11 +262,14 @@ class GenerationWorker:
                               interval_s=self.config.heartbeat_s)
         heartbeat.beat()
         heartbeat.start()
-        await self._reclaim()
+        await self.link.reclaim()
         log.info("worker %s serving %s with continuous batching (device %s)",
                  self.config.worker_id, self.keys.queue, self.lm.device)
         self.steps.start()
-        background = [asyncio.create_task(self._maintenance_loop()),
+        background = [asyncio.create_task(self.link.maintain(
+                          self.health, self.lm.device, upkeep=self._upkeep,
+                          detail=lambda: {"steps": self.stats.steps,
+                                          "running": self.steps.running})),
                       asyncio.create_task(self._wake_loop())]
         publisher = asyncio.create_task(self._publish_loop())
         try:
@@ -318,7 +320,7 @@ class GenerationWorker:
                     await backoff.failed(exc, self._stopping)
                 continue
             timeout = None if self._retry_at is None else max(0.0, self._retry_at - self.clock())
-            await _wait_any((self._nudge, self._stopping), timeout)
+            await wait_any((self._nudge, self._stopping), timeout)
             if self._retry_at is not None and self.clock() >= self._retry_at:
                 self._retry_at = None
                 self._maybe_pending = True
@@ -346,13 +348,8 @@ class GenerationWorker:
                 self._nudge.set()
 
     async def _claim(self, free: int) -> None:
-        keys, args = ops.claim_call(self.keys, self.config.worker_id, self.config.lease_ms,
-                                    free, self.config.result_ttl_ms)
         wakes = self._wakes
-        reply = ops.parse_claim(await self.scripts["claim"](keys=keys, args=args))
-        if reply.expired:  # answered expired by the script, past their deadline
-            self.metrics.count_expired(reply.expired)
-        self._clock_offset_s = reply.now_ms / 1e3 - self.clock()
+        reply = await self.link.claim(free)
         self._retry_at = (None if reply.next_retry_ms is None
                           else self.clock() + max(reply.next_retry_ms / 1e3, 0.001))
         if len(reply.claimed) < free and wakes == self._wakes:
@@ -361,8 +358,6 @@ class GenerationWorker:
             self._maybe_pending = False
         if not reply.claimed:
             return
-        for claimed in reply.claimed:
-            self.book.add(claimed.id, claimed.token)
         loop = asyncio.get_running_loop()
         generations, failures = await loop.run_in_executor(
             self._prepare_pool, self._prepare, reply.claimed, reply.now_ms)
@@ -406,7 +401,7 @@ class GenerationWorker:
             lambda g: (d := _claim(g).deadline) is not None and d <= now)
         if not overdue:
             return
-        now_ms = self._to_ms(now)
+        now_ms = self.link.to_ms(now)
         error = DeadlineMissed("the deadline passed before the request could run")
         await self._complete([failed_completion(self.ctx, _claim(g).claimed, error, now_ms,
                                                 Status.EXPIRED) for g in overdue])
@@ -448,7 +443,7 @@ class GenerationWorker:
         log.warning("generation step failed for %d requests: %s: %s", len(victims),
                     type(exc).__name__, exc)
         failure = failure_of(exc)
-        now_ms = self._now_ms()
+        now_ms = self.link.now_ms()
         completions = []
         for g in victims:
             claim = _claim(g)
@@ -514,20 +509,11 @@ class GenerationWorker:
                 self.keys, self.config.result_ttl_ms, self.config.dead_letter_cap, completions)))
             calls.append(("stream_end", ops.stream_end_call(
                 self.keys, self.config.result_ttl_ms, [c.id for c in completions])))
-        backoff = RedisBackoff("publish")
-        give_up = self.clock() + self.config.lease_ms / 1e3
-        while True:
-            try:
-                replies = await self._pipelined(calls)
-                break
-            except RedisError as exc:
-                if self.clock() > give_up:
-                    log.error("could not publish %d steps before the leases expired (%s); "
-                              "their requests will be reclaimed and run again", len(outs), exc)
-                    for c in completions:
-                        self.book.drop(c.id)
-                    return
-                await backoff.failed(exc)
+        replies = await self.link.until_leases_expire(
+            lambda: self._pipelined(calls), what=f"the text of {len(outs)} steps",
+            request_ids=[c.id for c in completions])
+        if replies is None:
+            return
         lost = set(ops.parse_ids(replies[0]))
         now = self.clock()
         for g, text in merged.values():
@@ -549,7 +535,7 @@ class GenerationWorker:
         priority = str(claim.payload.priority)
         c = claim.claimed
         m.queue_wait.labels(q, priority).observe(max(claim.claimed_ms - c.enqueued_ms, 0) / 1e3)
-        m.claim_to_result.labels(q, priority).observe(max(self._now_ms() - claim.claimed_ms,
+        m.claim_to_result.labels(q, priority).observe(max(self.link.now_ms() - claim.claimed_ms,
                                                           0) / 1e3)
         if claim.first_visible is not None:
             m.ttft.labels(q, priority).observe(max(claim.first_visible - claim.arrival, 0.0))
@@ -596,7 +582,7 @@ class GenerationWorker:
             id=c.id, task=self.ctx.task, model=self.ctx.model, worker=self.ctx.worker,
             attempts=c.attempt, batch_size=round(g.batch_sum / max(g.steps, 1)),
             input_tokens=g.prompt_tokens, enqueued_ms=c.enqueued_ms,
-            started_ms=claim.claimed_ms, finished_ms=self._to_ms(finished_at),
+            started_ms=claim.claimed_ms, finished_ms=self.link.to_ms(finished_at),
             compute_ms=round((finished_at - (g.admitted_at or finished_at)) * 1e3, 3),
             finish_reason=finish,
             usage=Usage(prompt_tokens=g.prompt_tokens, completion_tokens=len(g.tokens)),
@@ -639,100 +625,32 @@ class GenerationWorker:
                         publisher: bool = False) -> None:
         if not completions:
             return
-        scripts = self._publisher_scripts if publisher else self.scripts
-        keys, args = ops.complete_call(self.keys, self.config.result_ttl_ms,
-                                       self.config.dead_letter_cap, completions)
-        give_up = self.clock() + self.config.lease_ms / 1e3
-        backoff = RedisBackoff("complete")
-        while True:
-            try:
-                reply = await scripts["complete"](keys=keys, args=args)
-                break
-            except RedisError as exc:
-                if self.clock() > give_up:
-                    log.error("could not write %d results before their leases expired (%s); "
-                              "they will be reclaimed and run again", len(completions), exc)
-                    for completion in completions:
-                        self.book.drop(completion.id)
-                    return
-                await backoff.failed(exc)
-        self._account(completions, ops.parse_complete(reply))
+        written = await self.link.complete(
+            completions, scripts=self._publisher_scripts if publisher else None)
+        if written is not None:
+            self._account(completions, written)
 
     async def _release(self, generations: Sequence[Generation]) -> None:
-        if not generations:
-            return
-        leases = [(g.id, _claim(g).claimed.token) for g in generations]
-        keys, args = ops.release_call(self.keys, leases)
-        try:
-            released = int(await self.scripts["release"](keys=keys, args=args))
-        except RedisError as exc:
-            log.warning("could not give %d claims back (%s); their leases will expire and "
-                        "they will be reclaimed", len(leases), exc)
-            return
-        finally:
-            for request_id, _ in leases:
-                self.book.drop(request_id)
-        self.stats.released += released
-        log.info("gave %d unstarted requests back to the queue", released)
+        self.stats.released += await self.link.release(
+            [(g.id, _claim(g).claimed.token) for g in generations])
 
     # ---------------------------------------------------------------------------- upkeep
 
-    def _now_ms(self) -> int:
-        return self._to_ms(self.clock())
-
-    def _to_ms(self, t: float) -> int:
-        return int((t + self._clock_offset_s) * 1e3)
-
-    async def _reclaim(self) -> None:
-        keys, args = ops.reclaim_call(self.keys, RECLAIM_BATCH, self.config.result_ttl_ms,
-                                      self.config.dead_letter_cap)
-        requeued, dead = ops.parse_reclaim(await self.scripts["reclaim"](keys=keys, args=args))
-        self.metrics.reclaims.labels(self.keys.queue).inc(requeued)
-        self.metrics.dead_letters.labels(self.keys.queue).inc(dead)
-        if requeued or dead:
-            log.warning("reclaimed %d expired leases (%d dead-lettered)", requeued + dead, dead)
+    async def _upkeep(self, reclaimed: tuple[int, int]) -> None:
+        if reclaimed[0]:
             self._maybe_pending = True
             self._nudge.set()
+        await self._publish_stats()
 
     async def _publish_stats(self) -> None:
         fields = self.stats.as_fields(self.steps.running, self.steps.waiting)
         fields.update({"model": self.lm.model_id, "device": self.lm.device,
                        "max_slots": str(self.budget.max_slots),
                        "kv_tokens": str(self.budget.kv_tokens)})
-        key = self.keys.window(self.config.worker_id)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(key, mapping=cast("Mapping[Any, Any]", fields))
-        pipe.pexpire(key, WINDOW_STATS_TTL_MS)
-        await pipe.execute()
+        await self.link.publish_stats(fields)
         m, q = self.metrics, self.keys.queue
         m.running.labels(q).set(self.steps.running)
         m.target_batch.labels(q).set(self.engine.budget.max_slots)
-
-    async def _maintenance_loop(self) -> None:
-        interval = min(max(self.config.lease_ms / 4e3, 0.25), 2.0)
-        backoff = RedisBackoff("maintenance")
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self._reclaim()
-                await self._publish_stats()
-                await self.metrics.sample_queue(self.redis, self.keys, self.lm.device)
-                backoff.succeeded()
-                self.health.ok(worker=self.config.worker_id, queue=self.keys.queue,
-                               steps=self.stats.steps, running=self.steps.running,
-                               leases=len(self.book))
-            except RedisError as exc:
-                backoff.note(exc)
-                self.health.failing(f"redis: {type(exc).__name__}")
-
-
-async def _wait_any(events: Sequence[asyncio.Event], timeout: float | None) -> None:
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waiters:
-            w.cancel()
 
 
 def _unstarted(g: Generation) -> bool:
@@ -743,19 +661,3 @@ def _claim(g: Generation) -> Claim:
     claim = g.tag
     assert isinstance(claim, Claim)
     return claim
-
-
-async def _check_server(client: Any) -> None:
-    """Warn when the server could drop accepted requests (eviction, no persistence)."""
-    try:
-        policy = await client.config_get("maxmemory-policy")
-        aof = await client.config_get("appendonly")
-        save = await client.config_get("save")
-    except ResponseError:
-        return
-    if policy.get("maxmemory-policy", "noeviction") != "noeviction":
-        log.warning("maxmemory-policy is %s: Redis may evict queued requests; use noeviction",
-                    policy.get("maxmemory-policy"))
-    if aof.get("appendonly") != "yes" and not save.get("save"):
-        log.warning("Redis persistence is off (no AOF, no RDB): a server restart loses every "
-                    "queued request")

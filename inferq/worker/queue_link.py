@@ -1,0 +1,201 @@
+"""A worker's calls on its queue's scripts, shared by the window worker (``runtime``) and the
+generate worker: claim, complete, release, reclaim, the per-worker stats hash, and the
+maintenance loop that reclaims expired leases and reports health.
+
+Writes that follow a forward (results, stream text) are retried through a Redis outage for as
+long as the leases they carry can still be valid (``until_leases_expire``). After that the
+requests are reclaimed by the queue and run again elsewhere, so giving up loses nothing; the
+worker only forgets their leases. What each outcome means to a worker's own statistics stays
+with the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar, cast
+
+from redis.exceptions import RedisError, ResponseError
+
+from inferq.protocol import ops
+from inferq.protocol.keys import QueueKeys
+from inferq.worker.backoff import RedisBackoff
+from inferq.worker.config import WorkerConfig
+from inferq.worker.leases import LeaseBook
+from inferq.worker.metrics import HealthState, WorkerMetrics
+
+log = logging.getLogger("inferq.worker")
+
+#: Expired leases one RECLAIM call moves back to pending (or to the dead letters).
+RECLAIM_BATCH = 500
+#: Lifetime of a worker's stats hash (``inferq stats``): it vanishes soon after the worker.
+WINDOW_STATS_TTL_MS = 15_000
+
+T = TypeVar("T")
+
+
+class QueueLink:
+    def __init__(self, config: WorkerConfig, keys: QueueKeys, book: LeaseBook,
+                 metrics: WorkerMetrics, clock: Callable[[], float]) -> None:
+        self.config = config
+        self.keys = keys
+        self.book = book
+        self.metrics = metrics
+        self.clock = clock
+        #: Redis time minus our monotonic clock, from the last claim.
+        self.clock_offset_s = 0.0
+        self.redis: Any = None
+        self.scripts: Mapping[str, Any] = {}
+
+    def attach(self, redis: Any, scripts: Mapping[str, Any]) -> None:
+        """The connection and registered scripts to use (made in the worker's event loop)."""
+        self.redis = redis
+        self.scripts = scripts
+
+    def to_ms(self, t: float) -> int:
+        """A time of our monotonic clock on Redis' clock, in milliseconds."""
+        return int((t + self.clock_offset_s) * 1e3)
+
+    def now_ms(self) -> int:
+        return self.to_ms(self.clock())
+
+    # ------------------------------------------------------------------------------ claims
+
+    async def claim(self, max_count: int) -> ops.ClaimReply:
+        """Claim up to ``max_count`` requests; their leases go into the book."""
+        keys, args = ops.claim_call(self.keys, self.config.worker_id, self.config.lease_ms,
+                                    max_count, self.config.result_ttl_ms)
+        reply = ops.parse_claim(await self.scripts["claim"](keys=keys, args=args))
+        if reply.expired:  # answered expired by the script, past their deadline
+            self.metrics.count_expired(reply.expired)
+        self.clock_offset_s = reply.now_ms / 1e3 - self.clock()
+        for claimed in reply.claimed:
+            self.book.add(claimed.id, claimed.token)
+        return reply
+
+    async def until_leases_expire(self, write: Callable[[], Awaitable[T]], *, what: str,
+                                  request_ids: Sequence[str]) -> T | None:
+        """``write()``, retried with backoff through Redis errors until the leases of
+        ``request_ids`` can no longer be valid; then None, and those leases are forgotten
+        (the queue reclaims the requests and runs them again)."""
+        give_up = self.clock() + self.config.lease_ms / 1e3
+        backoff = RedisBackoff(what)
+        while True:
+            try:
+                reply = await write()
+            except RedisError as exc:
+                if self.clock() > give_up:
+                    log.error("could not write %s of %d requests before their leases expired "
+                              "(%s); they will be reclaimed and run again", what,
+                              len(request_ids), exc)
+                    for request_id in request_ids:
+                        self.book.drop(request_id)
+                    return None
+                await backoff.failed(exc)
+                continue
+            backoff.succeeded()
+            return reply
+
+    async def complete(self, completions: Sequence[ops.Completion], *,
+                       scripts: Mapping[str, Any] | None = None) -> list[bool] | None:
+        """One COMPLETE call for ``completions`` (see ``until_leases_expire``): which of them
+        were written (a refused one had lost its lease or was cancelled), or None when the
+        worker gave up. Their leases leave the book either way."""
+        keys, args = ops.complete_call(self.keys, self.config.result_ttl_ms,
+                                       self.config.dead_letter_cap, completions)
+        complete = (scripts or self.scripts)["complete"]
+        reply = await self.until_leases_expire(
+            lambda: complete(keys=keys, args=args), what="results",
+            request_ids=[c.id for c in completions])
+        if reply is None:
+            return None
+        for completion in completions:
+            self.book.drop(completion.id)
+        return ops.parse_complete(reply)
+
+    async def release(self, leases: Sequence[tuple[str, str]], why: str = "") -> int:
+        """Give claimed, unstarted requests back to pending; how many went back. On a Redis
+        error their leases simply expire and they are reclaimed."""
+        if not leases:
+            return 0
+        keys, args = ops.release_call(self.keys, leases)
+        try:
+            released = int(await self.scripts["release"](keys=keys, args=args))
+        except RedisError as exc:
+            log.warning("could not give %d claims back (%s); their leases will expire and "
+                        "they will be reclaimed", len(leases), exc)
+            return 0
+        finally:
+            for request_id, _ in leases:
+                self.book.drop(request_id)
+        log.log(logging.DEBUG if why else logging.INFO,
+                "gave %d unstarted requests back to the queue%s", released,
+                f" ({why})" if why else "")
+        return released
+
+    # ---------------------------------------------------------------------------- upkeep
+
+    async def reclaim(self) -> tuple[int, int]:
+        """Expired leases of any worker back to pending (or dead); (requeued, dead)."""
+        keys, args = ops.reclaim_call(self.keys, RECLAIM_BATCH, self.config.result_ttl_ms,
+                                      self.config.dead_letter_cap)
+        requeued, dead = ops.parse_reclaim(await self.scripts["reclaim"](keys=keys, args=args))
+        self.metrics.reclaims.labels(self.keys.queue).inc(requeued)
+        self.metrics.dead_letters.labels(self.keys.queue).inc(dead)
+        if requeued or dead:
+            log.warning("reclaimed %d expired leases (%d dead-lettered)", requeued + dead, dead)
+        return requeued, dead
+
+    async def publish_stats(self, fields: Mapping[str, str]) -> None:
+        """This worker's stats hash, read by ``inferq stats``."""
+        key = self.keys.window(self.config.worker_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(key, mapping=cast("Mapping[Any, Any]", fields))
+        pipe.pexpire(key, WINDOW_STATS_TTL_MS)
+        await pipe.execute()
+
+    async def maintain(self, health: HealthState, device: str, *,
+                       upkeep: Callable[[tuple[int, int]], Awaitable[None]],
+                       detail: Callable[[], Mapping[str, Any]]) -> None:
+        """Until cancelled, every lease_ms / 4 (0.25..2 s): reclaim expired leases,
+        ``upkeep(reclaimed)`` (the worker's stats), sample the queue gauges, and mark the
+        worker healthy with ``detail()``, or degraded while Redis fails."""
+        interval = min(max(self.config.lease_ms / 4e3, 0.25), 2.0)
+        backoff = RedisBackoff("maintenance")
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await upkeep(await self.reclaim())
+                await self.metrics.sample_queue(self.redis, self.keys, device)
+                backoff.succeeded()
+                health.ok(worker=self.config.worker_id, queue=self.keys.queue,
+                          leases=len(self.book), **detail())
+            except RedisError as exc:
+                backoff.note(exc)
+                health.failing(f"redis: {type(exc).__name__}")
+
+    async def check_server(self) -> None:
+        """Warn when the server could drop accepted requests (eviction, no persistence)."""
+        try:
+            policy = await self.redis.config_get("maxmemory-policy")
+            aof = await self.redis.config_get("appendonly")
+            save = await self.redis.config_get("save")
+        except ResponseError:
+            return  # CONFIG disabled (managed service, ACL): nothing to check
+        if policy.get("maxmemory-policy", "noeviction") != "noeviction":
+            log.warning("maxmemory-policy is %s: Redis may evict queued requests; "
+                        "use noeviction", policy.get("maxmemory-policy"))
+        if aof.get("appendonly") != "yes" and not save.get("save"):
+            log.warning("Redis persistence is off (no AOF, no RDB): a server restart "
+                        "loses every queued request")
+
+
+async def wait_any(events: Sequence[asyncio.Event], timeout: float | None = None) -> None:
+    """Until one of ``events`` is set (or ``timeout`` seconds pass)."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()

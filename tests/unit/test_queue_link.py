@@ -1,0 +1,112 @@
+"""QueueLink's writes through a Redis outage: retried while the leases can be valid, then given
+up (the queue reclaims the requests), never raised into the worker. No server: the writes are
+stand-ins that fail on cue, the clock is ours."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from inferq.protocol import ops
+from inferq.protocol.keys import QueueKeys
+from inferq.worker.config import WorkerConfig
+from inferq.worker.leases import LeaseBook
+from inferq.worker.metrics import WorkerMetrics
+from inferq.worker.queue_link import QueueLink
+
+LEASE_MS = 1_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_link(clock: Clock) -> tuple[QueueLink, LeaseBook]:
+    config = WorkerConfig(redis_url="redis://unused", model_name="m", model_spec="echo",
+                          lease_ms=LEASE_MS, worker_id="w1")
+    keys = QueueKeys.for_model("embed", "m")
+    book = LeaseBook()
+    for request_id in ("a", "b", "c"):
+        book.add(request_id, f"token-{request_id}")
+    return QueueLink(config, keys, book, WorkerMetrics(keys.queue, "w1"), clock), book
+
+
+async def test_a_write_is_retried_through_a_blip_and_keeps_its_leases() -> None:
+    clock = Clock()
+    link, book = make_link(clock)
+    calls = 0
+
+    async def write() -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise RedisConnectionError("connection refused")
+        return "written"
+
+    assert await link.until_leases_expire(write, what="results", request_ids=["a", "b"]) \
+        == "written"
+    assert calls == 3
+    assert len(book) == 3
+
+
+async def test_a_write_is_given_up_once_its_leases_can_have_expired(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    link, book = make_link(clock)
+    calls = 0
+
+    async def write() -> str:
+        nonlocal calls
+        calls += 1
+        clock.now += LEASE_MS / 1e3 * 0.6  # each failed attempt takes 0.6 of a lease
+        raise RedisConnectionError("connection refused")
+
+    with caplog.at_level(logging.ERROR, logger="inferq.worker"):
+        assert await link.until_leases_expire(write, what="results",
+                                               request_ids=["a", "b"]) is None
+    assert calls == 2  # 0.6 lease: still valid, retried; 1.2 leases: given up
+    assert [request_id for request_id, _ in book.snapshot()] == ["c"]
+    assert "reclaimed and run again" in caplog.text
+
+
+async def test_complete_forgets_the_leases_it_wrote_and_reports_refusals() -> None:
+    clock = Clock()
+    link, book = make_link(clock)
+    seen: list[list[object]] = []
+
+    async def complete(*, keys: list[str], args: list[object]) -> list[int]:
+        seen.append(args)
+        return [1, 0]  # b's lease was lost meanwhile
+
+    link.attach(redis=None, scripts={"complete": complete})
+    completions = [ops.Completion("a", "token-a", "ok", b"r"),
+                   ops.Completion("b", "token-b", "ok", b"r")]
+    assert await link.complete(completions) == [True, False]
+    assert len(seen) == 1
+    assert [request_id for request_id, _ in book.snapshot()] == ["c"]
+
+
+async def test_release_on_a_redis_error_leaves_the_requests_to_expire() -> None:
+    clock = Clock()
+    link, book = make_link(clock)
+
+    async def release(*, keys: list[str], args: list[object]) -> int:
+        raise RedisConnectionError("connection refused")
+
+    link.attach(redis=None, scripts={"release": release})
+    assert await link.release([("a", "token-a"), ("b", "token-b")]) == 0
+    assert [request_id for request_id, _ in book.snapshot()] == ["c"]
+
+
+def test_times_are_put_on_the_redis_clock() -> None:
+    clock = Clock()
+    link, _ = make_link(clock)
+    link.clock_offset_s = 1_000.0
+    assert link.to_ms(5.0) == 1_005_000
+    assert link.now_ms() == 1_100_000
