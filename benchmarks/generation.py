@@ -461,29 +461,31 @@ def _reading(report: Mapping[str, Any]) -> list[str]:
         return []
     assert alone is not None and thread is not None and process is not None
     busy = f"{GIL_BUSY_MS / GIL_PERIOD_MS:.0%}"
-    used = "" if cores is None else (
-        f" (its process used {cores:.2f} cores: Python on the GIL, with one torch thread)")
+    used = "" if cores is None else f"The continuous worker's process used {cores:.2f} cores: "
     small = report.get("engines", {}).get("smollm2", {}).get("tokens_per_s", {})
-    small_alone, small_thread = _med(small.get("ours", [])), _med(
-        small.get("ours_sharing_the_gil", []))
-    smollm2 = ([] if small_alone is None or small_thread is None else [
-        f"SmolLM2 (two torch threads) loses as much next to the busy thread "
-        f"({small_thread / small_alone:.2f}x: it also takes a core from the matmuls), but "
-        "each of its steps is long, so the worker's event loop is a small share of it."])
+    small_alone, small_thread, small_process = (
+        _med(small.get(k, [])) for k in ("ours", "ours_sharing_the_gil",
+                                         "ours_next_to_a_busy_process"))
+    smollm2: list[str] = []
+    if small_alone and small_thread is not None and small_process is not None:
+        smollm2 = [f"SmolLM2 (two torch threads) makes {small_thread / small_alone:.2f}x of "
+                   f"its engine alone next to the thread and {small_process / small_alone:.2f}x "
+                   "next to the process, but each of its steps is long, so the worker's event "
+                   "loop is a small share of it."]
     return [
         f"Reading: in process, alone, the engine makes {alone:,.0f} tokens/s on the tiny "
         f"model; next to a thread that runs Python {busy} of the time, {thread:,.0f} "
-        f"({thread / alone:.2f}x); next to a process that does the same, {process:,.0f} "
-        f"({process / alone:.2f}x). A decode step of this model is many small torch calls: "
-        "what another thread or process takes from the CPU comes straight out of it, and "
-        "sharing the GIL costs only the difference between the two. The continuous worker "
-        "shares its process with an event loop that is busy throughout (claims, stream and "
-        f"result writes, wake-ups){used} and the two vCPUs with Redis and the producer: it "
-        f"makes {continuous:,.0f} tokens/s on the queue's requests, against {request:,.0f} "
-        "for the request-level worker, whose event loop rests while a batch runs. An engine "
-        "in a process of its own (as vLLM's engine core) would win back at most the GIL's "
-        f"share on this machine ({process / alone:.2f}x vs {thread / alone:.2f}x of the "
-        "engine alone); what is left is CPU, which a GPU worker does not spend on the model."
+        f"({thread / alone:.2f}x); next to a process doing the same, {process:,.0f} "
+        f"({process / alone:.2f}x). A decode step of this model is many small torch calls, "
+        "so what another thread or process takes from the two vCPUs comes straight out of "
+        f"it; sharing the GIL costs only the difference ({(process - thread) / alone:.2f}x of "
+        f"the engine alone here). {used or 'The continuous worker: '}its event loop is busy "
+        "throughout (claims, stream and result writes, wake-ups) next to the model thread, "
+        f"and Redis and the producer share the vCPUs. It makes {continuous:,.0f} tokens/s "
+        f"on the queue's requests against {request:,.0f} for the request-level worker, "
+        "whose event loop rests while a batch runs. An engine in a process of its own (as "
+        "vLLM's engine core) would win back about the GIL's share on this machine, not the "
+        "rest: that is CPU, which a GPU worker does not spend on the model."
         + "".join(" " + line for line in smollm2),
         "",
     ]
