@@ -13,12 +13,13 @@ Why our own loop rather than transformers' ``init_continuous_batching`` (measure
 16 sequences at a time; tokens/s, median of 3, see benchmarks/RESULTS.md):
 
     model                      ours    transformers CB    padded generate (static batches)
-    tiny Llama, 32 x 100       14,019  6,054              11,134
-    SmolLM2-135M, 16 x 32      93      80                 99
+    tiny Llama, 32 x 100       9,355   4,546              7,661
+    SmolLM2-135M, 16 x 32      113     80                 118
 
-With every sequence the same length, static padded batches waste nothing and match us on
-SmolLM2; with the queue's mixed lengths (the benchmark's Poisson workload) our worker makes
-1.56x the tokens/s of request-level batching on SmolLM2.
+(the run of 2026-11-29 13:57 UTC; this VM's speed drifts, the ranking does not). With every
+sequence the same length, static padded batches waste nothing and match us on SmolLM2; with
+the queue's mixed lengths (the benchmark's Poisson workload) our worker makes 1.53-1.75x the
+tokens/s of request-level batching on SmolLM2 (three runs).
 
 transformers' manager was configured as it must be on a CPU (16-token pages instead of 256,
 a cache sized for the work instead of from the host's RAM, 16 requests per batch) and is still
