@@ -10,7 +10,7 @@ Producer side (light: redis, msgpack, pydantic)::
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from inferq.connection import ConnectionSettings
@@ -89,7 +89,7 @@ def default_client() -> Client:
 
 
 def enqueue(
-    prompt: str,
+    prompt: str = "",
     *,
     model: str,
     task: str = "embed",
@@ -98,9 +98,10 @@ def enqueue(
     id: str | None = None,
     params: Mapping[str, Any] | None = None,
     max_attempts: int = 3,
+    messages: Sequence[Mapping[str, str]] | None = None,
 ) -> Handle:
     """``Client().enqueue`` on the default client (``INFERQ_REDIS_URL``)."""
     return default_client().enqueue(
         prompt, model=model, task=task, priority=priority, deadline_s=deadline_s, id=id,
-        params=params, max_attempts=max_attempts,
+        params=params, max_attempts=max_attempts, messages=messages,
     )

@@ -392,6 +392,13 @@ def test_module_level_enqueue_uses_the_env_url(redis_url: str, r: redis.Redis,
     monkeypatch.setattr(inferq, "_default", None)
     handle = inferq.enqueue("hi", model="m")
     assert r.zscore(KEYS.pending, handle.id) is not None
+    # Chat input, as on Client.enqueue: the messages travel in the payload, the prompt empty.
+    chat = inferq.enqueue(messages=[{"role": "user", "content": "hi"}], model="m",
+                          task="generate", params={"max_new_tokens": 4})
+    gen_keys = QueueKeys.for_model("generate", "m")
+    assert r.zscore(gen_keys.pending, chat.id) is not None
+    payload = msgpack.unpackb(r.hget(gen_keys.request(chat.id), "p"))
+    assert payload["messages"] == [{"role": "user", "content": "hi"}]
     inferq.default_client().close()
     monkeypatch.setattr(inferq, "_default", None)
 
