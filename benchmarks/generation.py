@@ -286,6 +286,68 @@ def run_variant(cleanup: Cleanup, url: str, server_pid: int | None, model: str, 
     return stats, [list(r.output["token_ids"]) for r in results]
 
 
+# ----------------------------------------------------------------- engine alone, paced
+
+
+def engine_alone(source: str, items: Sequence[Item], *, threads: int | None,
+                 slots: int = SLOTS) -> tuple[dict[str, Any], list[list[int]]]:
+    """The continuous worker's engine on the same requests at the same arrival times, in
+    process, with no queue, no Redis and no producer: the ceiling the worker is measured
+    against (``continuous / engine alone``). Same slots, prefill budget and torch threads as
+    the worker."""
+    import torch
+
+    from inferq.protocol.generation import GenerationParams
+    from inferq.worker.generation.engine import Engine
+    from inferq.worker.generation.lm import CausalLM
+    from inferq.worker.generation.scheduler import Budget
+    from inferq.worker.generation.worker import GenerationSettings
+
+    default_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        lm = CausalLM(source, device=torch.device("cpu"), dtype=torch.float32)
+        budget = GenerationSettings(max_slots=slots).budget(lm)
+        engine = Engine(lm, Budget(max_slots=slots, kv_tokens=budget.kv_tokens,
+                                   max_prefill_tokens=budget.max_prefill_tokens))
+        arrivals = [(item, engine.new_generation(
+            f"r{i}", lm.tokenizer(item.prompt)["input_ids"],
+            GenerationParams(max_new_tokens=item.max_new, ignore_eos=True)))
+            for i, item in enumerate(items)]
+        pending, waiting = list(arrivals), []
+        admitting = steps = 0
+        start = time.monotonic()
+        while pending or waiting or engine.running:
+            now = time.monotonic() - start
+            while pending and pending[0][0].at_s <= now:
+                waiting.append(pending.pop(0)[1])
+            if not waiting and not engine.running:
+                time.sleep(max(0.0, pending[0][0].at_s - now))
+                continue
+            admitted = engine.select(waiting)
+            for g in admitted:
+                waiting.remove(g)
+            engine.step(admitted)
+            steps += 1
+            admitting += bool(admitted)
+        arrived = [start + item.at_s for item, _ in arrivals]
+        gens = [g for _, g in arrivals]
+        ttft = [((g.first_token_at or start) - t) * 1e3 for g, t in zip(gens, arrived, strict=True)]
+        e2e = [((g.finished_at or start) - t) * 1e3 for g, t in zip(gens, arrived, strict=True)]
+        tokens = sum(len(g.tokens) for g in gens)
+        span_s = max(max(g.finished_at or start for g in gens) - start, 1e-9)
+        stats = {"requests": len(gens), "useful_tokens": tokens, "span_s": round(span_s, 3),
+                 "tokens_per_s": tokens / span_s,
+                 "ttft_ms": {"p50": percentile(ttft, 50), "p99": percentile(ttft, 99)},
+                 "e2e_ms": {"p50": percentile(e2e, 50), "p99": percentile(e2e, 99)},
+                 "mean_batch": engine.decoded_tokens / max(steps, 1), "steps": steps,
+                 "admission_steps": admitting, "torch_threads": torch.get_num_threads()}
+        return stats, [list(g.tokens) for g in gens]
+    finally:
+        torch.set_num_threads(default_threads)
+
+
 # ------------------------------------------------------------------------ engine compare
 
 
@@ -461,6 +523,9 @@ def _reading(report: Mapping[str, Any]) -> list[str]:
         return []
     assert alone is not None and thread is not None and process is not None
     busy = f"{GIL_BUSY_MS / GIL_PERIOD_MS:.0%}"
+    ceiling = tiny.get("ratios", {}).get("vs_engine_alone")
+    vs_alone = ("" if ceiling is None
+                else f" ({ceiling:.2f}x of its engine alone on the same paced requests)")
     used = "" if cores is None else f"The continuous worker's process used {cores:.2f} cores: "
     small = report.get("engines", {}).get("smollm2", {}).get("tokens_per_s", {})
     small_alone, small_thread, small_process = (
@@ -482,7 +547,7 @@ def _reading(report: Mapping[str, Any]) -> list[str]:
         f"the engine alone here). {used or 'The continuous worker: '}its event loop is busy "
         "throughout (claims, stream and result writes, wake-ups) next to the model thread, "
         f"and Redis and the producer share the vCPUs. It makes {continuous:,.0f} tokens/s "
-        f"on the queue's requests against {request:,.0f} for the request-level worker, "
+        f"on the queue's requests{vs_alone} against {request:,.0f} for the request-level worker, "
         "whose event loop rests while a batch runs. An engine in a process of its own (as "
         "vLLM's engine core) would win back about the GIL's share on this machine, not the "
         "rest: that is CPU, which a GPU worker does not spend on the model."
@@ -517,7 +582,9 @@ def results_markdown(report: Mapping[str, Any]) -> str:
         "- Variants: **continuous** = iteration-level batching (default worker, "
         f"`--max-slots {SLOTS}`); **request** = `--batching request --max-batch-size {SLOTS}` "
         "(adaptive window, padded `generate`); **bs1** = `--batching request "
-        "--max-batch-size 1`.",
+        "--max-batch-size 1`; **engine alone** = the continuous worker's engine on the same "
+        "requests at the same arrival times, in the benchmark's process (same slots, budget "
+        "and torch threads): the ceiling for the continuous worker.",
         "- TTFT = enqueue to first text visible to the producer (continuous: its stream; the "
         "others do not stream, so their TTFT is the result). Tokens/s = completion tokens / "
         "(last finish - first enqueue).",
@@ -540,6 +607,16 @@ def results_markdown(report: Mapping[str, Any]) -> str:
                      if _med([t["cpu"].get("other_load") for t in runs]) is not None
                      else None),
             ])
+        alone = m.get("engine_alone", [])
+        if alone:
+            rows.append([
+                "engine alone (in process: no queue, Redis or producer)",
+                _fmt(_med([t["tokens_per_s"] for t in alone])),
+                _fmt(_med([t["ttft_ms"]["p50"] for t in alone])),
+                _fmt(_med([t["ttft_ms"]["p99"] for t in alone])),
+                _fmt(_med([t["e2e_ms"]["p50"] for t in alone])),
+                _fmt(_med([t["e2e_ms"]["p99"] for t in alone])),
+                _fmt(_med([t["mean_batch"] for t in alone]), 1), "n/a"])
         lines += [markdown_table(["variant", "useful tokens/s", "TTFT p50 ms", "TTFT p99 ms",
                                   "e2e p50 ms", "e2e p99 ms", "mean batch",
                                   "other tenants' load %"], rows), ""]
@@ -555,6 +632,10 @@ def results_markdown(report: Mapping[str, Any]) -> str:
                             f"(target < 1: {'PASS' if ok else 'FAIL'})")
         if ratio.get("vs_bs1") is not None:
             verdicts.append(f"continuous / bs1 tokens/s = {ratio['vs_bs1']:.2f}")
+        if ratio.get("vs_engine_alone") is not None:
+            verdicts.append("continuous / engine alone tokens/s = "
+                            f"{ratio['vs_engine_alone']:.2f} (what serving through the queue "
+                            "costs the model on this machine)")
         if m.get("same_tokens") is not None:
             verdicts.append(f"requests whose tokens equal the continuous variant's: "
                             f"{m['same_tokens']}")
@@ -654,7 +735,17 @@ def _run(cfg: Config, cleanup: Cleanup) -> dict[str, Any]:
                                  "offered_tokens_per_s": offered,
                                  "variants": {v: [] for v in cfg.variants}}
         tokens_of: dict[str, list[list[int]]] = {}
+        entry["engine_alone"] = []
         for trial in range(cfg.trials):
+            say(f"{model} trial {trial + 1}/{cfg.trials}: the engine alone, in process "
+                f"({len(items)} requests at {cfg.rate[model]:g}/s)")
+            alone, alone_tokens = engine_alone(sources[model], items,
+                                               threads=TORCH_THREADS[model])
+            entry["engine_alone"].append(alone)
+            tokens_of.setdefault("engine alone", alone_tokens)
+            say(f"  {alone['tokens_per_s']:,.0f} tokens/s, TTFT p50 "
+                f"{alone['ttft_ms']['p50']:.0f} ms, {alone['steps']} steps "
+                f"({alone['admission_steps']} admitting)")
             order = [v for v in ORDERS[trial % len(ORDERS)] if v in cfg.variants]
             for variant in order:
                 say(f"{model} trial {trial + 1}/{cfg.trials}: {variant} "
@@ -687,6 +778,9 @@ def _run(cfg: Config, cleanup: Cleanup) -> dict[str, Any]:
                 ratios["ttft_p50"] = t_cb / t_req
         if cb and bs1:
             ratios["vs_bs1"] = cb / bs1
+        alone_tps = _med([t["tokens_per_s"] for t in entry["engine_alone"]])
+        if cb and alone_tps:
+            ratios["vs_engine_alone"] = cb / alone_tps
         entry["ratios"] = ratios
         if "continuous" in tokens_of and len(tokens_of) > 1:
             ref = tokens_of["continuous"]

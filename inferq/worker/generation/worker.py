@@ -138,6 +138,8 @@ class GenerationStats:
     requests: int = 0
     tokens: int = 0
     prefill_tokens: int = 0
+    #: Steps that admitted (prefilled) sequences besides decoding the running ones.
+    admission_steps: int = 0
     failed: int = 0
     refused: int = 0
     released: int = 0
@@ -160,6 +162,7 @@ class GenerationStats:
             "requests": str(self.requests),
             "tokens": str(self.tokens),
             "prefill_tokens": str(self.prefill_tokens),
+            "admission_steps": str(self.admission_steps),
             "failed": str(self.failed),
             "refused": str(self.refused),
             "retried": str(self.retried),
@@ -297,9 +300,9 @@ class GenerationWorker:
             self._prepare_pool.shutdown(wait=True)
             if self.metrics_server is not None:
                 self.metrics_server.shutdown()
-            log.info("worker %s stopped after %d steps, %d requests, %d tokens",
-                     self.config.worker_id, self.stats.steps, self.stats.requests,
-                     self.stats.tokens)
+            log.info("worker %s stopped after %d steps (%d admitting), %d requests, %d tokens",
+                     self.config.worker_id, self.stats.steps, self.stats.admission_steps,
+                     self.stats.requests, self.stats.tokens)
 
     # ---------------------------------------------------------------------------- claiming
 
@@ -413,6 +416,7 @@ class GenerationWorker:
         self.stats.steps += 1
         self.stats.tokens += size
         self.stats.prefill_tokens += out.prefill_tokens
+        self.stats.admission_steps += out.admitted > 0
         self.stats.forward_s += out.elapsed_s
         self.stats.batch_sum += size
         self.stats.max_batch = max(self.stats.max_batch, size)
