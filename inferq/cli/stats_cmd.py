@@ -38,6 +38,8 @@ def format_stats(all_stats: list[QueueStats]) -> str:
 
 
 def format_window(worker: str, w: dict[str, Any]) -> str:
+    if w.get("mode") == "continuous":
+        return format_generation(worker, w)
     return (
         f"  worker {worker}: window {float(w.get('window_ms', 0)):.1f} ms, "
         f"target batch {w.get('target_batch_size', '?')}, "
@@ -45,6 +47,19 @@ def format_window(worker: str, w: dict[str, Any]) -> str:
         f"(max {w.get('max_batch_size', 0)}), batches {w.get('batches', 0)}, "
         f"padding efficiency {float(w.get('padding_efficiency', 1)):.2f}, "
         f"released by {w.get('reasons', {})}"
+    )
+
+
+def format_generation(worker: str, w: dict[str, Any]) -> str:
+    """A ``generate`` worker: its running batch and decode steps (it has no window)."""
+    slots = w.get("max_slots", "?")
+    return (
+        f"  worker {worker}: continuous batching, running {w.get('running', 0)} of {slots} "
+        f"slots, {w.get('waiting', 0)} claimed and waiting; steps {w.get('steps', 0)} "
+        f"({w.get('admission_steps', 0)} admitting), mean batch "
+        f"{float(w.get('mean_batch_size', 0)):.1f} (max {w.get('max_batch_size', 0)}), "
+        f"tokens {w.get('tokens', 0)} generated + {w.get('prefill_tokens', 0)} prefilled, "
+        f"finished by {w.get('reasons', {})}"
     )
 
 

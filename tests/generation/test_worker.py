@@ -12,8 +12,10 @@ import pytest
 import redis
 
 import inferq
+from inferq.cli.stats_cmd import format_stats
 from inferq.protocol.codec import RequestPayload
 from inferq.protocol.keys import QueueKeys
+from inferq.stats import read_all
 from inferq.worker.generation.lm import CausalLM
 from tests.generation.conftest import MODEL, greedy_reference
 from tests.metrics_client import health, scrape
@@ -268,7 +270,7 @@ async def test_the_worker_survives_a_flushed_script_cache(
 
 
 async def test_generate_worker_exports_metrics_and_health(
-        gen_worker: Any, aclient: inferq.AsyncClient) -> None:
+        gen_worker: Any, aclient: inferq.AsyncClient, r: redis.Redis) -> None:
     worker = await gen_worker({"metrics_port": 0, "lease_ms": 1_000}, max_slots=4)
     handles = await aclient.enqueue_many(
         [{"prompt": f"count {i}", "priority": 5 if i % 2 else 0,
@@ -298,6 +300,15 @@ async def test_generate_worker_exports_metrics_and_health(
                        ] == 4
     assert samples[f"inferq_target_batch_size{{{q}}}"] == 4
     assert samples[f"inferq_live_workers{{{q}}}"] == 1
+    # `inferq stats` shows the running batch and the steps, not a window it does not have.
+    await until(lambda: r.hget(KEYS.window("gen-worker"), "requests") == b"8",
+                what="the stats hash to be published")
+    line = format_stats(read_all(r, [KEYS.queue])).splitlines()[-1]
+    assert line.startswith("  worker gen-worker: continuous batching, running 0 of 4 slots")
+    assert f"steps {worker.stats.steps} ({worker.stats.admission_steps} admitting)" in line
+    assert f"tokens {generated} generated + {prompts} prefilled" in line
+    assert "'length': 8" in line
+    assert 0 < worker.stats.admission_steps < worker.stats.steps
 
 
 async def test_a_request_that_breaks_the_model_fails_alone_through_the_queue(
