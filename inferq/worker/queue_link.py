@@ -75,10 +75,11 @@ class QueueLink:
         return reply
 
     async def until_leases_expire(self, write: Callable[[], Awaitable[T]], *, what: str,
-                                  request_ids: Sequence[str]) -> T | None:
-        """``write()``, retried with backoff through Redis errors until the leases of
-        ``request_ids`` can no longer be valid; then None, and those leases are forgotten
-        (the queue reclaims the requests and runs them again)."""
+                                  request_ids: Sequence[str] = ()) -> T | None:
+        """``write()``, retried with backoff through Redis errors until the leases it concerns
+        can no longer be valid; then None, and the leases of ``request_ids`` are forgotten
+        (the queue reclaims those requests and runs them again). ``what`` names the write in
+        the logs (a fixed label: "complete", "publish")."""
         give_up = self.clock() + self.config.lease_ms / 1e3
         backoff = RedisBackoff(what)
         while True:
@@ -86,9 +87,9 @@ class QueueLink:
                 reply = await write()
             except RedisError as exc:
                 if self.clock() > give_up:
-                    log.error("could not write %s of %d requests before their leases expired "
-                              "(%s); they will be reclaimed and run again", what,
-                              len(request_ids), exc)
+                    log.error("%s: gave up after Redis errors for as long as a lease lasts "
+                              "(%s); the requests concerned (%d finished) will be reclaimed "
+                              "and run again", what, exc, len(request_ids))
                     for request_id in request_ids:
                         self.book.drop(request_id)
                     return None
@@ -106,7 +107,7 @@ class QueueLink:
                                        self.config.dead_letter_cap, completions)
         complete = (scripts or self.scripts)["complete"]
         reply = await self.until_leases_expire(
-            lambda: complete(keys=keys, args=args), what="results",
+            lambda: complete(keys=keys, args=args), what="complete",
             request_ids=[c.id for c in completions])
         if reply is None:
             return None

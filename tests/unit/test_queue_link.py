@@ -5,6 +5,7 @@ stand-ins that fail on cue, the clock is ours."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -72,7 +73,47 @@ async def test_a_write_is_given_up_once_its_leases_can_have_expired(
                                                request_ids=["a", "b"]) is None
     assert calls == 2  # 0.6 lease: still valid, retried; 1.2 leases: given up
     assert [request_id for request_id, _ in book.snapshot()] == ["c"]
-    assert "reclaimed and run again" in caplog.text
+    assert "results: gave up" in caplog.text and "(2 finished)" in caplog.text
+
+
+async def test_complete_gives_up_through_the_scripts_it_is_given() -> None:
+    clock = Clock()
+    link, book = make_link(clock)
+    calls: list[str] = []
+
+    def failing(name: str) -> Any:
+        async def script(*, keys: list[str], args: list[object]) -> list[int]:
+            calls.append(name)
+            clock.now += LEASE_MS / 1e3  # the outage outlasts the lease at once
+            raise RedisConnectionError("connection refused")
+        return script
+
+    link.attach(redis=None, scripts={"complete": failing("default")})
+    completions = [ops.Completion("a", "token-a", "ok", b"r")]
+    written = await link.complete(completions, scripts={"complete": failing("publisher")})
+    assert written is None
+    assert calls == ["publisher", "publisher"]  # the override, not the default connection
+    assert [request_id for request_id, _ in book.snapshot()] == ["b", "c"]
+
+
+async def test_claim_books_the_leases_and_sets_the_redis_clock() -> None:
+    clock = Clock()
+    link, book = make_link(clock)
+
+    async def claim(*, keys: list[str], args: list[object]) -> list[object]:
+        assert args[1:4] == ["w1", LEASE_MS, 2]  # owner, lease, how many
+        rows = [[b"d", b"payload", b"token-d", 1, 1_000, b""],
+                [b"e", b"payload", b"token-e", 2, 2_000, 9_000]]
+        return [250_000, rows, 3, -1]  # Redis time, claimed, expired, no retry due
+
+    link.attach(redis=None, scripts={"claim": claim})
+    reply = await link.claim(2)
+    assert [c.id for c in reply.claimed] == ["d", "e"] and reply.claimed[1].deadline_ms == 9_000
+    assert dict(book.snapshot()) == {"a": "token-a", "b": "token-b", "c": "token-c",
+                                     "d": "token-d", "e": "token-e"}
+    assert link.now_ms() == 250_000  # our clock now reads on Redis' clock
+    assert link.metrics.registry.get_sample_value(
+        "inferq_expired_total", {"queue": link.keys.queue}) == 3
 
 
 async def test_complete_forgets_the_leases_it_wrote_and_reports_refusals() -> None:

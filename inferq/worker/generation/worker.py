@@ -514,7 +514,7 @@ class GenerationWorker:
             calls.append(("stream_end", ops.stream_end_call(
                 self.keys, self.config.result_ttl_ms, [c.id for c in completions])))
         replies = await self.link.until_leases_expire(
-            lambda: self._pipelined(calls), what=f"the text of {len(outs)} steps",
+            lambda: self._pipelined(calls), what="publish",
             request_ids=[c.id for c in completions])
         if replies is None:
             return
