@@ -54,9 +54,9 @@ def format_generation(worker: str, w: dict[str, Any]) -> str:
     """A ``generate`` worker: its running batch and decode steps (it has no window)."""
     slots = w.get("max_slots", "?")
     return (
-        f"  worker {worker}: continuous batching, running {w.get('running', 0)} of {slots} "
-        f"slots, {w.get('waiting', 0)} claimed and waiting; steps {w.get('steps', 0)} "
-        f"({w.get('admission_steps', 0)} admitting), mean batch "
+        f"  worker {worker}: continuous batching, running {w.get('running', '?')} of {slots} "
+        f"slots, {w.get('waiting', '?')} claimed and waiting; steps {w.get('steps', 0)} "
+        f"({w.get('admission_steps', '?')} admitting), mean batch "
         f"{float(w.get('mean_batch_size', 0)):.1f} (max {w.get('max_batch_size', 0)}), "
         f"tokens {w.get('tokens', 0)} generated + {w.get('prefill_tokens', 0)} prefilled, "
         f"finished by {w.get('reasons', {})}"

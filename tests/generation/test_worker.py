@@ -303,8 +303,12 @@ async def test_generate_worker_exports_metrics_and_health(
     # `inferq stats` shows the running batch and the steps, not a window it does not have.
     await until(lambda: r.hget(KEYS.window("gen-worker"), "requests") == b"8",
                 what="the stats hash to be published")
+    published = r.hgetall(KEYS.window("gen-worker"))
+    assert (published[b"running"], published[b"waiting"], published[b"max_slots"]) == (
+        b"0", b"0", b"4")
     line = format_stats(read_all(r, [KEYS.queue])).splitlines()[-1]
-    assert line.startswith("  worker gen-worker: continuous batching, running 0 of 4 slots")
+    assert line.startswith("  worker gen-worker: continuous batching, running 0 of 4 slots, "
+                           "0 claimed and waiting")
     assert f"steps {worker.stats.steps} ({worker.stats.admission_steps} admitting)" in line
     assert f"tokens {generated} generated + {prompts} prefilled" in line
     assert "'length': 8" in line
