@@ -289,18 +289,20 @@ def run_variant(cleanup: Cleanup, url: str, server_pid: int | None, model: str, 
 # ----------------------------------------------------------------- engine alone, paced
 
 
-def engine_alone(source: str, items: Sequence[Item], *, threads: int | None,
-                 slots: int = SLOTS) -> tuple[dict[str, Any], list[list[int]]]:
+def engine_alone(source: str, items: Sequence[Item], warm: Sequence[Item], *,
+                 threads: int | None, slots: int = SLOTS
+                 ) -> tuple[dict[str, Any], list[list[int]]]:
     """The continuous worker's engine on the same requests at the same arrival times, in
     process, with no queue, no Redis and no producer: the ceiling the worker is measured
-    against (``continuous / engine alone``). Same slots, prefill budget and torch threads as
-    the worker."""
+    against (``continuous / engine alone``). Same slots, KV and prefill budgets, torch threads
+    and tokenization as the worker, warmed up on ``warm`` as the worker variants are; figures
+    computed as ``_stats`` does, except that TTFT ends at the first token (the worker's at the
+    first text a producer can read)."""
     import torch
 
     from inferq.protocol.generation import GenerationParams
-    from inferq.worker.generation.engine import Engine
+    from inferq.worker.generation.engine import Engine, Generation
     from inferq.worker.generation.lm import CausalLM
-    from inferq.worker.generation.scheduler import Budget
     from inferq.worker.generation.worker import GenerationSettings
 
     default_threads = torch.get_num_threads()
@@ -308,41 +310,58 @@ def engine_alone(source: str, items: Sequence[Item], *, threads: int | None,
         torch.set_num_threads(threads)
     try:
         lm = CausalLM(source, device=torch.device("cpu"), dtype=torch.float32)
-        budget = GenerationSettings(max_slots=slots).budget(lm)
-        engine = Engine(lm, Budget(max_slots=slots, kv_tokens=budget.kv_tokens,
-                                   max_prefill_tokens=budget.max_prefill_tokens))
-        arrivals = [(item, engine.new_generation(
-            f"r{i}", lm.tokenizer(item.prompt)["input_ids"],
-            GenerationParams(max_new_tokens=item.max_new, ignore_eos=True)))
-            for i, item in enumerate(items)]
-        pending, waiting = list(arrivals), []
-        admitting = steps = 0
-        start = time.monotonic()
-        while pending or waiting or engine.running:
-            now = time.monotonic() - start
-            while pending and pending[0][0].at_s <= now:
-                waiting.append(pending.pop(0)[1])
-            if not waiting and not engine.running:
-                time.sleep(max(0.0, pending[0][0].at_s - now))
-                continue
-            admitted = engine.select(waiting)
-            for g in admitted:
-                waiting.remove(g)
-            engine.step(admitted)
-            steps += 1
-            admitting += bool(admitted)
-        arrived = [start + item.at_s for item, _ in arrivals]
-        gens = [g for _, g in arrivals]
+        engine = Engine(lm, GenerationSettings(max_slots=slots).budget(lm))
+
+        def generations(batch: Sequence[Item], tag: str) -> list[Generation]:
+            out = []
+            for i, item in enumerate(batch):
+                g = engine.new_generation(
+                    f"{tag}{i}", lm.tokenizer(item.prompt)["input_ids"],
+                    GenerationParams(max_new_tokens=item.max_new, ignore_eos=True))
+                if not engine.fits_alone(g):  # the worker refuses these up front
+                    raise RuntimeError(f"request {i} does not fit the engine's budget")
+                out.append(g)
+            return out
+
+        def serve(batch: Sequence[Item], gens: list[Generation], *,
+                  paced: bool) -> tuple[float, int]:
+            pending, waiting = list(zip(batch, gens, strict=True)), []
+            admitting = 0
+            start = time.monotonic()
+            while pending or waiting or engine.running:
+                now = time.monotonic() - start
+                while pending and (not paced or pending[0][0].at_s <= now):
+                    waiting.append(pending.pop(0)[1])
+                if not waiting and not engine.running:
+                    time.sleep(max(0.0, pending[0][0].at_s - now))
+                    continue
+                admitted = engine.select(waiting)
+                for g in admitted:
+                    waiting.remove(g)
+                engine.step(admitted)
+                admitting += bool(admitted)
+            return start, admitting
+
+        serve(warm, generations(warm, "warm"), paced=False)
+        steps, decoded = engine.steps, engine.decoded_tokens
+        gens = generations(items, "r")
+        start, admitting = serve(items, gens, paced=True)
+        arrived = [start + item.at_s for item in items]
+        finished = [g.finished_at or start for g in gens]
         ttft = [((g.first_token_at or start) - t) * 1e3 for g, t in zip(gens, arrived, strict=True)]
-        e2e = [((g.finished_at or start) - t) * 1e3 for g, t in zip(gens, arrived, strict=True)]
+        e2e = [(f - t) * 1e3 for f, t in zip(finished, arrived, strict=True)]
         tokens = sum(len(g.tokens) for g in gens)
-        span_s = max(max(g.finished_at or start for g in gens) - start, 1e-9)
+        span_s = max(max(finished) - min(arrived), 1e-9)  # first arrival to last finish
         stats = {"requests": len(gens), "useful_tokens": tokens, "span_s": round(span_s, 3),
                  "tokens_per_s": tokens / span_s,
                  "ttft_ms": {"p50": percentile(ttft, 50), "p99": percentile(ttft, 99)},
                  "e2e_ms": {"p50": percentile(e2e, 50), "p99": percentile(e2e, 99)},
-                 "mean_batch": engine.decoded_tokens / max(steps, 1), "steps": steps,
-                 "admission_steps": admitting, "torch_threads": torch.get_num_threads()}
+                 # as the worker reports it: each request's mean batch over its steps
+                 "mean_batch": statistics.fmean(round(g.batch_sum / max(g.steps, 1))
+                                                for g in gens),
+                 "steps": engine.steps - steps, "admission_steps": admitting,
+                 "decoded_tokens": engine.decoded_tokens - decoded,
+                 "torch_threads": torch.get_num_threads()}
         return stats, [list(g.tokens) for g in gens]
     finally:
         torch.set_num_threads(default_threads)
@@ -588,7 +607,8 @@ def results_markdown(report: Mapping[str, Any]) -> str:
         "(adaptive window, padded `generate`); **bs1** = `--batching request "
         "--max-batch-size 1`; **engine alone** = the continuous worker's engine on the same "
         "requests at the same arrival times, in the benchmark's process (same slots, budget "
-        "and torch threads): the ceiling for the continuous worker.",
+        "and torch threads; its TTFT ends at the first token): the ceiling for the continuous "
+        "worker.",
         "- TTFT = enqueue to first text visible to the producer (continuous: its stream; the "
         "others do not stream, so their TTFT is the result). Tokens/s = completion tokens / "
         "(last finish - first enqueue).",
@@ -743,7 +763,7 @@ def _run(cfg: Config, cleanup: Cleanup) -> dict[str, Any]:
         for trial in range(cfg.trials):
             say(f"{model} trial {trial + 1}/{cfg.trials}: the engine alone, in process "
                 f"({len(items)} requests at {cfg.rate[model]:g}/s)")
-            alone, alone_tokens = engine_alone(sources[model], items,
+            alone, alone_tokens = engine_alone(sources[model], items, warm,
                                                threads=TORCH_THREADS[model])
             entry["engine_alone"].append(alone)
             tokens_of.setdefault("engine alone", alone_tokens)
