@@ -557,23 +557,28 @@ def _reading(report: Mapping[str, Any]) -> list[str]:
                    "next to the process, but each of its steps is long, so the worker's event "
                    "loop is a small share of it."]
     gil = (process - thread) / alone
-    gain = ("little on this machine: most of the loss is CPU, which a GPU worker does not "
-            "spend on the model" if gil < 0.05 else
-            "part of the gap to the engine alone; the rest is CPU, which a GPU worker does "
-            "not spend on the model")
+    if gil < 0.05:
+        why = ("what another thread or process takes from the two vCPUs comes straight out "
+               "of it; sharing the GIL adds little")
+        gain = ("little on this machine: most of the loss is CPU, which a GPU worker does not "
+                "spend on the model")
+    else:
+        why = (f"sharing the GIL alone costs it {gil:.2f}x of its speed in this run, the CPU "
+               f"the other thread or process takes {1 - process / alone:.2f}x")
+        gain = ("much of the gap to the engine alone (not built here, so not measured); the "
+                "rest is CPU, which a GPU worker does not spend on the model")
     return [
         f"Reading: in process, alone, the engine makes {alone:,.0f} tokens/s on the tiny "
         f"model; next to a thread that runs Python {busy} of the time, {thread:,.0f} "
         f"({thread / alone:.2f}x); next to a process doing the same, {process:,.0f} "
-        f"({process / alone:.2f}x). A decode step of this model is many small torch calls, "
-        "so what another thread or process takes from the two vCPUs comes straight out of "
-        f"it, and sharing the GIL costs the difference ({gil:.2f}x of the engine alone in "
-        f"this run). {used or 'The continuous worker: '}its event loop is busy throughout "
+        f"({process / alone:.2f}x). A decode step of this model is many small torch calls: "
+        f"{why}. {used or 'The continuous worker: '}its event loop is busy throughout "
         "(claims, stream and result writes, wake-ups) next to the model thread, and Redis "
         f"and the producer share the vCPUs. It makes {continuous:,.0f} tokens/s on the "
         f"queue's requests{vs_alone} against {request:,.0f} for the request-level worker, "
         "whose event loop rests while a batch runs. An engine in a process of its own (as "
-        f"vLLM's engine core) would take the model off the event loop's GIL and win back {gain}."
+        f"vLLM's engine core) would take the model off the event loop's GIL and could win "
+        f"back {gain}."
         + "".join(" " + line for line in smollm2),
         "",
     ]
