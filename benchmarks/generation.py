@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import corpus
+from benchmarks import charts, corpus
 from benchmarks.harness import (
     Child,
     Cleanup,
@@ -56,10 +56,9 @@ from benchmarks.harness import (
     percentile,
     say,
     stop_child,
-    update_results_md,
     usable_cpus,
-    write_json,
 )
+from benchmarks.stack import save_report
 
 NAME = "generate"
 BENCH_DIR = Path(__file__).resolve().parent
@@ -584,7 +583,63 @@ def _reading(report: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def results_markdown(report: Mapping[str, Any]) -> str:
+def _variant_runs(m: Mapping[str, Any]) -> dict[str, list[Mapping[str, Any]]]:
+    """Each variant's trials, the engine alone included."""
+    runs = {v: list(r) for v, r in m["variants"].items() if r}
+    if m.get("engine_alone"):
+        runs["engine alone"] = list(m["engine_alone"])
+    return runs
+
+
+def draw_plots(report: Mapping[str, Any], folder: Path) -> list[Path]:
+    """Tokens/s of every variant as a share of request-level batching (one group per model),
+    and per model its latency percentiles by variant; medians over trials, bars min..max."""
+    models = [m for m, e in report["models"].items() if e["variants"].get("request")]
+    if not models:
+        return []
+    names = [n for n in ("continuous", "request", "bs1", "engine alone")
+             if any(n in _variant_runs(report["models"][m]) for m in models)]
+
+    def pct(model: str, name: str, pick: Any) -> float | None:
+        runs = _variant_runs(report["models"][model]).get(name, [])
+        base = _med([t["tokens_per_s"] for t in report["models"][model]["variants"]["request"]])
+        vals = [t["tokens_per_s"] for t in runs]
+        return pick(vals) / base * 100 if vals and base else None
+
+    paths = [charts.grouped_bars(
+        folder / "generate-throughput.png",
+        title="Useful tokens/s, % of request-level batching", ylabel="% of request-level",
+        groups=models,
+        bars={n: [pct(m, n, statistics.median) for m in models] for n in names},
+        low={n: [pct(m, n, min) for m in models] for n in names},
+        high={n: [pct(m, n, max) for m in models] for n in names},
+        hlines=[("target for continuous: 150 %", 150.0)],
+        note="median over trials, bars = min..max; engine alone = the continuous worker's "
+             "engine on the same paced requests, no queue")]
+    for model in models:
+        runs = _variant_runs(report["models"][model])
+        keys = [("TTFT p50", "ttft_ms", "p50"), ("TTFT p99", "ttft_ms", "p99"),
+                ("e2e p50", "e2e_ms", "p50"), ("e2e p99", "e2e_ms", "p99")]
+        groups = [n for n in names if n in runs]
+
+        def at(name: str, field: str, q: str, pick: Any,
+               runs: Mapping[str, list[Mapping[str, Any]]] = runs) -> float | None:
+            vals = [t[field][q] for t in runs[name] if t[field][q] is not None]
+            return pick(vals) if vals else None
+
+        paths.append(charts.grouped_bars(
+            folder / f"generate-latency-{model}.png",
+            title=f"{model}: time to first token and end to end, by variant",
+            ylabel="ms (log scale)", groups=groups, logy=True,
+            bars={k: [at(g, f, q, statistics.median) for g in groups] for k, f, q in keys},
+            low={k: [at(g, f, q, min) for g in groups] for k, f, q in keys},
+            high={k: [at(g, f, q, max) for g in groups] for k, f, q in keys},
+            note="median over trials, bars = min..max; TTFT: first text a producer can read "
+                 "(engine alone: first token)"))
+    return paths
+
+
+def results_markdown(report: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
     cfg = report["config"]
     lines = ["## generate: continuous batching vs request-level batching vs batch 1", ""]
     if cfg["quick"]:
@@ -694,6 +749,8 @@ def results_markdown(report: Mapping[str, Any]) -> str:
                                   "padded generate (static batches) tokens/s",
                                   "other tenants' load"], rows), ""]
         lines += _reading(report)
+    if plots:
+        lines += [f"![generate plot]({link})" for link in plots] + [""]
     lines += [f"Raw figures: `benchmarks/out/{NAME}.json`."]
     return "\n".join(lines)
 
@@ -819,10 +876,8 @@ def _run(cfg: Config, cleanup: Cleanup) -> dict[str, Any]:
         report["models"][model] = entry
     server.stop()
     report["seconds"] = time.monotonic() - started
-    json_path = cfg.out / f"{NAME}.json"
-    write_json(json_path, json.loads(json.dumps(report, default=str)))
-    say(f"wrote {json_path}")
-    if cfg.results_md is not None:
-        update_results_md(NAME, results_markdown(report), cfg.results_md)
-        say(f"updated {cfg.results_md}")
+    report = json.loads(json.dumps(report, default=str))
+    save_report(NAME, report, cfg.out, cfg.results_md,
+                plots=lambda folder: draw_plots(report, folder),
+                markdown=lambda links, json_path: results_markdown(report, links))
     return report
