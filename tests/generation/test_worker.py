@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from typing import Any
 
 import msgpack
@@ -152,10 +153,19 @@ async def test_cancel_stops_a_long_generation_within_a_step_and_frees_its_slot(
 
 
 async def test_cancel_reaches_the_running_generation_without_waiting_for_a_stream_write(
-        gen_worker: Any, aclient: inferq.AsyncClient) -> None:
+        gen_worker: Any, aclient: inferq.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
     # Stream writes (which also report lost leases) once a second: only the cancel notice
     # pushed to the worker can stop the generation within a few steps.
     worker = await gen_worker(max_slots=2, stream_interval_ms=1000)
+    # Steps of at least 3 ms, as a real model's: on a fast CPU the tiny model steps in well
+    # under a millisecond, and "a few steps" would be a race with the cancel's round trips.
+    step = worker.engine.step
+
+    def paced_step(admitted: list[Any]) -> list[Any]:
+        time.sleep(0.003)
+        return step(admitted)
+
+    monkeypatch.setattr(worker.engine, "step", paced_step)
     handle = await aclient.enqueue("stop me", model=MODEL, task="generate",
                                    params={"max_new_tokens": 3000, "ignore_eos": True})
     await until(lambda: worker.running and len(worker.running[0].tokens) >= 20,
