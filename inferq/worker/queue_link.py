@@ -190,13 +190,3 @@ class QueueLink:
         if aof.get("appendonly") != "yes" and not save.get("save"):
             log.warning("Redis persistence is off (no AOF, no RDB): a server restart "
                         "loses every queued request")
-
-
-async def wait_any(events: Sequence[asyncio.Event], timeout: float | None = None) -> None:
-    """Until one of ``events`` is set (or ``timeout`` seconds pass)."""
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waiters:
-            w.cancel()

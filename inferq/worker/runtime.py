@@ -51,10 +51,10 @@ from inferq.worker.metrics import serve as serve_metrics
 from inferq.worker.models.base import BatchModel, ModelInput
 from inferq.worker.packing import fill_tokens, pack
 from inferq.worker.policy import ReleaseReason, WindowConfig, WindowPolicy
-from inferq.worker.queue_link import QueueLink, wait_any
+from inferq.worker.queue_link import QueueLink
 from inferq.worker.telemetry import WorkerStats
 from inferq.worker.tuning import load_policy, save_policy
-from inferq.worker.wake import WakeWaiter
+from inferq.worker.wake import WakeWaiter, wait_any
 
 log = logging.getLogger("inferq.worker")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -62,3 +63,13 @@ class WakeWaiter:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+async def wait_any(events: Sequence[asyncio.Event], timeout: float | None = None) -> None:
+    """Until one of ``events`` is set (or ``timeout`` seconds pass)."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()

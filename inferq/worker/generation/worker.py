@@ -62,8 +62,8 @@ from inferq.worker.isolation import failure_of
 from inferq.worker.leases import Heartbeat, LeaseBook
 from inferq.worker.metrics import HealthState, WorkerMetrics
 from inferq.worker.metrics import serve as serve_metrics
-from inferq.worker.queue_link import QueueLink, wait_any
-from inferq.worker.wake import WakeWaiter
+from inferq.worker.queue_link import QueueLink
+from inferq.worker.wake import WakeWaiter, wait_any
 
 log = logging.getLogger("inferq.worker")
 
