@@ -288,6 +288,30 @@ def run_variant(cleanup: Cleanup, url: str, server_pid: int | None, model: str, 
 # ----------------------------------------------------------------- engine alone, paced
 
 
+def serve_engine(engine: Any, gens: Sequence[Any],
+                 arrivals_s: Sequence[float] | None = None) -> tuple[float, int]:
+    """Run ``gens`` through ``engine`` step by step until all finish, each joining the waiting
+    line at its offset in ``arrivals_s`` (seconds from the start; None: all at once). Returns
+    the start (``time.monotonic``) and how many steps admitted sequences."""
+    at = list(arrivals_s) if arrivals_s is not None else [0.0] * len(gens)
+    pending, waiting = list(zip(at, gens, strict=True)), []
+    admitting = 0
+    start = time.monotonic()
+    while pending or waiting or engine.running:
+        now = time.monotonic() - start
+        while pending and pending[0][0] <= now:
+            waiting.append(pending.pop(0)[1])
+        if not waiting and not engine.running:
+            time.sleep(max(0.0, pending[0][0] - now))
+            continue
+        admitted = engine.select(waiting)
+        for g in admitted:
+            waiting.remove(g)
+        engine.step(admitted)
+        admitting += bool(admitted)
+    return start, admitting
+
+
 def engine_alone(source: str, items: Sequence[Item], warm: Sequence[Item], *,
                  threads: int | None, slots: int = SLOTS
                  ) -> tuple[dict[str, Any], list[list[int]]]:
@@ -322,29 +346,10 @@ def engine_alone(source: str, items: Sequence[Item], warm: Sequence[Item], *,
                 out.append(g)
             return out
 
-        def serve(batch: Sequence[Item], gens: list[Generation], *,
-                  paced: bool) -> tuple[float, int]:
-            pending, waiting = list(zip(batch, gens, strict=True)), []
-            admitting = 0
-            start = time.monotonic()
-            while pending or waiting or engine.running:
-                now = time.monotonic() - start
-                while pending and (not paced or pending[0][0].at_s <= now):
-                    waiting.append(pending.pop(0)[1])
-                if not waiting and not engine.running:
-                    time.sleep(max(0.0, pending[0][0].at_s - now))
-                    continue
-                admitted = engine.select(waiting)
-                for g in admitted:
-                    waiting.remove(g)
-                engine.step(admitted)
-                admitting += bool(admitted)
-            return start, admitting
-
-        serve(warm, generations(warm, "warm"), paced=False)
+        serve_engine(engine, generations(warm, "warm"))
         steps, decoded = engine.steps, engine.decoded_tokens
         gens = generations(items, "r")
-        start, admitting = serve(items, gens, paced=True)
+        start, admitting = serve_engine(engine, gens, [item.at_s for item in items])
         arrived = [start + item.at_s for item in items]
         finished = [g.finished_at or start for g in gens]
         ttft = [((g.first_token_at or start) - t) * 1e3 for g, t in zip(gens, arrived, strict=True)]
@@ -404,14 +409,9 @@ def _compare(source: str, *, requests: int, new_tokens: int, slots: int, trials:
         engine = Engine(lm, Budget(max_slots=slots, kv_tokens=1 << 24,
                                    max_prefill_tokens=4096))
         params = GenerationParams(max_new_tokens=new_tokens, ignore_eos=True)
-        waiting = [engine.new_generation(f"r{i}", p, params) for i, p in enumerate(prompts)]
-        t = time.perf_counter()
-        while waiting or engine.running:
-            admitted = engine.select(waiting)
-            for g in admitted:
-                waiting.remove(g)
-            engine.step(admitted)
-        return requests * new_tokens / (time.perf_counter() - t)
+        gens = [engine.new_generation(f"r{i}", p, params) for i, p in enumerate(prompts)]
+        start, _ = serve_engine(engine, gens)
+        return requests * new_tokens / (time.monotonic() - start)
 
     def hf() -> float | None:
         gen = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1,
