@@ -187,7 +187,7 @@ def _model_source(model: str, out: Path) -> str:
     if model == "tiny":
         folder = out / "models" / "tiny-llama"
         if not (folder / "config.json").exists():
-            from inferq.worker.generation.tiny import build_tiny_model
+            from tests.support.tiny import build_tiny_model
 
             say(f"building the tiny random Llama in {folder}")
             build_tiny_model(folder)

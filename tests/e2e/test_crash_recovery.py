@@ -5,14 +5,11 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 
-import pytest
 import redis
 
 import inferq
 from inferq.protocol.keys import QueueKeys
-from tests.conftest import WorkerProcess, wait_until
-
-pytestmark = pytest.mark.e2e
+from tests.support.processes import WorkerProcess, wait_until
 
 KEYS = QueueKeys.for_model("embed", "slow")
 SLOW = "slow=builtin:sleep?batch_ms=1500"

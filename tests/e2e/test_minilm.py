@@ -16,9 +16,7 @@ import inferq
 from inferq.embedded import EmbeddedServer
 from inferq.worker.models.embedding import mean_pool
 from inferq.worker.models.registry import minilm_path
-from tests.conftest import WorkerProcess
-
-pytestmark = pytest.mark.e2e
+from tests.support.processes import WorkerProcess
 
 WORDS = [
     "queue", "worker", "batch", "window", "redis", "token", "priority", "lease", "result",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +18,11 @@ from inferq.embedded import EmbeddedServer
 from inferq.errors import DeviceOutOfMemory, InferqError
 from inferq.protocol import ops
 from inferq.protocol.codec import RequestPayload
-from inferq.protocol.keys import QueueKeys
 from inferq.worker.models.base import BatchModel, ModelInput
 from inferq.worker.models.builtin import EchoModel
 from inferq.worker.runtime import Worker
-from tests.conftest import wait_until
-from tests.integration.test_worker import config, run_worker, stop
-
-KEYS = QueueKeys.for_model("embed", "t")
+from tests.support.processes import wait_until
+from tests.support.window_worker import KEYS, config, run_worker, stop
 
 
 class FaultyModel(BatchModel):
@@ -64,12 +61,6 @@ class FaultyModel(BatchModel):
         if "flaky" in texts and self.calls["flaky"] == 1:
             raise inferq.TransientError("first attempt fails")
         return [t.upper() for t in texts]
-
-
-@pytest.fixture
-async def aclient(redis_url: str) -> AsyncIterator[inferq.AsyncClient]:
-    async with inferq.AsyncClient(redis_url) as c:
-        yield c
 
 
 async def outcome(handle: inferq.AsyncHandle) -> tuple[str, Any, int]:
@@ -218,8 +209,6 @@ def test_no_key_is_left_behind_but_unexpired_results(redis_url: str, r: redis.Re
     assert set(counts) <= {"result", "inbox", "tuning", "window", "stats", "seq", "workers",
                            "inferq:queues"}
     assert all(n == 1 for kind, n in counts.items() if kind != "result")
-
-
 
 
 async def test_worker_warns_when_the_server_could_lose_requests(

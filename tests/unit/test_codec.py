@@ -5,6 +5,7 @@ import math
 import msgpack
 import pytest
 
+import inferq
 from inferq.errors import PayloadTooLarge, ValidationError
 from inferq.protocol.codec import (
     Limits,
@@ -16,6 +17,8 @@ from inferq.protocol.codec import (
     encode_request,
     encode_result,
 )
+
+LIMITS = Limits(max_prompt_bytes=128, max_params_bytes=256, max_payload_bytes=1024)
 
 
 def _request(**overrides: object) -> dict[str, object]:
@@ -89,3 +92,14 @@ def test_result_written_by_lua_decodes() -> None:
     result = decode_result(raw)
     assert result.status is Status.DEAD
     assert result.error is not None and result.error.code == "max_attempts"
+
+
+# Regression: decode_request once checked max_payload_bytes and max_prompt_bytes but not
+# max_params_bytes, so a worker ran a request whose params exceeded the producer's limit.
+def test_worker_side_decode_enforces_the_params_limit() -> None:
+    body = {"v": 1, "id": "r1", "task": "embed", "model": "t", "prompt": "x",
+            "params": {"k": "v" * (LIMITS.max_params_bytes + 10)}}
+    data = msgpack.packb(body)
+    assert len(data) <= LIMITS.max_payload_bytes
+    with pytest.raises(inferq.PayloadTooLarge):
+        decode_request(data, LIMITS)

