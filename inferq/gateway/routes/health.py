@@ -12,8 +12,9 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
 from inferq.gateway.schemas import Health, ModelName, Readiness, TaskName
-from inferq.gateway.state import GatewayState, State
+from inferq.gateway.state import State
 from inferq.protocol.keys import QueueKeys
+from inferq.stats import live_workers, run_async
 
 router = APIRouter(tags=["health"])
 log = logging.getLogger("inferq.gateway")
@@ -22,15 +23,6 @@ log = logging.getLogger("inferq.gateway")
 @router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
 async def healthz() -> Health:
     return Health()
-
-
-async def live_workers(state: GatewayState, keys: QueueKeys) -> int:
-    """Workers whose liveness deadline (Redis clock) has not passed, as ``inferq stats``
-    counts them."""
-    redis = state.client.redis
-    seconds, micros = await redis.time()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
-    return int(await redis.zcount(keys.workers, now_ms, "+inf"))
 
 
 @router.get("/readyz", response_model=Readiness,
@@ -43,7 +35,8 @@ async def readyz(state: State, model: Annotated[ModelName | None, Query()] = Non
     keys = QueueKeys.for_model(task or settings.ready_task, model or settings.ready_model,
                                settings.namespace)
     try:
-        workers = await asyncio.wait_for(live_workers(state, keys), settings.ready_timeout_s)
+        workers = len(await asyncio.wait_for(run_async(state.client.redis, live_workers(keys)),
+                                             settings.ready_timeout_s))
     except (RedisError, OSError, TimeoutError) as exc:
         log.warning("readyz: redis unavailable: %s", exc)
         body = Readiness(status="unready", queue=keys.queue, redis=False, live_workers=0,
