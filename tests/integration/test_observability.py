@@ -139,7 +139,7 @@ def test_enqueue_file_writes_one_result_per_line(
 
 def test_stats_watch_refreshes(redis_url: str, r: redis.Redis,
                                capsys: pytest.CaptureFixture[str]) -> None:
-    from inferq.cli.stats_cmd import watch
+    from inferq.cli.stats import watch
 
     r.sadd("inferq:queues", "embed:t")
     inferq.Client(redis_url).enqueue("x", model="t", priority=3)
