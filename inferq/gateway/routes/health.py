@@ -34,17 +34,15 @@ async def readyz(state: State, model: Annotated[ModelName | None, Query()] = Non
     settings = state.settings
     keys = QueueKeys.for_model(task or settings.ready_task, model or settings.ready_model,
                                settings.namespace)
+    redis, reason = True, None
     try:
         workers = len(await asyncio.wait_for(run_async(state.client.redis, live_workers(keys)),
                                              settings.ready_timeout_s))
     except (RedisError, OSError, TimeoutError) as exc:
         log.warning("readyz: redis unavailable: %s", exc)
-        body = Readiness(status="unready", queue=keys.queue, redis=False, live_workers=0,
-                         reason="redis unavailable")
-        return JSONResponse(body.model_dump(), status_code=503)
-    if workers == 0:
-        body = Readiness(status="unready", queue=keys.queue, redis=True, live_workers=0,
-                         reason=f"no live worker on queue {keys.queue}")
-        return JSONResponse(body.model_dump(), status_code=503)
-    body = Readiness(status="ready", queue=keys.queue, redis=True, live_workers=workers)
-    return JSONResponse(body.model_dump())
+        workers, redis, reason = 0, False, "redis unavailable"
+    if redis and workers == 0:
+        reason = f"no live worker on queue {keys.queue}"
+    body = Readiness(status="unready" if reason else "ready", queue=keys.queue, redis=redis,
+                     live_workers=workers, reason=reason)
+    return JSONResponse(body.model_dump(), status_code=503 if reason else 200)
