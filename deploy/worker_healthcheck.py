@@ -7,7 +7,8 @@ the entry every lease/3 and it lapses after one lease, so "unhealthy" means: the
 loading, Redis is unreachable from here, or the heartbeat has stopped. A worker started with an
 explicit ``--worker-id`` must keep that prefix for this check to see it.
 
-The Redis URL is ``$INFERQ_REDIS_URL`` (as for every ``inferq`` command).
+The connection is ``$INFERQ_REDIS_URL`` and ``$INFERQ_TLS_CA/CERT/KEY``, as for every ``inferq``
+command.
 """
 
 from __future__ import annotations
@@ -17,27 +18,30 @@ import sys
 
 import redis
 
-from inferq.producer.common import resolve_url
-from inferq.stats import read_all
+from inferq.connection import ConnectionSettings, sync_client
+from inferq.errors import ConfigError
+from inferq.protocol.keys import QueueKeys
+from inferq.stats import known_queues, live_workers, run
 
 
 def local_live_workers(client: redis.Redis, hostname: str) -> list[str]:
     """Live workers (over every known queue) whose id says they run on ``hostname``."""
     prefix = f"{hostname}-"
-    return sorted(w for queue in read_all(client) for w in queue.live_workers
+    return sorted(w for queue in known_queues(client)
+                  for w in run(client, live_workers(QueueKeys(queue)))
                   if w.startswith(prefix))
 
 
 def main() -> int:
     hostname = socket.gethostname()
     try:
-        client = redis.Redis.from_url(resolve_url(None), socket_timeout=5,
-                                      socket_connect_timeout=5)
+        settings = ConnectionSettings.from_env(socket_connect_timeout=5, retries=0)
+        client = sync_client(settings, socket_timeout=5)
         try:
             workers = local_live_workers(client, hostname)
         finally:
             client.close()
-    except redis.RedisError as exc:
+    except (redis.RedisError, ConfigError) as exc:  # unreachable, or a bad URL / TLS file
         print(f"unhealthy: Redis: {exc}")
         return 1
     if not workers:

@@ -10,16 +10,17 @@ Producer side (light: redis, msgpack, pydantic)::
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Unpack
 
 from inferq.connection import ConnectionSettings
 from inferq.errors import (
+    BackendUnavailable,
     ConfigError,
     DeadlineExceeded,
     DeviceOutOfMemory,
     InferqError,
     InvalidInput,
+    ModelLoadError,
     PayloadTooLarge,
     QueueFull,
     RequestCancelled,
@@ -32,7 +33,7 @@ from inferq.errors import (
 )
 from inferq.producer.aio import AsyncClient, AsyncHandle
 from inferq.producer.client import Client, Handle
-from inferq.producer.common import ClientOptions, RequestState, Shedding
+from inferq.producer.common import ClientOptions, EnqueueOptions, RequestState, Shedding
 from inferq.protocol.codec import ErrorInfo, Limits, Result, Status, Usage
 from inferq.protocol.generation import FinishReason, GenerationParams
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
@@ -44,12 +45,14 @@ __all__ = [
     "PRIORITY_MIN",
     "AsyncClient",
     "AsyncHandle",
+    "BackendUnavailable",
     "Client",
     "ClientOptions",
     "ConfigError",
     "ConnectionSettings",
     "DeadlineExceeded",
     "DeviceOutOfMemory",
+    "EnqueueOptions",
     "ErrorInfo",
     "FinishReason",
     "GenerationParams",
@@ -57,6 +60,7 @@ __all__ = [
     "InferqError",
     "InvalidInput",
     "Limits",
+    "ModelLoadError",
     "PayloadTooLarge",
     "QueueFull",
     "RequestCancelled",
@@ -88,20 +92,7 @@ def default_client() -> Client:
         return _default
 
 
-def enqueue(
-    prompt: str = "",
-    *,
-    model: str,
-    task: str = "embed",
-    priority: int = 0,
-    deadline_s: float | None = None,
-    id: str | None = None,
-    params: Mapping[str, Any] | None = None,
-    max_attempts: int = 3,
-    messages: Sequence[Mapping[str, str]] | None = None,
-) -> Handle:
-    """``Client().enqueue`` on the default client (``INFERQ_REDIS_URL``)."""
-    return default_client().enqueue(
-        prompt, model=model, task=task, priority=priority, deadline_s=deadline_s, id=id,
-        params=params, max_attempts=max_attempts, messages=messages,
-    )
+def enqueue(prompt: str = "", **request: Unpack[EnqueueOptions]) -> Handle:
+    """``Client.enqueue`` (same arguments, ``EnqueueOptions``) on the default client
+    (``INFERQ_REDIS_URL``)."""
+    return default_client().enqueue(prompt, **request)

@@ -13,20 +13,23 @@ thread and the CLI all go through them.
   the URL's. Credentials are taken out of the URL before it reaches redis-py (where URL
   values would silently beat keyword arguments), and ``redact_url`` hides the password
   wherever a URL is shown.
-* Environment (the CLI, the worker and ``ConnectionSettings.from_env``): ``INFERQ_REDIS_URL``,
-  ``INFERQ_TLS_CA``, ``INFERQ_TLS_CERT``, ``INFERQ_TLS_KEY``.
+* Environment (the CLI, the worker, the gateway and ``ConnectionSettings.from_env``):
+  ``INFERQ_REDIS_URL`` (default ``redis://localhost:6379/0``), ``INFERQ_TLS_CA``,
+  ``INFERQ_TLS_CERT``, ``INFERQ_TLS_KEY``.
 
 Connection and timeout errors are retried with jittered exponential backoff. Every script
 inferq runs is safe to repeat (enqueue is idempotent on the request id, completion is
 token-checked and first-writer-wins); a claim repeated after a lost reply leaves leases that
-nobody heartbeats, which the reclaim sweep returns to the queue when they expire.
+nobody heartbeats, which the reclaim sweep returns to the queue when they expire. When the
+retries are spent, the SDK raises ``BackendUnavailable`` (``wrap_connection_errors``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -39,10 +42,11 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import AuthenticationWrongNumberOfArgsError, NoPermissionError
 from redis.retry import Retry
 
-from inferq.errors import ConfigError
-from inferq.producer.common import DEFAULT_URL, URL_ENV
+from inferq.errors import BackendUnavailable, ConfigError
 from inferq.protocol.keys import DEFAULT_NAMESPACE
 
+DEFAULT_URL = "redis://localhost:6379/0"
+URL_ENV = "INFERQ_REDIS_URL"
 TLS_CA_ENV = "INFERQ_TLS_CA"
 TLS_CERT_ENV = "INFERQ_TLS_CERT"
 TLS_KEY_ENV = "INFERQ_TLS_KEY"
@@ -143,6 +147,11 @@ def _env(environ: Mapping[str, str], name: str) -> str | None:
     return environ.get(name) or None
 
 
+def url_from_env(url: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """``url`` if given, else ``$INFERQ_REDIS_URL``, else ``redis://localhost:6379/0``."""
+    return url or _env(os.environ if environ is None else environ, URL_ENV) or DEFAULT_URL
+
+
 @dataclass(frozen=True, slots=True, repr=False)
 class ConnectionSettings:
     """Where and how to connect. Validated at construction; every check names the bad value."""
@@ -213,7 +222,7 @@ class ConnectionSettings:
         env = os.environ if environ is None else environ
         given = {k: v for k, v in fields.items() if v is not None}
         return cls(
-            url=url or _env(env, URL_ENV) or DEFAULT_URL,
+            url=url_from_env(url, env),
             **{
                 "ssl_ca_certs": _env(env, TLS_CA_ENV),
                 "ssl_certfile": _env(env, TLS_CERT_ENV),
@@ -332,3 +341,16 @@ def describe_error(settings: ConnectionSettings | str, exc: BaseException) -> st
         if secret:
             text = text.replace(secret, REDACTED)
     return f"{hint} at {redact_url(url)}: {text}"
+
+
+@contextlib.contextmanager
+def wrap_connection_errors(settings: ConnectionSettings) -> Iterator[None]:
+    """Re-raise redis-py's connection and timeout errors as ``BackendUnavailable`` naming the
+    (redacted) server; authentication errors keep their own type."""
+    try:
+        yield
+    except (redis.AuthenticationError, BackendUnavailable):
+        raise
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise BackendUnavailable(describe_error(settings, exc),
+                                 url=settings.redacted_url) from exc

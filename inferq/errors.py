@@ -1,10 +1,39 @@
-"""Typed errors. Every error has a stable ``code`` that goes into result payloads and metrics."""
+"""Typed errors. Every error has a stable ``code`` that goes into result payloads, metric labels
+and the gateway's HTTP error bodies.
+
+The hierarchy::
+
+    InferqError                 internal
+    ├── ValidationError         invalid_request       (also a ValueError)
+    │   └── PayloadTooLarge     payload_too_large
+    ├── ConfigError             invalid_config        (also a ValueError)
+    │   └── UnknownModel        unknown_model
+    ├── ModelLoadError          model_load_failed
+    ├── BackendUnavailable      backend_unavailable   (also redis ConnectionError, TimeoutError)
+    ├── QueueFull               queue_full
+    ├── ResultTimeout           result_timeout        (also a TimeoutError)
+    ├── RequestError            carries the request's stored ``Result``
+    │   ├── RequestFailed       request_failed        (``error_code``: what the worker recorded)
+    │   ├── RequestCancelled    cancelled
+    │   └── DeadlineExceeded    deadline_exceeded
+    ├── InvalidInput            invalid_input         (raised by models: fails one request)
+    ├── TransientError          transient_error       (raised by models: retried)
+    └── DeviceOutOfMemory       out_of_memory         (retried, with a smaller batch)
+
+A worker records the code of what failed a request (a model's ``InvalidInput``, ...,
+``DeadlineExceeded``) in its result; the SDK raises that again as ``RequestFailed``
+(``error_code``) or ``DeadlineExceeded``.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import redis.exceptions
+
 if TYPE_CHECKING:
+    from pydantic import ValidationError as PydanticValidationError
+
     from inferq.protocol.codec import Result
 
 
@@ -25,9 +54,52 @@ class ValidationError(InferqError, ValueError):
 
     code = "invalid_request"
 
+    @classmethod
+    def from_pydantic(cls, context: str, exc: PydanticValidationError) -> ValidationError:
+        """``context`` followed by the first five field errors, each naming its field."""
+        parts = []
+        for err in exc.errors()[:5]:
+            where = ".".join(str(p) for p in err["loc"]) or "<root>"
+            parts.append(f"{where}: {err['msg']}")
+        return cls(context + "; ".join(parts))
+
 
 class PayloadTooLarge(ValidationError):
+    """A prompt, params, payload or result is over its ``inferq.Limits`` size."""
+
     code = "payload_too_large"
+
+
+class ConfigError(InferqError, ValueError):
+    """An option of a client, worker or gateway is invalid; the message names the value."""
+
+    code = "invalid_config"
+
+
+class UnknownModel(ConfigError):
+    """A worker was asked for a model it does not know (e.g. an unknown ``builtin:`` name)."""
+
+    code = "unknown_model"
+
+
+class ModelLoadError(InferqError):
+    """A worker could not load its model: missing weights or packages, an unreadable folder."""
+
+    code = "model_load_failed"
+
+
+class BackendUnavailable(InferqError, redis.exceptions.ConnectionError,
+                         redis.exceptions.TimeoutError):
+    """The SDK could not reach Redis (refused, timed out, TLS handshake failed) after its
+    retries; ``url`` is the server's, without its password. Also redis-py's ``ConnectionError``
+    and ``TimeoutError``, so code that catches those keeps working. Authentication and ACL
+    errors are not this: they keep their redis-py types."""
+
+    code = "backend_unavailable"
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        self.url = url
 
 
 class QueueFull(InferqError):
@@ -49,14 +121,6 @@ class QueueFull(InferqError):
         self.refused: list[int] = refused or []
 
 
-class ConfigError(InferqError, ValueError):
-    code = "invalid_config"
-
-
-class ModelLoadError(InferqError):
-    code = "model_load_failed"
-
-
 class ResultTimeout(InferqError, TimeoutError):
     """No result arrived within the caller's timeout. The request itself is still queued."""
 
@@ -64,11 +128,19 @@ class ResultTimeout(InferqError, TimeoutError):
 
 
 class RequestError(InferqError):
-    """The request finished without an output; ``result`` holds what the worker recorded."""
+    """The request finished without an output; ``result`` holds what the worker recorded.
+    A worker records an outcome from one made without a result (reading ``result`` then
+    raises ``RuntimeError``, as httpx's unset ``RequestError.request`` does)."""
 
-    def __init__(self, message: str, *, result: Result) -> None:
+    def __init__(self, message: str, *, result: Result | None = None) -> None:
         super().__init__(message)
-        self.result = result
+        self._result = result
+
+    @property
+    def result(self) -> Result:
+        if self._result is None:
+            raise RuntimeError(f"{type(self).__name__} was raised without a stored result")
+        return self._result
 
 
 class RequestFailed(RequestError):
@@ -82,16 +154,15 @@ class RequestFailed(RequestError):
 
 
 class RequestCancelled(RequestError):
+    """The request was cancelled (``Handle.cancel``) before it finished."""
+
     code = "cancelled"
 
 
-class DeadlineMissed(InferqError):
-    """Worker side: a request's deadline passed before it could run."""
-
-    code = "deadline_exceeded"
-
-
 class DeadlineExceeded(RequestError):
+    """The request's deadline passed before it could run, in the queue or in a worker's
+    window: it was answered ``expired`` without running."""
+
     code = "deadline_exceeded"
 
 
@@ -99,10 +170,6 @@ class InvalidInput(InferqError):
     """Raised by a model for one request whose input it cannot process; fails that request only."""
 
     code = "invalid_input"
-
-
-class UnknownModel(InferqError):
-    code = "unknown_model"
 
 
 class TransientError(InferqError):

@@ -1,18 +1,36 @@
-"""Read a queue's state for ``inferq stats`` (read-only; no ``KEYS``, no full scans)."""
+"""A queue's state, read in one place: ``inferq stats``, the worker's queue gauges, the
+gateway's ``/readyz`` and the container healthcheck all count through here (read-only; no
+``KEYS``, no full scans).
+
+Each reading is a *plan*: a generator that yields the commands of one round trip (run as one
+pipeline) and is sent their replies, until it returns what it read. Plans never do I/O
+themselves, so one description of the reads serves both clients: ``run`` executes a plan on a
+``redis.Redis``, ``run_async`` on a ``redis.asyncio.Redis``. Plans compose with
+``yield from``.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Generator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from operator import methodcaller
+from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio as aioredis
 
 from inferq.protocol import scores
 from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys, queues_registry
+from inferq.protocol.ops import as_str
 
 THROUGHPUT_WINDOW_S = 10
+
+T = TypeVar("T")
+#: One pipelined command: ``call("zcard", key)`` calls ``pipeline.zcard(key)``.
+Command = methodcaller
+call = methodcaller
+Plan = Generator[list[Command], list[Any], T]
 
 
 @dataclass
@@ -36,100 +54,112 @@ class QueueStats:
         return data
 
 
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+def _pipeline(client: Any, commands: list[Command]) -> Any:
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        command(pipe)
+    return pipe
 
 
-def pending_by_priority(client: redis.Redis, keys: QueueKeys) -> dict[int, int]:
-    """Count per priority band: one ZCOUNT per distinct priority present, not a scan."""
+def run(client: redis.Redis, plan: Plan[T]) -> T:
+    """Execute a plan on a synchronous client: one pipeline per round trip."""
+    try:
+        commands = next(plan)
+        while True:
+            commands = plan.send(_pipeline(client, commands).execute())
+    except StopIteration as done:
+        return cast(T, done.value)
+
+
+async def run_async(client: aioredis.Redis, plan: Plan[T]) -> T:
+    """``run`` on an asyncio client."""
+    try:
+        commands = next(plan)
+        while True:
+            commands = plan.send(await _pipeline(client, commands).execute())
+    except StopIteration as done:
+        return cast(T, done.value)
+
+
+def live_workers(keys: QueueKeys, now: tuple[int, int] | None = None) -> Plan[list[str]]:
+    """The queue's live workers, sorted. The one rule for "live": a liveness deadline
+    (renewed by the heartbeat) not yet passed on the Redis clock (``now``, if already read)."""
+    if now is None:
+        (now,) = yield [call("time")]
+    now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+    (workers,) = yield [call("zrangebyscore", keys.workers, now_ms, "+inf")]
+    return sorted(as_str(w) for w in workers)
+
+
+def pending_by_priority(keys: QueueKeys) -> Plan[dict[int, int]]:
+    """Count per priority band: one ZCOUNT per distinct priority present, not a scan. Each
+    round trip counts one band and finds the first request of the next."""
+
+    def first_from(low: str) -> Command:
+        return call("zrangebyscore", keys.pending, low, "+inf", start=0, num=1, withscores=True)
+
     counts: dict[int, int] = {}
-    low = "-inf"
-    while True:
-        first = client.zrangebyscore(keys.pending, low, "+inf", start=0, num=1, withscores=True)
-        if not first:
-            return counts
+    (first,) = yield [first_from("-inf")]
+    while first:
         priority, _ = scores.decode(float(first[0][1]))
-        band_start = scores.band(priority)
-        band_end = band_start + scores.SEQ_LIMIT
-        counts[priority] = int(client.zcount(keys.pending, band_start, f"({band_end}"))
-        low = str(band_end)
+        band_end = scores.band(priority) + scores.SEQ_LIMIT
+        count, first = yield [call("zcount", keys.pending, scores.band(priority), f"({band_end}"),
+                              first_from(str(band_end))]
+        counts[priority] = int(count)
+    return counts
 
 
-def read_window(client: redis.Redis, keys: QueueKeys, worker: str) -> dict[str, Any]:
-    """One worker's published window and batch statistics (empty when it never published)."""
-    fields: dict[str, Any] = {_s(k): _s(v) for k, v in client.hgetall(keys.window(worker)).items()}
+def _window(raw: dict[Any, Any]) -> dict[str, Any]:
+    fields: dict[str, Any] = {as_str(k): as_str(v) for k, v in raw.items()}
     for name in ("reasons", "sizes"):
         if name in fields:
             fields[name] = json.loads(fields[name])
     return fields
 
 
-def read_queue(client: redis.Redis, keys: QueueKeys) -> QueueStats:
-    seconds, _ = client.time()
-    now_ms = int(seconds) * 1000
-    pipe = client.pipeline(transaction=False)
-    pipe.zcard(keys.inflight)
-    pipe.zcard(keys.dead)
-    pipe.zrangebyscore(keys.workers, now_ms, "+inf")
-    pipe.hgetall(keys.stats)
-    inflight, dead, workers, raw_stats = pipe.execute()
-    stats = {_s(k): _s(v) for k, v in raw_stats.items()}
-    counters = {k: int(v) for k, v in stats.items() if ":" not in k}
+def queue_stats(keys: QueueKeys, *, detail: bool = True) -> Plan[QueueStats]:
+    """Depths, live workers and, with ``detail``, the counters, the recent throughput and
+    each live worker's window. Without it (a worker's metrics): the gauges only."""
+    now, inflight, dead, *counted = yield [
+        call("time"), call("zcard", keys.inflight), call("zcard", keys.dead),
+        *([call("hgetall", keys.stats)] if detail else [])]
+    live = yield from live_workers(keys, now)
+    pending = yield from pending_by_priority(keys)
+    stats = {as_str(k): as_str(v) for raw in counted for k, v in raw.items()}
+    seconds = int(now[0])
     recent = 0
     for slot in range(64):
         ts = stats.get(f"ts:{slot}")
-        if ts is not None and int(seconds) - THROUGHPUT_WINDOW_S < int(ts) <= int(seconds):
+        if ts is not None and seconds - THROUGHPUT_WINDOW_S < int(ts) <= seconds:
             recent += int(stats.get(f"n:{slot}", "0"))
-    live = sorted(_s(w) for w in workers)
-    windows = {worker: w for worker in live if (w := read_window(client, keys, worker))}
+    windows = (yield [call("hgetall", keys.window(w)) for w in live]) if detail and live else []
     return QueueStats(
         queue=keys.queue,
-        pending_by_priority=pending_by_priority(client, keys),
+        pending_by_priority=pending,
         inflight=int(inflight),
         dead_lettered=int(dead),
         live_workers=live,
-        counters=counters,
+        counters={k: int(v) for k, v in stats.items() if ":" not in k},
         throughput_per_s=recent / THROUGHPUT_WINDOW_S,
-        windows=windows,
+        windows={w: fields for w, raw in zip(live, windows, strict=False)
+                 if (fields := _window(raw))},
     )
 
 
 def known_queues(client: redis.Redis, namespace: str = DEFAULT_NAMESPACE) -> list[str]:
-    return sorted(_s(q) for q in client.smembers(queues_registry(namespace)))
+    return sorted(as_str(q) for q in client.smembers(queues_registry(namespace)))
+
+
+def read_queue(client: redis.Redis, keys: QueueKeys) -> QueueStats:
+    return run(client, queue_stats(keys))
+
+
+def read_window(client: redis.Redis, keys: QueueKeys, worker: str) -> dict[str, Any]:
+    """One worker's published window and batch statistics (empty when it never published)."""
+    return _window(client.hgetall(keys.window(worker)))
 
 
 def read_all(client: redis.Redis, queues: list[str] | None = None,
              namespace: str = DEFAULT_NAMESPACE) -> list[QueueStats]:
     names = queues or known_queues(client, namespace)
     return [read_queue(client, QueueKeys(name, namespace)) for name in names]
-
-
-@dataclass(frozen=True, slots=True)
-class QueueGauges:
-    pending_by_priority: dict[int, int]
-    inflight: int
-    dead: int
-    live_workers: int
-
-
-async def read_queue_gauges(client: aioredis.Redis, keys: QueueKeys) -> QueueGauges:
-    """The queue-wide numbers a worker exports as metrics (asyncio; same rules as above)."""
-    seconds, _ = await client.time()
-    pipe = client.pipeline(transaction=False)
-    pipe.zcard(keys.inflight)
-    pipe.zcard(keys.dead)
-    pipe.zcount(keys.workers, int(seconds) * 1000, "+inf")
-    inflight, dead, live = await pipe.execute()
-    counts: dict[int, int] = {}
-    low = "-inf"
-    while True:
-        first = await client.zrangebyscore(keys.pending, low, "+inf", start=0, num=1,
-                                           withscores=True)
-        if not first:
-            break
-        priority, _ = scores.decode(float(first[0][1]))
-        band_end = scores.band(priority) + scores.SEQ_LIMIT
-        counts[priority] = int(await client.zcount(keys.pending, scores.band(priority),
-                                                   f"({band_end}"))
-        low = str(band_end)
-    return QueueGauges(counts, int(inflight), int(dead), int(live))

@@ -8,7 +8,8 @@
 - ``RequestCancelled``: 409 ``cancelled``.
 - ``RequestFailed``: 502 with the worker's code (``model_error``, ``max_attempts``, ...), but
   422 when that code says the input itself is bad (``invalid_input``, ...).
-- Redis unreachable: 503 ``backend_unavailable`` (details go to the log only).
+- ``BackendUnavailable`` (and any other Redis error): 503 ``backend_unavailable`` (details go
+  to the log only).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inferq.errors import (
+    BackendUnavailable,
     DeadlineExceeded,
     InferqError,
     PayloadTooLarge,
@@ -87,8 +89,17 @@ def from_inferq(exc: InferqError, *, retry_after_s: int = 1,
         return ApiError(502, "upstream_error", code, exc.message, **kw)
     if isinstance(exc, PayloadTooLarge | ValidationError):
         return ApiError(422, INVALID, exc.code, exc.message, **kw)
+    if isinstance(exc, BackendUnavailable):
+        return unavailable(exc)
     log.error("unexpected inferq error: %s", exc, exc_info=exc)
     return ApiError(500, "server_error", exc.code, "internal error", **kw)
+
+
+def unavailable(exc: Exception) -> ApiError:
+    """Redis is unreachable: the detail (host, port) goes to the log, not to the caller."""
+    log.warning("redis unavailable: %s", exc)
+    return ApiError(503, "service_unavailable", BackendUnavailable.code,
+                    "the queue backend (Redis) is unavailable")
 
 
 def param_of(loc: Sequence[int | str]) -> str:
@@ -133,10 +144,7 @@ def install(app: FastAPI, retry_after_s: int) -> None:
                         headers=exc.headers).response()
 
     async def on_redis_error(_: Request, exc: Exception) -> JSONResponse:
-        # The detail (host, port) goes to the log, not to the caller.
-        log.warning("redis unavailable: %s", exc)
-        return ApiError(503, "service_unavailable", "backend_unavailable",
-                        "the queue backend (Redis) is unavailable").response()
+        return unavailable(exc).response()
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(InferqError, on_inferq_error)

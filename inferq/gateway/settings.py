@@ -24,8 +24,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from inferq.connection import DEFAULT_URL, URL_ENV
 from inferq.errors import ConfigError
-from inferq.producer.common import DEFAULT_URL, URL_ENV
 from inferq.protocol.keys import DEFAULT_NAMESPACE, NAME_RE
 
 ENV_PREFIX = "INFERQ_GATEWAY_"

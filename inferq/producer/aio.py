@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping
+from operator import methodcaller
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 import redis.asyncio as aioredis
 
 from inferq import connection
-from inferq.connection import ConnectionSettings
+from inferq.connection import ConnectionSettings, wrap_connection_errors
 from inferq.errors import ResultTimeout
 from inferq.producer import common
-from inferq.producer.common import BLOCKING_DEFAULTS, ClientOptions, RequestState
+from inferq.producer.common import (
+    BLOCKING_DEFAULTS,
+    ClientOptions,
+    EnqueueOptions,
+    RequestState,
+)
 from inferq.producer.inbox import ResultInbox
-from inferq.producer.streaming import BLOCK_MS, READ_COUNT, StreamReader
+from inferq.producer.streaming import follow
 from inferq.protocol import ops
 from inferq.protocol.codec import Result
 from inferq.protocol.keys import QueueKeys
@@ -45,55 +50,42 @@ class AsyncHandle:
             raw: Any = await self._client.inbox(self.keys).wait(self.id, timeout)
         else:
             key = self.keys.result(self.id)
-            raw = await self._client.redis.blmove(key, key, common.block_timeout(timeout),
-                                                  "LEFT", "LEFT")
+            with wrap_connection_errors(self._client.connection):
+                raw = await self._client.redis.blmove(key, key, common.block_timeout(timeout),
+                                                      "LEFT", "LEFT")
         result = common.parse_result(raw, self._client.options)
         if result is None:
             raise ResultTimeout(f"no result for request {self.id} within {timeout} s")
         return common.raise_for_status(result)
 
     async def peek(self) -> Result | None:
-        raw = await self._client.redis.lindex(self.keys.result(self.id), 0)
+        with wrap_connection_errors(self._client.connection):
+            raw = await self._client.redis.lindex(self.keys.result(self.id), 0)
         return common.parse_result(raw, self._client.options)
 
     async def stream(self, timeout: float | None = None) -> AsyncIterator[str | Result]:
         """``async for`` over a generation's text deltas, ending with its ``Result``; see
         ``Handle.stream``."""
-        redis_ = self._client.redis
-        key, result_key = self.keys.stream(self.id), self.keys.result(self.id)
-        deadline = None if timeout is None else time.monotonic() + common.block_timeout(timeout)
-        reader = StreamReader()
-        while True:
-            block = BLOCK_MS
-            if deadline is not None:
-                block = max(1, min(block, int((deadline - time.monotonic()) * 1e3)))
-            reply = await redis_.xread({key: reader.last_id}, count=READ_COUNT, block=block)
-            for delta in reader.feed(reply):
-                yield delta
-            if reader.ended or not reply:
-                raw = await redis_.lindex(result_key, 0)
-                if raw is not None:
-                    rest = await redis_.xread({key: reader.last_id}, count=1 << 16)
-                    for delta in reader.feed(rest):
-                        yield delta
-                    result = common.parse_result(raw, self._client.options)
-                    assert result is not None
-                    yield result
-                    return
-            if deadline is not None and time.monotonic() >= deadline:
-                raise ResultTimeout(f"no result for request {self.id} within {timeout} s")
+        steps = follow(self.keys, self.id, timeout, self._client.options)
+        with wrap_connection_errors(self._client.connection):
+            for step in steps:
+                while isinstance(step, methodcaller):  # a read: send its reply back
+                    step = steps.send(await step(self._client.redis))
+                yield step
 
     async def status(self) -> RequestState:
         pipe = self._client.redis.pipeline(transaction=False)
         pipe.hget(self.keys.request(self.id), "st")
         pipe.lindex(self.keys.result(self.id), 0)
-        state, raw = await pipe.execute()
+        with wrap_connection_errors(self._client.connection):
+            state, raw = await pipe.execute()
         return common.state_of(state, raw, self._client.options)
 
     async def cancel(self) -> bool:
         keys, args = ops.cancel_call(self.keys, self.id,
                                      int(self._client.options.result_ttl_s * 1000))
-        outcome = await self._client.scripts["cancel"](keys=keys, args=args)
+        with wrap_connection_errors(self._client.connection):
+            outcome = await self._client.scripts["cancel"](keys=keys, args=args)
         return bool(outcome in (b"cancelled", "cancelled"))
 
     def __repr__(self) -> str:
@@ -122,26 +114,13 @@ class AsyncClient:
             box = self._inboxes[keys] = ResultInbox(self.redis, keys, self.client_id)
         return box
 
-    async def enqueue(
-        self,
-        prompt: str = "",
-        *,
-        model: str,
-        task: str = "embed",
-        priority: int = 0,
-        deadline_s: float | None = None,
-        id: str | None = None,
-        params: Mapping[str, Any] | None = None,
-        max_attempts: int = 3,
-        messages: Sequence[Mapping[str, str]] | None = None,
-    ) -> AsyncHandle:
-        """See ``Client.enqueue`` (``messages`` for chat input to ``generate``)."""
-        p = common.prepare(prompt, model=model, task=task, priority=priority,
-                           deadline_s=deadline_s, id=id, params=params,
-                           max_attempts=max_attempts, options=self.options,
-                           reply_to=self.client_id, messages=messages)
+    async def enqueue(self, prompt: str = "",
+                      **request: Unpack[EnqueueOptions]) -> AsyncHandle:
+        """Queue one request; the arguments are ``Client.enqueue``'s (``EnqueueOptions``)."""
+        p = common.prepare(prompt, request, self.options, reply_to=self.client_id)
         keys, args = ops.enqueue_call(p.keys, [p.item])
-        reply = ops.parse_enqueue(await self.scripts["enqueue"](keys=keys, args=args))
+        with wrap_connection_errors(self.connection):
+            reply = ops.parse_enqueue(await self.scripts["enqueue"](keys=keys, args=args))
         common.check_full(reply, p, self.options)
         return AsyncHandle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
 
@@ -154,7 +133,8 @@ class AsyncClient:
         for keys, indices in groups.items():
             call_keys, args = ops.enqueue_call(keys, [prepared[i].item for i in indices])
             await self.scripts["enqueue"](keys=call_keys, args=args, client=pipe)
-        replies = await pipe.execute()
+        with wrap_connection_errors(self.connection):
+            replies = await pipe.execute()
         return common.collect_handles(
             prepared, groups, replies, self.options,
             lambda keys, request_id, outcome: AsyncHandle(self, keys, request_id, outcome,

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
+from operator import methodcaller
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 import redis
 
 from inferq import connection
-from inferq.connection import ConnectionSettings
+from inferq.connection import ConnectionSettings, wrap_connection_errors
 from inferq.errors import ResultTimeout
 from inferq.producer import common
-from inferq.producer.common import BLOCKING_DEFAULTS, ClientOptions, RequestState
-from inferq.producer.streaming import BLOCK_MS, READ_COUNT, StreamReader
+from inferq.producer.common import (
+    BLOCKING_DEFAULTS,
+    ClientOptions,
+    EnqueueOptions,
+    RequestState,
+)
+from inferq.producer.streaming import follow
 from inferq.protocol import ops
 from inferq.protocol.codec import Result
 from inferq.protocol.keys import QueueKeys
@@ -38,11 +43,12 @@ class Handle:
         """Block on Redis (no polling) until the result exists; return it or raise its error.
 
         ``timeout`` None waits forever. Raises ``ResultTimeout``, ``RequestFailed``,
-        ``RequestCancelled`` or ``DeadlineExceeded``.
+        ``RequestCancelled`` or ``DeadlineExceeded`` (and ``BackendUnavailable``).
         """
         key = self.keys.result(self.id)
-        raw = self._client.redis.blmove(key, key, common.block_timeout(timeout),
-                                        "LEFT", "LEFT")
+        with wrap_connection_errors(self._client.connection):
+            raw = self._client.redis.blmove(key, key, common.block_timeout(timeout),
+                                            "LEFT", "LEFT")
         result = common.parse_result(raw, self._client.options)
         if result is None:
             raise ResultTimeout(f"no result for request {self.id} within {timeout} s")
@@ -50,7 +56,8 @@ class Handle:
 
     def peek(self) -> Result | None:
         """The stored result if there is one, without waiting or raising."""
-        raw = self._client.redis.lindex(self.keys.result(self.id), 0)
+        with wrap_connection_errors(self._client.connection):
+            raw = self._client.redis.lindex(self.keys.result(self.id), 0)
         return common.parse_result(raw, self._client.options)
 
     def stream(self, timeout: float | None = None) -> Iterator[str | Result]:
@@ -62,40 +69,27 @@ class Handle:
         (``ResultTimeout``). A request served by a worker that does not stream yields no
         deltas, only its result (whose ``output["text"]`` holds the text).
         """
-        redis_ = self._client.redis
-        key, result_key = self.keys.stream(self.id), self.keys.result(self.id)
-        deadline = None if timeout is None else time.monotonic() + common.block_timeout(timeout)
-        reader = StreamReader()
-        while True:
-            block = BLOCK_MS
-            if deadline is not None:
-                block = max(1, min(block, int((deadline - time.monotonic()) * 1e3)))
-            reply = redis_.xread({key: reader.last_id}, count=READ_COUNT, block=block)
-            yield from reader.feed(reply)
-            if reader.ended or not reply:
-                raw = redis_.lindex(result_key, 0)
-                if raw is not None:
-                    # Deltas are written before the result: take any not read yet.
-                    yield from reader.feed(redis_.xread({key: reader.last_id}, count=1 << 16))
-                    result = common.parse_result(raw, self._client.options)
-                    assert result is not None
-                    yield result
-                    return
-            if deadline is not None and time.monotonic() >= deadline:
-                raise ResultTimeout(f"no result for request {self.id} within {timeout} s")
+        steps = follow(self.keys, self.id, timeout, self._client.options)
+        with wrap_connection_errors(self._client.connection):
+            for step in steps:
+                while isinstance(step, methodcaller):  # a read: send its reply back
+                    step = steps.send(step(self._client.redis))
+                yield step
 
     def status(self) -> RequestState:
         pipe = self._client.redis.pipeline(transaction=False)
         pipe.hget(self.keys.request(self.id), "st")
         pipe.lindex(self.keys.result(self.id), 0)
-        state, raw = pipe.execute()
+        with wrap_connection_errors(self._client.connection):
+            state, raw = pipe.execute()
         return common.state_of(state, raw, self._client.options)
 
     def cancel(self) -> bool:
         """Cancel if not finished. True when this call cancelled it."""
         keys, args = ops.cancel_call(self.keys, self.id,
                                      int(self._client.options.result_ttl_s * 1000))
-        outcome = self._client.scripts["cancel"](keys=keys, args=args)
+        with wrap_connection_errors(self._client.connection):
+            outcome = self._client.scripts["cancel"](keys=keys, args=args)
         return bool(outcome in (b"cancelled", "cancelled"))
 
     def __repr__(self) -> str:
@@ -116,27 +110,23 @@ class Client:
             self.connection, **{**BLOCKING_DEFAULTS, **redis_kwargs})
         self.scripts = ops.register(self.redis)
 
-    def enqueue(
-        self,
-        prompt: str = "",
-        *,
-        model: str,
-        task: str = "embed",
-        priority: int = 0,
-        deadline_s: float | None = None,
-        id: str | None = None,
-        params: Mapping[str, Any] | None = None,
-        max_attempts: int = 3,
-        messages: Sequence[Mapping[str, str]] | None = None,
-    ) -> Handle:
-        """Queue one request. For ``task="generate"``, ``params`` takes ``max_new_tokens``,
-        ``temperature``, ``top_p``, ``top_k``, ``seed`` and ``stop``, and ``messages`` (a list
-        of ``{"role", "content"}``, with an empty prompt) asks for the model's chat template."""
-        p = common.prepare(prompt, model=model, task=task, priority=priority,
-                           deadline_s=deadline_s, id=id, params=params,
-                           max_attempts=max_attempts, options=self.options, messages=messages)
+    def enqueue(self, prompt: str = "", **request: Unpack[EnqueueOptions]) -> Handle:
+        """Queue one request and return its ``Handle``. Keyword arguments (``EnqueueOptions``):
+
+        * ``model`` (required), ``task`` (``"embed"``, ``"generate"``, ``"score"``): the queue;
+        * ``priority``: in [-100, 100], default 0; higher is served first, FIFO within one;
+        * ``deadline_s``: still queued when it passes, the request is answered ``expired``;
+        * ``id``: idempotency key (default random): an existing id returns that request;
+        * ``params``: task parameters; ``generate`` takes ``max_new_tokens``,
+          ``temperature``, ``top_p``, ``top_k``, ``seed`` and ``stop``;
+        * ``max_attempts``: lease expiries before it is dead-lettered (default 3);
+        * ``messages``: ``generate`` chat input, ``[{"role", "content"}]`` (empty prompt).
+
+        Raises ``ValidationError``, ``QueueFull`` or ``BackendUnavailable``."""
+        p = common.prepare(prompt, request, self.options)
         keys, args = ops.enqueue_call(p.keys, [p.item])
-        reply = ops.parse_enqueue(self.scripts["enqueue"](keys=keys, args=args))
+        with wrap_connection_errors(self.connection):
+            reply = ops.parse_enqueue(self.scripts["enqueue"](keys=keys, args=args))
         common.check_full(reply, p, self.options)
         return Handle(self, p.keys, p.item.id, reply.outcomes[0])
 
@@ -154,7 +144,8 @@ class Client:
         for keys, indices in groups.items():
             call_keys, args = ops.enqueue_call(keys, [prepared[i].item for i in indices])
             self.scripts["enqueue"](keys=call_keys, args=args, client=pipe)
-        replies = pipe.execute()
+        with wrap_connection_errors(self.connection):
+            replies = pipe.execute()
         return common.collect_handles(
             prepared, groups, replies, self.options,
             lambda keys, request_id, outcome: Handle(self, keys, request_id, outcome),

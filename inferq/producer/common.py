@@ -3,12 +3,11 @@ interpretation of replies and results."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, Required, TypedDict, TypeVar
 
 from inferq.errors import (
     DeadlineExceeded,
@@ -30,15 +29,26 @@ from inferq.protocol.codec import (
 from inferq.protocol.generation import check_task_params
 from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys
 
-DEFAULT_URL = "redis://localhost:6379/0"
-URL_ENV = "INFERQ_REDIS_URL"
 #: ``Handle.result`` blocks in Redis for as long as the caller asks, so the socket must not time
 #: out first (redis-py's default is 5 s); keepalive detects a dead peer instead.
 BLOCKING_DEFAULTS: dict[str, Any] = {"socket_timeout": None, "socket_keepalive": True}
 
 
-def resolve_url(url: str | None) -> str:
-    return url or os.environ.get(URL_ENV) or DEFAULT_URL
+class EnqueueOptions(TypedDict, total=False):
+    """The keyword arguments of every ``enqueue`` (``Client``, ``AsyncClient``,
+    ``inferq.enqueue``), written once; see ``Client.enqueue``. ``prepare`` applies defaults."""
+
+    model: Required[str]
+    task: str
+    priority: int
+    deadline_s: float | None
+    id: str | None
+    params: Mapping[str, Any] | None
+    max_attempts: int
+    messages: Sequence[Mapping[str, str]] | None
+
+
+ENQUEUE_KEYS = frozenset(EnqueueOptions.__annotations__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,28 +129,24 @@ class Prepared:
     model: str
 
 
-def prepare(
-    prompt: object,
-    *,
-    model: str,
-    task: str = "embed",
-    priority: int = 0,
-    deadline_s: float | None = None,
-    id: str | None = None,
-    params: Mapping[str, Any] | None = None,
-    max_attempts: int = 3,
-    options: ClientOptions,
-    reply_to: str | None = None,
-    messages: Sequence[Mapping[str, str]] | None = None,
-) -> Prepared:
-    request_id = id if id is not None else uuid.uuid4().hex
-    if params is not None and not isinstance(params, Mapping):
-        raise ValidationError(f"params must be a mapping, got {type(params).__name__}")
-    payload = build_request(
-        prompt, id=request_id, model=model, task=task, priority=priority,
-        deadline_s=deadline_s, params=dict(params) if params is not None else None,
-        max_attempts=max_attempts, messages=messages,
-    )
+def prepare(prompt: object, request: Mapping[str, Any], options: ClientOptions,
+            reply_to: str | None = None) -> Prepared:
+    """Validate one request (``enqueue``'s arguments, see ``EnqueueOptions``) into the
+    enqueue script's item. Unknown or missing arguments are a ``TypeError``, as for a
+    function's own keywords."""
+    unknown = sorted(request.keys() - ENQUEUE_KEYS)
+    if unknown:
+        raise TypeError(f"enqueue() got an unexpected keyword argument {unknown[0]!r}")
+    if "model" not in request:
+        raise TypeError("enqueue() missing 1 required keyword-only argument: 'model'")
+    fields = {"task": "embed", **request}  # the other defaults are ``RequestPayload``'s
+    if fields.get("id") is None:
+        fields["id"] = uuid.uuid4().hex
+    if (params := fields.get("params")) is not None:
+        if not isinstance(params, Mapping):
+            raise ValidationError(f"params must be a mapping, got {type(params).__name__}")
+        fields["params"] = dict(params)
+    payload = build_request(prompt, **fields)
     # generate/score params are checked here too, so a typo fails at enqueue, not in a worker.
     check_task_params(payload.task, payload.params, payload.messages is not None)
     keys = QueueKeys.for_model(payload.task, payload.model, options.namespace)
@@ -180,7 +186,7 @@ def prepare_many(
             raise ValidationError(f"request #{index} needs a prompt and a model")
         prompt = spec.pop("prompt")
         try:
-            prepared.append(prepare(prompt, options=options, reply_to=reply_to, **spec))
+            prepared.append(prepare(prompt, spec, options, reply_to))
         except TypeError as exc:  # an unknown keyword in the mapping
             raise ValidationError(f"request #{index}: {exc}") from exc
         except ValidationError as exc:

@@ -15,17 +15,21 @@ the new attempt's text it already yielded and carries on where it was.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Generator, Iterable
+from operator import methodcaller
 from typing import Any
+
+from inferq.errors import ResultTimeout
+from inferq.producer.common import ClientOptions, block_timeout, parse_result
+from inferq.protocol.codec import Result
+from inferq.protocol.keys import QueueKeys
+from inferq.protocol.ops import as_str
 
 #: How long one XREAD blocks before the reader checks for a result (a cancellation before the
 #: request ran leaves no end marker in the stream).
 BLOCK_MS = 250
 READ_COUNT = 512
-
-
-def _s(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 class StreamReader:
@@ -60,6 +64,34 @@ class StreamReader:
         return out
 
 
+def follow(keys: QueueKeys, request_id: str, timeout: float | None,
+           options: ClientOptions) -> Generator[methodcaller | str | Result, Any, None]:
+    """How ``Handle.stream`` and ``AsyncHandle.stream`` read, without I/O: yields either a Redis
+    call to make (a ``methodcaller`` on the client, whose reply is sent back) or an item for
+    the caller: each text delta, then the final ``Result``."""
+    key, result_key = keys.stream(request_id), keys.result(request_id)
+    deadline = None if timeout is None else time.monotonic() + block_timeout(timeout)
+    reader = StreamReader()
+    while True:
+        block = BLOCK_MS
+        if deadline is not None:
+            block = max(1, min(block, int((deadline - time.monotonic()) * 1e3)))
+        reply = yield methodcaller("xread", {key: reader.last_id}, count=READ_COUNT, block=block)
+        yield from reader.feed(reply)
+        if reader.ended or not reply:
+            raw = yield methodcaller("lindex", result_key, 0)
+            if raw is not None:
+                # Deltas are written before the result: take any not read yet.
+                yield from reader.feed((yield methodcaller("xread", {key: reader.last_id},
+                                                           count=1 << 16)))
+                result = parse_result(raw, options)
+                assert result is not None
+                yield result
+                return
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ResultTimeout(f"no result for request {request_id} within {timeout} s")
+
+
 def _entries(reply: Any) -> Iterable[tuple[str, dict[str, str]]]:
     if not reply:
         return []
@@ -69,8 +101,8 @@ def _entries(reply: Any) -> Iterable[tuple[str, dict[str, str]]]:
     out = []
     for entry_id, fields in rows:
         if isinstance(fields, dict):
-            decoded = {_s(k): _s(v) for k, v in fields.items()}
+            decoded = {as_str(k): as_str(v) for k, v in fields.items()}
         else:
-            decoded = {_s(fields[i]): _s(fields[i + 1]) for i in range(0, len(fields), 2)}
-        out.append((_s(entry_id), decoded))
+            decoded = {as_str(fields[i]): as_str(fields[i + 1]) for i in range(0, len(fields), 2)}
+        out.append((as_str(entry_id), decoded))
     return out

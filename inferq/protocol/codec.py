@@ -196,14 +196,6 @@ def unpack(data: bytes, *, max_bytes: int) -> Any:
         raise ValidationError(f"malformed msgpack: {exc}") from exc
 
 
-def _validation_message(exc: PydanticValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err["loc"]) or "<root>"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
-
-
 def encode_request(payload: RequestPayload, limits: Limits = DEFAULT_LIMITS) -> bytes:
     prompt_bytes = payload.text_bytes
     if prompt_bytes > limits.max_prompt_bytes:
@@ -229,7 +221,7 @@ def decode_request(data: bytes, limits: Limits = DEFAULT_LIMITS) -> RequestPaylo
     try:
         payload = RequestPayload.model_validate(raw)
     except PydanticValidationError as exc:
-        raise ValidationError(f"invalid request payload: {_validation_message(exc)}") from exc
+        raise ValidationError.from_pydantic("invalid request payload: ", exc) from exc
     if payload.text_bytes > limits.max_prompt_bytes:
         raise PayloadTooLarge(f"prompt exceeds the {limits.max_prompt_bytes}-byte limit")
     if payload.params and len(pack(payload.params)) > limits.max_params_bytes:
@@ -251,34 +243,17 @@ def decode_result(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Result:
     try:
         return Result.model_validate(raw)
     except PydanticValidationError as exc:
-        raise ValidationError(f"invalid result: {_validation_message(exc)}") from exc
+        raise ValidationError.from_pydantic("invalid result: ", exc) from exc
 
 
-def build_request(
-    prompt: object,
-    *,
-    id: str,
-    model: str,
-    task: str,
-    priority: object,
-    deadline_s: object,
-    params: object,
-    max_attempts: object,
-    messages: object = None,
-) -> RequestPayload:
-    """Validate producer arguments into a payload, raising ``ValidationError`` naming the field."""
+def build_request(prompt: object, *, messages: object = None, **fields: object) -> RequestPayload:
+    """Validate producer arguments (``RequestPayload``'s fields; absent ones take its defaults)
+    into a payload, raising ``ValidationError`` naming the field."""
     if not isinstance(prompt, str):
         raise ValidationError(f"prompt must be a str, got {type(prompt).__name__}")
-    fields: dict[str, object] = {
-        "id": id,
-        "task": task,
-        "model": model,
-        "prompt": prompt,
-        "priority": priority,
-        "params": {} if params is None else params,
-        "deadline_s": deadline_s,
-        "max_attempts": max_attempts,
-    }
+    fields["prompt"] = prompt
+    if fields.get("params") is None:
+        fields["params"] = {}
     if messages is not None:
         if isinstance(messages, str | bytes) or not isinstance(messages, list | tuple):
             raise ValidationError(
@@ -288,4 +263,4 @@ def build_request(
     try:
         return RequestPayload.model_validate(fields)
     except PydanticValidationError as exc:
-        raise ValidationError(f"invalid request: {_validation_message(exc)}") from exc
+        raise ValidationError.from_pydantic("invalid request: ", exc) from exc

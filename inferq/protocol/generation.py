@@ -92,26 +92,18 @@ class ScoreParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _message(exc: PydanticValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err["loc"]) or "<root>"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
-
-
 def parse_generation_params(params: Any) -> GenerationParams:
     try:
         return GenerationParams.model_validate(params or {})
     except PydanticValidationError as exc:
-        raise ValidationError(f"invalid generate params: params.{_message(exc)}") from exc
+        raise ValidationError.from_pydantic("invalid generate params: params.", exc) from exc
 
 
 def parse_score_params(params: Any) -> ScoreParams:
     try:
         return ScoreParams.model_validate(params or {})
     except PydanticValidationError as exc:
-        raise ValidationError(f"invalid score params: params.{_message(exc)}") from exc
+        raise ValidationError.from_pydantic("invalid score params: params.", exc) from exc
 
 
 def check_task_params(task: str, params: Any, has_messages: bool) -> None:

@@ -18,8 +18,9 @@ def register(client: Any) -> dict[str, Any]:
     return {name: client.register_script(source) for name, source in scripts.ALL.items()}
 
 
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+def as_str(value: Any) -> str:
+    """A Redis reply as text, from a client with or without ``decode_responses``."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,7 @@ class EnqueueReply:
 
 
 def parse_enqueue(reply: Any) -> EnqueueReply:
-    return EnqueueReply(int(reply[0]), [_s(x) for x in reply[1]], int(reply[2]))
+    return EnqueueReply(int(reply[0]), [as_str(x) for x in reply[1]], int(reply[2]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +84,9 @@ def claim_call(keys: QueueKeys, owner: str, lease_ms: int, max_count: int,
 def parse_claim(reply: Any) -> ClaimReply:
     claimed = [
         Claimed(
-            id=_s(row[0]),
+            id=as_str(row[0]),
             payload=bytes(row[1]),
-            token=_s(row[2]),
+            token=as_str(row[2]),
             attempt=int(row[3]),
             enqueued_ms=int(row[4]),
             deadline_ms=int(row[5]) if row[5] not in (b"", "", None) else None,
@@ -106,7 +107,7 @@ def heartbeat_call(keys: QueueKeys, worker_id: str, lease_ms: int, liveness_ms: 
 
 
 def parse_ids(reply: Any) -> list[str]:
-    return [_s(x) for x in reply]
+    return [as_str(x) for x in reply]
 
 
 @dataclass(frozen=True, slots=True)

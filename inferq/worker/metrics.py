@@ -24,7 +24,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from inferq.stats import read_queue_gauges
+from inferq.stats import queue_stats, run_async
 
 if TYPE_CHECKING:
     from redis import asyncio as aioredis
@@ -128,14 +128,14 @@ class WorkerMetrics:
     async def sample_queue(self, client: aioredis.Redis, keys: QueueKeys, device: str) -> None:
         """Queue-wide gauges (depth by priority, in flight, dead letters, live workers), and
         torch's CUDA memory on a GPU worker."""
-        sample = await read_queue_gauges(client, keys)
+        sample = await run_async(client, queue_stats(keys, detail=False))
         q = self.queue
         self.queue_depth.clear()
         for priority, count in sample.pending_by_priority.items():
             self.queue_depth.labels(q, str(priority)).set(count)
         self.inflight.labels(q).set(sample.inflight)
-        self.dead_letter_depth.labels(q).set(sample.dead)
-        self.live_workers.labels(q).set(sample.live_workers)
+        self.dead_letter_depth.labels(q).set(sample.dead_lettered)
+        self.live_workers.labels(q).set(len(sample.live_workers))
         if device.startswith("cuda"):
             import torch
 

@@ -29,7 +29,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from inferq import connection
-from inferq.errors import DeadlineMissed, InferqError, InvalidInput
+from inferq.errors import DeadlineExceeded, InferqError, InvalidInput
 from inferq.protocol import ops, scores
 from inferq.protocol.codec import RequestPayload, Status
 from inferq.protocol.keys import QueueKeys, queues_registry
@@ -272,7 +272,7 @@ class Worker:
             return False
         self._carry = [job for job in self._carry if job not in overdue]
         now_ms = self.link.to_ms(now)
-        error = DeadlineMissed("the deadline passed before the request could run")
+        error = DeadlineExceeded("the deadline passed before the request could run")
         await self._complete([failed_completion(self.ctx, job.claimed, error, now_ms,
                                                 Status.EXPIRED) for job in overdue])
         return True

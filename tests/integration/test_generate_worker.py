@@ -13,7 +13,7 @@ import pytest
 import redis
 
 import inferq
-from inferq.cli.stats_cmd import format_stats
+from inferq.cli.stats import format_stats
 from inferq.protocol.codec import RequestPayload
 from inferq.protocol.keys import QueueKeys
 from inferq.stats import read_all

@@ -66,7 +66,7 @@ async def test_worker_exports_prometheus_metrics_and_health(redis_url: str) -> N
 
 def test_stats_watch_refreshes(redis_url: str, r: redis.Redis,
                                capsys: pytest.CaptureFixture[str]) -> None:
-    from inferq.cli.stats_cmd import watch
+    from inferq.cli.stats import watch
 
     r.sadd("inferq:queues", "embed:t")
     inferq.Client(redis_url).enqueue("x", model="t", priority=3)

@@ -12,8 +12,9 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
 from inferq.gateway.schemas import Health, ModelName, Readiness, TaskName
-from inferq.gateway.state import GatewayState, State
+from inferq.gateway.state import State
 from inferq.protocol.keys import QueueKeys
+from inferq.stats import live_workers, run_async
 
 router = APIRouter(tags=["health"])
 log = logging.getLogger("inferq.gateway")
@@ -22,15 +23,6 @@ log = logging.getLogger("inferq.gateway")
 @router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
 async def healthz() -> Health:
     return Health()
-
-
-async def live_workers(state: GatewayState, keys: QueueKeys) -> int:
-    """Workers whose liveness deadline (Redis clock) has not passed, as ``inferq stats``
-    counts them."""
-    redis = state.client.redis
-    seconds, micros = await redis.time()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
-    return int(await redis.zcount(keys.workers, now_ms, "+inf"))
 
 
 @router.get("/readyz", response_model=Readiness,
@@ -42,16 +34,15 @@ async def readyz(state: State, model: Annotated[ModelName | None, Query()] = Non
     settings = state.settings
     keys = QueueKeys.for_model(task or settings.ready_task, model or settings.ready_model,
                                settings.namespace)
+    redis, reason = True, None
     try:
-        workers = await asyncio.wait_for(live_workers(state, keys), settings.ready_timeout_s)
+        workers = len(await asyncio.wait_for(run_async(state.client.redis, live_workers(keys)),
+                                             settings.ready_timeout_s))
     except (RedisError, OSError, TimeoutError) as exc:
         log.warning("readyz: redis unavailable: %s", exc)
-        body = Readiness(status="unready", queue=keys.queue, redis=False, live_workers=0,
-                         reason="redis unavailable")
-        return JSONResponse(body.model_dump(), status_code=503)
-    if workers == 0:
-        body = Readiness(status="unready", queue=keys.queue, redis=True, live_workers=0,
-                         reason=f"no live worker on queue {keys.queue}")
-        return JSONResponse(body.model_dump(), status_code=503)
-    body = Readiness(status="ready", queue=keys.queue, redis=True, live_workers=workers)
-    return JSONResponse(body.model_dump())
+        workers, redis, reason = 0, False, "redis unavailable"
+    if redis and workers == 0:
+        reason = f"no live worker on queue {keys.queue}"
+    body = Readiness(status="unready" if reason else "ready", queue=keys.queue, redis=redis,
+                     live_workers=workers, reason=reason)
+    return JSONResponse(body.model_dump(), status_code=503 if reason else 200)

@@ -39,7 +39,7 @@ from typing import Any
 from redis.exceptions import NoScriptError, RedisError
 
 from inferq import connection
-from inferq.errors import ConfigError, DeadlineMissed, InferqError, InvalidInput
+from inferq.errors import ConfigError, DeadlineExceeded, InferqError, InvalidInput
 from inferq.protocol import ops
 from inferq.protocol.codec import (
     ErrorInfo,
@@ -405,7 +405,7 @@ class GenerationWorker:
         if not overdue:
             return
         now_ms = self.link.to_ms(now)
-        error = DeadlineMissed("the deadline passed before the request could run")
+        error = DeadlineExceeded("the deadline passed before the request could run")
         await self._complete([failed_completion(self.ctx, _claim(g).claimed, error, now_ms,
                                                 Status.EXPIRED) for g in overdue])
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
-from inferq.errors import ConfigError, ModelLoadError
+from inferq.errors import ConfigError, ModelLoadError, UnknownModel
 from inferq.protocol.generation import GENERATE_TASK, LM_TASKS
 from inferq.worker.models.base import BatchModel
 from inferq.worker.models.builtin import EchoModel, SleepModel
@@ -80,7 +80,7 @@ def _load(spec: ModelSpec, task: str, device: str, dtype: str) -> BatchModel:
             return EchoModel.from_options(options)
         if kind == "sleep":
             return SleepModel.from_options(options)
-        raise ConfigError(f"unknown built-in model {kind!r}; known: echo, sleep")
+        raise UnknownModel(f"unknown built-in model {kind!r}; known: echo, sleep")
     if task in LM_TASKS:
         return _load_lm_task(spec, task, device, dtype)
     if task != "embed":

@@ -1,4 +1,4 @@
-"""``inferq stats``."""
+"""``inferq stats``: queue depths, in flight, live workers, windows, throughput."""
 
 from __future__ import annotations
 
@@ -10,11 +10,21 @@ from typing import Any
 
 import redis
 
-from inferq.cli.main import connection_from_args
+from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
 from inferq.connection import sync_client
 from inferq.errors import ValidationError
 from inferq.protocol.keys import QueueKeys
 from inferq.stats import QueueStats, read_all
+
+
+def add_parser(sub: Subcommands) -> None:
+    s = sub.add_parser("stats", help="queue depths, in flight, workers, windows, throughput")
+    add_connection_options(s)
+    s.add_argument("--queue", action="append", help="task:model (default: every known queue)")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--watch", action="store_true", help="refresh a live table")
+    s.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    s.set_defaults(run=run)
 
 
 def format_stats(all_stats: list[QueueStats]) -> str:
@@ -63,7 +73,7 @@ def format_generation(worker: str, w: dict[str, Any]) -> str:
     )
 
 
-def run_stats(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     client = sync_client(connection_from_args(args))
     queues = [QueueKeys(q).queue for q in args.queue] if args.queue else None
     try:

@@ -17,10 +17,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from inferq.cli.stats_cmd import format_stats, format_window
+from inferq.cli.options import Subcommands
+from inferq.cli.stats import format_stats, format_window
+from inferq.connection import URL_ENV
 from inferq.embedded import EmbeddedServer
 from inferq.producer.client import Client
-from inferq.producer.common import URL_ENV
 from inferq.stats import read_all, read_window
 
 SENTENCES = [
@@ -37,6 +38,14 @@ PRIORITIES = [0, 0, 0, 5, 9]
 DEMO_WORKER = "demo-worker"
 
 
+def add_parser(sub: Subcommands) -> None:
+    d = sub.add_parser("demo", help="embedded default: local server + MiniLM worker + requests")
+    d.add_argument("--data-dir", default=".inferq/demo")
+    d.add_argument("--requests", type=int, default=48)
+    d.add_argument("--model", default="minilm")
+    d.set_defaults(run=run)
+
+
 @contextlib.contextmanager
 def _server(data_dir: str) -> Iterator[str]:
     url = os.environ.get(URL_ENV)
@@ -50,7 +59,7 @@ def _server(data_dir: str) -> Iterator[str]:
         yield server.url
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     with _server(args.data_dir) as url:
         client = Client(url)
         requests: list[dict[str, Any]] = [

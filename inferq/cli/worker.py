@@ -1,0 +1,144 @@
+"""``inferq worker``: serve one queue (``task:model``) with the kind of worker its task needs.
+
+The **window** worker (embed, score, ``generate --batching request``, built-in models) batches
+adaptive windows; the **continuous** worker (generate) batches at every decode step. Each kind
+owns its flags, and a flag of the other kind is refused with the reason instead of being
+ignored. Those flags default to ``SUPPRESS`` (absent unless given), so their defaults live
+once, in ``WorkerConfig`` and ``GenerationSettings``. The one CLI module that imports the
+worker, lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from typing import Any
+
+from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
+from inferq.errors import ConfigError
+from inferq.logs import set_context as set_log_context
+from inferq.protocol.generation import GENERATE_TASK
+
+log = logging.getLogger("inferq.worker")
+
+#: ``WorkerConfig`` fields set by flags of the same name, when given.
+CONFIG_FLAGS = ("device", "dtype", "lease_ms", "result_ttl_s", "worker_id")
+WINDOW_FLAGS = ("max_batch_size", "max_batch_tokens", "max_wait_ms")
+#: ``GenerationSettings`` fields set by flags of the same name, when given.
+CONTINUOUS_FLAGS = ("max_slots", "kv_cache_mb", "max_prefill_tokens", "stream_interval_ms")
+
+
+def add_parser(sub: Subcommands) -> None:
+    w = sub.add_parser("worker", help="run a worker that serves one model",
+                       argument_default=argparse.SUPPRESS)
+    add_connection_options(w)
+    w.add_argument("--model", required=True,
+                   help="NAME=PATH_OR_HUB_ID, or a known NAME (minilm, smollm2, echo, sleep)")
+    w.add_argument("--task", default="embed", help="embed (default), generate or score")
+    w.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    w.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
+    w.add_argument("--lease-ms", type=int)
+    w.add_argument("--result-ttl-s", type=float)
+    w.add_argument("--worker-id")
+    w.add_argument("--metrics-port", type=int,
+                   default=int(os.environ["INFERQ_METRICS_PORT"])
+                   if os.environ.get("INFERQ_METRICS_PORT") else None,
+                   help="serve Prometheus /metrics and /healthz on this port (0: any free one)")
+    w.add_argument("--torch-threads", type=int, default=None,
+                   help="torch intra-op threads on the CPU (default: torch's choice)")
+    window = w.add_argument_group("window worker (embed, score, generate --batching request)")
+    window.add_argument("--max-batch-size", type=int, help="rows per batch")
+    window.add_argument("--max-batch-tokens", type=int,
+                        help="padded-token budget per batch (0 = no budget)")
+    window.add_argument("--max-wait-ms", type=float,
+                        help="upper bound of the adaptive batch window")
+    g = w.add_argument_group("continuous worker (generate)")
+    g.add_argument("--batching", choices=["continuous", "request"],
+                   help="generate: join and leave the batch at every decode step "
+                        "(continuous, the default), or run whole windows through padded "
+                        "generate (request: the window worker)")
+    g.add_argument("--max-slots", type=int, help="sequences decoded together in one step")
+    g.add_argument("--kv-cache-mb", type=float,
+                   help="KV cache budget (default: half the free GPU memory on CUDA, "
+                        "1024 MiB on the CPU)")
+    g.add_argument("--max-prefill-tokens", type=int, help="prompt tokens prefilled per step")
+    g.add_argument("--stream-interval-ms", type=float,
+                   help="write token streams and results at most this often")
+    w.set_defaults(run=run)
+
+
+def given(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: value for name, value in vars(args).items() if name in names}
+
+
+def _flags(names: dict[str, Any]) -> str:
+    return ", ".join("--" + name.replace("_", "-") for name in names)
+
+
+def refuse_foreign_flags(args: argparse.Namespace, builtin: bool, continuous: bool) -> None:
+    """A flag the chosen kind of worker would ignore is an error that says why."""
+    batching = vars(args).get("batching")
+    if batching is not None and args.task != GENERATE_TASK:
+        raise ConfigError(f"--batching: only --task {GENERATE_TASK} has a choice of batching; "
+                          f"--task {args.task} is always served in adaptive windows")
+    if batching == "continuous" and builtin:
+        raise ConfigError(f"--batching continuous: the built-in model {args.model!r} has no "
+                          "KV cache; it is served in adaptive windows (--batching request)")
+    if continuous and (foreign := given(args, WINDOW_FLAGS)):
+        raise ConfigError(f"{_flags(foreign)}: a --task {GENERATE_TASK} worker batches at every "
+                          "decode step and has no window; use --max-slots and "
+                          "--max-prefill-tokens, or --batching request")
+    if not continuous and (foreign := given(args, CONTINUOUS_FLAGS)):
+        served = (f"--task {args.task}" if args.task != GENERATE_TASK else
+                  f"the built-in model {args.model!r}" if builtin else "--batching request")
+        raise ConfigError(f"{_flags(foreign)}: only the continuous {GENERATE_TASK} worker has "
+                          f"slots, a KV cache and token streams; this worker ({served}) batches "
+                          "adaptive windows")
+
+
+def run(args: argparse.Namespace) -> int:
+    from inferq.worker.config import WorkerConfig
+    from inferq.worker.models.registry import BUILTIN_PREFIX, parse_model_arg
+
+    spec = parse_model_arg(args.model)
+    builtin = spec.source.startswith(BUILTIN_PREFIX)
+    continuous = (args.task == GENERATE_TASK and not builtin
+                  and vars(args).get("batching", "continuous") == "continuous")
+    refuse_foreign_flags(args, builtin, continuous)
+    window = given(args, WINDOW_FLAGS)
+    if "max_batch_tokens" in window:
+        window["max_batch_tokens"] = window["max_batch_tokens"] or None
+    conn = connection_from_args(args)
+    config = WorkerConfig(
+        redis_url=conn.url, tls_ca=conn.ssl_ca_certs, tls_cert=conn.ssl_certfile,
+        tls_key=conn.ssl_keyfile, model_name=spec.name, model_spec=spec.source,
+        task=args.task, metrics_port=args.metrics_port, **given(args, CONFIG_FLAGS), **window)
+    set_log_context(worker=config.worker_id, queue=f"{config.task}:{config.model_name}")
+    if args.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+    log.info("connecting to %s%s", config.connection.redacted_url,
+             f" (CA {config.tls_ca})" if config.tls_ca else "")
+    if continuous:
+        from inferq.worker.generation.worker import GenerationSettings, GenerationWorker
+        from inferq.worker.models.registry import load_causal_lm
+
+        lm = load_causal_lm(spec, device=config.device, dtype=config.dtype)
+        try:
+            asyncio.run(GenerationWorker(config, lm, GenerationSettings(
+                **given(args, CONTINUOUS_FLAGS))).run())
+        finally:
+            lm.close()
+        return 0
+    from inferq.worker.models.registry import load_model
+    from inferq.worker.runtime import Worker
+
+    model = load_model(spec, config.task, device=config.device, dtype=config.dtype)
+    try:
+        asyncio.run(Worker(config, model).run())
+    finally:
+        model.close()
+    return 0
