@@ -37,8 +37,8 @@ import redis
 
 import inferq
 from benchmarks.framework import Run, Scenario, positive_int
-from benchmarks.harness import Cleanup
-from benchmarks.stack import WorkerProc, now_ms, spawn_worker
+from benchmarks.harness import Cleanup, markdown_table
+from benchmarks.stack import WorkerProc, now_ms, sleep_model, spawn_worker
 from inferq.embedded import EmbeddedServer
 from inferq.protocol.codec import decode_result
 from inferq.protocol.keys import QueueKeys
@@ -130,10 +130,10 @@ class Fleet:
     def start(self) -> str:
         self.started += 1
         worker_id = f"chaos-{self.started}"
-        spec = (f"{MODEL}=builtin:sleep?batch_ms={self.config.batch_ms}"
-                f"&item_ms={self.config.item_ms}&fail_on={POISON}")
+        spec = sleep_model(MODEL, self.config.batch_ms, self.config.item_ms)
         self.workers[worker_id] = spawn_worker(
-            self.cleanup, self.url, model_arg=spec, worker_id=worker_id, log_dir=self.log_dir,
+            self.cleanup, self.url, model_arg=f"{spec}&fail_on={POISON}", worker_id=worker_id,
+            log_dir=self.log_dir,
             flags=["--lease-ms", str(self.config.lease_ms), "--max-batch-size", "32",
                    "--max-wait-ms", "5"])
         return worker_id
@@ -143,7 +143,7 @@ class Fleet:
         process.send_signal(signal.SIGKILL)
         process.wait()
 
-    def signal(self, worker_id: str, signum: int) -> None:
+    def send(self, worker_id: str, signum: int) -> None:
         self.workers[worker_id].child.process.send_signal(signum)
 
 
@@ -190,10 +190,10 @@ async def _inject_faults(config: ChaosConfig, fleet: Fleet, server: EmbeddedServ
         elif kind == "stop" and fleet.workers:
             victim = rng.choice(sorted(fleet.workers))
             held = _held_by(r, victim)
-            fleet.signal(victim, signal.SIGSTOP)
+            fleet.send(victim, signal.SIGSTOP)
             faults.append(Fault("stop", now, victim, held))
             await asyncio.sleep(config.lease_ms / 1e3 * 2.5)
-            fleet.signal(victim, signal.SIGCONT)
+            fleet.send(victim, signal.SIGCONT)
         elif kind == "restart":
             r.close()
             server.stop()  # SIGTERM: the AOF is flushed; everything accepted survives
@@ -382,9 +382,8 @@ def render(report: Mapping[str, Any]) -> str:
              f"{c['item_ms']} ms/item), lease {c['lease_ms']} ms, {c['poison_share']:.0%} poison "
              f"(max_attempts 2), {c['expiring_share']:.0%} with a 1 ms deadline; AOF on "
              "(appendfsync everysec); the Redis restart is a SIGTERM (AOF flushed) then a start.",
-             "", "| measure | value |", "|---|---|"]
-    lines += [f"| {name} | {value} |" for name, value in rows]
-    lines += ["", "Recovery is measured per kill: from the SIGKILL to the last result of the "
+             "", markdown_table(["measure", "value"], [[name, str(v)] for name, v in rows]),
+             "", "Recovery is measured per kill: from the SIGKILL to the last result of the "
               "requests the killed worker held (their leases must expire first)."]
     return "\n".join(lines)
 

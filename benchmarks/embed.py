@@ -54,7 +54,15 @@ from benchmarks.harness import (
     verdict,
 )
 from benchmarks.models import BareModel, minilm_path
-from benchmarks.stack import WorkerProc, enqueue_and_await, load_str, scaled, spawn_worker, warm_up
+from benchmarks.stack import (
+    WorkerProc,
+    enqueue_and_await,
+    load_str,
+    scaled,
+    spawn_worker,
+    summarize_trials,
+    warm_up,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -393,17 +401,12 @@ def figures(cfg: EmbedConfig, texts: Sequence[str], tokens: Sequence[int],
 
     def stack(variant: str) -> dict[str, Any]:
         trials = stack_trials[variant]
+        rows = [asdict(t) for t in trials]
         return {
-            "throughput": summary([t.throughput for t in trials]),
-            "forward_throughput": summary([t.forward_throughput for t in trials]),
-            "busy_fraction": summary([t.busy_fraction for t in trials]),
-            "mean_batch_size_per_request": summary(
-                [t.mean_batch_size_per_request for t in trials]),
-            "mean_batch_size_per_batch": summary([t.mean_batch_size_per_batch for t in trials]),
-            "padding_efficiency": summary([t.padding_efficiency for t in trials]),
-            "other_load": summary([t.other_load for t in trials if t.other_load is not None]),
-            "requests_per_cpu_second": summary([t.requests_per_cpu_second for t in trials
-                                                if t.requests_per_cpu_second is not None]),
+            **{key: summarize_trials(rows, [key]) for key in (
+                "throughput", "forward_throughput", "busy_fraction",
+                "mean_batch_size_per_request", "mean_batch_size_per_batch",
+                "padding_efficiency", "other_load", "requests_per_cpu_second")},
             "cpu_seconds_per_1000": {
                 name: summary([1000 * c / len(texts) for t in trials
                                if (c := t.cpu_seconds.get(name)) is not None])
@@ -412,7 +415,7 @@ def figures(cfg: EmbedConfig, texts: Sequence[str], tokens: Sequence[int],
                          for q in ("p50", "p90", "p99")},
             "queue_wait_ms": {q: summary([t.queue_wait_ms[q] or 0.0 for t in trials])
                               for q in ("p50", "p90", "p99")},
-            "trials": [asdict(t) for t in trials],
+            "trials": rows,
             "worker_window_final": final_windows.get(variant, {}),
             "worker_exit_code": exit_codes.get(variant),
         }

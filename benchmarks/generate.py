@@ -20,7 +20,8 @@ time to first token p50/p99 (first text visible to the producer: the first strea
 Targets: continuous >= 1.5x the useful tokens/s of request-level, with a lower p50 TTFT.
 
 The in-process comparison behind the engine choice is the scenario ``engines``;
-``--compare-engines`` runs it after this one, as ``generate --compare-engines`` always did.
+``--compare-engines`` runs it after this one (before the split, that flag added the comparison
+to this scenario).
 """
 
 from __future__ import annotations
@@ -264,6 +265,9 @@ def engine_alone(source: str, items: Sequence[Item], warm: Sequence[Item], *,
                  "decoded_tokens": engine.decoded_tokens - decoded,
                  "torch_threads": torch.get_num_threads()}
         return stats, [list(g.tokens) for g in gens]
+
+
+# ------------------------------------------------------------------------------ a model
 
 
 def run_model(run: Run[GenerateConfig], url: str, spid: int | None, model: str, source: str
