@@ -290,96 +290,6 @@ def run_stack_trial(url: str, worker: WorkerProc, variant: str, texts: Sequence[
     return trial
 
 
-# ------------------------------------------------------------------------------ scenario
-
-
-class Embed(Scenario[EmbedConfig]):
-    name = "embed"
-    title = "MiniLM sentence embeddings, full stack vs the bare model"
-    quick_help = "300 requests, 1 trial, short warm-up (< 2 min)"
-    config = EmbedConfig
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--requests", type=positive_int, default=ByMode(2000, 300),
-                            help="requests per full-stack trial and sentences per bare-model "
-                                 "pass (default %(default)s)")
-        parser.add_argument("--batch-sizes", type=int_list, default=(1, 8, 16, 32, 64),
-                            help="bare-model batch sizes, comma-separated (default 1,8,16,32,64)")
-        parser.add_argument("--warmup", type=positive_int, default=ByMode(256, 64),
-                            help="warm-up requests per variant (default %(default)s)")
-        parser.add_argument("--chunk", type=positive_int, default=100,
-                            help="requests per enqueue_many call (default 100)")
-        parser.add_argument("--waiters", type=positive_int, default=8,
-                            help="concurrent result waiters in the producer (default 8)")
-
-    def measure(self, run: Run[EmbedConfig]) -> dict[str, Any]:
-        import torch
-
-        cfg = run.cfg
-        texts = corpus.sentences(cfg.requests, seed=CORPUS_SEED, min_words=MIN_WORDS,
-                                 max_words=MAX_WORDS)
-        warm_texts = corpus.sentences(cfg.warmup, seed=WARMUP_SEED, min_words=MIN_WORDS,
-                                      max_words=MAX_WORDS)
-        say(f"embed benchmark: {cfg.requests} requests x {run.trials} trial(s); "
-            f"{describe_machine(run.machine)}; load {run.machine['load_avg_1_5_15']}")
-        server, url = run.server()
-        spid = server.pid
-        # Workers load torch and the model while this process loads its own copy.
-        workers = start_workers(run.cleanup, url, run.log_dir, "embed")
-
-        say("loading the bare model in this process")
-        bare = BareModel(minilm_path())
-        tokens = bare.token_counts(texts)
-        real_tokens = sum(tokens)
-        say(f"corpus: {len(texts)} sentences, {statistics.fmean(tokens):.1f} tokens on average "
-            f"({min(tokens)}..{max(tokens)}); torch threads {torch.get_num_threads()}")
-        for bs in cfg.batch_sizes:
-            bare.encode(warm_texts, bs)
-
-        say("waiting for the workers, then warming them up")
-        sent = warm_up(url, workers, warm_texts, ready_timeout_s=cfg.ready_timeout_s,
-                       timeout_s=cfg.result_timeout_s)
-
-        limit_trials: list[LimitTrial] = []
-        stack_trials: dict[str, list[StackTrial]] = {"full": [], "bs1": []}
-        reference: torch.Tensor | None = None
-        for trial in range(run.trials):
-            order = VARIANT_ORDERS[trial % len(VARIANT_ORDERS)]
-            say(f"trial {trial + 1}/{run.trials}: {' -> '.join(order)}")
-            for variant in order:
-                if variant == "limit":
-                    probe = CpuProbe({"bench": None, "server": spid,
-                                      **{f"{v}_worker": w.pid for v, w in workers.items()}})
-                    result, vectors = run_limit(bare, texts, cfg.batch_sizes, real_tokens, probe)
-                    limit_trials.append(result)
-                    reference = vectors if reference is None else reference
-                    continue
-                if reference is None:
-                    reference = bare.encode(texts, 1)[0]
-                other = workers["bs1" if variant == "full" else "full"]
-                probe = CpuProbe({"worker": workers[variant].pid, "server": spid,
-                                  "producer": None, "idle_worker": other.pid})
-                stack_trials[variant].append(run_stack_trial(
-                    url, workers[variant], variant, texts, tokens, reference, cfg, probe, sent))
-
-        say("stopping the workers and the server")
-        final_windows: dict[str, Any] = {}
-        exit_codes: dict[str, int | None] = {}
-        for variant, worker in workers.items():
-            exit_codes[variant] = stop_child(worker.child)
-            final_windows[variant] = _read_window(url, worker, expected=sent[variant],
-                                                  timeout_s=0)
-        server.stop()
-        return figures(cfg, texts, tokens, limit_trials, stack_trials, final_windows,
-                       exit_codes)
-
-    def markdown(self, report: Mapping[str, Any]) -> str:
-        return results_markdown(report)
-
-
-SCENARIO = Embed()
-
-
 # ------------------------------------------------------------------------------ reports
 
 
@@ -536,3 +446,91 @@ passes: a clean measurement has it near 0%.
 
 {cpu_table}
 """  # noqa: E501
+
+
+# ------------------------------------------------------------------------------ scenario
+
+
+class Embed(Scenario[EmbedConfig]):
+    name = "embed"
+    title = "MiniLM sentence embeddings, full stack vs the bare model"
+    quick_help = "300 requests, 1 trial, short warm-up (< 2 min)"
+    config = EmbedConfig
+    markdown = staticmethod(results_markdown)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--requests", type=positive_int, default=ByMode(2000, 300),
+                            help="requests per full-stack trial and sentences per bare-model "
+                                 "pass (default %(default)s)")
+        parser.add_argument("--batch-sizes", type=int_list, default=(1, 8, 16, 32, 64),
+                            help="bare-model batch sizes, comma-separated (default 1,8,16,32,64)")
+        parser.add_argument("--warmup", type=positive_int, default=ByMode(256, 64),
+                            help="warm-up requests per variant (default %(default)s)")
+        parser.add_argument("--chunk", type=positive_int, default=100,
+                            help="requests per enqueue_many call (default 100)")
+        parser.add_argument("--waiters", type=positive_int, default=8,
+                            help="concurrent result waiters in the producer (default 8)")
+
+    def measure(self, run: Run[EmbedConfig]) -> dict[str, Any]:
+        import torch
+
+        cfg = run.cfg
+        texts = corpus.sentences(cfg.requests, seed=CORPUS_SEED, min_words=MIN_WORDS,
+                                 max_words=MAX_WORDS)
+        warm_texts = corpus.sentences(cfg.warmup, seed=WARMUP_SEED, min_words=MIN_WORDS,
+                                      max_words=MAX_WORDS)
+        say(f"embed benchmark: {cfg.requests} requests x {run.trials} trial(s); "
+            f"{describe_machine(run.machine)}; load {run.machine['load_avg_1_5_15']}")
+        server, url = run.server()
+        spid = server.pid
+        # Workers load torch and the model while this process loads its own copy.
+        workers = start_workers(run.cleanup, url, run.log_dir, "embed")
+
+        say("loading the bare model in this process")
+        bare = BareModel(minilm_path())
+        tokens = bare.token_counts(texts)
+        real_tokens = sum(tokens)
+        say(f"corpus: {len(texts)} sentences, {statistics.fmean(tokens):.1f} tokens on average "
+            f"({min(tokens)}..{max(tokens)}); torch threads {torch.get_num_threads()}")
+        for bs in cfg.batch_sizes:
+            bare.encode(warm_texts, bs)
+
+        say("waiting for the workers, then warming them up")
+        sent = warm_up(url, workers, warm_texts, ready_timeout_s=cfg.ready_timeout_s,
+                       timeout_s=cfg.result_timeout_s)
+
+        limit_trials: list[LimitTrial] = []
+        stack_trials: dict[str, list[StackTrial]] = {"full": [], "bs1": []}
+        reference: torch.Tensor | None = None
+        for trial in range(run.trials):
+            order = VARIANT_ORDERS[trial % len(VARIANT_ORDERS)]
+            say(f"trial {trial + 1}/{run.trials}: {' -> '.join(order)}")
+            for variant in order:
+                if variant == "limit":
+                    probe = CpuProbe({"bench": None, "server": spid,
+                                      **{f"{v}_worker": w.pid for v, w in workers.items()}})
+                    result, vectors = run_limit(bare, texts, cfg.batch_sizes, real_tokens, probe)
+                    limit_trials.append(result)
+                    reference = vectors if reference is None else reference
+                    continue
+                if reference is None:
+                    reference = bare.encode(texts, 1)[0]
+                other = workers["bs1" if variant == "full" else "full"]
+                probe = CpuProbe({"worker": workers[variant].pid, "server": spid,
+                                  "producer": None, "idle_worker": other.pid})
+                stack_trials[variant].append(run_stack_trial(
+                    url, workers[variant], variant, texts, tokens, reference, cfg, probe, sent))
+
+        say("stopping the workers and the server")
+        final_windows: dict[str, Any] = {}
+        exit_codes: dict[str, int | None] = {}
+        for variant, worker in workers.items():
+            exit_codes[variant] = stop_child(worker.child)
+            final_windows[variant] = _read_window(url, worker, expected=sent[variant],
+                                                  timeout_s=0)
+        server.stop()
+        return figures(cfg, texts, tokens, limit_trials, stack_trials, final_windows,
+                       exit_codes)
+
+
+SCENARIO = Embed()

@@ -190,142 +190,6 @@ def open_loop_pass(url: str, worker: WorkerProc, variant: str, texts: Sequence[s
     return out
 
 
-# ------------------------------------------------------------------------------ scenario
-
-
-class EmbedLoad(Scenario[LoadConfig]):
-    name = "embed-load"
-    title = "MiniLM under open-loop Poisson arrivals"
-    quick_help = "5 loads x 5 s, 1 trial (~2 min)"
-    config = LoadConfig
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--loads", type=float_list, default=(0.25, 0.5, 0.75, 1.0, 1.25),
-                            help="offered loads as fractions of the full stack's capacity "
-                                 "(default 0.25,0.5,0.75,1.0,1.25)")
-        parser.add_argument("--seconds", type=positive_float, default=ByMode(30.0, 5.0),
-                            help="arrival period per load (default %(default)s)")
-        parser.add_argument("--capacity-requests", type=positive_int, default=ByMode(1000, 200),
-                            help="requests in the closed-loop capacity burst, at least 8 "
-                                 "(default %(default)s); the batch-1 worker gets a quarter")
-        parser.add_argument("--capacity", type=positive_float, default=None,
-                            help="use this full-stack capacity (req/s) instead of measuring it")
-        parser.add_argument("--capacity-passes", type=positive_int, default=ByMode(3, 1),
-                            help="closed-loop bursts for the capacity; the median is used "
-                                 "(default %(default)s)")
-        parser.add_argument("--no-bs1", dest="bs1", action="store_false",
-                            help="leave out the batch-1 worker")
-        parser.add_argument("--bs1-max-overload", type=positive_float, default=ByMode(1.5, 1.0),
-                            help="run the batch-1 worker at a load only when the offered rate is "
-                                 "at most this multiple of its own capacity "
-                                 "(default %(default)s)")
-        parser.add_argument("--no-limit", dest="limit", action="store_false",
-                            help="do not load the bare model in this process for the limit line")
-        parser.add_argument("--limit-batch-sizes", type=int_list, default=(8, 16, 32),
-                            help="bare-model batch sizes tried for the limit, the best counts "
-                                 "(default 8,16,32)")
-        parser.add_argument("--warmup", type=positive_int, default=ByMode(256, 64),
-                            help="warm-up requests for the full worker, a quarter for the "
-                                 "batch-1 worker (default %(default)s)")
-
-    def configure(self, args: argparse.Namespace) -> LoadConfig:
-        if args.capacity_requests < 8:
-            raise SystemExit(f"benchmarks {self.name}: --capacity-requests must be >= 8")
-        return super().configure(args)
-
-    def measure(self, run: Run[LoadConfig]) -> dict[str, Any]:
-        cfg = run.cfg
-        server, url = run.server()
-        spid = server.pid
-        workers = start_workers(run.cleanup, url, run.log_dir, "embedload", bs1=cfg.bs1)
-        needed = int(max(cfg.loads) * (cfg.capacity or 200.0) * cfg.seconds * 1.5) + 1000
-        texts = corpus.sentences(max(needed, cfg.capacity_requests), seed=CORPUS_SEED,
-                                 min_words=MIN_WORDS, max_words=MAX_WORDS)
-        warm = corpus.sentences(cfg.warmup, seed=WARMUP_SEED, min_words=MIN_WORDS,
-                                max_words=MAX_WORDS)
-        bare: BareModel | None = None
-        if cfg.limit:
-            say("loading the bare model in this process (for the limit)")
-            bare = BareModel(minilm_path())
-            for bs in cfg.limit_batch_sizes:
-                bare.encode(warm, bs)
-        say("waiting for the workers, then warming them up")
-        warm_up(url, workers, warm, ready_timeout_s=cfg.ready_timeout_s, timeout_s=cfg.timeout_s)
-
-        say("capacity (closed loop)")
-        burst = texts[:cfg.capacity_requests]
-        capacity: dict[str, Any] = {}
-        bursts: dict[str, list[float]] = {}
-        if cfg.capacity is None:
-            bursts["full"] = [closed_loop(url, workers["full"], burst, cfg.timeout_s)[0]
-                              for _ in range(cfg.capacity_passes)]
-            capacity["full"] = statistics.median(bursts["full"])
-            say(f"  full stack: {capacity['full']:.1f} req/s "
-                f"({', '.join(f'{x:.1f}' for x in bursts['full'])})")
-        else:
-            capacity["full"] = cfg.capacity
-            say(f"  full stack: {cfg.capacity:.1f} req/s (given)")
-        if "bs1" in workers:
-            small = burst[: max(8, len(burst) // 4)]
-            bursts["bs1"] = [closed_loop(url, workers["bs1"], small, cfg.timeout_s)[0]
-                             for _ in range(cfg.capacity_passes)]
-            capacity["bs1"] = statistics.median(bursts["bs1"])
-            say(f"  batch-1 worker: {capacity['bs1']:.1f} req/s")
-        if bare is not None:
-            per_bs: dict[int, float] = {}
-            for bs in cfg.limit_batch_sizes:
-                t0 = time.perf_counter()
-                bare.encode(burst, bs)
-                per_bs[bs] = len(burst) / (time.perf_counter() - t0)
-            best = max(per_bs, key=lambda b: per_bs[b])
-            capacity["limit"] = per_bs[best]
-            capacity["limit_batch_size"] = best
-            capacity["limit_per_batch_size"] = {str(k): v for k, v in per_bs.items()}
-            say(f"  bare model: {', '.join(f'batch {b} {v:.1f}' for b, v in per_bs.items())} "
-                f"req/s; the limit is batch {best}")
-            del bare
-        capacity["bursts"] = bursts
-
-        rates = {load: load * capacity["full"] for load in cfg.loads}
-        skipped = {load: (f"offered {rate:.1f}/s > {cfg.bs1_max_overload:g}x its capacity "
-                          f"{capacity['bs1']:.1f}/s")
-                   for load, rate in rates.items()
-                   if "bs1" in capacity and rate > cfg.bs1_max_overload * capacity["bs1"]}
-        passes: list[dict[str, Any]] = []
-        loads = list(cfg.loads)
-        offset = 0
-        for trial in range(run.trials):
-            shift = trial % len(loads)
-            order = loads[shift:] + loads[:shift]
-            say(f"trial {trial + 1}/{run.trials}: loads {', '.join(f'{x:.0%}' for x in order)}")
-            for index, load in enumerate(order):
-                variants = ["full"] + (["bs1"] if "bs1" in workers and load not in skipped else [])
-                if (trial + index) % 2:
-                    variants.reverse()
-                for variant in variants:
-                    seed = ARRIVAL_SEED + 1000 * trial + int(load * 100)
-                    sample = texts[offset:] + texts[:offset]
-                    offset = (offset + int(rates[load] * cfg.seconds)) % len(texts)
-                    result = open_loop_pass(url, workers[variant], variant, sample, rates[load],
-                                            load, cfg.seconds, seed, cfg.timeout_s, spid)
-                    result["trial"] = trial
-                    passes.append(result)
-
-        say("stopping the workers and the server")
-        exit_codes = {v: stop_child(w.child) for v, w in workers.items()}
-        server.stop()
-        return figures(cfg, capacity, rates, skipped, passes, exit_codes)
-
-    def plots(self, report: Mapping[str, Any], folder: Path) -> list[Path]:
-        return draw_plots(report, folder)
-
-    def markdown(self, report: Mapping[str, Any]) -> str:
-        return results_markdown(report)
-
-
-SCENARIO = EmbedLoad()
-
-
 # ------------------------------------------------------------------------------ reports
 
 
@@ -450,3 +314,135 @@ for the whole period, so latency grows with the period's length and achieved thr
 the capacity. The batch-size histograms show the adaptive window at work: small batches
 under a trickle, full ones under load.
 """  # noqa: E501
+
+
+# ------------------------------------------------------------------------------ scenario
+
+
+class EmbedLoad(Scenario[LoadConfig]):
+    name = "embed-load"
+    title = "MiniLM under open-loop Poisson arrivals"
+    quick_help = "5 loads x 5 s, 1 trial (~2 min)"
+    config = LoadConfig
+    plots = staticmethod(draw_plots)
+    markdown = staticmethod(results_markdown)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--loads", type=float_list, default=(0.25, 0.5, 0.75, 1.0, 1.25),
+                            help="offered loads as fractions of the full stack's capacity "
+                                 "(default 0.25,0.5,0.75,1.0,1.25)")
+        parser.add_argument("--seconds", type=positive_float, default=ByMode(30.0, 5.0),
+                            help="arrival period per load (default %(default)s)")
+        parser.add_argument("--capacity-requests", type=positive_int, default=ByMode(1000, 200),
+                            help="requests in the closed-loop capacity burst, at least 8 "
+                                 "(default %(default)s); the batch-1 worker gets a quarter")
+        parser.add_argument("--capacity", type=positive_float, default=None,
+                            help="use this full-stack capacity (req/s) instead of measuring it")
+        parser.add_argument("--capacity-passes", type=positive_int, default=ByMode(3, 1),
+                            help="closed-loop bursts for the capacity; the median is used "
+                                 "(default %(default)s)")
+        parser.add_argument("--no-bs1", dest="bs1", action="store_false",
+                            help="leave out the batch-1 worker")
+        parser.add_argument("--bs1-max-overload", type=positive_float, default=ByMode(1.5, 1.0),
+                            help="run the batch-1 worker at a load only when the offered rate is "
+                                 "at most this multiple of its own capacity "
+                                 "(default %(default)s)")
+        parser.add_argument("--no-limit", dest="limit", action="store_false",
+                            help="do not load the bare model in this process for the limit line")
+        parser.add_argument("--limit-batch-sizes", type=int_list, default=(8, 16, 32),
+                            help="bare-model batch sizes tried for the limit, the best counts "
+                                 "(default 8,16,32)")
+        parser.add_argument("--warmup", type=positive_int, default=ByMode(256, 64),
+                            help="warm-up requests for the full worker, a quarter for the "
+                                 "batch-1 worker (default %(default)s)")
+
+    def configure(self, args: argparse.Namespace) -> LoadConfig:
+        if args.capacity_requests < 8:
+            raise SystemExit(f"benchmarks {self.name}: --capacity-requests must be >= 8")
+        return super().configure(args)
+
+    def measure(self, run: Run[LoadConfig]) -> dict[str, Any]:
+        cfg = run.cfg
+        server, url = run.server()
+        spid = server.pid
+        workers = start_workers(run.cleanup, url, run.log_dir, "embedload", bs1=cfg.bs1)
+        needed = int(max(cfg.loads) * (cfg.capacity or 200.0) * cfg.seconds * 1.5) + 1000
+        texts = corpus.sentences(max(needed, cfg.capacity_requests), seed=CORPUS_SEED,
+                                 min_words=MIN_WORDS, max_words=MAX_WORDS)
+        warm = corpus.sentences(cfg.warmup, seed=WARMUP_SEED, min_words=MIN_WORDS,
+                                max_words=MAX_WORDS)
+        bare: BareModel | None = None
+        if cfg.limit:
+            say("loading the bare model in this process (for the limit)")
+            bare = BareModel(minilm_path())
+            for bs in cfg.limit_batch_sizes:
+                bare.encode(warm, bs)
+        say("waiting for the workers, then warming them up")
+        warm_up(url, workers, warm, ready_timeout_s=cfg.ready_timeout_s, timeout_s=cfg.timeout_s)
+
+        say("capacity (closed loop)")
+        burst = texts[:cfg.capacity_requests]
+        capacity: dict[str, Any] = {}
+        bursts: dict[str, list[float]] = {}
+        if cfg.capacity is None:
+            bursts["full"] = [closed_loop(url, workers["full"], burst, cfg.timeout_s)[0]
+                              for _ in range(cfg.capacity_passes)]
+            capacity["full"] = statistics.median(bursts["full"])
+            say(f"  full stack: {capacity['full']:.1f} req/s "
+                f"({', '.join(f'{x:.1f}' for x in bursts['full'])})")
+        else:
+            capacity["full"] = cfg.capacity
+            say(f"  full stack: {cfg.capacity:.1f} req/s (given)")
+        if "bs1" in workers:
+            small = burst[: max(8, len(burst) // 4)]
+            bursts["bs1"] = [closed_loop(url, workers["bs1"], small, cfg.timeout_s)[0]
+                             for _ in range(cfg.capacity_passes)]
+            capacity["bs1"] = statistics.median(bursts["bs1"])
+            say(f"  batch-1 worker: {capacity['bs1']:.1f} req/s")
+        if bare is not None:
+            per_bs: dict[int, float] = {}
+            for bs in cfg.limit_batch_sizes:
+                t0 = time.perf_counter()
+                bare.encode(burst, bs)
+                per_bs[bs] = len(burst) / (time.perf_counter() - t0)
+            best = max(per_bs, key=lambda b: per_bs[b])
+            capacity["limit"] = per_bs[best]
+            capacity["limit_batch_size"] = best
+            capacity["limit_per_batch_size"] = {str(k): v for k, v in per_bs.items()}
+            say(f"  bare model: {', '.join(f'batch {b} {v:.1f}' for b, v in per_bs.items())} "
+                f"req/s; the limit is batch {best}")
+            del bare
+        capacity["bursts"] = bursts
+
+        rates = {load: load * capacity["full"] for load in cfg.loads}
+        skipped = {load: (f"offered {rate:.1f}/s > {cfg.bs1_max_overload:g}x its capacity "
+                          f"{capacity['bs1']:.1f}/s")
+                   for load, rate in rates.items()
+                   if "bs1" in capacity and rate > cfg.bs1_max_overload * capacity["bs1"]}
+        passes: list[dict[str, Any]] = []
+        loads = list(cfg.loads)
+        offset = 0
+        for trial in range(run.trials):
+            shift = trial % len(loads)
+            order = loads[shift:] + loads[:shift]
+            say(f"trial {trial + 1}/{run.trials}: loads {', '.join(f'{x:.0%}' for x in order)}")
+            for index, load in enumerate(order):
+                variants = ["full"] + (["bs1"] if "bs1" in workers and load not in skipped else [])
+                if (trial + index) % 2:
+                    variants.reverse()
+                for variant in variants:
+                    seed = ARRIVAL_SEED + 1000 * trial + int(load * 100)
+                    sample = texts[offset:] + texts[:offset]
+                    offset = (offset + int(rates[load] * cfg.seconds)) % len(texts)
+                    result = open_loop_pass(url, workers[variant], variant, sample, rates[load],
+                                            load, cfg.seconds, seed, cfg.timeout_s, spid)
+                    result["trial"] = trial
+                    passes.append(result)
+
+        say("stopping the workers and the server")
+        exit_codes = {v: stop_child(w.child) for v, w in workers.items()}
+        server.stop()
+        return figures(cfg, capacity, rates, skipped, passes, exit_codes)
+
+
+SCENARIO = EmbedLoad()

@@ -192,61 +192,6 @@ def _compare(source: str, *, requests: int, new_tokens: int, slots: int, trials:
             "busy_process_cpu_s": round(busy_s, 3), "other_load": other}
 
 
-# ------------------------------------------------------------------------------ scenario
-
-
-class Engines(Scenario[EnginesConfig]):
-    name = "engines"
-    title = "our KV-cache loop vs transformers' continuous batching"
-    quick_help = "SmolLM2 one trial"
-    config = EnginesConfig
-    trials = (3, 3)
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--models", type=names_of(MODELS), default=MODELS,
-                            help=f"comma-separated, from {', '.join(MODELS)}")
-
-    def measure(self, run: Run[EnginesConfig]) -> dict[str, Any]:
-        engines = {}
-        for model in run.cfg.models:
-            say(f"{model}: comparing engines in process")
-            requests, new_tokens, hf_timeout_s = SIZES[model]
-            engines[model] = compare_engines(
-                generation_source(model, run.out), requests=requests, new_tokens=new_tokens,
-                slots=SLOTS, trials=1 if run.quick and model != "tiny" else run.trials,
-                hf_timeout_s=hf_timeout_s, threads=TORCH_THREADS[model])
-        return {"engines": engines, "queue": queue_figures(run.out / "generate.json"),
-                "noise": noise_of(e["other_load"] for e in engines.values())}
-
-    def markdown(self, report: Mapping[str, Any]) -> str:
-        rows = []
-        for model, e in report["engines"].items():
-            t = e["tokens_per_s"]
-            load = e.get("other_load")
-            rows.append([f"{model} ({e['requests']} x {e['new_tokens']}, "
-                         f"{e.get('torch_threads', '?')} torch threads)",
-                         *(fmt_number(median_of(t.get(k, []))) for k in (
-                             "ours", "ours_sharing_the_gil", "ours_next_to_a_busy_process",
-                             "transformers_cb", "padded_generate")),
-                         "n/a" if load is None else f"{load:.0%}"])
-        return "\n".join([
-            f"- Workload: in process, no queue; the same prompts, {SLOTS} sequences at a time, "
-            "trials interleaved (median; `n/a`: did not finish in time). transformers' "
-            "manager is configured for the CPU: 16-token pages, a cache sized for the work, "
-            "16 requests per batch.", "",
-            markdown_table(["model", "ours tokens/s",
-                            f"ours, another thread holding the GIL {GIL_BUSY_MS:g} ms "
-                            f"in {GIL_PERIOD_MS:g}",
-                            "ours, another process busy as long (no GIL shared)",
-                            "transformers CB tokens/s",
-                            "padded generate (static batches) tokens/s",
-                            "other tenants' load"], rows), "",
-            *_reading(report)])
-
-
-SCENARIO = Engines()
-
-
 # ------------------------------------------------------------------------------- reading
 
 
@@ -324,3 +269,58 @@ def _reading(report: Mapping[str, Any]) -> list[str]:
         + f" (Worker figures: the `generate` run of {queue['date']}.)",
         "",
     ]
+
+
+# ------------------------------------------------------------------------------ scenario
+
+
+class Engines(Scenario[EnginesConfig]):
+    name = "engines"
+    title = "our KV-cache loop vs transformers' continuous batching"
+    quick_help = "SmolLM2 one trial"
+    config = EnginesConfig
+    trials = (3, 3)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--models", type=names_of(MODELS), default=MODELS,
+                            help=f"comma-separated, from {', '.join(MODELS)}")
+
+    def measure(self, run: Run[EnginesConfig]) -> dict[str, Any]:
+        engines = {}
+        for model in run.cfg.models:
+            say(f"{model}: comparing engines in process")
+            requests, new_tokens, hf_timeout_s = SIZES[model]
+            engines[model] = compare_engines(
+                generation_source(model, run.out), requests=requests, new_tokens=new_tokens,
+                slots=SLOTS, trials=1 if run.quick and model != "tiny" else run.trials,
+                hf_timeout_s=hf_timeout_s, threads=TORCH_THREADS[model])
+        return {"engines": engines, "queue": queue_figures(run.out / "generate.json"),
+                "noise": noise_of(e["other_load"] for e in engines.values())}
+
+    def markdown(self, report: Mapping[str, Any]) -> str:
+        rows = []
+        for model, e in report["engines"].items():
+            t = e["tokens_per_s"]
+            load = e.get("other_load")
+            rows.append([f"{model} ({e['requests']} x {e['new_tokens']}, "
+                         f"{e.get('torch_threads', '?')} torch threads)",
+                         *(fmt_number(median_of(t.get(k, []))) for k in (
+                             "ours", "ours_sharing_the_gil", "ours_next_to_a_busy_process",
+                             "transformers_cb", "padded_generate")),
+                         "n/a" if load is None else f"{load:.0%}"])
+        return "\n".join([
+            f"- Workload: in process, no queue; the same prompts, {SLOTS} sequences at a time, "
+            "trials interleaved (median; `n/a`: did not finish in time). transformers' "
+            "manager is configured for the CPU: 16-token pages, a cache sized for the work, "
+            "16 requests per batch.", "",
+            markdown_table(["model", "ours tokens/s",
+                            f"ours, another thread holding the GIL {GIL_BUSY_MS:g} ms "
+                            f"in {GIL_PERIOD_MS:g}",
+                            "ours, another process busy as long (no GIL shared)",
+                            "transformers CB tokens/s",
+                            "padded generate (static batches) tokens/s",
+                            "other tenants' load"], rows), "",
+            *_reading(report)])
+
+
+SCENARIO = Engines()

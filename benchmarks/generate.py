@@ -336,73 +336,6 @@ def _ratios(entry: Mapping[str, Any]) -> dict[str, float | None]:
     return ratios
 
 
-# ------------------------------------------------------------------------------ scenario
-
-
-class Generate(Scenario[GenerateConfig]):
-    name = "generate"
-    title = "continuous batching vs request-level batching vs batch 1"
-    quick_help = "tiny 60 requests, SmolLM2 5, one trial (~110 s once SmolLM2 is converted)"
-    config = GenerateConfig
-    trials = (2, 1)
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--models", type=names_of(MODELS), default=MODELS,
-                            help=f"comma-separated, from {', '.join(MODELS)}")
-        parser.add_argument("--variants", type=names_of(VARIANTS), default=VARIANTS,
-                            help=f"comma-separated, from {', '.join(VARIANTS)}")
-        parser.add_argument("--requests", type=positive_int, default=None,
-                            help="requests per model and variant (default per model)")
-        parser.add_argument("--rate", type=positive_float, default=None,
-                            help="Poisson arrival rate, requests/s (default per model)")
-        parser.add_argument("--seed", type=int, default=0)
-        parser.add_argument("--compare-engines", action="store_true",
-                            help="then run the engines scenario (python -m benchmarks engines) "
-                                 "on the same models")
-
-    def configure(self, args: argparse.Namespace) -> GenerateConfig:
-        q = 1 if args.quick else 0
-        return GenerateConfig(
-            args.models, args.variants,
-            requests={m: args.requests or DEFAULTS[m]["requests"][q] for m in args.models},
-            rate={m: args.rate or DEFAULTS[m]["rate"][q] for m in args.models}, seed=args.seed)
-
-    def measure(self, run: Run[GenerateConfig]) -> dict[str, Any]:
-        cfg = run.cfg
-        say(f"generate benchmark: models {cfg.models}, variants {cfg.variants}, "
-            f"{run.trials} trial(s)")
-        server, url = run.server()
-        spid = server.pid
-        sources = {m: generation_source(m, run.out) for m in cfg.models}
-        models = {m: run_model(run, url, spid, m, sources[m]) for m in cfg.models}
-        server.stop()
-        loads = [t["cpu"].get("other_load") for m in models.values()
-                 for runs in m["variants"].values() for t in runs]
-        return {"models": models, "noise": noise_of(loads)}
-
-    def plots(self, report: Mapping[str, Any], folder: Path) -> list[Path]:
-        return draw_plots(report, folder)
-
-    def markdown(self, report: Mapping[str, Any]) -> str:
-        return results_markdown(report)
-
-    def main(self, args: argparse.Namespace) -> int:
-        code = super().main(args)
-        if code or not args.compare_engines:
-            return code
-        from benchmarks.engines import SCENARIO as engines
-
-        parser = argparse.ArgumentParser()
-        engines.build_parser(parser)
-        return engines.main(parser.parse_args([
-            "--models", ",".join(args.models), "--out", str(args.out),
-            "--results-md", str(args.results_md), *(["--quick"] if args.quick else []),
-            *(["--no-results-md"] if args.no_results_md else [])]))
-
-
-SCENARIO = Generate()
-
-
 # ------------------------------------------------------------------------------- report
 
 
@@ -527,3 +460,67 @@ def results_markdown(report: Mapping[str, Any]) -> str:
                             f"{m['same_tokens']}")
         lines += [f"- {v}" for v in verdicts] + [""]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ scenario
+
+
+class Generate(Scenario[GenerateConfig]):
+    name = "generate"
+    title = "continuous batching vs request-level batching vs batch 1"
+    quick_help = "tiny 60 requests, SmolLM2 5, one trial (~110 s once SmolLM2 is converted)"
+    config = GenerateConfig
+    trials = (2, 1)
+    plots = staticmethod(draw_plots)
+    markdown = staticmethod(results_markdown)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--models", type=names_of(MODELS), default=MODELS,
+                            help=f"comma-separated, from {', '.join(MODELS)}")
+        parser.add_argument("--variants", type=names_of(VARIANTS), default=VARIANTS,
+                            help=f"comma-separated, from {', '.join(VARIANTS)}")
+        parser.add_argument("--requests", type=positive_int, default=None,
+                            help="requests per model and variant (default per model)")
+        parser.add_argument("--rate", type=positive_float, default=None,
+                            help="Poisson arrival rate, requests/s (default per model)")
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--compare-engines", action="store_true",
+                            help="then run the engines scenario (python -m benchmarks engines) "
+                                 "on the same models")
+
+    def configure(self, args: argparse.Namespace) -> GenerateConfig:
+        q = 1 if args.quick else 0
+        return GenerateConfig(
+            args.models, args.variants,
+            requests={m: args.requests or DEFAULTS[m]["requests"][q] for m in args.models},
+            rate={m: args.rate or DEFAULTS[m]["rate"][q] for m in args.models}, seed=args.seed)
+
+    def measure(self, run: Run[GenerateConfig]) -> dict[str, Any]:
+        cfg = run.cfg
+        say(f"generate benchmark: models {cfg.models}, variants {cfg.variants}, "
+            f"{run.trials} trial(s)")
+        server, url = run.server()
+        spid = server.pid
+        sources = {m: generation_source(m, run.out) for m in cfg.models}
+        models = {m: run_model(run, url, spid, m, sources[m]) for m in cfg.models}
+        server.stop()
+        loads = [t["cpu"].get("other_load") for m in models.values()
+                 for runs in m["variants"].values() for t in runs]
+        return {"models": models, "noise": noise_of(loads)}
+
+
+    def main(self, args: argparse.Namespace) -> int:
+        code = super().main(args)
+        if code or not args.compare_engines:
+            return code
+        from benchmarks.engines import SCENARIO as engines
+
+        parser = argparse.ArgumentParser()
+        engines.build_parser(parser)
+        return engines.main(parser.parse_args([
+            "--models", ",".join(args.models), "--out", str(args.out),
+            "--results-md", str(args.results_md), *(["--quick"] if args.quick else []),
+            *(["--no-results-md"] if args.no_results_md else [])]))
+
+
+SCENARIO = Generate()

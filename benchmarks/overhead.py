@@ -436,97 +436,6 @@ def _baseline_result(variant: str, jobs: int, t0: float, first_start: float, end
     return out
 
 
-# ------------------------------------------------------------------------------ scenario
-
-
-class Overhead(Scenario[OverheadConfig]):
-    name = "overhead"
-    title = "queue cost with a no-op model, vs arq and rq"
-    quick_help = "10,000 requests, few baseline jobs, 1 trial (~1 min)"
-    config = OverheadConfig
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--requests", type=positive_int, default=ByMode(50_000, 10_000),
-                            help="inferq requests per pass (default %(default)s)")
-        parser.add_argument("--workers", dest="worker_counts", type=int_list, default=(1, 2, 4),
-                            help="inferq worker process counts, comma-separated (default 1,2,4)")
-        parser.add_argument("--chunk", type=positive_int, default=1000,
-                            help="requests per enqueue_many call (default 1000)")
-        parser.add_argument("--waiters", type=int, default=0,
-                            help="coroutines awaiting results in enqueue order; 0 (default) = "
-                                 "one task per request")
-        parser.add_argument("--no-aof", dest="aof", action="store_false",
-                            help="run the server without AOF (default: AOF on, appendfsync "
-                                 "everysec), to see what persistence costs")
-        add_worker_arguments(parser, max_batch_size=512, max_wait_ms=2.0)
-        parser.add_argument("--arq-jobs", type=positive_int, default=ByMode(3_000, 500),
-                            help="jobs per arq pass (default %(default)s)")
-        parser.add_argument("--rq-jobs", type=positive_int, default=ByMode(2_000, 300),
-                            help="jobs per rq SimpleWorker pass (default %(default)s)")
-        parser.add_argument("--rq-fork-jobs", type=positive_int, default=ByMode(600, 150),
-                            help="jobs per forking rq worker pass (default %(default)s)")
-        parser.add_argument("--baselines", type=_baselines, default=tuple(BASELINES),
-                            help=f"baselines to run, comma-separated, or 'none' (default "
-                                 f"{','.join(BASELINES)}; skipped when not installed)")
-        parser.set_defaults(warmup=ByMode(2_000, 1_000))
-
-    def measure(self, run: Run[OverheadConfig]) -> dict[str, Any]:
-        cfg = run.cfg
-        server, url = run.server(appendonly=cfg.aof)
-        run.machine["versions"].update(arq=version("arq"), rq=version("rq"))
-        spid = server.pid
-        skipped = {b: f"{BASELINES[b][0]} is not installed" for b in cfg.baselines
-                   if not available(BASELINES[b][0])}
-        baselines_run = [b for b in cfg.baselines if b not in skipped]
-        for b, why in skipped.items():
-            say(f"skipping {b}: {why}")
-        say(f"{self.name} benchmark: {cfg.requests} requests per inferq pass x {run.trials} "
-            f"trial(s), inferq workers {list(cfg.worker_counts)}, baselines "
-            f"{baselines_run or 'none'}")
-        fleets = start_fleets(run.cleanup, url, cfg, run.log_dir)
-        say("workers ready; warming up")
-        warm_up(url, fleets, cfg)
-
-        variants = [*fleets, *baselines_run]
-        trials: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
-        for trial in range(run.trials):
-            shift = trial % len(variants)
-            order = variants[shift:] + variants[:shift]
-            say(f"trial {trial + 1}/{run.trials}: {' -> '.join(order)}")
-            for variant in order:
-                tag = f"t{trial}"
-                if variant in fleets:
-                    fleet = fleets[variant]
-                    e2e = inferq_e2e_pass(url, fleet, cfg, f"{tag}e", spid)
-                    drain = inferq_drain_pass(run.cleanup, url, fleet, cfg, f"{tag}d", spid)
-                    trials[variant].append({"e2e": e2e, "drain": drain})
-                    continue
-                if variant.startswith("arq"):
-                    # arq's defaults make ~200 jobs/s: a quarter keeps the pass short.
-                    quarter = variant == "arq-default"
-                    jobs = max(100, cfg.arq_jobs // 4) if quarter else cfg.arq_jobs
-                    baseline_pass = arq_pass
-                else:
-                    jobs = cfg.rq_jobs if variant == "rq-simple" else cfg.rq_fork_jobs
-                    baseline_pass = rq_pass
-                trials[variant].append(baseline_pass(run.cleanup, url, variant, jobs,
-                                                     run.log_dir, spid, cfg.timeout_s))
-
-        say("stopping the workers and the server")
-        exit_codes = {w.worker_id: stop_child(w.child) for f in fleets.values() for w in f.workers}
-        server.stop()
-        return figures(fleets, trials, skipped, exit_codes)
-
-    def plots(self, report: Mapping[str, Any], folder: Path) -> list[Path]:
-        return draw_plots(report, folder)
-
-    def markdown(self, report: Mapping[str, Any]) -> str:
-        return results_markdown(report)
-
-
-SCENARIO = Overhead()
-
-
 # ------------------------------------------------------------------------------ reports
 
 
@@ -772,3 +681,90 @@ def cpu_reading(r: Mapping[str, Any]) -> str:
         f"Without a producer in the loop (drain), a worker needs {worker_drain:.0f} us and "
         f"Redis {redis_drain:.0f} us per request. The largest share is the "
         f"{largest[max(parts, key=lambda k: parts[k])]}.")
+
+
+# ------------------------------------------------------------------------------ scenario
+
+
+class Overhead(Scenario[OverheadConfig]):
+    name = "overhead"
+    title = "queue cost with a no-op model, vs arq and rq"
+    quick_help = "10,000 requests, few baseline jobs, 1 trial (~1 min)"
+    config = OverheadConfig
+    plots = staticmethod(draw_plots)
+    markdown = staticmethod(results_markdown)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--requests", type=positive_int, default=ByMode(50_000, 10_000),
+                            help="inferq requests per pass (default %(default)s)")
+        parser.add_argument("--workers", dest="worker_counts", type=int_list, default=(1, 2, 4),
+                            help="inferq worker process counts, comma-separated (default 1,2,4)")
+        parser.add_argument("--chunk", type=positive_int, default=1000,
+                            help="requests per enqueue_many call (default 1000)")
+        parser.add_argument("--waiters", type=int, default=0,
+                            help="coroutines awaiting results in enqueue order; 0 (default) = "
+                                 "one task per request")
+        parser.add_argument("--no-aof", dest="aof", action="store_false",
+                            help="run the server without AOF (default: AOF on, appendfsync "
+                                 "everysec), to see what persistence costs")
+        add_worker_arguments(parser, max_batch_size=512, max_wait_ms=2.0)
+        parser.add_argument("--arq-jobs", type=positive_int, default=ByMode(3_000, 500),
+                            help="jobs per arq pass (default %(default)s)")
+        parser.add_argument("--rq-jobs", type=positive_int, default=ByMode(2_000, 300),
+                            help="jobs per rq SimpleWorker pass (default %(default)s)")
+        parser.add_argument("--rq-fork-jobs", type=positive_int, default=ByMode(600, 150),
+                            help="jobs per forking rq worker pass (default %(default)s)")
+        parser.add_argument("--baselines", type=_baselines, default=tuple(BASELINES),
+                            help=f"baselines to run, comma-separated, or 'none' (default "
+                                 f"{','.join(BASELINES)}; skipped when not installed)")
+        parser.set_defaults(warmup=ByMode(2_000, 1_000))
+
+    def measure(self, run: Run[OverheadConfig]) -> dict[str, Any]:
+        cfg = run.cfg
+        server, url = run.server(appendonly=cfg.aof)
+        run.machine["versions"].update(arq=version("arq"), rq=version("rq"))
+        spid = server.pid
+        skipped = {b: f"{BASELINES[b][0]} is not installed" for b in cfg.baselines
+                   if not available(BASELINES[b][0])}
+        baselines_run = [b for b in cfg.baselines if b not in skipped]
+        for b, why in skipped.items():
+            say(f"skipping {b}: {why}")
+        say(f"{self.name} benchmark: {cfg.requests} requests per inferq pass x {run.trials} "
+            f"trial(s), inferq workers {list(cfg.worker_counts)}, baselines "
+            f"{baselines_run or 'none'}")
+        fleets = start_fleets(run.cleanup, url, cfg, run.log_dir)
+        say("workers ready; warming up")
+        warm_up(url, fleets, cfg)
+
+        variants = [*fleets, *baselines_run]
+        trials: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+        for trial in range(run.trials):
+            shift = trial % len(variants)
+            order = variants[shift:] + variants[:shift]
+            say(f"trial {trial + 1}/{run.trials}: {' -> '.join(order)}")
+            for variant in order:
+                tag = f"t{trial}"
+                if variant in fleets:
+                    fleet = fleets[variant]
+                    e2e = inferq_e2e_pass(url, fleet, cfg, f"{tag}e", spid)
+                    drain = inferq_drain_pass(run.cleanup, url, fleet, cfg, f"{tag}d", spid)
+                    trials[variant].append({"e2e": e2e, "drain": drain})
+                    continue
+                if variant.startswith("arq"):
+                    # arq's defaults make ~200 jobs/s: a quarter keeps the pass short.
+                    quarter = variant == "arq-default"
+                    jobs = max(100, cfg.arq_jobs // 4) if quarter else cfg.arq_jobs
+                    baseline_pass = arq_pass
+                else:
+                    jobs = cfg.rq_jobs if variant == "rq-simple" else cfg.rq_fork_jobs
+                    baseline_pass = rq_pass
+                trials[variant].append(baseline_pass(run.cleanup, url, variant, jobs,
+                                                     run.log_dir, spid, cfg.timeout_s))
+
+        say("stopping the workers and the server")
+        exit_codes = {w.worker_id: stop_child(w.child) for f in fleets.values() for w in f.workers}
+        server.stop()
+        return figures(fleets, trials, skipped, exit_codes)
+
+
+SCENARIO = Overhead()

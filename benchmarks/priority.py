@@ -278,67 +278,6 @@ def summarize_trial(cfg: PriorityConfig, data: TrialData, served_low: Sequence[R
     return out
 
 
-# ------------------------------------------------------------------------------ scenario
-
-
-class Priority(Scenario[PriorityConfig]):
-    name = "priority"
-    title = "high-priority requests through a low-priority flood"
-    quick_help = "one 15 s flood (~30 s)"
-    config = PriorityConfig
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--seconds", type=positive_float, default=ByMode(60.0, 15.0),
-                            help="flood duration per trial (default %(default)s)")
-        parser.add_argument("--workers", type=positive_int, default=1,
-                            help="worker processes (default 1)")
-        add_worker_arguments(parser, max_batch_size=32, max_wait_ms=10.0, batch_ms=40.0,
-                             item_ms=0.5)
-        parser.add_argument("--overload", type=positive_float, default=1.5,
-                            help="low-priority arrival rate / capacity (default 1.5)")
-        parser.add_argument("--high-rate", type=positive_float, default=10.0,
-                            help="high-priority Poisson arrivals per second (default 10)")
-        parser.add_argument("--low-priority", type=int, default=0, help="(default 0)")
-        parser.add_argument("--high-priority", type=int, default=10, help="(default 10)")
-        parser.set_defaults(warmup_s=ByMode(2.0, 1.0))
-
-    def configure(self, args: argparse.Namespace) -> PriorityConfig:
-        cfg = super().configure(args)
-        if cfg.full_batch_ms <= 0:
-            raise SystemExit(f"benchmarks {self.name}: --batch-ms + --item-ms must be > 0")
-        if cfg.seconds <= cfg.warmup_s + 1:
-            raise SystemExit(f"benchmarks {self.name}: --seconds must exceed "
-                             f"{cfg.warmup_s + 1:g}")
-        if cfg.high_priority <= cfg.low_priority:
-            raise SystemExit(f"benchmarks {self.name}: --high-priority must exceed "
-                             "--low-priority")
-        return cfg
-
-    def measure(self, run: Run[PriorityConfig]) -> dict[str, Any]:
-        cfg = run.cfg
-        server, url = run.server()
-        say(f"{self.name} benchmark: {cfg.workers} worker(s), full batch "
-            f"{cfg.full_batch_ms:.0f} ms -> capacity {cfg.capacity:.0f} req/s; low priority at "
-            f"{cfg.low_rate:.0f}/s ({cfg.overload:g}x), high priority {cfg.high_rate:g}/s; "
-            f"{cfg.seconds:g} s x {run.trials} trial(s)")
-        trials = []
-        for trial in range(run.trials):
-            say(f"trial {trial + 1}/{run.trials}")
-            trials.append(run_trial(run.cleanup, url, cfg, trial, server.pid,
-                                    run.log_dir))
-        server.stop()
-        return figures(trials)
-
-    def plots(self, report: Mapping[str, Any], folder: Path) -> list[Path]:
-        return draw_plots(report, folder)
-
-    def markdown(self, report: Mapping[str, Any]) -> str:
-        return results_markdown(report)
-
-
-SCENARIO = Priority()
-
-
 # ------------------------------------------------------------------------------ reports
 
 
@@ -445,3 +384,60 @@ The worker claims its next batch while the current one runs (so the model never 
 Redis); a high-priority request that arrives after that claim waits for the rest of the running
 batch, then the already-claimed one, then runs in the next: between one and three batch times.
 """  # noqa: E501
+
+
+# ------------------------------------------------------------------------------ scenario
+
+
+class Priority(Scenario[PriorityConfig]):
+    name = "priority"
+    title = "high-priority requests through a low-priority flood"
+    quick_help = "one 15 s flood (~30 s)"
+    config = PriorityConfig
+    plots = staticmethod(draw_plots)
+    markdown = staticmethod(results_markdown)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--seconds", type=positive_float, default=ByMode(60.0, 15.0),
+                            help="flood duration per trial (default %(default)s)")
+        parser.add_argument("--workers", type=positive_int, default=1,
+                            help="worker processes (default 1)")
+        add_worker_arguments(parser, max_batch_size=32, max_wait_ms=10.0, batch_ms=40.0,
+                             item_ms=0.5)
+        parser.add_argument("--overload", type=positive_float, default=1.5,
+                            help="low-priority arrival rate / capacity (default 1.5)")
+        parser.add_argument("--high-rate", type=positive_float, default=10.0,
+                            help="high-priority Poisson arrivals per second (default 10)")
+        parser.add_argument("--low-priority", type=int, default=0, help="(default 0)")
+        parser.add_argument("--high-priority", type=int, default=10, help="(default 10)")
+        parser.set_defaults(warmup_s=ByMode(2.0, 1.0))
+
+    def configure(self, args: argparse.Namespace) -> PriorityConfig:
+        cfg = super().configure(args)
+        if cfg.full_batch_ms <= 0:
+            raise SystemExit(f"benchmarks {self.name}: --batch-ms + --item-ms must be > 0")
+        if cfg.seconds <= cfg.warmup_s + 1:
+            raise SystemExit(f"benchmarks {self.name}: --seconds must exceed "
+                             f"{cfg.warmup_s + 1:g}")
+        if cfg.high_priority <= cfg.low_priority:
+            raise SystemExit(f"benchmarks {self.name}: --high-priority must exceed "
+                             "--low-priority")
+        return cfg
+
+    def measure(self, run: Run[PriorityConfig]) -> dict[str, Any]:
+        cfg = run.cfg
+        server, url = run.server()
+        say(f"{self.name} benchmark: {cfg.workers} worker(s), full batch "
+            f"{cfg.full_batch_ms:.0f} ms -> capacity {cfg.capacity:.0f} req/s; low priority at "
+            f"{cfg.low_rate:.0f}/s ({cfg.overload:g}x), high priority {cfg.high_rate:g}/s; "
+            f"{cfg.seconds:g} s x {run.trials} trial(s)")
+        trials = []
+        for trial in range(run.trials):
+            say(f"trial {trial + 1}/{run.trials}")
+            trials.append(run_trial(run.cleanup, url, cfg, trial, server.pid,
+                                    run.log_dir))
+        server.stop()
+        return figures(trials)
+
+
+SCENARIO = Priority()

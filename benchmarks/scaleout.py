@@ -184,81 +184,6 @@ def _pass_result(n: int, count: int, throughput: float, wall_s: float,
     return out
 
 
-# ------------------------------------------------------------------------------ scenario
-
-
-class Scaleout(Scenario[ScaleConfig]):
-    name = "scaleout"
-    title = "1 to 16 workers on one queue (sleep model)"
-    quick_help = "3 s of work per worker count, 1 trial (~1 min)"
-    config = ScaleConfig
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--workers", dest="worker_counts", type=int_list,
-                            default=(1, 2, 4, 8, 16),
-                            help="worker process counts, comma-separated (default 1,2,4,8,16)")
-        parser.add_argument("--seconds", type=positive_float, default=ByMode(20.0, 3.0),
-                            help="work per pass, in seconds of ideal throughput "
-                                 "(default %(default)s)")
-        add_worker_arguments(parser, max_batch_size=16, max_wait_ms=5.0, batch_ms=50.0)
-        parser.add_argument("--chunk", type=positive_int, default=1000,
-                            help="requests per enqueue_many call (default 1000)")
-        parser.add_argument("--mode", choices=("drain", "e2e"), default="drain",
-                            help="drain: fill while paused, then time the workers alone "
-                                 "(default); e2e: the producer enqueues and awaits while they run")
-
-    def configure(self, args: argparse.Namespace) -> ScaleConfig:
-        if args.batch_ms + args.item_ms <= 0:
-            raise SystemExit(f"benchmarks {self.name}: --batch-ms + --item-ms must be > 0")
-        return super().configure(args)
-
-    def measure(self, run: Run[ScaleConfig]) -> dict[str, Any]:
-        cfg = run.cfg
-        server, url = run.server()
-        spid = server.pid
-        fleet_size = max(cfg.worker_counts)
-        say(f"{self.name} benchmark ({cfg.mode}): workers {list(cfg.worker_counts)}, "
-            f"{cfg.seconds:g} s of work per pass x {run.trials} trial(s); batch "
-            f"{cfg.batch_s * 1e3:.1f} ms for {cfg.max_batch_size} requests = "
-            f"{cfg.ideal_per_worker:.0f} req/s per worker ideal")
-        ids = [f"bench-scale-{i:02d}" for i in range(fleet_size)]
-        workers = spawn_workers(run.cleanup, url, ids, log_dir=run.log_dir,
-                                model_arg=sleep_model(MODEL, cfg.batch_ms, cfg.item_ms),
-                                flags=window_flags(cfg.max_batch_size, cfg.max_wait_ms))
-        say(f"{fleet_size} workers ready; warming up")
-        warm = _prompts("warm", cfg.requests_for(fleet_size) // 10
-                        + fleet_size * cfg.max_batch_size)
-        check_ok(fill_and_drain(run.cleanup, url, MODEL, warm, chunk=cfg.chunk,
-                                paused_workers=workers, active=workers, server=spid,
-                                timeout_s=cfg.timeout_s).results, len(warm), "warm-up")
-        rss = _rss_mib([w.pid for w in workers])
-
-        trials: dict[int, list[dict[str, Any]]] = {n: [] for n in cfg.worker_counts}
-        counts = list(cfg.worker_counts)
-        for trial in range(run.trials):
-            shift = trial % len(counts)
-            order = counts[shift:] + counts[:shift]
-            say(f"trial {trial + 1}/{run.trials}: worker counts {order}")
-            for n in order:
-                tag = f"t{trial}n{n}"
-                run_pass = drain_pass if cfg.mode == "drain" else e2e_pass
-                trials[n].append(run_pass(run.cleanup, url, workers, n, cfg, tag, spid))
-
-        say("stopping the workers and the server")
-        exit_codes = {w.worker_id: stop_child(w.child) for w in workers}
-        server.stop()
-        return figures(cfg, trials, rss, exit_codes)
-
-    def plots(self, report: Mapping[str, Any], folder: Path) -> list[Path]:
-        return draw_plots(report, folder)
-
-    def markdown(self, report: Mapping[str, Any]) -> str:
-        return results_markdown(report)
-
-
-SCENARIO = Scaleout()
-
-
 def _rss_mib(pids: Sequence[int]) -> dict[str, float | None]:
     values: list[float] = []
     for pid in pids:
@@ -453,3 +378,74 @@ Efficiency vs linear = throughput / (n x the one-worker throughput of the same t
 |---|---|---|
 | efficiency >= {t['target']} of linear at {t['workers']} workers | {_f(pc[str(t['workers'])]['efficiency_vs_linear'], 2)} | {t['verdict']} |
 {estimate}"""  # noqa: E501
+
+
+# ------------------------------------------------------------------------------ scenario
+
+
+class Scaleout(Scenario[ScaleConfig]):
+    name = "scaleout"
+    title = "1 to 16 workers on one queue (sleep model)"
+    quick_help = "3 s of work per worker count, 1 trial (~1 min)"
+    config = ScaleConfig
+    plots = staticmethod(draw_plots)
+    markdown = staticmethod(results_markdown)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--workers", dest="worker_counts", type=int_list,
+                            default=(1, 2, 4, 8, 16),
+                            help="worker process counts, comma-separated (default 1,2,4,8,16)")
+        parser.add_argument("--seconds", type=positive_float, default=ByMode(20.0, 3.0),
+                            help="work per pass, in seconds of ideal throughput "
+                                 "(default %(default)s)")
+        add_worker_arguments(parser, max_batch_size=16, max_wait_ms=5.0, batch_ms=50.0)
+        parser.add_argument("--chunk", type=positive_int, default=1000,
+                            help="requests per enqueue_many call (default 1000)")
+        parser.add_argument("--mode", choices=("drain", "e2e"), default="drain",
+                            help="drain: fill while paused, then time the workers alone "
+                                 "(default); e2e: the producer enqueues and awaits while they run")
+
+    def configure(self, args: argparse.Namespace) -> ScaleConfig:
+        if args.batch_ms + args.item_ms <= 0:
+            raise SystemExit(f"benchmarks {self.name}: --batch-ms + --item-ms must be > 0")
+        return super().configure(args)
+
+    def measure(self, run: Run[ScaleConfig]) -> dict[str, Any]:
+        cfg = run.cfg
+        server, url = run.server()
+        spid = server.pid
+        fleet_size = max(cfg.worker_counts)
+        say(f"{self.name} benchmark ({cfg.mode}): workers {list(cfg.worker_counts)}, "
+            f"{cfg.seconds:g} s of work per pass x {run.trials} trial(s); batch "
+            f"{cfg.batch_s * 1e3:.1f} ms for {cfg.max_batch_size} requests = "
+            f"{cfg.ideal_per_worker:.0f} req/s per worker ideal")
+        ids = [f"bench-scale-{i:02d}" for i in range(fleet_size)]
+        workers = spawn_workers(run.cleanup, url, ids, log_dir=run.log_dir,
+                                model_arg=sleep_model(MODEL, cfg.batch_ms, cfg.item_ms),
+                                flags=window_flags(cfg.max_batch_size, cfg.max_wait_ms))
+        say(f"{fleet_size} workers ready; warming up")
+        warm = _prompts("warm", cfg.requests_for(fleet_size) // 10
+                        + fleet_size * cfg.max_batch_size)
+        check_ok(fill_and_drain(run.cleanup, url, MODEL, warm, chunk=cfg.chunk,
+                                paused_workers=workers, active=workers, server=spid,
+                                timeout_s=cfg.timeout_s).results, len(warm), "warm-up")
+        rss = _rss_mib([w.pid for w in workers])
+
+        trials: dict[int, list[dict[str, Any]]] = {n: [] for n in cfg.worker_counts}
+        counts = list(cfg.worker_counts)
+        for trial in range(run.trials):
+            shift = trial % len(counts)
+            order = counts[shift:] + counts[:shift]
+            say(f"trial {trial + 1}/{run.trials}: worker counts {order}")
+            for n in order:
+                tag = f"t{trial}n{n}"
+                run_pass = drain_pass if cfg.mode == "drain" else e2e_pass
+                trials[n].append(run_pass(run.cleanup, url, workers, n, cfg, tag, spid))
+
+        say("stopping the workers and the server")
+        exit_codes = {w.worker_id: stop_child(w.child) for w in workers}
+        server.stop()
+        return figures(cfg, trials, rss, exit_codes)
+
+
+SCENARIO = Scaleout()
