@@ -40,7 +40,6 @@ from benchmarks import charts, corpus
 from benchmarks.framework import Run, Scenario, noise_of, positive_float, positive_int
 from benchmarks.harness import (
     BenchmarkFailed,
-    Child,
     Cleanup,
     CpuProbe,
     fmt_number,
@@ -57,7 +56,7 @@ from benchmarks.models import (
     torch_threads,
     worker_engine,
 )
-from benchmarks.stack import spawn_worker
+from benchmarks.stack import WorkerProc, gather_watched, spawn_worker
 
 VARIANTS = ("continuous", "request", "bs1")
 ORDERS = (("continuous", "request", "bs1"), ("bs1", "request", "continuous"),
@@ -77,6 +76,8 @@ PROMPT_TOKENS = (4, 128)
 NEW_TOKENS = (8, 128)
 SLOTS = 16
 WARMUP = 3
+#: How long a pass may take at most (SmolLM2 at batch 1 takes minutes).
+RESULT_TIMEOUT_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,36 +138,24 @@ def _worker_flags(variant: str, threads: int | None) -> list[str]:
     return [*flags, "--batching", "request", "--max-batch-size", size]
 
 
-async def _drive(url: str, queue_model: str, items: Sequence[Item], child: Child,
-                 *, warmup: bool) -> list[Any]:
-    """Enqueue at the items' arrival times, await every result; fail fast if the worker
-    died."""
+async def _drive(url: str, worker: WorkerProc, items: Sequence[Item], *, warmup: bool
+                 ) -> list[Any]:
+    """Enqueue at the items' arrival times (all at once for a warm-up) and await every result,
+    failing fast if the worker dies."""
     import inferq
 
     async with inferq.AsyncClient(url) as client:
         start = time.monotonic()
-        handles: list[Any] = []
-
-        async def feed() -> None:
-            for item in items:
-                delay = start + item.at_s - time.monotonic()
-                if delay > 0 and not warmup:
-                    await asyncio.sleep(delay)
-                handles.append(await client.enqueue(
-                    item.prompt, model=queue_model, task="generate",
-                    params={"max_new_tokens": item.max_new, "ignore_eos": True}))
-
-        await feed()
-        results = []
-        for handle in handles:
-            while True:
-                try:
-                    results.append(await handle.result(timeout=2.0))
-                    break
-                except inferq.ResultTimeout:
-                    if not child.alive():
-                        raise BenchmarkFailed(f"worker died:\n{child.log_tail()}") from None
-        return results
+        handles = []
+        for item in items:
+            delay = start + item.at_s - time.monotonic()
+            if delay > 0 and not warmup:
+                await asyncio.sleep(delay)
+            handles.append(await client.enqueue(
+                item.prompt, model=worker.model, task="generate",
+                params={"max_new_tokens": item.max_new, "ignore_eos": True}))
+        return await gather_watched([asyncio.ensure_future(h.result()) for h in handles],
+                                    [worker], RESULT_TIMEOUT_S)
 
 
 def _stats(results: Sequence[Any], items: Sequence[Item]) -> dict[str, Any]:
@@ -196,19 +185,18 @@ def run_variant(cleanup: Cleanup, url: str, server_pid: int | None, model: str, 
                 trial: int) -> tuple[dict[str, Any], list[list[int]]]:
     """One worker of ``variant`` on its own queue: warmed up, timed on ``items``, stopped."""
     queue_model = f"{model}-{variant}"
-    child = spawn_worker(cleanup, url, model_arg=f"{queue_model}={source}",
-                         worker_id=f"bench-{queue_model}-t{trial}", log_dir=log_dir,
-                         flags=_worker_flags(variant, TORCH_THREADS[model]), log_level="INFO",
-                         task="generate").child
+    worker = spawn_worker(cleanup, url, model_arg=f"{queue_model}={source}",
+                          worker_id=f"bench-{queue_model}-t{trial}", log_dir=log_dir,
+                          flags=_worker_flags(variant, TORCH_THREADS[model]), log_level="INFO",
+                          task="generate")
     try:
-        asyncio.run(_drive(url, queue_model, warm, child, warmup=True))
-        probe = CpuProbe({"worker": child.process.pid, "server": server_pid,
-                          "producer": None})
+        asyncio.run(_drive(url, worker, warm, warmup=True))
+        probe = CpuProbe({"worker": worker.pid, "server": server_pid, "producer": None})
         probe.start()
-        results = asyncio.run(_drive(url, queue_model, items, child, warmup=False))
+        results = asyncio.run(_drive(url, worker, items, warmup=False))
         cpu = probe.stop()
     finally:
-        stop_child(child)
+        stop_child(worker.child)
     stats = _stats(results, items)
     stats["cpu"] = cpu
     return stats, [list(r.output["token_ids"]) for r in results]

@@ -70,6 +70,7 @@ from benchmarks.stack import (
     WorkerProc,
     add_worker_arguments,
     batches_of,
+    check_ok,
     enqueue_and_await,
     fill_and_drain,
     load_str,
@@ -166,14 +167,6 @@ def start_fleets(cleanup: Cleanup, url: str, cfg: OverheadConfig, log_dir: Path
     return fleets
 
 
-def _check_results(results: Sequence[Result], prompts: Sequence[str], what: str) -> None:
-    bad = [(r, p) for r, p in zip(results, prompts, strict=True)
-           if r.status.value != "ok" or r.output != p]
-    if bad:
-        r, p = bad[0]
-        raise BenchmarkFailed(f"{what}: {len(bad)} wrong results, e.g. {r!r} for prompt {p!r}")
-
-
 def _prompts(tag: str, n: int) -> list[str]:
     # ~24 bytes each: the size of a short id or sentence reference, not of a document.
     return [f"{tag}-{i:08d}-noop-request" for i in range(n)]
@@ -197,7 +190,7 @@ def inferq_e2e_pass(url: str, fleet: Fleet, cfg: OverheadConfig, tag: str,
     cpu = probe.stop()
     after = redis_snapshot(client)
     client.close()
-    _check_results(results, prompts, f"{fleet.name} end to end")
+    check_ok(results, len(prompts), f"{fleet.name} end to end", outputs=prompts)
     n = len(results)
     redis_work = redis_delta(before, after, n)
     sizes = batches_of(results)
@@ -231,7 +224,7 @@ def inferq_drain_pass(cleanup: Cleanup, url: str, fleet: Fleet, cfg: OverheadCon
     d = fill_and_drain(cleanup, url, fleet.model, prompts, chunk=cfg.chunk,
                        paused_workers=fleet.workers, active=fleet.workers, server=server,
                        timeout_s=cfg.timeout_s)
-    _check_results(d.results, prompts, f"{fleet.name} drain")
+    check_ok(d.results, len(prompts), f"{fleet.name} drain", outputs=prompts)
     n = len(d.results)
     sizes = batches_of(d.results)
     out: dict[str, Any] = {
@@ -256,7 +249,7 @@ def warm_up(url: str, fleets: Mapping[str, Fleet], cfg: OverheadConfig) -> None:
         prompts = _prompts("warm", cfg.warmup)
         results, _, _ = asyncio.run(enqueue_and_await(url, fleet.model, prompts, cfg.chunk,
                                                        fleet.workers, cfg.timeout_s))
-        _check_results(results, prompts, f"{fleet.name} warm-up")
+        check_ok(results, len(prompts), f"{fleet.name} warm-up", outputs=prompts)
 
 
 # ---------------------------------------------------------------------------- baselines

@@ -291,12 +291,15 @@ async def enqueue_and_await(url: str, model: str, prompts: Sequence[str], chunk:
         return done, time.perf_counter() - t0, enqueued
 
 
-def check_ok(results: Sequence[Result], n: int, what: str) -> None:
-    """Fail unless there are ``n`` results and every one is ok."""
-    bad = [r for r in results if r.status.value != "ok"]
+def check_ok(results: Sequence[Result], n: int, what: str, *,
+             outputs: Sequence[Any] | None = None) -> None:
+    """Fail unless there are ``n`` results and every one is ok (and, with ``outputs``, has
+    the output of the same index)."""
+    bad = [r for i, r in enumerate(results) if r.status.value != "ok"
+           or (outputs is not None and (i >= len(outputs) or r.output != outputs[i]))]
     if bad or len(results) != n:
-        raise BenchmarkFailed(f"{what}: {len(bad)} failed of {len(results)} (expected {n} ok),"
-                              f" e.g. {bad[:1]!r}")
+        raise BenchmarkFailed(f"{what}: {len(bad)} failed or wrong of {len(results)} "
+                              f"(expected {n} ok), e.g. {bad[:1]!r}")
 
 
 def closed_loop(url: str, worker: WorkerProc, texts: Sequence[str], timeout_s: float
