@@ -1,37 +1,44 @@
-"""Chaos run: real worker processes against a real server with AOF, while faults are injected.
+"""Scenario ``chaos``: real worker processes against a real server with AOF, while faults are
+injected.
 
-    python -m benchmarks chaos            # the long run: 20,000 requests, 4 workers, 30+ kills
-    python -m benchmarks chaos --quick    # about 20 s, not recorded
-    python -m benchmarks chaos --short    # about 10 s, not recorded: what the test suite runs
+    python -m benchmarks chaos            # the long run: 20,000 requests, 4 workers, 32 kills
+    python -m benchmarks chaos --quick    # 3,000 requests, 3 workers, 5 kills (~20 s)
+    python -m benchmarks chaos --short --out DIR   # the test suite's run (1,200 requests,
+                                                    # 2 workers, 3 kills, ~10 s)
 
 Faults, on a schedule spread over the run: SIGKILL of a random worker (a new one is started in
 its place), one SIGSTOP of a worker for longer than its lease (then SIGCONT), one restart of
 the Redis server, plus poison requests (the model raises on them) and requests whose deadline
 passes in the queue. The report counts every outcome and, above all, LOST requests: accepted
 by enqueue but neither answered nor still queued at the end. It must be 0.
+
+``<out>/chaos.json`` holds the counts under ``report`` (``submitted``, ``completed``,
+``failed``, ``dead_lettered``, ``expired``, ``still_pending``, ``lost``, ``duplicate_results``,
+``unexpected_failures``, ``executed_more_than_once``, ``kills``, ``stops``, ``redis_restarts``,
+...) and the run's settings under ``report.config``; the command exits 1 when a request was
+lost or a result delivered twice. ``--quick`` and ``--short`` runs leave RESULTS.md alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
 import random
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import redis
 
 import inferq
-from benchmarks import harness
+from benchmarks.framework import Run, Scenario, positive_int
+from benchmarks.harness import Cleanup, markdown_table
+from benchmarks.stack import WorkerProc, now_ms, sleep_model, spawn_worker
 from inferq.embedded import EmbeddedServer
 from inferq.protocol.codec import decode_result
 from inferq.protocol.keys import QueueKeys
@@ -112,49 +119,32 @@ class Report:
 class Fleet:
     """Worker processes; each keeps its log in the run folder."""
 
-    def __init__(self, url: str, config: ChaosConfig, log_dir: Path) -> None:
+    def __init__(self, cleanup: Cleanup, url: str, config: ChaosConfig, log_dir: Path) -> None:
+        self.cleanup = cleanup
         self.url = url
         self.config = config
         self.log_dir = log_dir
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.workers: dict[str, WorkerProc] = {}
         self.started = 0
 
     def start(self) -> str:
         self.started += 1
         worker_id = f"chaos-{self.started}"
-        spec = (f"{MODEL}=builtin:sleep?batch_ms={self.config.batch_ms}"
-                f"&item_ms={self.config.item_ms}&fail_on={POISON}")
-        log = (self.log_dir / f"{worker_id}.log").open("wb")
-        self.procs[worker_id] = subprocess.Popen(
-            [sys.executable, "-m", "inferq", "--log-level", "WARNING", "worker",
-             "--redis-url", self.url, "--model", spec, "--lease-ms", str(self.config.lease_ms),
-             "--max-batch-size", "32", "--max-wait-ms", "5", "--worker-id", worker_id],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        log.close()
+        spec = sleep_model(MODEL, self.config.batch_ms, self.config.item_ms)
+        self.workers[worker_id] = spawn_worker(
+            self.cleanup, self.url, model_arg=f"{spec}&fail_on={POISON}", worker_id=worker_id,
+            log_dir=self.log_dir,
+            flags=["--lease-ms", str(self.config.lease_ms), "--max-batch-size", "32",
+                   "--max-wait-ms", "5"])
         return worker_id
 
     def kill(self, worker_id: str) -> None:
-        proc = self.procs.pop(worker_id)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        process = self.workers.pop(worker_id).child.process
+        process.send_signal(signal.SIGKILL)
+        process.wait()
 
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGCONT)
-                proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.procs.clear()
-
-
-def _now_ms(r: redis.Redis) -> int:
-    seconds, micros = r.time()
-    return int(seconds) * 1000 + int(micros) // 1000
+    def send(self, worker_id: str, signum: int) -> None:
+        self.workers[worker_id].child.process.send_signal(signum)
 
 
 def _held_by(r: redis.Redis, worker_id: str) -> list[str]:
@@ -188,22 +178,22 @@ async def _inject_faults(config: ChaosConfig, fleet: Fleet, server: EmbeddedServ
             except TimeoutError:
                 pass
         try:
-            now = _now_ms(r)
+            now = now_ms(r)
         except redis.RedisError:
             now = int(time.time() * 1000)
-        if kind == "kill" and fleet.procs:
-            victim = rng.choice(sorted(fleet.procs))
+        if kind == "kill" and fleet.workers:
+            victim = rng.choice(sorted(fleet.workers))
             held = _held_by(r, victim)
             fleet.kill(victim)
             faults.append(Fault("kill", now, victim, held))
             fleet.start()
-        elif kind == "stop" and fleet.procs:
-            victim = rng.choice(sorted(fleet.procs))
+        elif kind == "stop" and fleet.workers:
+            victim = rng.choice(sorted(fleet.workers))
             held = _held_by(r, victim)
-            fleet.procs[victim].send_signal(signal.SIGSTOP)
+            fleet.send(victim, signal.SIGSTOP)
             faults.append(Fault("stop", now, victim, held))
             await asyncio.sleep(config.lease_ms / 1e3 * 2.5)
-            fleet.procs[victim].send_signal(signal.SIGCONT)
+            fleet.send(victim, signal.SIGCONT)
         elif kind == "restart":
             r.close()
             server.stop()  # SIGTERM: the AOF is flushed; everything accepted survives
@@ -278,10 +268,16 @@ def _phase_throughput(results: dict[str, inferq.Result | None],
 
 
 def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
+    """One chaos run with its own server and workers (data and logs in ``workdir``), all
+    stopped when it returns."""
     report = Report(config=asdict(config))
+    cleanup = Cleanup()
+    # Not a BenchServer: the restart runs in a worker thread, and a server that dies with
+    # its parent would die with that thread.
     server = EmbeddedServer(workdir / "redis")
+    cleanup.on_close("server", server.stop)
     server.start()
-    fleet = Fleet(server.url, config, workdir)
+    fleet = Fleet(cleanup, server.url, config, workdir)
     results: dict[str, inferq.Result | None] = {}
     kinds: dict[str, str] = {}
     faults: list[Fault] = []
@@ -304,8 +300,7 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
         _tally(report, r, results, kinds, faults)
         r.close()
     finally:
-        fleet.stop_all()
-        server.stop()
+        cleanup.close()  # the workers (resumed if stopped), then the server
     return report
 
 
@@ -358,69 +353,77 @@ def _tally(report: Report, r: redis.Redis, results: dict[str, inferq.Result | No
     report.throughput = _phase_throughput(results, faults)
 
 
-def render(report: Report, command: str) -> str:
-    c = report.config
-    rec50, rec99 = report.recovery(0.5), report.recovery(0.99)
+def render(report: Mapping[str, Any]) -> str:
+    c = report["config"]
+    rec50, rec99 = report["recovery_p50_ms"], report["recovery_p99_ms"]
+    throughput = report["throughput"]
     rows = [
-        ("submitted", report.submitted), ("completed (ok)", report.completed),
-        ("failed", report.failed), ("dead-lettered (poison)", report.dead_lettered),
-        ("expired", report.expired), ("still pending at the end", report.still_pending),
+        ("submitted", report["submitted"]), ("completed (ok)", report["completed"]),
+        ("failed", report["failed"]), ("dead-lettered (poison)", report["dead_lettered"]),
+        ("expired", report["expired"]), ("still pending at the end", report["still_pending"]),
         ("answered in Redis but not delivered to the waiting producer (must be 0)",
-         report.answered_but_not_delivered),
-        ("**LOST** (must be 0)", report.lost),
-        ("unexpected outcomes (a normal request not ok, ...)", report.unexpected_failures),
-        ("executed more than once (attempts > 1)", report.executed_more_than_once),
-        ("max attempts of one request", report.max_attempts_seen),
-        ("refused zombie completions", report.refused_zombie_completions),
-        ("duplicate results delivered (must be 0)", report.duplicate_results),
+         report["answered_but_not_delivered"]),
+        ("**LOST** (must be 0)", report["lost"]),
+        ("unexpected outcomes (a normal request not ok, ...)", report["unexpected_failures"]),
+        ("executed more than once (attempts > 1)", report["executed_more_than_once"]),
+        ("max attempts of one request", report["max_attempts_seen"]),
+        ("refused zombie completions", report["refused_zombie_completions"]),
+        ("duplicate results delivered (must be 0)", report["duplicate_results"]),
         ("SIGKILLs / SIGSTOPs / Redis restarts",
-         f"{report.kills} / {report.stops} / {report.redis_restarts}"),
+         f"{report['kills']} / {report['stops']} / {report['redis_restarts']}"),
         ("recovery after a kill p50 / p99 (lease "
          f"{c['lease_ms']} ms)", f"{rec50:.0f} / {rec99:.0f} ms" if rec50 is not None else "-"),
         ("throughput before / during / after faults (req/s)",
-         " / ".join(f"{report.throughput.get(k, 0):.0f}" for k in ("before", "during", "after"))),
-        ("wall time", f"{report.wall_s:.1f} s"),
+         " / ".join(f"{throughput.get(k, 0):.0f}" for k in ("before", "during", "after"))),
+        ("wall time", f"{report['wall_s']:.1f} s"),
     ]
-    lines = [f"- Command: `{command}`",
-             f"- Setup: {c['requests']} requests at {c['rate_per_s']:.0f}/s, {c['workers']} "
+    lines = [f"- Setup: {c['requests']} requests at {c['rate_per_s']:.0f}/s, {c['workers']} "
              f"worker processes (built-in sleep model {c['batch_ms']} ms/batch + "
              f"{c['item_ms']} ms/item), lease {c['lease_ms']} ms, {c['poison_share']:.0%} poison "
              f"(max_attempts 2), {c['expiring_share']:.0%} with a 1 ms deadline; AOF on "
              "(appendfsync everysec); the Redis restart is a SIGTERM (AOF flushed) then a start.",
-             "", "| measure | value |", "|---|---|"]
-    lines += [f"| {name} | {value} |" for name, value in rows]
-    lines += ["", "Recovery is measured per kill: from the SIGKILL to the last result of the "
+             "", markdown_table(["measure", "value"], [[name, str(v)] for name, v in rows]),
+             "", "Recovery is measured per kill: from the SIGKILL to the last result of the "
               "requests the killed worker held (their leases must expire first)."]
     return "\n".join(lines)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="about 20 s; not recorded")
-    parser.add_argument("--short", action="store_true",
-                        help="about 10 s, what the test suite runs; not recorded")
-    parser.add_argument("--requests", type=int)
-    parser.add_argument("--workers", type=int)
-    parser.add_argument("--kills", type=int)
-    parser.add_argument("--out", default="benchmarks/out")
+# ------------------------------------------------------------------------------ scenario
 
 
-def run(args: argparse.Namespace) -> int:
-    config = SHORT if args.short else QUICK if args.quick else ChaosConfig()
-    overrides = {k: v for k, v in (("requests", args.requests), ("workers", args.workers),
-                                   ("kills", args.kills)) if v is not None}
-    config = ChaosConfig(**{**asdict(config), **overrides})
-    with tempfile.TemporaryDirectory(prefix="inferq-chaos-") as tmp:
-        report = run_chaos(config, Path(tmp))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    info = harness.machine_info()
-    harness.write_json(out / "chaos.json", {"report": report.as_dict(), "machine": info,
-                                            "command": harness.command_line(),
-                                            "date": harness.now_utc()})
-    text = render(report, harness.command_line())
-    text += f"\n- Machine: {harness.describe_machine(info)}; {harness.now_utc()}"
-    print(text)
-    if not (args.quick or args.short):
-        harness.update_results_md(
-            "chaos", "## chaos: crashes, pauses, a Redis restart, poison, expiry\n\n" + text)
-    return 0 if report.lost == 0 and report.duplicate_results == 0 else 1
+class Chaos(Scenario[ChaosConfig]):
+    name = "chaos"
+    title = "crashes, pauses, a Redis restart, poison, expiry"
+    quick_help = "3,000 requests, 3 workers, 5 kills (~20 s); not recorded in RESULTS.md"
+    config = ChaosConfig
+    trials = None
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--short", action="store_true",
+                            help="the test suite's run: 1,200 requests at 240/s, 2 workers, 3 "
+                                 "kills, lease 1 s (~10 s); not recorded in RESULTS.md")
+        parser.add_argument("--requests", type=positive_int, help="override the request count")
+        parser.add_argument("--workers", type=positive_int, help="override the worker count")
+        parser.add_argument("--kills", type=int, help="override the number of SIGKILLs")
+
+    def configure(self, args: argparse.Namespace) -> ChaosConfig:
+        base = SHORT if args.short else QUICK if args.quick else ChaosConfig()
+        return replace(base, **{k: v for k in ("requests", "workers", "kills")
+                                if (v := getattr(args, k)) is not None})
+
+    def records(self, args: argparse.Namespace) -> bool:
+        return not (args.quick or args.short)
+
+    def measure(self, run: Run[ChaosConfig]) -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="inferq-chaos-") as tmp:
+            return {"report": run_chaos(run.cfg, Path(tmp)).as_dict()}
+
+    def markdown(self, report: Mapping[str, Any]) -> str:
+        return render(report["report"])
+
+    def exit_code(self, report: Mapping[str, Any]) -> int:
+        counts = report["report"]
+        return 0 if counts["lost"] == 0 and counts["duplicate_results"] == 0 else 1
+
+
+SCENARIO = Chaos()

@@ -53,6 +53,23 @@ def _draw(ax: Any, s: Series) -> None:
         ax.plot(xs, ys, s.style, label=s.label, **s.extra)
 
 
+def _reference_lines(ax: Any, hlines: Sequence[tuple[str, float]]) -> None:
+    styles = ("--", ":", "-.")
+    for i, (label, y) in enumerate(hlines):
+        ax.axhline(y, linestyle=styles[i % len(styles)], color=f"C{(i + 5) % 10}", linewidth=1,
+                   label=label)
+
+
+def _save(plt: Any, fig: Any, path: Path, note: str | None) -> Path:
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=7, color="dimgrey")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def line_chart(path: Path, *, title: str, xlabel: str, ylabel: str, series: Sequence[Series],
                hlines: Sequence[tuple[str, float]] = (), diagonal: bool = False,
                logy: bool = False, logx: bool = False, xticks: Sequence[float] | None = None,
@@ -63,10 +80,7 @@ def line_chart(path: Path, *, title: str, xlabel: str, ylabel: str, series: Sequ
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
     for s in series:
         _draw(ax, s)
-    styles = ("--", ":", "-.")
-    for i, (label, y) in enumerate(hlines):
-        ax.axhline(y, linestyle=styles[i % len(styles)], color=f"C{(i + 5) % 10}", linewidth=1,
-                   label=label)
+    _reference_lines(ax, hlines)
     if diagonal:
         xs = [x for s in series for x in s.x]
         if xs:
@@ -85,13 +99,7 @@ def line_chart(path: Path, *, title: str, xlabel: str, ylabel: str, series: Sequ
     ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    if note:
-        fig.text(0.01, 0.01, note, fontsize=7, color="dimgrey")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, note)
 
 
 def grouped_bars(path: Path, *, title: str, ylabel: str, groups: Sequence[str],
@@ -118,10 +126,7 @@ def grouped_bars(path: Path, *, title: str, ylabel: str, groups: Sequence[str],
         for x, v in zip(xs, values, strict=True):
             if v is not None:
                 ax.annotate(f"{v:.0f}", (x, v), ha="center", va="bottom", fontsize=7)
-    styles = ("--", ":", "-.")
-    for i, (label, y) in enumerate(hlines):
-        ax.axhline(y, linestyle=styles[i % len(styles)], color=f"C{(i + 5) % 10}", linewidth=1,
-                   label=label)
+    _reference_lines(ax, hlines)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups)
     if logy:
@@ -130,49 +135,29 @@ def grouped_bars(path: Path, *, title: str, ylabel: str, groups: Sequence[str],
     ax.set_ylabel(ylabel)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    if note:
-        fig.text(0.01, 0.01, note, fontsize=7, color="dimgrey")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, note)
 
 
-def batch_histograms(path: Path, *, title: str, panels: Mapping[str, Mapping[int, int]],
+def batch_histograms(path: Path, *, title: str, panels: Mapping[str, Mapping[Any, int]],
                      weight_by_requests: bool = True, note: str | None = None) -> Path:
     """One small histogram per panel (e.g. per offered load): the share of requests (or of
-    batches) that ran in a batch of each size."""
+    batches) that ran in a batch of each size (the sizes may be strings, as JSON keeps
+    them)."""
     plt = _pyplot()
     n = max(len(panels), 1)
     fig, axes = plt.subplots(1, n, figsize=(min(3.0 * n + 1.0, 16.0), 3.6), dpi=110,
                              sharey=True, squeeze=False)
-    for ax, (label, counts) in zip(axes[0], panels.items(), strict=False):
-        sizes = sorted(int(k) for k in counts)
-        weights = [int(counts[k]) * (k if weight_by_requests else 1) for k in sizes]
+    for ax, (label, by_size) in zip(axes[0], panels.items(), strict=False):
+        counts = {int(k): int(v) for k, v in by_size.items()}
+        sizes = sorted(counts)
+        weights = [counts[k] * (k if weight_by_requests else 1) for k in sizes]
         total = sum(weights) or 1
         ax.bar(sizes, [w / total for w in weights], width=0.8)
-        mean = (sum(k * int(counts[k]) for k in sizes) / max(sum(int(counts[k]) for k in sizes),
-                                                              1))
-        ax.set_title(f"{label}\n{int(sum(int(counts[k]) for k in sizes))} batches, mean "
-                     f"size {mean:.1f}", fontsize=9)
+        batches = sum(counts.values())
+        mean = sum(k * counts[k] for k in sizes) / max(batches, 1)
+        ax.set_title(f"{label}\n{batches} batches, mean size {mean:.1f}", fontsize=9)
         ax.set_xlabel("batch size")
         ax.grid(True, axis="y", alpha=0.3)
     axes[0][0].set_ylabel("share of requests" if weight_by_requests else "share of batches")
     fig.suptitle(title, fontsize=10)
-    if note:
-        fig.text(0.01, 0.01, note, fontsize=7, color="dimgrey")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
-def timeline(path: Path, *, title: str, xlabel: str, ylabel: str,
-             series: Sequence[Series], hlines: Sequence[tuple[str, float]] = (),
-             logy: bool = False, note: str | None = None) -> Path:
-    """Points over time (e.g. each high-priority request's latency, the oldest waiting
-    low-priority request's age)."""
-    return line_chart(path, title=title, xlabel=xlabel, ylabel=ylabel, series=series,
-                      hlines=hlines, logy=logy, note=note)
+    return _save(plt, fig, path, note)

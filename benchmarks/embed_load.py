@@ -31,58 +31,52 @@ import random
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks import charts, corpus
+from benchmarks.embed import MAX_WORDS, MIN_WORDS, start_workers
+from benchmarks.framework import (
+    ByMode,
+    Run,
+    Scenario,
+    float_list,
+    int_list,
+    noise_of,
+    positive_float,
+    positive_int,
+)
 from benchmarks.harness import (
-    Cleanup,
+    BenchmarkFailed,
     CpuProbe,
     fmt_range,
-    machine_info,
     markdown_table,
     say,
     stop_child,
     summary,
 )
+from benchmarks.models import BareModel, minilm_path
 from benchmarks.stack import (
-    BenchmarkFailed,
     WorkerProc,
-    add_common_arguments,
-    base_report,
     batches_of,
-    display_path,
-    enqueue_and_await,
-    float_list,
+    check_ok,
+    closed_loop,
     gather_watched,
-    header_lines,
-    int_list,
     load_str,
     merge_counters,
-    noise_of,
     pcts,
-    run_reported,
-    save_report,
     scaled,
-    server_pid,
-    spawn_worker,
-    start_server,
     summarize_trials,
-    wait_registered,
+    warm_up,
 )
 
 if TYPE_CHECKING:
-    from benchmarks.embed_throughput import BareModel
     from inferq.producer.aio import AsyncHandle
     from inferq.protocol.codec import Result
 
-NAME = "embed-load"
-FULL_MODEL = "minilm"
-BS1_MODEL = "minilm-bs1"
 CORPUS_SEED = 20240611
 WARMUP_SEED = 11
-MIN_WORDS, MAX_WORDS = 13, 45  # ~33 tokens per sentence, as in ``embed``
 ARRIVAL_SEED = 4242
 START_DELAY_S = 0.05
 
@@ -91,7 +85,6 @@ START_DELAY_S = 0.05
 class LoadConfig:
     loads: tuple[float, ...]
     seconds: float
-    trials: int
     capacity_requests: int
     capacity: float | None
     capacity_passes: int
@@ -100,105 +93,11 @@ class LoadConfig:
     limit: bool
     limit_batch_sizes: tuple[int, ...]
     warmup: int
-    quick: bool
-    out: Path
-    results_md: Path | None
     ready_timeout_s: float = 300.0
 
     @property
     def timeout_s(self) -> float:
         return 120.0 + 3 * self.seconds * max(self.loads)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser, NAME, "smoke test: 5 loads x 5 s, 1 trial (~2 min)")
-    parser.add_argument("--loads", default="0.25,0.5,0.75,1.0,1.25",
-                        help="offered loads as fractions of the full stack's capacity "
-                             "(default 0.25,0.5,0.75,1.0,1.25)")
-    parser.add_argument("--seconds", type=float, default=None,
-                        help="arrival period per load (default 30; 5 with --quick)")
-    parser.add_argument("--capacity-requests", type=int, default=None,
-                        help="requests in the closed-loop capacity burst (default 1000; 200 "
-                             "with --quick); the batch-1 worker gets a quarter")
-    parser.add_argument("--capacity", type=float, default=None,
-                        help="use this full-stack capacity (req/s) instead of measuring it")
-    parser.add_argument("--capacity-passes", type=int, default=None,
-                        help="closed-loop bursts for the capacity; the median is used "
-                             "(default 3; 1 with --quick)")
-    parser.add_argument("--no-bs1", action="store_true",
-                        help="leave out the batch-1 worker")
-    parser.add_argument("--bs1-max-overload", type=float, default=None,
-                        help="run the batch-1 worker at a load only when the offered rate is at "
-                             "most this multiple of its own capacity (default 1.5; 1.0 with "
-                             "--quick)")
-    parser.add_argument("--no-limit", action="store_true",
-                        help="do not load the bare model in this process for the limit line")
-    parser.add_argument("--limit-batch-sizes", default="8,16,32",
-                        help="bare-model batch sizes tried for the limit, the best counts "
-                             "(default 8,16,32)")
-
-
-def config_from_args(args: argparse.Namespace) -> LoadConfig:
-    quick = bool(args.quick)
-    cfg = LoadConfig(
-        loads=tuple(sorted(set(float_list(NAME, "loads", args.loads)))),
-        seconds=args.seconds if args.seconds is not None else (5.0 if quick else 30.0),
-        trials=args.trials if args.trials is not None else (1 if quick else 3),
-        capacity_requests=(args.capacity_requests if args.capacity_requests is not None
-                           else (200 if quick else 1000)),
-        capacity=args.capacity,
-        capacity_passes=(args.capacity_passes if args.capacity_passes is not None
-                         else (1 if quick else 3)),
-        bs1=not args.no_bs1,
-        bs1_max_overload=(args.bs1_max_overload if args.bs1_max_overload is not None
-                          else (1.0 if quick else 1.5)),
-        limit=not args.no_limit,
-        limit_batch_sizes=tuple(sorted(set(int_list(NAME, "limit-batch-sizes",
-                                                    args.limit_batch_sizes)))),
-        warmup=64 if quick else 256, quick=quick, out=args.out,
-        results_md=None if args.no_results_md else args.results_md,
-    )
-    if (cfg.seconds <= 0 or cfg.trials < 1 or cfg.capacity_requests < 8
-            or cfg.capacity_passes < 1 or cfg.bs1_max_overload <= 0
-            or (cfg.capacity is not None and cfg.capacity <= 0)):
-        raise SystemExit(f"benchmarks {NAME}: --seconds, --trials, --capacity-requests (>= 8), "
-                         "--capacity-passes, --bs1-max-overload and --capacity must be "
-                         "positive")
-    return cfg
-
-
-# ------------------------------------------------------------------------------ workers
-
-
-def start_workers(cleanup: Cleanup, url: str, cfg: LoadConfig) -> dict[str, WorkerProc]:
-    from inferq.worker.models.registry import minilm_path
-
-    log_dir = cfg.out / "logs"
-    workers = {"full": spawn_worker(cleanup, url, model_arg=FULL_MODEL,
-                                    worker_id="bench-embedload-full", log_dir=log_dir,
-                                    flags=["--device", "cpu"], log_level="INFO")}
-    if cfg.bs1:
-        workers["bs1"] = spawn_worker(cleanup, url, model_arg=f"{BS1_MODEL}={minilm_path()}",
-                                      worker_id="bench-embedload-bs1", log_dir=log_dir,
-                                      flags=["--device", "cpu", "--max-batch-size", "1"],
-                                      log_level="INFO")
-    return workers
-
-
-def closed_loop(url: str, worker: WorkerProc, texts: Sequence[str], timeout_s: float
-                ) -> tuple[float, list[Result]]:
-    """Every text enqueued at once (chunks of 100), all awaited: requests/s."""
-    results, seconds, _ = asyncio.run(enqueue_and_await(
-        url, worker.model, list(texts), 100, [worker], timeout_s, waiters=8))
-    _check(results, len(texts), f"{worker.worker_id} burst")
-    return len(results) / seconds, results
-
-
-def _check(results: Sequence[Result], n: int, what: str) -> None:
-    bad = [r for r in results if r.status.value != "ok"]
-    if bad or len(results) != n:
-        raise BenchmarkFailed(f"{what}: {len(bad)} failed of {len(results)} (expected {n} ok),"
-                              f" e.g. {bad[:1]!r}")
 
 
 # ---------------------------------------------------------------------------- open loop
@@ -264,7 +163,7 @@ def open_loop_pass(url: str, worker: WorkerProc, variant: str, texts: Sequence[s
     records, late = asyncio.run(_open_loop(url, worker, texts, arrivals, timeout_s))
     cpu = probe.stop()
     results = [r for _, _, r in records]
-    _check(results, len(arrivals), f"{variant} at {rate:.1f}/s")
+    check_ok(results, len(arrivals), f"{variant} at {rate:.1f}/s")
     latency = [(received - scheduled) * 1e3 for scheduled, received, _ in records]
     last = max(received for _, received, _ in records)
     sizes = batches_of(results)
@@ -291,127 +190,13 @@ def open_loop_pass(url: str, worker: WorkerProc, variant: str, texts: Sequence[s
     return out
 
 
-# ------------------------------------------------------------------------------ running
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    return run_reported(NAME, lambda cleanup: _run(cfg, cleanup), report_text)
-
-
-def _warm_up(url: str, workers: Mapping[str, WorkerProc], texts: Sequence[str],
-             cfg: LoadConfig) -> None:
-    """Each worker answers once (model loaded), then a burst (shapes seen, window fitted)."""
-    wait_registered(url, list(workers.values()), timeout_s=cfg.ready_timeout_s)
-    for variant, worker in workers.items():
-        burst = texts if variant == "full" else texts[: max(8, len(texts) // 4)]
-        closed_loop(url, worker, burst, cfg.timeout_s)
-        say(f"  worker {variant} warmed up")
-
-
-def _run(cfg: LoadConfig, cleanup: Cleanup) -> dict[str, Any]:
-    started = time.monotonic()
-    server, url = start_server(cleanup, NAME)
-    spid = server_pid(server)
-    machine = machine_info(server_binary=server.binary)
-    workers = start_workers(cleanup, url, cfg)
-    needed = int(max(cfg.loads) * (cfg.capacity or 200.0) * cfg.seconds * 1.5) + 1000
-    texts = corpus.sentences(max(needed, cfg.capacity_requests), seed=CORPUS_SEED,
-                             min_words=MIN_WORDS, max_words=MAX_WORDS)
-    warm = corpus.sentences(cfg.warmup, seed=WARMUP_SEED, min_words=MIN_WORDS,
-                            max_words=MAX_WORDS)
-    bare: BareModel | None = None
-    if cfg.limit:
-        from benchmarks.embed_throughput import BareModel
-        from inferq.worker.models.registry import minilm_path
-
-        say("loading the bare model in this process (for the limit)")
-        bare = BareModel(minilm_path())
-        for bs in cfg.limit_batch_sizes:
-            bare.encode(warm, bs)
-    say("waiting for the workers, then warming them up")
-    _warm_up(url, workers, warm, cfg)
-
-    say("capacity (closed loop)")
-    burst = texts[:cfg.capacity_requests]
-    capacity: dict[str, Any] = {}
-    bursts: dict[str, list[float]] = {}
-    if cfg.capacity is None:
-        bursts["full"] = [closed_loop(url, workers["full"], burst, cfg.timeout_s)[0]
-                          for _ in range(cfg.capacity_passes)]
-        capacity["full"] = statistics.median(bursts["full"])
-        say(f"  full stack: {capacity['full']:.1f} req/s "
-            f"({', '.join(f'{x:.1f}' for x in bursts['full'])})")
-    else:
-        capacity["full"] = cfg.capacity
-        say(f"  full stack: {cfg.capacity:.1f} req/s (given)")
-    if "bs1" in workers:
-        small = burst[: max(8, len(burst) // 4)]
-        bursts["bs1"] = [closed_loop(url, workers["bs1"], small, cfg.timeout_s)[0]
-                         for _ in range(cfg.capacity_passes)]
-        capacity["bs1"] = statistics.median(bursts["bs1"])
-        say(f"  batch-1 worker: {capacity['bs1']:.1f} req/s")
-    if bare is not None:
-        per_bs: dict[int, float] = {}
-        for bs in cfg.limit_batch_sizes:
-            t0 = time.perf_counter()
-            bare.encode(burst, bs)
-            per_bs[bs] = len(burst) / (time.perf_counter() - t0)
-        best = max(per_bs, key=lambda b: per_bs[b])
-        capacity["limit"] = per_bs[best]
-        capacity["limit_batch_size"] = best
-        capacity["limit_per_batch_size"] = {str(k): v for k, v in per_bs.items()}
-        say(f"  bare model: {', '.join(f'batch {b} {v:.1f}' for b, v in per_bs.items())} "
-            f"req/s; the limit is batch {best}")
-        del bare
-    capacity["bursts"] = bursts
-
-    rates = {load: load * capacity["full"] for load in cfg.loads}
-    skipped = {load: (f"offered {rate:.1f}/s > {cfg.bs1_max_overload:g}x its capacity "
-                      f"{capacity['bs1']:.1f}/s")
-               for load, rate in rates.items()
-               if "bs1" in capacity and rate > cfg.bs1_max_overload * capacity["bs1"]}
-    passes: list[dict[str, Any]] = []
-    loads = list(cfg.loads)
-    offset = 0
-    for trial in range(cfg.trials):
-        shift = trial % len(loads)
-        order = loads[shift:] + loads[:shift]
-        say(f"trial {trial + 1}/{cfg.trials}: loads {', '.join(f'{x:.0%}' for x in order)}")
-        for index, load in enumerate(order):
-            variants = ["full"] + (["bs1"] if "bs1" in workers and load not in skipped else [])
-            if (trial + index) % 2:
-                variants.reverse()
-            for variant in variants:
-                seed = ARRIVAL_SEED + 1000 * trial + int(load * 100)
-                sample = texts[offset:] + texts[:offset]
-                offset = (offset + int(rates[load] * cfg.seconds)) % len(texts)
-                result = open_loop_pass(url, workers[variant], variant, sample, rates[load],
-                                        load, cfg.seconds, seed, cfg.timeout_s, spid)
-                result["trial"] = trial
-                passes.append(result)
-
-    say("stopping the workers and the server")
-    exit_codes = {v: stop_child(w.child) for v, w in workers.items()}
-    server.stop()
-    report = build_report(cfg, machine, capacity, rates, skipped, passes, exit_codes, started)
-    save_report(NAME, report, cfg.out, cfg.results_md,
-                plots=lambda folder: draw_plots(report, folder),
-                markdown=lambda links, json_path: results_markdown(report, links, json_path))
-    return report
-
-
 # ------------------------------------------------------------------------------ reports
 
 
-def build_report(cfg: LoadConfig, machine: dict[str, Any], capacity: Mapping[str, float],
-                 rates: Mapping[float, float], skipped: Mapping[float, str],
-                 passes: Sequence[Mapping[str, Any]], exit_codes: Mapping[str, int | None],
-                 started: float) -> dict[str, Any]:
-    report = base_report(NAME, cfg.quick, machine, started)
-    report["config"] = {**asdict(cfg), "out": str(cfg.out),
-                        "results_md": str(cfg.results_md) if cfg.results_md else None,
-                        "timeout_s": cfg.timeout_s}
+def figures(cfg: LoadConfig, capacity: Mapping[str, float], rates: Mapping[float, float],
+            skipped: Mapping[float, str], passes: Sequence[Mapping[str, Any]],
+            exit_codes: Mapping[str, int | None]) -> dict[str, Any]:
+    report: dict[str, Any] = {}
     report["capacity"] = dict(capacity)
     report["offered_rates"] = {f"{k:g}": v for k, v in rates.items()}
     report["bs1_skipped"] = {f"{k:g}": v for k, v in skipped.items()}
@@ -493,7 +278,7 @@ def _ms(s: Mapping[str, Any]) -> str:
     return fmt_range(s, 0)
 
 
-def results_markdown(r: Mapping[str, Any], links: Sequence[str], json_path: Path) -> str:
+def results_markdown(r: Mapping[str, Any]) -> str:
     c, cap = r["config"], r["capacity"]
     rows = []
     for variant, label in (("full", "full stack"), ("bs1", "batch-1 worker")):
@@ -518,9 +303,7 @@ def results_markdown(r: Mapping[str, Any], links: Sequence[str], json_path: Path
                     f" {cap['limit']:.1f} req/s ({tried})")
     skipped = "".join(f"\n- Batch-1 worker skipped at {float(k):.0%}: {why}."
                       for k, why in r["bs1_skipped"].items())
-    plots = "\n".join(f"![embed-load plot]({link})" for link in links)
-    body = header_lines(r, "embed-load: MiniLM under open-loop Poisson arrivals")
-    return body + f"""- Stack: as in `embed` (embedded server with AOF, `python -m inferq worker --model minilm --device cpu` with default flags, and a `--max-batch-size 1` worker), ~33-token sentences.
+    return f"""- Stack: as in `embed` (embedded server with AOF, `python -m inferq worker --model minilm --device cpu` with default flags, and a `--max-batch-size 1` worker), ~33-token sentences.
 - Capacity, closed loop ({c['capacity_requests']} requests at once, median of {c['capacity_passes']} burst(s); a quarter of that for the batch-1 worker): {'; '.join(caps)}.
 - Sweep: Poisson arrivals for {c['seconds']:g} s per load, each request enqueued at its scheduled time and awaited by its own task; latency = result received - scheduled arrival; achieved = requests / (first arrival -> last result). {c['trials']} trial(s), loads rotated per trial; median (min..max) over trials.{skipped}
 
@@ -530,26 +313,136 @@ Under capacity, achieved = offered and latency is a batch or two; past it, the b
 for the whole period, so latency grows with the period's length and achieved throughput is
 the capacity. The batch-size histograms show the adaptive window at work: small batches
 under a trickle, full ones under load.
-
-{plots}
-
-Raw figures: `{display_path(json_path)}`.
 """  # noqa: E501
 
 
-def report_text(r: Mapping[str, Any]) -> str:
-    cap = r["capacity"]
-    lines = [f"{NAME}: capacity full {cap['full']:.1f}/s"
-             + (f", batch-1 {cap['bs1']:.1f}/s" if "bs1" in cap else "")
-             + (f", bare limit {cap['limit']:.1f}/s" if "limit" in cap else "")]
-    for variant, pts in r["points"].items():
-        for k, p in pts.items():
-            lines.append(f"  {variant:<4} {float(k):4.0%} offered {p['offered_rate']:6.1f}/s: "
-                         f"achieved {fmt_range(p['achieved_throughput'])}/s, latency p50/p99 "
-                         f"{_ms(p['latency_p50'])}/{_ms(p['latency_p99'])} ms, batch "
-                         f"{fmt_range(p['mean_batch_per_request'])}")
-    if r["noise"]["disturbed"]:
-        lines.append(f"  WARNING: other processes used up to {r['noise']['max_other_load']:.0%}"
-                     " of the machine during measurements; wall-clock figures are unreliable")
-    return "\n".join(lines)
+# ------------------------------------------------------------------------------ scenario
 
+
+class EmbedLoad(Scenario[LoadConfig]):
+    name = "embed-load"
+    title = "MiniLM under open-loop Poisson arrivals"
+    quick_help = "5 loads x 5 s, 1 trial (~2 min)"
+    config = LoadConfig
+    plots = staticmethod(draw_plots)
+    markdown = staticmethod(results_markdown)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--loads", type=float_list, default=(0.25, 0.5, 0.75, 1.0, 1.25),
+                            help="offered loads as fractions of the full stack's capacity "
+                                 "(default 0.25,0.5,0.75,1.0,1.25)")
+        parser.add_argument("--seconds", type=positive_float, default=ByMode(30.0, 5.0),
+                            help="arrival period per load (default %(default)s)")
+        parser.add_argument("--capacity-requests", type=positive_int, default=ByMode(1000, 200),
+                            help="requests in the closed-loop capacity burst, at least 8 "
+                                 "(default %(default)s); the batch-1 worker gets a quarter")
+        parser.add_argument("--capacity", type=positive_float, default=None,
+                            help="use this full-stack capacity (req/s) instead of measuring it")
+        parser.add_argument("--capacity-passes", type=positive_int, default=ByMode(3, 1),
+                            help="closed-loop bursts for the capacity; the median is used "
+                                 "(default %(default)s)")
+        parser.add_argument("--no-bs1", dest="bs1", action="store_false",
+                            help="leave out the batch-1 worker")
+        parser.add_argument("--bs1-max-overload", type=positive_float, default=ByMode(1.5, 1.0),
+                            help="run the batch-1 worker at a load only when the offered rate is "
+                                 "at most this multiple of its own capacity "
+                                 "(default %(default)s)")
+        parser.add_argument("--no-limit", dest="limit", action="store_false",
+                            help="do not load the bare model in this process for the limit line")
+        parser.add_argument("--limit-batch-sizes", type=int_list, default=(8, 16, 32),
+                            help="bare-model batch sizes tried for the limit, the best counts "
+                                 "(default 8,16,32)")
+        parser.add_argument("--warmup", type=positive_int, default=ByMode(256, 64),
+                            help="warm-up requests for the full worker, a quarter for the "
+                                 "batch-1 worker (default %(default)s)")
+
+    def configure(self, args: argparse.Namespace) -> LoadConfig:
+        if args.capacity_requests < 8:
+            raise SystemExit(f"benchmarks {self.name}: --capacity-requests must be >= 8")
+        return super().configure(args)
+
+    def measure(self, run: Run[LoadConfig]) -> dict[str, Any]:
+        cfg = run.cfg
+        server, url = run.server()
+        spid = server.pid
+        workers = start_workers(run.cleanup, url, run.log_dir, "embedload", bs1=cfg.bs1)
+        needed = int(max(cfg.loads) * (cfg.capacity or 200.0) * cfg.seconds * 1.5) + 1000
+        texts = corpus.sentences(max(needed, cfg.capacity_requests), seed=CORPUS_SEED,
+                                 min_words=MIN_WORDS, max_words=MAX_WORDS)
+        warm = corpus.sentences(cfg.warmup, seed=WARMUP_SEED, min_words=MIN_WORDS,
+                                max_words=MAX_WORDS)
+        bare: BareModel | None = None
+        if cfg.limit:
+            say("loading the bare model in this process (for the limit)")
+            bare = BareModel(minilm_path())
+            for bs in cfg.limit_batch_sizes:
+                bare.encode(warm, bs)
+        say("waiting for the workers, then warming them up")
+        warm_up(url, workers, warm, ready_timeout_s=cfg.ready_timeout_s, timeout_s=cfg.timeout_s)
+
+        say("capacity (closed loop)")
+        burst = texts[:cfg.capacity_requests]
+        capacity: dict[str, Any] = {}
+        bursts: dict[str, list[float]] = {}
+        if cfg.capacity is None:
+            bursts["full"] = [closed_loop(url, workers["full"], burst, cfg.timeout_s)[0]
+                              for _ in range(cfg.capacity_passes)]
+            capacity["full"] = statistics.median(bursts["full"])
+            say(f"  full stack: {capacity['full']:.1f} req/s "
+                f"({', '.join(f'{x:.1f}' for x in bursts['full'])})")
+        else:
+            capacity["full"] = cfg.capacity
+            say(f"  full stack: {cfg.capacity:.1f} req/s (given)")
+        if "bs1" in workers:
+            small = burst[: max(8, len(burst) // 4)]
+            bursts["bs1"] = [closed_loop(url, workers["bs1"], small, cfg.timeout_s)[0]
+                             for _ in range(cfg.capacity_passes)]
+            capacity["bs1"] = statistics.median(bursts["bs1"])
+            say(f"  batch-1 worker: {capacity['bs1']:.1f} req/s")
+        if bare is not None:
+            per_bs: dict[int, float] = {}
+            for bs in cfg.limit_batch_sizes:
+                t0 = time.perf_counter()
+                bare.encode(burst, bs)
+                per_bs[bs] = len(burst) / (time.perf_counter() - t0)
+            best = max(per_bs, key=lambda b: per_bs[b])
+            capacity["limit"] = per_bs[best]
+            capacity["limit_batch_size"] = best
+            capacity["limit_per_batch_size"] = {str(k): v for k, v in per_bs.items()}
+            say(f"  bare model: {', '.join(f'batch {b} {v:.1f}' for b, v in per_bs.items())} "
+                f"req/s; the limit is batch {best}")
+            del bare
+        capacity["bursts"] = bursts
+
+        rates = {load: load * capacity["full"] for load in cfg.loads}
+        skipped = {load: (f"offered {rate:.1f}/s > {cfg.bs1_max_overload:g}x its capacity "
+                          f"{capacity['bs1']:.1f}/s")
+                   for load, rate in rates.items()
+                   if "bs1" in capacity and rate > cfg.bs1_max_overload * capacity["bs1"]}
+        passes: list[dict[str, Any]] = []
+        loads = list(cfg.loads)
+        offset = 0
+        for trial in range(run.trials):
+            shift = trial % len(loads)
+            order = loads[shift:] + loads[:shift]
+            say(f"trial {trial + 1}/{run.trials}: loads {', '.join(f'{x:.0%}' for x in order)}")
+            for index, load in enumerate(order):
+                variants = ["full"] + (["bs1"] if "bs1" in workers and load not in skipped else [])
+                if (trial + index) % 2:
+                    variants.reverse()
+                for variant in variants:
+                    seed = ARRIVAL_SEED + 1000 * trial + int(load * 100)
+                    sample = texts[offset:] + texts[:offset]
+                    offset = (offset + int(rates[load] * cfg.seconds)) % len(texts)
+                    result = open_loop_pass(url, workers[variant], variant, sample, rates[load],
+                                            load, cfg.seconds, seed, cfg.timeout_s, spid)
+                    result["trial"] = trial
+                    passes.append(result)
+
+        say("stopping the workers and the server")
+        exit_codes = {v: stop_child(w.child) for v, w in workers.items()}
+        server.stop()
+        return figures(cfg, capacity, rates, skipped, passes, exit_codes)
+
+
+SCENARIO = EmbedLoad()

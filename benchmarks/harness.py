@@ -1,5 +1,6 @@
 """Small helpers every benchmark scenario shares: the machine description, child processes
-that are always cleaned up, summary statistics, and writing JSON and ``RESULTS.md``."""
+that are always cleaned up, CPU accounting, summary statistics, and writing JSON and
+``RESULTS.md``. Nothing here knows about inferq."""
 
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ Each section below is written by one scenario of `python -m benchmarks <scenario
 replaced, between its markers, every time that scenario runs. Numbers from `--quick` runs are
 marked as such: they are a smoke test, not a measurement.
 """
+
+
+class BenchmarkFailed(RuntimeError):
+    """A worker died or stopped answering, or a result was wrong; the message says which."""
+
 
 # ------------------------------------------------------------------------------ machine
 
@@ -73,7 +79,8 @@ def ram_gib() -> float | None:
     return None
 
 
-def _version(module: str) -> str | None:
+def version(module: str) -> str | None:
+    """The installed version of a distribution, None when it is not installed."""
     try:
         from importlib.metadata import version
         return version(module)
@@ -104,12 +111,12 @@ def machine_info(*, server_binary: str | None = None) -> dict[str, Any]:
         "gpu": None,
         "versions": {
             "python": platform.python_version(),
-            "torch": _version("torch"),
-            "transformers": _version("transformers"),
-            "tokenizers": _version("tokenizers"),
-            "redis_py": _version("redis"),
-            "hiredis": _version("hiredis"),
-            "inferq": _version("inferq"),
+            "torch": version("torch"),
+            "transformers": version("transformers"),
+            "tokenizers": version("tokenizers"),
+            "redis_py": version("redis"),
+            "hiredis": version("hiredis"),
+            "inferq": version("inferq"),
         },
         "git": {"commit": _git("rev-parse", "HEAD"),
                 "dirty": bool(_git("status", "--porcelain", "--untracked-files=no"))},
@@ -355,6 +362,31 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
+def percentiles(values: Sequence[float], qs: Sequence[int] = (50, 90, 99)
+                ) -> dict[str, float | None]:
+    """``{"p50": ..., "p90": ..., "p99": ...}`` (``qs``) of ``values``."""
+    return {f"p{q}": percentile(values, q) for q in qs}
+
+
+def median_of(values: Sequence[float | None]) -> float | None:
+    """The median of the values that are not None (None when there are none)."""
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def fmt_number(v: float | None, digits: int = 0) -> str:
+    """``12,345`` (``digits`` decimals), ``n/a`` for None."""
+    return "n/a" if v is None else f"{v:,.{digits}f}"
+
+
+def verdict(value: float | None, target: float, *, at_most: bool = False) -> str:
+    """``PASS`` or ``MISS`` against ``target``, a minimum (with ``at_most``, a maximum);
+    ``n/a`` without a value."""
+    if value is None:
+        return "n/a"
+    return "PASS" if (value <= target if at_most else value >= target) else "MISS"
+
+
 def summary(values: Sequence[float]) -> dict[str, Any]:
     """Median and range over trials (the trials themselves are kept as well)."""
     vals = [float(v) for v in values]
@@ -388,7 +420,7 @@ def now_utc() -> str:
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     tmp.replace(path)
 
 

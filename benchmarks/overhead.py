@@ -52,50 +52,43 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from benchmarks import baselines, charts
+from benchmarks.framework import ByMode, Run, Scenario, int_list, noise_of, positive_int
 from benchmarks.harness import (
+    BenchmarkFailed,
     Cleanup,
-    CpuProbe,
     fmt_range,
-    machine_info,
     markdown_table,
     say,
     stop_child,
     summary,
+    verdict,
+    version,
 )
 from benchmarks.stack import (
     SCRIPT_CALLS,
     SCRIPT_INNER_COMMANDS,
-    BenchmarkFailed,
     WorkerProc,
-    add_common_arguments,
-    base_report,
+    add_worker_arguments,
     batches_of,
-    display_path,
+    check_ok,
     enqueue_and_await,
     fill_and_drain,
-    header_lines,
-    int_list,
     load_str,
     merge_counters,
-    noise_of,
     pcts,
+    queue_probe,
     redis_delta,
     redis_snapshot,
-    run_reported,
-    save_report,
     scaled,
-    server_pid,
-    spawn_worker,
-    start_server,
+    spawn_workers,
     sum_cpu,
     summarize_trials,
-    wait_registered,
+    window_flags,
 )
 
 if TYPE_CHECKING:
     from inferq.protocol.codec import Result
 
-NAME = "overhead"
 TARGET_RATIO = 10.0
 TARGET_ONE_WORKER = 20_000.0
 ARQ_DB, RQ_DB = 1, 2
@@ -115,7 +108,6 @@ BASELINES = {
 @dataclass(frozen=True)
 class OverheadConfig:
     requests: int
-    trials: int
     worker_counts: tuple[int, ...]
     chunk: int
     waiters: int
@@ -127,77 +119,20 @@ class OverheadConfig:
     rq_jobs: int
     rq_fork_jobs: int
     baselines: tuple[str, ...]
-    quick: bool
-    out: Path
-    results_md: Path | None
     timeout_s: float = 300.0
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser, NAME, "smoke test: 10,000 requests, few baseline jobs, 1 trial "
-                                       "(~1 min)")
-    parser.add_argument("--requests", type=int, default=None,
-                        help="inferq requests per pass (default 50000; 10000 with --quick)")
-    parser.add_argument("--workers", default="1,2,4",
-                        help="inferq worker process counts, comma-separated (default 1,2,4)")
-    parser.add_argument("--chunk", type=int, default=1000,
-                        help="requests per enqueue_many call (default 1000)")
-    parser.add_argument("--waiters", type=int, default=0,
-                        help="coroutines awaiting results in enqueue order; 0 (default) = one "
-                             "task per request")
-    parser.add_argument("--no-aof", action="store_true",
-                        help="run the server without AOF (default: AOF on, appendfsync "
-                             "everysec), to see what persistence costs")
-    parser.add_argument("--max-batch-size", type=int, default=512,
-                        help="echo workers' --max-batch-size (default 512)")
-    parser.add_argument("--max-wait-ms", type=float, default=2.0,
-                        help="echo workers' --max-wait-ms (default 2)")
-    parser.add_argument("--arq-jobs", type=int, default=None,
-                        help="jobs per arq pass (default 3000; 500 with --quick)")
-    parser.add_argument("--rq-jobs", type=int, default=None,
-                        help="jobs per rq SimpleWorker pass (default 2000; 300 with --quick)")
-    parser.add_argument("--rq-fork-jobs", type=int, default=None,
-                        help="jobs per forking rq worker pass (default 600; 150 with --quick)")
-    parser.add_argument("--baselines", default=",".join(BASELINES),
-                        help=f"baselines to run, comma-separated, or 'none' "
-                             f"(default {','.join(BASELINES)}; skipped when not installed)")
+    @property
+    def arq_tuned(self) -> dict[str, float]:
+        return ARQ_TUNED
 
 
-def config_from_args(args: argparse.Namespace) -> OverheadConfig:
-    quick = bool(args.quick)
-
-    def pick(value: int | None, full: int, short: int, name: str) -> int:
-        v = (short if quick else full) if value is None else value
-        if v < 1:
-            raise SystemExit(f"benchmarks {NAME}: --{name} must be >= 1, got {v}")
-        return v
-
-    chosen = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
-    if chosen == ("none",):
-        chosen = ()
-    unknown = set(chosen) - set(BASELINES)
+def _baselines(text: str) -> tuple[str, ...]:
+    chosen = tuple(b.strip() for b in text.split(",") if b.strip())
+    unknown = set(chosen) - set(BASELINES) - {"none"}
     if unknown:
-        raise SystemExit(f"benchmarks {NAME}: unknown --baselines {sorted(unknown)}; "
-                         f"known: {', '.join(BASELINES)}")
-    return OverheadConfig(
-        requests=pick(args.requests, 50_000, 10_000, "requests"),
-        trials=pick(args.trials, 3, 1, "trials"),
-        worker_counts=int_list(NAME, "workers", args.workers),
-        chunk=pick(args.chunk, args.chunk, args.chunk, "chunk"),
-        waiters=max(0, args.waiters),
-        aof=not args.no_aof,
-        max_batch_size=pick(args.max_batch_size, args.max_batch_size, args.max_batch_size,
-                            "max-batch-size"),
-        max_wait_ms=args.max_wait_ms,
-        warmup=2_000 if not quick else 1_000,
-        arq_jobs=pick(args.arq_jobs, 3_000, 500, "arq-jobs"),
-        rq_jobs=pick(args.rq_jobs, 2_000, 300, "rq-jobs"),
-        rq_fork_jobs=pick(args.rq_fork_jobs, 600, 150, "rq-fork-jobs"),
-        baselines=chosen,
-        quick=quick,
-        out=args.out,
-        results_md=None if args.no_results_md else args.results_md,
-    )
+        raise argparse.ArgumentTypeError(f"unknown {sorted(unknown)}; known: "
+                                         f"{', '.join(BASELINES)}")
+    return () if chosen == ("none",) else chosen
 
 
 # ------------------------------------------------------------------------------- inferq
@@ -220,25 +155,16 @@ class Fleet:
 
 def start_fleets(cleanup: Cleanup, url: str, cfg: OverheadConfig, log_dir: Path
                  ) -> dict[str, Fleet]:
-    flags = ["--max-batch-size", str(cfg.max_batch_size), "--max-wait-ms", str(cfg.max_wait_ms),
-             "--max-batch-tokens", "0"]
     fleets: dict[str, Fleet] = {}
     for count in cfg.worker_counts:
         model = f"echo-w{count}"
-        workers = [spawn_worker(cleanup, url, model_arg=f"{model}=builtin:echo",
-                                worker_id=f"bench-overhead-w{count}-{i}", log_dir=log_dir,
-                                flags=flags) for i in range(count)]
+        workers = spawn_workers(cleanup, url, [f"bench-overhead-w{count}-{i}"
+                                               for i in range(count)],
+                                model_arg=f"{model}=builtin:echo", log_dir=log_dir,
+                                flags=window_flags(cfg.max_batch_size, cfg.max_wait_ms))
         fleet = Fleet(count, model, workers)
         fleets[fleet.name] = fleet
     return fleets
-
-
-def _check_results(results: Sequence[Result], prompts: Sequence[str], what: str) -> None:
-    bad = [(r, p) for r, p in zip(results, prompts, strict=True)
-           if r.status.value != "ok" or r.output != p]
-    if bad:
-        r, p = bad[0]
-        raise BenchmarkFailed(f"{what}: {len(bad)} wrong results, e.g. {r!r} for prompt {p!r}")
 
 
 def _prompts(tag: str, n: int) -> list[str]:
@@ -256,8 +182,7 @@ def inferq_e2e_pass(url: str, fleet: Fleet, cfg: OverheadConfig, tag: str,
                     server: int | None) -> dict[str, Any]:
     prompts = _prompts(tag, cfg.requests)
     client = redis.Redis.from_url(url)
-    probe = CpuProbe({"producer": None, "server": server,
-                      **{f"worker{i}": pid for i, pid in enumerate(fleet.pids)}}, children=True)
+    probe = queue_probe(server, fleet.pids)
     before = redis_snapshot(client)
     probe.start()
     results, seconds, enqueue_s = asyncio.run(enqueue_and_await(
@@ -265,7 +190,7 @@ def inferq_e2e_pass(url: str, fleet: Fleet, cfg: OverheadConfig, tag: str,
     cpu = probe.stop()
     after = redis_snapshot(client)
     client.close()
-    _check_results(results, prompts, f"{fleet.name} end to end")
+    check_ok(results, len(prompts), f"{fleet.name} end to end", outputs=prompts)
     n = len(results)
     redis_work = redis_delta(before, after, n)
     sizes = batches_of(results)
@@ -299,7 +224,7 @@ def inferq_drain_pass(cleanup: Cleanup, url: str, fleet: Fleet, cfg: OverheadCon
     d = fill_and_drain(cleanup, url, fleet.model, prompts, chunk=cfg.chunk,
                        paused_workers=fleet.workers, active=fleet.workers, server=server,
                        timeout_s=cfg.timeout_s)
-    _check_results(d.results, prompts, f"{fleet.name} drain")
+    check_ok(d.results, len(prompts), f"{fleet.name} drain", outputs=prompts)
     n = len(d.results)
     sizes = batches_of(d.results)
     out: dict[str, Any] = {
@@ -324,7 +249,7 @@ def warm_up(url: str, fleets: Mapping[str, Fleet], cfg: OverheadConfig) -> None:
         prompts = _prompts("warm", cfg.warmup)
         results, _, _ = asyncio.run(enqueue_and_await(url, fleet.model, prompts, cfg.chunk,
                                                        fleet.workers, cfg.timeout_s))
-        _check_results(results, prompts, f"{fleet.name} warm-up")
+        check_ok(results, len(prompts), f"{fleet.name} warm-up", outputs=prompts)
 
 
 # ---------------------------------------------------------------------------- baselines
@@ -380,8 +305,7 @@ def arq_pass(cleanup: Cleanup, url: str, variant: str, jobs: int, log_dir: Path,
         async def go(n: int, measure: bool) -> tuple[list[Any], float, dict[str, Any]]:
             pool: ArqRedis = await create_pool(RedisSettings.from_dsn(db_url))
             try:
-                probe = CpuProbe({"producer": None, "server": server,
-                                  "worker0": child.process.pid}, children=True)
+                probe = queue_probe(server, [child.process.pid])
                 before = redis_snapshot(client)
                 probe.start()
                 t0 = time.time()
@@ -443,8 +367,7 @@ def rq_pass(cleanup: Cleanup, url: str, variant: str, jobs: int, log_dir: Path,
                   child.log_tail, 60)
 
         def go(n: int, measure: bool) -> tuple[list[Job], float, dict[str, Any]]:
-            probe = CpuProbe({"producer": None, "server": server, "worker0": child.process.pid},
-                             children=True)
+            probe = queue_probe(server, [child.process.pid])
             finished = queue.finished_job_registry
             failed = queue.failed_job_registry
             done_before = (finished.get_job_count(cleanup=False)
@@ -506,86 +429,12 @@ def _baseline_result(variant: str, jobs: int, t0: float, first_start: float, end
     return out
 
 
-# ------------------------------------------------------------------------------ running
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    return run_reported(NAME, lambda cleanup: _run(cfg, cleanup), report_text)
-
-
-def _run(cfg: OverheadConfig, cleanup: Cleanup) -> dict[str, Any]:
-    started = time.monotonic()
-    log_dir = cfg.out / "logs"
-    server, url = start_server(cleanup, NAME, appendonly=cfg.aof)
-    machine = machine_info(server_binary=server.binary)
-    machine["versions"]["arq"] = _version("arq")
-    machine["versions"]["rq"] = _version("rq")
-    spid = server_pid(server)
-    skipped = {b: f"{BASELINES[b][0]} is not installed" for b in cfg.baselines
-               if not available(BASELINES[b][0])}
-    baselines_run = [b for b in cfg.baselines if b not in skipped]
-    for b, why in skipped.items():
-        say(f"skipping {b}: {why}")
-    say(f"{NAME} benchmark: {cfg.requests} requests per inferq pass x {cfg.trials} trial(s), "
-        f"inferq workers {list(cfg.worker_counts)}, baselines {baselines_run or 'none'}")
-    fleets = start_fleets(cleanup, url, cfg, log_dir)
-    wait_registered(url, [w for f in fleets.values() for w in f.workers])
-    say("workers ready; warming up")
-    warm_up(url, fleets, cfg)
-
-    variants = [*fleets, *baselines_run]
-    trials: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
-    for trial in range(cfg.trials):
-        shift = trial % len(variants)
-        order = variants[shift:] + variants[:shift]
-        say(f"trial {trial + 1}/{cfg.trials}: {' -> '.join(order)}")
-        for variant in order:
-            tag = f"t{trial}"
-            if variant in fleets:
-                fleet = fleets[variant]
-                e2e = inferq_e2e_pass(url, fleet, cfg, f"{tag}e", spid)
-                drain = inferq_drain_pass(cleanup, url, fleet, cfg, f"{tag}d", spid)
-                trials[variant].append({"e2e": e2e, "drain": drain})
-            elif variant.startswith("arq"):
-                jobs = cfg.arq_jobs
-                if variant == "arq-default":
-                    jobs = max(100, jobs // 4)  # ~200 jobs/s: a quarter keeps the pass short
-                trials[variant].append(arq_pass(cleanup, url, variant, jobs, log_dir, spid,
-                                                cfg.timeout_s))
-            else:
-                jobs = cfg.rq_jobs if variant == "rq-simple" else cfg.rq_fork_jobs
-                trials[variant].append(rq_pass(cleanup, url, variant, jobs, log_dir, spid,
-                                               cfg.timeout_s))
-
-    say("stopping the workers and the server")
-    exit_codes = {w.worker_id: stop_child(w.child) for f in fleets.values() for w in f.workers}
-    server.stop()
-    report = build_report(cfg, machine, fleets, trials, skipped, exit_codes, started)
-    save_report(NAME, report, cfg.out, cfg.results_md,
-                plots=lambda folder: draw_plots(report, folder),
-                markdown=lambda links, json_path: results_markdown(report, links, json_path))
-    return report
-
-
-def _version(module: str) -> str | None:
-    try:
-        from importlib.metadata import version
-        return version(module)
-    except Exception:
-        return None
-
-
 # ------------------------------------------------------------------------------ reports
 
 
-def build_report(cfg: OverheadConfig, machine: dict[str, Any], fleets: Mapping[str, Fleet],
-                 trials: Mapping[str, Sequence[Mapping[str, Any]]], skipped: Mapping[str, str],
-                 exit_codes: Mapping[str, int | None], started: float) -> dict[str, Any]:
-    report = base_report(NAME, cfg.quick, machine, started)
-    report["config"] = {**asdict(cfg), "out": str(cfg.out),
-                        "results_md": str(cfg.results_md) if cfg.results_md else None,
-                        "arq_tuned": ARQ_TUNED}
+def figures(fleets: Mapping[str, Fleet], trials: Mapping[str, Sequence[Mapping[str, Any]]],
+            skipped: Mapping[str, str], exit_codes: Mapping[str, int | None]) -> dict[str, Any]:
+    report: dict[str, Any] = {}
     summaries: dict[str, Any] = {}
     loads: list[float | None] = []
     for name, fleet in fleets.items():
@@ -625,16 +474,14 @@ def build_report(cfg: OverheadConfig, machine: dict[str, Any], fleets: Mapping[s
         best = max(base_names, key=lambda b: summaries[b]["e2e"]["throughput"]["median"] or 0.0)
         ratios["best_baseline"] = best
         median = ratios[best]["median"]
-        ratios["verdict"] = "n/a" if median is None else (
-            "PASS" if median >= TARGET_RATIO else "MISS")
+        ratios["verdict"] = verdict(median, TARGET_RATIO)
     report["ratios"] = ratios
     if one is not None:
         median = one["e2e"]["throughput"]["median"]
         report["one_worker_target"] = {
             "target": TARGET_ONE_WORKER, "e2e_median": median,
             "drain_median": one["drain"]["throughput"]["median"],
-            "verdict": "n/a" if median is None else (
-                "PASS" if median >= TARGET_ONE_WORKER else "MISS")}
+            "verdict": verdict(median, TARGET_ONE_WORKER)}
     return report
 
 
@@ -654,8 +501,7 @@ def drain_ratios(report: Mapping[str, Any]) -> dict[str, Any]:
     best = max(names, key=lambda n: v[n]["drain_throughput"]["median"] or 0.0)
     median = out[best]["median"]
     out["best_baseline"] = best
-    out["verdict"] = "n/a" if median is None else (
-        "PASS" if median >= TARGET_RATIO else "MISS")
+    out["verdict"] = verdict(median, TARGET_RATIO)
     return out
 
 
@@ -713,7 +559,7 @@ def _f(s: Mapping[str, Any], digits: int = 0) -> str:
     return fmt_range(s, digits)
 
 
-def results_markdown(r: Mapping[str, Any], links: Sequence[str], json_path: Path) -> str:
+def results_markdown(r: Mapping[str, Any]) -> str:
     v = r["variants"]
     c = r["config"]
     rows = []
@@ -783,13 +629,11 @@ def results_markdown(r: Mapping[str, Any], links: Sequence[str], json_path: Path
     ratio_table = markdown_table(["measure", "median (min..max)", "target", "verdict"],
                                  ratio_rows)
     skipped = "".join(f"\n- Skipped {b}: {why}." for b, why in r["skipped"].items())
-    plots = "\n".join(f"![overhead plot]({link})" for link in links)
     reading = cpu_reading(r)
-    body = header_lines(r, "overhead: queue cost with a no-op model, vs arq and rq")
     waiting = ("one task per handle awaiting `result()`" if not c["waiters"] else
                f"{c['waiters']} coroutines awaiting `result()` in enqueue order")
     aof = "with AOF (`appendfsync everysec`)" if c["aof"] else "**without AOF** (`--no-aof`)"
-    return body + f"""- Workload: inferq {c['requests']} no-op requests per pass (the built-in `echo` model; workers `--max-batch-size {c['max_batch_size']} --max-wait-ms {c['max_wait_ms']:g} --max-batch-tokens 0`), `AsyncClient.enqueue_many` in chunks of {c['chunk']}, {waiting}; baselines: one no-op job per request ({c['arq_jobs']} arq jobs, a quarter of that for arq's defaults; {c['rq_jobs']} rq SimpleWorker jobs, {c['rq_fork_jobs']} for the forking rq worker); {c['trials']} trial(s), variants rotated per trial; median (min..max) over trials. One Redis server {aof} for everything.{skipped}
+    return f"""- Workload: inferq {c['requests']} no-op requests per pass (the built-in `echo` model; workers `--max-batch-size {c['max_batch_size']} --max-wait-ms {c['max_wait_ms']:g} --max-batch-tokens 0`), `AsyncClient.enqueue_many` in chunks of {c['chunk']}, {waiting}; baselines: one no-op job per request ({c['arq_jobs']} arq jobs, a quarter of that for arq's defaults; {c['rq_jobs']} rq SimpleWorker jobs, {c['rq_fork_jobs']} for the forking rq worker); {c['trials']} trial(s), variants rotated per trial; median (min..max) over trials. One Redis server {aof} for everything.{skipped}
 
 {table}
 
@@ -802,10 +646,6 @@ def results_markdown(r: Mapping[str, Any], links: Sequence[str], json_path: Path
 Redis commands per request, inferq with one worker (medians over trials):
 
 {cmd_table}
-
-{plots}
-
-Raw figures: `{display_path(json_path)}`.
 """  # noqa: E501
 
 
@@ -836,33 +676,88 @@ def cpu_reading(r: Mapping[str, Any]) -> str:
         f"{largest[max(parts, key=lambda k: parts[k])]}.")
 
 
-def report_text(r: Mapping[str, Any]) -> str:
-    lines = [f"{NAME}: requests/s, median (min..max) over trials"]
-    for name, s in r["variants"].items():
-        e2e = s["e2e"]
-        extra = (f", drain {_f(s['drain']['throughput'])}" if "drain" in s
-                 else f", first start -> last finish {_f(s['drain_throughput'])}")
-        lines.append(f"  {name:<11} end to end {_f(e2e['throughput'])}{extra}; CPU us/req "
-                     f"producer {_f(e2e['cpu_us_producer'])} workers {_f(e2e['cpu_us_workers'])}"
-                     f" Redis {_f(e2e['cpu_us_server'])}; Redis cmds/req "
-                     f"{_f(e2e['redis_commands_per_request'], 1)}")
-    ratios = r["ratios"]
-    if ratios:
-        best = ratios["best_baseline"]
-        lines.append(f"  inferq (1 worker) / {best}: {_f(ratios[best], 1)} (target >= "
-                     f"{TARGET_RATIO:.0f}) {ratios['verdict']}")
-    drained = drain_ratios(r)
-    if drained:
-        best = drained["best_baseline"]
-        lines.append(f"  draining a full queue, inferq (1 worker) / {best}: "
-                     f"{_f(drained[best], 1)} (target >= {TARGET_RATIO:.0f}) "
-                     f"{drained['verdict']}")
-    target = r.get("one_worker_target")
-    if target:
-        lines.append(f"  one worker end to end: {target['e2e_median']:.0f} req/s (target >= "
-                     f"{TARGET_ONE_WORKER:,.0f}) {target['verdict']}")
-    if r["noise"]["disturbed"]:
-        lines.append(f"  WARNING: other processes used up to {r['noise']['max_other_load']:.0%}"
-                     " of the machine during measurements; wall-clock figures are unreliable")
-    return "\n".join(lines)
+# ------------------------------------------------------------------------------ scenario
 
+
+class Overhead(Scenario[OverheadConfig]):
+    name = "overhead"
+    title = "queue cost with a no-op model, vs arq and rq"
+    quick_help = "10,000 requests, few baseline jobs, 1 trial (~1 min)"
+    config = OverheadConfig
+    plots = staticmethod(draw_plots)
+    markdown = staticmethod(results_markdown)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--requests", type=positive_int, default=ByMode(50_000, 10_000),
+                            help="inferq requests per pass (default %(default)s)")
+        parser.add_argument("--workers", dest="worker_counts", type=int_list, default=(1, 2, 4),
+                            help="inferq worker process counts, comma-separated (default 1,2,4)")
+        parser.add_argument("--chunk", type=positive_int, default=1000,
+                            help="requests per enqueue_many call (default 1000)")
+        parser.add_argument("--waiters", type=int, default=0,
+                            help="coroutines awaiting results in enqueue order; 0 (default) = "
+                                 "one task per request")
+        parser.add_argument("--no-aof", dest="aof", action="store_false",
+                            help="run the server without AOF (default: AOF on, appendfsync "
+                                 "everysec), to see what persistence costs")
+        add_worker_arguments(parser, max_batch_size=512, max_wait_ms=2.0)
+        parser.add_argument("--arq-jobs", type=positive_int, default=ByMode(3_000, 500),
+                            help="jobs per arq pass (default %(default)s)")
+        parser.add_argument("--rq-jobs", type=positive_int, default=ByMode(2_000, 300),
+                            help="jobs per rq SimpleWorker pass (default %(default)s)")
+        parser.add_argument("--rq-fork-jobs", type=positive_int, default=ByMode(600, 150),
+                            help="jobs per forking rq worker pass (default %(default)s)")
+        parser.add_argument("--baselines", type=_baselines, default=tuple(BASELINES),
+                            help=f"baselines to run, comma-separated, or 'none' (default "
+                                 f"{','.join(BASELINES)}; skipped when not installed)")
+        parser.set_defaults(warmup=ByMode(2_000, 1_000))
+
+    def measure(self, run: Run[OverheadConfig]) -> dict[str, Any]:
+        cfg = run.cfg
+        server, url = run.server(appendonly=cfg.aof)
+        run.machine["versions"].update(arq=version("arq"), rq=version("rq"))
+        spid = server.pid
+        skipped = {b: f"{BASELINES[b][0]} is not installed" for b in cfg.baselines
+                   if not available(BASELINES[b][0])}
+        baselines_run = [b for b in cfg.baselines if b not in skipped]
+        for b, why in skipped.items():
+            say(f"skipping {b}: {why}")
+        say(f"{self.name} benchmark: {cfg.requests} requests per inferq pass x {run.trials} "
+            f"trial(s), inferq workers {list(cfg.worker_counts)}, baselines "
+            f"{baselines_run or 'none'}")
+        fleets = start_fleets(run.cleanup, url, cfg, run.log_dir)
+        say("workers ready; warming up")
+        warm_up(url, fleets, cfg)
+
+        variants = [*fleets, *baselines_run]
+        trials: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+        for trial in range(run.trials):
+            shift = trial % len(variants)
+            order = variants[shift:] + variants[:shift]
+            say(f"trial {trial + 1}/{run.trials}: {' -> '.join(order)}")
+            for variant in order:
+                tag = f"t{trial}"
+                if variant in fleets:
+                    fleet = fleets[variant]
+                    e2e = inferq_e2e_pass(url, fleet, cfg, f"{tag}e", spid)
+                    drain = inferq_drain_pass(run.cleanup, url, fleet, cfg, f"{tag}d", spid)
+                    trials[variant].append({"e2e": e2e, "drain": drain})
+                    continue
+                if variant.startswith("arq"):
+                    # arq's defaults make ~200 jobs/s: a quarter keeps the pass short.
+                    quarter = variant == "arq-default"
+                    jobs = max(100, cfg.arq_jobs // 4) if quarter else cfg.arq_jobs
+                    baseline_pass = arq_pass
+                else:
+                    jobs = cfg.rq_jobs if variant == "rq-simple" else cfg.rq_fork_jobs
+                    baseline_pass = rq_pass
+                trials[variant].append(baseline_pass(run.cleanup, url, variant, jobs,
+                                                     run.log_dir, spid, cfg.timeout_s))
+
+        say("stopping the workers and the server")
+        exit_codes = {w.worker_id: stop_child(w.child) for f in fleets.values() for w in f.workers}
+        server.stop()
+        return figures(fleets, trials, skipped, exit_codes)
+
+
+SCENARIO = Overhead()

@@ -30,51 +30,44 @@ import random
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import redis
 
 from benchmarks import charts
+from benchmarks.framework import ByMode, Run, Scenario, noise_of, positive_float, positive_int
 from benchmarks.harness import (
+    BenchmarkFailed,
     Cleanup,
-    CpuProbe,
     fmt_range,
-    machine_info,
     markdown_table,
     say,
     stop_child,
+    verdict,
 )
 from benchmarks.stack import (
-    BenchmarkFailed,
     WorkerProc,
-    add_common_arguments,
-    base_report,
+    add_worker_arguments,
     batches_of,
     check_alive,
-    display_path,
-    header_lines,
     load_str,
     merge_counters,
-    noise_of,
     pcts,
+    queue_probe,
     read_results,
-    run_reported,
-    save_report,
     scaled,
-    server_pid,
-    spawn_worker,
-    start_server,
+    sleep_model,
+    spawn_workers,
     summarize_trials,
-    wait_registered,
+    window_flags,
 )
 
 if TYPE_CHECKING:
     from inferq.producer.aio import AsyncClient, AsyncHandle
     from inferq.protocol.codec import Result
 
-NAME = "priority"
 TARGET_FACTOR = 2.0
 TICK_S = 0.05
 SAMPLE_S = 0.5
@@ -84,7 +77,6 @@ SEED = 20240607
 @dataclass(frozen=True)
 class PriorityConfig:
     seconds: float
-    trials: int
     workers: int
     batch_ms: float
     item_ms: float
@@ -95,64 +87,19 @@ class PriorityConfig:
     low_priority: int
     high_priority: int
     warmup_s: float
-    quick: bool
-    out: Path
-    results_md: Path | None
 
     @property
-    def full_batch_s(self) -> float:
-        return (self.batch_ms + self.item_ms * self.max_batch_size) / 1e3
+    def full_batch_ms(self) -> float:
+        return self.batch_ms + self.item_ms * self.max_batch_size
 
     @property
     def capacity(self) -> float:
         """Requests/s the workers serve running full batches back to back."""
-        return self.workers * self.max_batch_size / self.full_batch_s
+        return self.workers * self.max_batch_size / (self.full_batch_ms / 1e3)
 
     @property
     def low_rate(self) -> float:
         return self.overload * self.capacity
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser, NAME, "smoke test: one 15 s flood (~30 s)")
-    parser.add_argument("--seconds", type=float, default=None,
-                        help="flood duration per trial (default 60; 15 with --quick)")
-    parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
-    parser.add_argument("--batch-ms", type=float, default=40.0,
-                        help="sleep model: milliseconds per batch (default 40)")
-    parser.add_argument("--item-ms", type=float, default=0.5,
-                        help="sleep model: extra milliseconds per request (default 0.5)")
-    parser.add_argument("--max-batch-size", type=int, default=32,
-                        help="workers' --max-batch-size (default 32)")
-    parser.add_argument("--max-wait-ms", type=float, default=10.0,
-                        help="workers' --max-wait-ms, the window (default 10)")
-    parser.add_argument("--overload", type=float, default=1.5,
-                        help="low-priority arrival rate / capacity (default 1.5)")
-    parser.add_argument("--high-rate", type=float, default=10.0,
-                        help="high-priority Poisson arrivals per second (default 10)")
-    parser.add_argument("--low-priority", type=int, default=0, help="(default 0)")
-    parser.add_argument("--high-priority", type=int, default=10, help="(default 10)")
-
-
-def config_from_args(args: argparse.Namespace) -> PriorityConfig:
-    quick = bool(args.quick)
-    cfg = PriorityConfig(
-        seconds=args.seconds if args.seconds is not None else (15.0 if quick else 60.0),
-        trials=args.trials if args.trials is not None else (1 if quick else 3),
-        workers=args.workers, batch_ms=args.batch_ms, item_ms=args.item_ms,
-        max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
-        overload=args.overload, high_rate=args.high_rate, low_priority=args.low_priority,
-        high_priority=args.high_priority, warmup_s=1.0 if quick else 2.0, quick=quick,
-        out=args.out, results_md=None if args.no_results_md else args.results_md,
-    )
-    if min(cfg.seconds, cfg.trials, cfg.workers, cfg.max_batch_size, cfg.overload,
-           cfg.high_rate) <= 0 or cfg.full_batch_s <= 0:
-        raise SystemExit(f"benchmarks {NAME}: durations, counts and rates must be positive")
-    if cfg.seconds <= cfg.warmup_s + 1:
-        raise SystemExit(f"benchmarks {NAME}: --seconds must exceed {cfg.warmup_s + 1:g}")
-    if cfg.high_priority <= cfg.low_priority:
-        raise SystemExit(f"benchmarks {NAME}: --high-priority must exceed --low-priority")
-    return cfg
 
 
 # ------------------------------------------------------------------------------- a trial
@@ -238,21 +185,18 @@ async def _sample(client: AsyncClient, model: str, cfg: PriorityConfig, t0: floa
 
 
 def run_trial(cleanup: Cleanup, url: str, cfg: PriorityConfig, trial: int,
-              server: int | None) -> dict[str, Any]:
+              server: int | None, log_dir: Path) -> dict[str, Any]:
     from inferq.producer.aio import AsyncClient
     from inferq.protocol.keys import QueueKeys
 
     model = f"prio-t{trial}"
-    spec = (f"{model}=builtin:sleep?batch_ms={cfg.batch_ms:g}&item_ms={cfg.item_ms:g}")
-    flags = ["--max-batch-size", str(cfg.max_batch_size), "--max-wait-ms",
-             f"{cfg.max_wait_ms:g}", "--max-batch-tokens", "0"]
-    workers = [spawn_worker(cleanup, url, model_arg=spec, worker_id=f"bench-prio-t{trial}-{i}",
-                            log_dir=cfg.out / "logs", flags=flags) for i in range(cfg.workers)]
-    wait_registered(url, workers)
+    ids = [f"bench-prio-t{trial}-{i}" for i in range(cfg.workers)]
+    workers = spawn_workers(cleanup, url, ids, log_dir=log_dir,
+                            model_arg=sleep_model(model, cfg.batch_ms, cfg.item_ms),
+                            flags=window_flags(cfg.max_batch_size, cfg.max_wait_ms))
     data = TrialData()
     rng = random.Random(SEED + trial)
-    probe = CpuProbe({"producer": None, "server": server,
-                   **{f"worker{i}": w.pid for i, w in enumerate(workers)}}, children=True)
+    probe = queue_probe(server, [w.pid for w in workers])
 
     async def main() -> None:
         async with AsyncClient(url) as flood_client, AsyncClient(url) as high_client:
@@ -302,7 +246,7 @@ def summarize_trial(cfg: PriorityConfig, data: TrialData, served_low: Sequence[R
     sizes = batches_of(everything)
     full = [r.compute_ms for r in everything
             if r.compute_ms is not None and r.batch_size == cfg.max_batch_size]
-    batch_ms = statistics.median(full) if full else cfg.full_batch_s * 1e3
+    batch_ms = statistics.median(full) if full else cfg.full_batch_ms
     reference = batch_ms + cfg.max_wait_ms
     low_total = [r.total_ms for r in served_low if r.total_ms is not None]
     ages = [a for _, a, _ in data.oldest_low if a is not None]
@@ -334,44 +278,11 @@ def summarize_trial(cfg: PriorityConfig, data: TrialData, served_low: Sequence[R
     return out
 
 
-# ------------------------------------------------------------------------------ running
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    return run_reported(NAME, lambda cleanup: _run(cfg, cleanup), report_text)
-
-
-def _run(cfg: PriorityConfig, cleanup: Cleanup) -> dict[str, Any]:
-    started = time.monotonic()
-    server, url = start_server(cleanup, NAME)
-    machine = machine_info(server_binary=server.binary)
-    say(f"{NAME} benchmark: {cfg.workers} worker(s), full batch {cfg.full_batch_s * 1e3:.0f} ms"
-        f" -> capacity {cfg.capacity:.0f} req/s; low priority at {cfg.low_rate:.0f}/s "
-        f"({cfg.overload:g}x), high priority {cfg.high_rate:g}/s; {cfg.seconds:g} s x "
-        f"{cfg.trials} trial(s)")
-    trials = []
-    for trial in range(cfg.trials):
-        say(f"trial {trial + 1}/{cfg.trials}")
-        trials.append(run_trial(cleanup, url, cfg, trial, server_pid(server)))
-    server.stop()
-    report = build_report(cfg, machine, trials, started)
-    save_report(NAME, report, cfg.out, cfg.results_md,
-                plots=lambda folder: draw_plots(report, trials, folder),
-                markdown=lambda links, json_path: results_markdown(report, links, json_path))
-    return report
-
-
 # ------------------------------------------------------------------------------ reports
 
 
-def build_report(cfg: PriorityConfig, machine: dict[str, Any],
-                 trials: Sequence[Mapping[str, Any]], started: float) -> dict[str, Any]:
-    report = base_report(NAME, cfg.quick, machine, started)
-    report["config"] = {**asdict(cfg), "out": str(cfg.out),
-                        "results_md": str(cfg.results_md) if cfg.results_md else None,
-                        "full_batch_ms": cfg.full_batch_s * 1e3, "capacity": cfg.capacity,
-                        "low_rate": cfg.low_rate}
+def figures(trials: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    report: dict[str, Any] = {}
     s: dict[str, Any] = {}
     for key in ("high_e2e_ms", "high_redis_ms", "high_queue_wait_ms",
                 "low_completed_total_ms"):
@@ -387,14 +298,12 @@ def build_report(cfg: PriorityConfig, machine: dict[str, Any],
     report["noise"] = noise_of(t.get("other_load") for t in trials)
     ratio = s["high_p99_over_reference"]["median"]
     report["target"] = {"factor": TARGET_FACTOR, "p99_over_reference": ratio,
-                        "verdict": "n/a" if ratio is None else (
-                            "PASS" if ratio <= TARGET_FACTOR else "MISS")}
+                        "verdict": verdict(ratio, TARGET_FACTOR, at_most=True)}
     return report
 
 
-def draw_plots(r: Mapping[str, Any], trials: Sequence[Mapping[str, Any]], folder: Path
-               ) -> list[Path]:
-    s = r["summary"]
+def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
+    s, trials = r["summary"], r["trials"]
     ref = s["reference_ms"]["median"] or 0.0
     qs = ("p50", "p90", "p99")
     groups = ["high, end to end", "high, Redis clock", "low (served), Redis clock"]
@@ -417,7 +326,7 @@ def draw_plots(r: Mapping[str, Any], trials: Sequence[Mapping[str, Any]], folder
     oldest = charts.Series("low priority: age of the oldest waiting request",
                            [x for x, _, _ in t["oldest_low_series"]],
                            [y for _, y, _ in t["oldest_low_series"]], style="-")
-    p2 = charts.timeline(
+    p2 = charts.line_chart(
         folder / "priority-timeline.png", title="During the flood (first trial)",
         xlabel="seconds since the flood started", ylabel="ms (log scale)",
         series=[high_series, oldest],
@@ -430,7 +339,7 @@ def _ms(s: Mapping[str, Any]) -> str:
     return fmt_range(s, 0)
 
 
-def results_markdown(r: Mapping[str, Any], links: Sequence[str], json_path: Path) -> str:
+def results_markdown(r: Mapping[str, Any]) -> str:
     c, s, t = r["config"], r["summary"], r["target"]
     rows = []
     for key, label in (("high_e2e_ms", "high priority, end to end (scheduled arrival -> "
@@ -462,9 +371,7 @@ def results_markdown(r: Mapping[str, Any], links: Sequence[str], json_path: Path
         ["batch size a high-priority request ran in (mean)",
          fmt_range(s["high_batch_size_mean"], 1)],
     ]
-    plots = "\n".join(f"![priority plot]({link})" for link in links)
-    body = header_lines(r, "priority: high-priority requests through a low-priority flood")
-    return body + f"""- Workload: {c['workers']} worker(s), built-in `sleep` model ({c['batch_ms']:g} ms per batch + {c['item_ms']:g} ms per request: {c['full_batch_ms']:.0f} ms for a full batch of {c['max_batch_size']}), `--max-wait-ms {c['max_wait_ms']:g}`: capacity {c['capacity']:.0f} req/s. Low priority ({c['low_priority']}) arrives at {c['overload']:g}x capacity for {c['seconds']:g} s; after {c['warmup_s']:g} s, high priority ({c['high_priority']}) arrives as a Poisson process at {c['high_rate']:g}/s, each awaited by the producer. {c['trials']} trial(s), fresh queue and worker each; median (min..max) over trials.
+    return f"""- Workload: {c['workers']} worker(s), built-in `sleep` model ({c['batch_ms']:g} ms per batch + {c['item_ms']:g} ms per request: {c['full_batch_ms']:.0f} ms for a full batch of {c['max_batch_size']}), `--max-wait-ms {c['max_wait_ms']:g}`: capacity {c['capacity']:.0f} req/s. Low priority ({c['low_priority']}) arrives at {c['overload']:g}x capacity for {c['seconds']:g} s; after {c['warmup_s']:g} s, high priority ({c['high_priority']}) arrives as a Poisson process at {c['high_rate']:g}/s, each awaited by the producer. {c['trials']} trial(s), fresh queue and worker each; median (min..max) over trials.
 - Reference: one batch time (measured median forward of a full batch: {fmt_range(s['batch_ms'])} ms) + the window ({c['max_wait_ms']:g} ms) = **{ref:.0f} ms**.
 
 {table}
@@ -476,27 +383,61 @@ def results_markdown(r: Mapping[str, Any], links: Sequence[str], json_path: Path
 The worker claims its next batch while the current one runs (so the model never waits for
 Redis); a high-priority request that arrives after that claim waits for the rest of the running
 batch, then the already-claimed one, then runs in the next: between one and three batch times.
-
-{plots}
-
-Raw figures: `{display_path(json_path)}`.
 """  # noqa: E501
 
 
-def report_text(r: Mapping[str, Any]) -> str:
-    s, t = r["summary"], r["target"]
-    lines = [
-        f"{NAME}: high priority through a {r['config']['overload']:g}x low-priority flood",
-        f"  high e2e p50/p99 ms: {_ms(s['high_e2e_ms']['p50'])} / "
-        f"{_ms(s['high_e2e_ms']['p99'])}; Redis clock {_ms(s['high_redis_ms']['p50'])} / "
-        f"{_ms(s['high_redis_ms']['p99'])}",
-        f"  one batch + window: {fmt_range(s['reference_ms'])} ms; p99 / that: "
-        f"{fmt_range(s['high_p99_over_reference'], 2)} (target <= {t['factor']:g}) "
-        f"{t['verdict']}",
-        f"  low priority: served {fmt_range(s['low_served_per_s'])}/s, oldest waiting at the "
-        f"end {fmt_range(scaled(s['low_oldest_wait_ms_end'], 1e-3), 1)} s",
-    ]
-    if r["noise"]["disturbed"]:
-        lines.append(f"  WARNING: other processes used up to {r['noise']['max_other_load']:.0%}"
-                     " of the machine during measurements; wall-clock figures are unreliable")
-    return "\n".join(lines)
+# ------------------------------------------------------------------------------ scenario
+
+
+class Priority(Scenario[PriorityConfig]):
+    name = "priority"
+    title = "high-priority requests through a low-priority flood"
+    quick_help = "one 15 s flood (~30 s)"
+    config = PriorityConfig
+    plots = staticmethod(draw_plots)
+    markdown = staticmethod(results_markdown)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--seconds", type=positive_float, default=ByMode(60.0, 15.0),
+                            help="flood duration per trial (default %(default)s)")
+        parser.add_argument("--workers", type=positive_int, default=1,
+                            help="worker processes (default 1)")
+        add_worker_arguments(parser, max_batch_size=32, max_wait_ms=10.0, batch_ms=40.0,
+                             item_ms=0.5)
+        parser.add_argument("--overload", type=positive_float, default=1.5,
+                            help="low-priority arrival rate / capacity (default 1.5)")
+        parser.add_argument("--high-rate", type=positive_float, default=10.0,
+                            help="high-priority Poisson arrivals per second (default 10)")
+        parser.add_argument("--low-priority", type=int, default=0, help="(default 0)")
+        parser.add_argument("--high-priority", type=int, default=10, help="(default 10)")
+        parser.set_defaults(warmup_s=ByMode(2.0, 1.0))
+
+    def configure(self, args: argparse.Namespace) -> PriorityConfig:
+        cfg = super().configure(args)
+        if cfg.full_batch_ms <= 0:
+            raise SystemExit(f"benchmarks {self.name}: --batch-ms + --item-ms must be > 0")
+        if cfg.seconds <= cfg.warmup_s + 1:
+            raise SystemExit(f"benchmarks {self.name}: --seconds must exceed "
+                             f"{cfg.warmup_s + 1:g}")
+        if cfg.high_priority <= cfg.low_priority:
+            raise SystemExit(f"benchmarks {self.name}: --high-priority must exceed "
+                             "--low-priority")
+        return cfg
+
+    def measure(self, run: Run[PriorityConfig]) -> dict[str, Any]:
+        cfg = run.cfg
+        server, url = run.server()
+        say(f"{self.name} benchmark: {cfg.workers} worker(s), full batch "
+            f"{cfg.full_batch_ms:.0f} ms -> capacity {cfg.capacity:.0f} req/s; low priority at "
+            f"{cfg.low_rate:.0f}/s ({cfg.overload:g}x), high priority {cfg.high_rate:g}/s; "
+            f"{cfg.seconds:g} s x {run.trials} trial(s)")
+        trials = []
+        for trial in range(run.trials):
+            say(f"trial {trial + 1}/{run.trials}")
+            trials.append(run_trial(run.cleanup, url, cfg, trial, server.pid,
+                                    run.log_dir))
+        server.stop()
+        return figures(trials)
+
+
+SCENARIO = Priority()

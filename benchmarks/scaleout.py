@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -36,48 +35,48 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from benchmarks import charts
+from benchmarks.framework import (
+    ByMode,
+    Run,
+    Scenario,
+    int_list,
+    noise_of,
+    positive_float,
+    positive_int,
+)
 from benchmarks.harness import (
     Cleanup,
-    CpuProbe,
     fmt_range,
-    machine_info,
     markdown_table,
     say,
     stop_child,
     summary,
+    verdict,
 )
 from benchmarks.stack import (
-    BenchmarkFailed,
     WorkerProc,
-    add_common_arguments,
-    base_report,
+    add_worker_arguments,
     batches_of,
-    display_path,
+    check_ok,
     enqueue_and_await,
     fill_and_drain,
-    header_lines,
-    int_list,
     load_str,
     merge_counters,
-    noise_of,
     paused,
+    queue_probe,
     redis_delta,
     redis_snapshot,
-    run_reported,
-    save_report,
     scaled,
-    server_pid,
-    spawn_worker,
-    start_server,
+    sleep_model,
+    spawn_workers,
     sum_cpu,
     summarize_trials,
-    wait_registered,
+    window_flags,
 )
 
 if TYPE_CHECKING:
     from inferq.protocol.codec import Result
 
-NAME = "scaleout"
 MODEL = "sleep-scale"
 TARGET_EFFICIENCY = 0.9
 #: Redis utilisation a shard is planned at (headroom for bursts, AOF rewrites, failover).
@@ -89,7 +88,6 @@ PER_WORKER_RATES = (100, 1_000, 5_000)
 @dataclass(frozen=True)
 class ScaleConfig:
     worker_counts: tuple[int, ...]
-    trials: int
     seconds: float
     batch_ms: float
     item_ms: float
@@ -97,9 +95,6 @@ class ScaleConfig:
     max_wait_ms: float
     chunk: int
     mode: str
-    quick: bool
-    out: Path
-    results_md: Path | None
     timeout_s: float = 600.0
 
     @property
@@ -116,59 +111,11 @@ class ScaleConfig:
                    round(workers * self.ideal_per_worker * self.seconds))
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser, NAME, "smoke test: 3 s of work per worker count, 1 trial "
-                                       "(~1 min)")
-    parser.add_argument("--workers", default="1,2,4,8,16",
-                        help="worker process counts, comma-separated (default 1,2,4,8,16)")
-    parser.add_argument("--seconds", type=float, default=None,
-                        help="work per pass, in seconds of ideal throughput (default 20; 3 "
-                             "with --quick)")
-    parser.add_argument("--batch-ms", type=float, default=50.0,
-                        help="sleep model: milliseconds per batch (default 50)")
-    parser.add_argument("--item-ms", type=float, default=0.0,
-                        help="sleep model: extra milliseconds per request (default 0)")
-    parser.add_argument("--max-batch-size", type=int, default=16,
-                        help="workers' --max-batch-size (default 16)")
-    parser.add_argument("--max-wait-ms", type=float, default=5.0,
-                        help="workers' --max-wait-ms (default 5)")
-    parser.add_argument("--chunk", type=int, default=1000,
-                        help="requests per enqueue_many call (default 1000)")
-    parser.add_argument("--mode", choices=("drain", "e2e"), default="drain",
-                        help="drain: fill while paused, then time the workers alone (default); "
-                             "e2e: the producer enqueues and awaits while they run")
-
-
-def config_from_args(args: argparse.Namespace) -> ScaleConfig:
-    quick = bool(args.quick)
-    trials = args.trials if args.trials is not None else (1 if quick else 3)
-    seconds = args.seconds if args.seconds is not None else (3.0 if quick else 20.0)
-    if trials < 1 or seconds <= 0 or args.max_batch_size < 1 or args.chunk < 1:
-        raise SystemExit(f"benchmarks {NAME}: --trials, --seconds, --max-batch-size and "
-                         "--chunk must be positive")
-    if args.batch_ms + args.item_ms <= 0:
-        raise SystemExit(f"benchmarks {NAME}: --batch-ms + --item-ms must be > 0")
-    return ScaleConfig(
-        worker_counts=tuple(sorted(set(int_list(NAME, "workers", args.workers)))),
-        trials=trials, seconds=seconds, batch_ms=args.batch_ms, item_ms=args.item_ms,
-        max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, chunk=args.chunk,
-        mode=args.mode, quick=quick, out=args.out,
-        results_md=None if args.no_results_md else args.results_md,
-    )
-
-
 # ------------------------------------------------------------------------------ passes
 
 
 def _prompts(tag: str, n: int) -> list[str]:
     return [f"{tag}-{i:08d}" for i in range(n)]
-
-
-def _check(results: Sequence[Result], n: int, what: str) -> None:
-    bad = [r for r in results if r.status.value != "ok"]
-    if bad or len(results) != n:
-        raise BenchmarkFailed(f"{what}: {len(bad)} failed results of {len(results)} "
-                              f"(expected {n} ok), e.g. {bad[:1]!r}")
 
 
 def _spread(results: Sequence[Result], workers: int) -> dict[str, Any]:
@@ -187,7 +134,7 @@ def drain_pass(cleanup: Cleanup, url: str, workers: Sequence[WorkerProc], n: int
     d = fill_and_drain(cleanup, url, MODEL, _prompts(tag, count), chunk=cfg.chunk,
                        paused_workers=workers, active=workers[:n], server=server,
                        timeout_s=cfg.timeout_s)
-    _check(d.results, count, f"{n} workers")
+    check_ok(d.results, count, f"{n} workers")
     return _pass_result(n, count, d.throughput, d.wall_s, d.results, d.cpu,
                         asdict(d.redis_drain), asdict(d.redis_fill), cfg)
 
@@ -197,8 +144,7 @@ def e2e_pass(cleanup: Cleanup, url: str, workers: Sequence[WorkerProc], n: int,
     count = cfg.requests_for(n)
     prompts = _prompts(tag, count)
     client = redis.Redis.from_url(url)
-    probe = CpuProbe({"producer": None, "server": server,
-                   **{f"worker{i}": w.pid for i, w in enumerate(workers[:n])}}, children=True)
+    probe = queue_probe(server, [w.pid for w in workers[:n]])
     with paused(cleanup, [w.pid for w in workers[n:]]):
         before = redis_snapshot(client)
         probe.start()
@@ -207,7 +153,7 @@ def e2e_pass(cleanup: Cleanup, url: str, workers: Sequence[WorkerProc], n: int,
         cpu = probe.stop()
         after = redis_snapshot(client)
     client.close()
-    _check(results, count, f"{n} workers")
+    check_ok(results, count, f"{n} workers")
     work = redis_delta(before, after, count)
     return _pass_result(n, count, count / seconds, seconds, results, cpu, asdict(work), None,
                         cfg)
@@ -238,58 +184,6 @@ def _pass_result(n: int, count: int, throughput: float, wall_s: float,
     return out
 
 
-# ------------------------------------------------------------------------------ running
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    return run_reported(NAME, lambda cleanup: _run(cfg, cleanup), report_text)
-
-
-def _run(cfg: ScaleConfig, cleanup: Cleanup) -> dict[str, Any]:
-    started = time.monotonic()
-    server, url = start_server(cleanup, NAME)
-    machine = machine_info(server_binary=server.binary)
-    spid = server_pid(server)
-    fleet_size = max(cfg.worker_counts)
-    spec = f"{MODEL}=builtin:sleep?batch_ms={cfg.batch_ms:g}&item_ms={cfg.item_ms:g}"
-    flags = ["--max-batch-size", str(cfg.max_batch_size), "--max-wait-ms",
-             f"{cfg.max_wait_ms:g}", "--max-batch-tokens", "0"]
-    say(f"{NAME} benchmark ({cfg.mode}): workers {list(cfg.worker_counts)}, {cfg.seconds:g} s "
-        f"of work per pass x {cfg.trials} trial(s); batch {cfg.batch_s * 1e3:.1f} ms for "
-        f"{cfg.max_batch_size} requests = {cfg.ideal_per_worker:.0f} req/s per worker ideal")
-    workers = [spawn_worker(cleanup, url, model_arg=spec, worker_id=f"bench-scale-{i:02d}",
-                            log_dir=cfg.out / "logs", flags=flags) for i in range(fleet_size)]
-    wait_registered(url, workers)
-    say(f"{fleet_size} workers ready; warming up")
-    warm = fill_and_drain(cleanup, url, MODEL, _prompts("warm", cfg.requests_for(fleet_size) // 10
-                                                        + fleet_size * cfg.max_batch_size),
-                          chunk=cfg.chunk, paused_workers=workers, active=workers, server=spid,
-                          timeout_s=cfg.timeout_s)
-    _check(warm.results, len(warm.ids), "warm-up")
-    rss = _rss_mib([w.pid for w in workers])
-
-    trials: dict[int, list[dict[str, Any]]] = {n: [] for n in cfg.worker_counts}
-    counts = list(cfg.worker_counts)
-    for trial in range(cfg.trials):
-        shift = trial % len(counts)
-        order = counts[shift:] + counts[:shift]
-        say(f"trial {trial + 1}/{cfg.trials}: worker counts {order}")
-        for n in order:
-            tag = f"t{trial}n{n}"
-            run_pass = drain_pass if cfg.mode == "drain" else e2e_pass
-            trials[n].append(run_pass(cleanup, url, workers, n, cfg, tag, spid))
-
-    say("stopping the workers and the server")
-    exit_codes = {w.worker_id: stop_child(w.child) for w in workers}
-    server.stop()
-    report = build_report(cfg, machine, trials, rss, exit_codes, started)
-    save_report(NAME, report, cfg.out, cfg.results_md,
-                plots=lambda folder: draw_plots(report, folder),
-                markdown=lambda links, json_path: results_markdown(report, links, json_path))
-    return report
-
-
 def _rss_mib(pids: Sequence[int]) -> dict[str, float | None]:
     values: list[float] = []
     for pid in pids:
@@ -306,13 +200,9 @@ def _rss_mib(pids: Sequence[int]) -> dict[str, float | None]:
 # ------------------------------------------------------------------------------ reports
 
 
-def build_report(cfg: ScaleConfig, machine: dict[str, Any],
-                 trials: Mapping[int, Sequence[Mapping[str, Any]]], rss: Mapping[str, Any],
-                 exit_codes: Mapping[str, int | None], started: float) -> dict[str, Any]:
-    report = base_report(NAME, cfg.quick, machine, started)
-    report["config"] = {**asdict(cfg), "out": str(cfg.out),
-                        "results_md": str(cfg.results_md) if cfg.results_md else None,
-                        "batch_s": cfg.batch_s, "ideal_per_worker": cfg.ideal_per_worker}
+def figures(cfg: ScaleConfig, trials: Mapping[int, Sequence[Mapping[str, Any]]],
+            rss: Mapping[str, Any], exit_codes: Mapping[str, int | None]) -> dict[str, Any]:
+    report: dict[str, Any] = {}
     base = min(trials)
     per_count: dict[str, Any] = {}
     for n, ts in trials.items():
@@ -351,8 +241,7 @@ def build_report(cfg: ScaleConfig, machine: dict[str, Any],
     eff = top["efficiency_vs_linear"]["median"]
     report["target"] = {"efficiency_vs_linear_at_max": eff, "target": TARGET_EFFICIENCY,
                         "workers": max(trials),
-                        "verdict": "n/a" if eff is None else (
-                            "PASS" if eff >= TARGET_EFFICIENCY else "MISS")}
+                        "verdict": verdict(eff, TARGET_EFFICIENCY)}
     fit = redis_cpu_fit([t for ts in trials.values() for t in ts])
     report["redis_cpu_fit"] = fit
     report["shard_estimate"] = shard_estimate(per_count[str(max(trials))], fit, cfg)
@@ -438,7 +327,7 @@ def _f(s: Mapping[str, Any], digits: int = 0) -> str:
     return fmt_range(s, digits)
 
 
-def results_markdown(r: Mapping[str, Any], links: Sequence[str], json_path: Path) -> str:
+def results_markdown(r: Mapping[str, Any]) -> str:
     c, pc = r["config"], r["per_count"]
     rows = []
     for k, s in pc.items():
@@ -478,10 +367,8 @@ At batches of {est['batch_size']}, a request costs Redis about **{est['redis_cpu
 
 Beyond one shard, Redis Cluster: every key of a queue carries the hash tag `{{task:model}}`, so each queue lives in one slot on one shard and all its scripts stay atomic there. Different queues (models, tasks) spread over the shards, so a cluster of S shards carries about S times the figure above, as long as no single queue needs more than one shard. A single queue beyond one shard's rate would have to be split into sub-queues with their own tags (e.g. `{{embed:minilm:0}}` .. `{{embed:minilm:K-1}}`), producers spreading requests over them and workers claiming from several; priority order then holds within each sub-queue only. inferq does not do that today.
 """  # noqa: E501
-    plots = "\n".join(f"![scale-out plot]({link})" for link in links)
     rss = r["worker_rss_mib"]
-    body = header_lines(r, "scaleout: 1 to 16 workers on one queue (sleep model)")
-    return body + f"""- Workload: built-in `sleep` model, {c['batch_ms']:g} ms per batch + {c['item_ms']:g} ms per request, workers `--max-batch-size {c['max_batch_size']} --max-wait-ms {c['max_wait_ms']:g}`: ideal {c['ideal_per_worker']:.0f} req/s per worker; {c['seconds']:g} s of ideal work per pass ({mode}); {c['trials']} trial(s), worker counts rotated per trial; median (min..max) over trials. Worker RSS {rss['per_worker_median'] or 0:.0f} MiB each (no torch imported).
+    return f"""- Workload: built-in `sleep` model, {c['batch_ms']:g} ms per batch + {c['item_ms']:g} ms per request, workers `--max-batch-size {c['max_batch_size']} --max-wait-ms {c['max_wait_ms']:g}`: ideal {c['ideal_per_worker']:.0f} req/s per worker; {c['seconds']:g} s of ideal work per pass ({mode}); {c['trials']} trial(s), worker counts rotated per trial; median (min..max) over trials. Worker RSS {rss['per_worker_median'] or 0:.0f} MiB each (no torch imported).
 
 {table}
 
@@ -490,29 +377,75 @@ Efficiency vs linear = throughput / (n x the one-worker throughput of the same t
 | target | measured | verdict |
 |---|---|---|
 | efficiency >= {t['target']} of linear at {t['workers']} workers | {_f(pc[str(t['workers'])]['efficiency_vs_linear'], 2)} | {t['verdict']} |
-{estimate}
-{plots}
-
-Raw figures: `{display_path(json_path)}`.
-"""  # noqa: E501
+{estimate}"""  # noqa: E501
 
 
-def report_text(r: Mapping[str, Any]) -> str:
-    lines = [f"{NAME}: requests/s, median (min..max) over trials"]
-    for k, s in r["per_count"].items():
-        lines.append(f"  {k:>2} workers: {_f(s['throughput'])} req/s, efficiency vs linear "
-                     f"{_f(s['efficiency_vs_linear'], 2)}, vs ideal "
-                     f"{_f(s['efficiency_vs_ideal'], 2)}; Redis {_f(s['redis_ops_per_s'])} "
-                     f"ops/s, {_f(s['redis_cpu_us_per_request'], 1)} us CPU/request")
-    t = r["target"]
-    lines.append(f"  efficiency at {t['workers']} workers: "
-                 f"{t['efficiency_vs_linear_at_max'] or 0:.2f} (target >= {t['target']}) "
-                 f"{t['verdict']}")
-    est = r["shard_estimate"]
-    if est:
-        lines.append(f"  one shard: ~{est['redis_cpu_us_per_request']:.0f} us Redis CPU/request "
-                     f"-> ~{est['requests_per_s_at_full_core']:,.0f} req/s at a full core")
-    if r["noise"]["disturbed"]:
-        lines.append(f"  WARNING: other processes used up to {r['noise']['max_other_load']:.0%}"
-                     " of the machine during measurements; wall-clock figures are unreliable")
-    return "\n".join(lines)
+# ------------------------------------------------------------------------------ scenario
+
+
+class Scaleout(Scenario[ScaleConfig]):
+    name = "scaleout"
+    title = "1 to 16 workers on one queue (sleep model)"
+    quick_help = "3 s of work per worker count, 1 trial (~1 min)"
+    config = ScaleConfig
+    plots = staticmethod(draw_plots)
+    markdown = staticmethod(results_markdown)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--workers", dest="worker_counts", type=int_list,
+                            default=(1, 2, 4, 8, 16),
+                            help="worker process counts, comma-separated (default 1,2,4,8,16)")
+        parser.add_argument("--seconds", type=positive_float, default=ByMode(20.0, 3.0),
+                            help="work per pass, in seconds of ideal throughput "
+                                 "(default %(default)s)")
+        add_worker_arguments(parser, max_batch_size=16, max_wait_ms=5.0, batch_ms=50.0)
+        parser.add_argument("--chunk", type=positive_int, default=1000,
+                            help="requests per enqueue_many call (default 1000)")
+        parser.add_argument("--mode", choices=("drain", "e2e"), default="drain",
+                            help="drain: fill while paused, then time the workers alone "
+                                 "(default); e2e: the producer enqueues and awaits while they run")
+
+    def configure(self, args: argparse.Namespace) -> ScaleConfig:
+        if args.batch_ms + args.item_ms <= 0:
+            raise SystemExit(f"benchmarks {self.name}: --batch-ms + --item-ms must be > 0")
+        return super().configure(args)
+
+    def measure(self, run: Run[ScaleConfig]) -> dict[str, Any]:
+        cfg = run.cfg
+        server, url = run.server()
+        spid = server.pid
+        fleet_size = max(cfg.worker_counts)
+        say(f"{self.name} benchmark ({cfg.mode}): workers {list(cfg.worker_counts)}, "
+            f"{cfg.seconds:g} s of work per pass x {run.trials} trial(s); batch "
+            f"{cfg.batch_s * 1e3:.1f} ms for {cfg.max_batch_size} requests = "
+            f"{cfg.ideal_per_worker:.0f} req/s per worker ideal")
+        ids = [f"bench-scale-{i:02d}" for i in range(fleet_size)]
+        workers = spawn_workers(run.cleanup, url, ids, log_dir=run.log_dir,
+                                model_arg=sleep_model(MODEL, cfg.batch_ms, cfg.item_ms),
+                                flags=window_flags(cfg.max_batch_size, cfg.max_wait_ms))
+        say(f"{fleet_size} workers ready; warming up")
+        warm = _prompts("warm", cfg.requests_for(fleet_size) // 10
+                        + fleet_size * cfg.max_batch_size)
+        check_ok(fill_and_drain(run.cleanup, url, MODEL, warm, chunk=cfg.chunk,
+                                paused_workers=workers, active=workers, server=spid,
+                                timeout_s=cfg.timeout_s).results, len(warm), "warm-up")
+        rss = _rss_mib([w.pid for w in workers])
+
+        trials: dict[int, list[dict[str, Any]]] = {n: [] for n in cfg.worker_counts}
+        counts = list(cfg.worker_counts)
+        for trial in range(run.trials):
+            shift = trial % len(counts)
+            order = counts[shift:] + counts[:shift]
+            say(f"trial {trial + 1}/{run.trials}: worker counts {order}")
+            for n in order:
+                tag = f"t{trial}n{n}"
+                run_pass = drain_pass if cfg.mode == "drain" else e2e_pass
+                trials[n].append(run_pass(run.cleanup, url, workers, n, cfg, tag, spid))
+
+        say("stopping the workers and the server")
+        exit_codes = {w.worker_id: stop_child(w.child) for w in workers}
+        server.stop()
+        return figures(cfg, trials, rss, exit_codes)
+
+
+SCENARIO = Scaleout()

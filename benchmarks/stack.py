@@ -1,6 +1,7 @@
-"""What the queue scenarios (``embed-load``, ``overhead``, ``priority``, ``scaleout``) share:
-a server and worker processes that are always cleaned up, paused workers that are always
-resumed, Redis command and CPU counters, and the common parts of their reports.
+"""What the scenarios that run the queue share: a server and ``inferq worker`` processes that
+are always cleaned up, paused workers that are always resumed, a producer that enqueues and
+awaits while watching the workers, fill-then-drain passes, Redis command and CPU counters, and
+the statistics their reports are made of.
 
 Everything here builds on ``harness.py``; heavy imports (torch) stay out.
 """
@@ -24,19 +25,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 
+from benchmarks.framework import positive_int
 from benchmarks.harness import (
+    BenchmarkFailed,
     Child,
     Cleanup,
     CpuProbe,
-    command_line,
-    describe_machine,
     dying_with_parent,
-    now_utc,
-    percentile,
+    percentiles,
     say,
     summary,
-    update_results_md,
-    write_json,
 )
 from inferq.embedded import EmbeddedServer
 from inferq.protocol.keys import QueueKeys
@@ -45,14 +43,6 @@ if TYPE_CHECKING:
     from inferq.protocol.codec import Result
 
 T = TypeVar("T")
-BENCH_DIR = Path(__file__).resolve().parent
-DEFAULT_OUT = BENCH_DIR / "out"
-DEFAULT_RESULTS_MD = BENCH_DIR / "RESULTS.md"
-#: Plots referenced by RESULTS.md are copied here (committed), next to RESULTS.md.
-PLOTS_DIR = BENCH_DIR / "plots"
-#: A measurement during which other processes used more than this share of the machine is
-#: flagged as disturbed (the same threshold as ``embed``).
-DISTURBED_LOAD = 0.10
 
 #: Commands inferq's Lua scripts call (counted by ``INFO commandstats`` like any other). Every
 #: other command in the counts was sent by a client: a network round trip, or part of one
@@ -66,112 +56,7 @@ SCRIPT_INNER_COMMANDS = frozenset({
 SCRIPT_CALLS = frozenset({"evalsha", "eval", "evalsha_ro", "eval_ro", "fcall"})
 
 
-class BenchmarkFailed(RuntimeError):
-    """A worker died or stopped answering, or a result was wrong; the message says which."""
-
-
-# ------------------------------------------------------------------------------ arguments
-
-
-def add_common_arguments(parser: argparse.ArgumentParser, name: str, quick_help: str) -> None:
-    parser.add_argument("--quick", action="store_true", help=quick_help)
-    parser.add_argument("--trials", type=int, default=None,
-                        help="repeated trials; medians and min..max are reported "
-                             "(default 3; 1 with --quick)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help=f"folder for {name}.json, plots and logs (default benchmarks/out)")
-    parser.add_argument("--results-md", type=Path, default=DEFAULT_RESULTS_MD,
-                        help="RESULTS.md to update (default benchmarks/RESULTS.md); its plots "
-                             "go to a plots/ folder next to it")
-    parser.add_argument("--no-results-md", action="store_true",
-                        help="do not touch RESULTS.md or its plots folder")
-
-
-def positive(scenario: str, name: str, value: float) -> float:
-    if not value > 0:
-        raise SystemExit(f"benchmarks {scenario}: --{name} must be > 0, got {value}")
-    return value
-
-
-def int_list(scenario: str, name: str, text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise SystemExit(f"benchmarks {scenario}: --{name} must be comma-separated integers, "
-                         f"got {text!r}") from None
-    if not values or min(values) < 1:
-        raise SystemExit(f"benchmarks {scenario}: bad --{name} {text!r}")
-    return values
-
-
-def float_list(scenario: str, name: str, text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise SystemExit(f"benchmarks {scenario}: --{name} must be comma-separated numbers, "
-                         f"got {text!r}") from None
-    if not values or min(values) <= 0:
-        raise SystemExit(f"benchmarks {scenario}: bad --{name} {text!r}")
-    return values
-
-
-# ------------------------------------------------------------------------------- running
-
-
-def run_scenario(name: str, body: Callable[[Cleanup], int]) -> int:
-    """Run ``body`` with a ``Cleanup`` that stops every child however the run ends; Ctrl-C and
-    SIGTERM exit 130, a ``BenchmarkFailed`` exits 1 with its message."""
-    cleanup = Cleanup()
-    cleanup.install_signal_handlers()
-    try:
-        return body(cleanup)
-    except KeyboardInterrupt as exc:
-        print(f"\nbenchmarks {name}: interrupted ({exc or 'Ctrl-C'}); stopping workers and the "
-              "server", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        leaf = first_leaf(exc)
-        if not isinstance(leaf, BenchmarkFailed):
-            raise
-        print(f"\nbenchmarks {name}: failed: {leaf}", file=sys.stderr)
-        return 1
-    finally:
-        cleanup.close()
-
-
-def run_reported(name: str, produce: Callable[[Cleanup], Mapping[str, Any]],
-                 text: Callable[[Mapping[str, Any]], str]) -> int:
-    """``run_scenario`` for a scenario that makes a report: printed as text at the end."""
-    def body(cleanup: Cleanup) -> int:
-        report = produce(cleanup)
-        print()
-        print(text(report))
-        return 0
-
-    return run_scenario(name, body)
-
-
-def save_report(name: str, report: dict[str, Any], out: Path, results_md: Path | None, *,
-                plots: Callable[[Path], Sequence[Path]],
-                markdown: Callable[[list[str], Path], str]) -> None:
-    """Draw the plots (``plots(folder)``), write ``<out>/<name>.json`` and, with
-    ``results_md``, the scenario's section of RESULTS.md (``markdown(plot links, json)``)."""
-    out.mkdir(parents=True, exist_ok=True)
-    report["plots"] = [str(p) for p in plots(out / "plots")]
-    json_path = out / f"{name}.json"
-    write_json(json_path, report)
-    say(f"wrote {json_path}")
-    if results_md is not None:
-        links = publish_plots([Path(p) for p in report["plots"]], results_md)
-        update_results_md(name, markdown(links, json_path), results_md)
-        say(f"updated {results_md}")
-
-
-def first_leaf(exc: BaseException) -> BaseException:
-    """The first real error inside (nested) exception groups, e.g. from a TaskGroup."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
+# -------------------------------------------------------------------- server, workers
 
 
 class BenchServer(EmbeddedServer):
@@ -180,6 +65,10 @@ class BenchServer(EmbeddedServer):
 
     def command(self) -> list[str]:
         return dying_with_parent(super().command())
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
 
 
 def start_server(cleanup: Cleanup, scenario: str, *, appendonly: bool = True
@@ -192,10 +81,6 @@ def start_server(cleanup: Cleanup, scenario: str, *, appendonly: bool = True
     cleanup.on_close("server", server.stop)
     url = server.start()
     return server, url
-
-
-def server_pid(server: EmbeddedServer) -> int | None:
-    return server.process.pid if server.process else None
 
 
 @dataclass
@@ -217,18 +102,59 @@ class WorkerProc:
 
 
 def spawn_worker(cleanup: Cleanup, url: str, *, model_arg: str, worker_id: str,
-                 log_dir: Path, flags: Sequence[str] = (), log_level: str = "WARNING"
-                 ) -> WorkerProc:
-    """``python -m inferq worker --model model_arg --worker-id worker_id *flags``."""
+                 log_dir: Path, flags: Sequence[str] = (), log_level: str = "WARNING",
+                 task: str = "embed") -> WorkerProc:
+    """``python -m inferq worker --task task --model model_arg --worker-id worker_id *flags``,
+    logging to ``<log_dir>/<worker_id>.log``."""
     model = model_arg.partition("=")[0]
     argv = [sys.executable, "-m", "inferq", "--log-level", log_level, "worker",
-            "--redis-url", url, "--model", model_arg, "--worker-id", worker_id, *flags]
+            "--redis-url", url, *(["--task", task] if task != "embed" else []),
+            "--model", model_arg, "--worker-id", worker_id, *flags]
     child = cleanup.spawn(f"worker {worker_id}", argv, log_path=log_dir / f"{worker_id}.log",
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     # Registered after the spawn, so it runs before the stop (newest first): a worker left
     # paused by an interrupted pass is resumed, or it would never act on its SIGTERM.
     cleanup.on_close(f"resume {worker_id}", lambda: _continue(child))
-    return WorkerProc(worker_id, model, child)
+    return WorkerProc(worker_id, model, child, task)
+
+
+def spawn_workers(cleanup: Cleanup, url: str, worker_ids: Sequence[str], *, model_arg: str,
+                  log_dir: Path, flags: Sequence[str]) -> list[WorkerProc]:
+    """One worker per id, all on the queue of ``model_arg``, once all are registered."""
+    workers = [spawn_worker(cleanup, url, model_arg=model_arg, worker_id=worker_id,
+                            log_dir=log_dir, flags=flags) for worker_id in worker_ids]
+    wait_registered(url, workers)
+    return workers
+
+
+def sleep_model(model: str, batch_ms: float, item_ms: float) -> str:
+    """``--model`` of the built-in ``sleep`` model: a fixed time per batch and per request, no
+    CPU (it models a GPU)."""
+    return f"{model}=builtin:sleep?batch_ms={batch_ms:g}&item_ms={item_ms:g}"
+
+
+def window_flags(max_batch_size: int, max_wait_ms: float) -> list[str]:
+    """A window worker's batch size and wait, with no token budget (the built-in models have
+    no tokenizer)."""
+    return ["--max-batch-size", str(max_batch_size), "--max-wait-ms", f"{max_wait_ms:g}",
+            "--max-batch-tokens", "0"]
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser, *, max_batch_size: int,
+                         max_wait_ms: float, batch_ms: float | None = None,
+                         item_ms: float = 0.0) -> None:
+    """The workers' ``--max-batch-size`` and ``--max-wait-ms`` and, with ``batch_ms``, the
+    sleep model's ``--batch-ms`` and ``--item-ms``."""
+    if batch_ms is not None:
+        parser.add_argument("--batch-ms", type=float, default=batch_ms,
+                            help="sleep model: milliseconds per batch (default %(default)g)")
+        parser.add_argument("--item-ms", type=float, default=item_ms,
+                            help="sleep model: extra milliseconds per request "
+                                 "(default %(default)g)")
+    parser.add_argument("--max-batch-size", type=positive_int, default=max_batch_size,
+                        help="workers' --max-batch-size (default %(default)s)")
+    parser.add_argument("--max-wait-ms", type=float, default=max_wait_ms,
+                        help="workers' --max-wait-ms, the window (default %(default)g)")
 
 
 def _continue(child: Child) -> None:
@@ -290,6 +216,13 @@ def paused(cleanup: Cleanup, pids: Sequence[int]) -> Iterator[Callable[[Sequence
         yield resume
     finally:
         resume(list(stopped))
+
+
+def queue_probe(server: int | None, pids: Sequence[int]) -> CpuProbe:
+    """A ``CpuProbe`` of this process (the producer), the server and the workers ``pids``
+    (``worker0``, ``worker1``, ...), with the children they waited for."""
+    return CpuProbe({"producer": None, "server": server,
+                     **{f"worker{i}": pid for i, pid in enumerate(pids)}}, children=True)
 
 
 def sum_cpu(cpu: Mapping[str, float | None], prefix: str) -> float | None:
@@ -358,6 +291,42 @@ async def enqueue_and_await(url: str, model: str, prompts: Sequence[str], chunk:
         return done, time.perf_counter() - t0, enqueued
 
 
+def check_ok(results: Sequence[Result], n: int, what: str, *,
+             outputs: Sequence[Any] | None = None) -> None:
+    """Fail unless there are ``n`` results and every one is ok (and, with ``outputs``, has
+    the output of the same index)."""
+    bad = [r for i, r in enumerate(results) if r.status.value != "ok"
+           or (outputs is not None and (i >= len(outputs) or r.output != outputs[i]))]
+    if bad or len(results) != n:
+        raise BenchmarkFailed(f"{what}: {len(bad)} failed or wrong of {len(results)} "
+                              f"(expected {n} ok), e.g. {bad[:1]!r}")
+
+
+def closed_loop(url: str, worker: WorkerProc, texts: Sequence[str], timeout_s: float
+                ) -> tuple[float, list[Result]]:
+    """Every text enqueued at once (chunks of 100), all awaited by 8 waiters: requests/s."""
+    results, seconds, _ = asyncio.run(enqueue_and_await(
+        url, worker.model, list(texts), 100, [worker], timeout_s, waiters=8))
+    check_ok(results, len(texts), f"{worker.worker_id} burst")
+    return len(results) / seconds, results
+
+
+def warm_up(url: str, workers: Mapping[str, WorkerProc], texts: Sequence[str], *,
+            ready_timeout_s: float, timeout_s: float) -> dict[str, int]:
+    """Wait until every worker is registered (its model loaded), then send each a burst, so
+    torch has seen the shapes and the adaptive window has fitted its latency model: all of
+    ``texts`` to the first worker, a quarter (at least 8) to the others. Returns how many
+    requests each got."""
+    wait_registered(url, list(workers.values()), timeout_s=ready_timeout_s)
+    sent: dict[str, int] = {}
+    for variant, worker in workers.items():
+        part = texts if not sent else texts[: max(8, len(texts) // 4)]
+        closed_loop(url, worker, part, timeout_s)
+        sent[variant] = len(part)
+        say(f"  worker {variant} warmed up")
+    return sent
+
+
 def read_results(client: redis.Redis, keys: QueueKeys, ids: Sequence[str],
                  chunk: int = 5000) -> list[Result]:
     """The stored results of ``ids``, read with pipelined LINDEX (after a timed pass)."""
@@ -415,8 +384,7 @@ def fill_and_drain(cleanup: Cleanup, url: str, model: str, prompts: Sequence[str
                 ids += [h.id for h in handles]
         return ids
 
-    probe = CpuProbe({"producer": None, "server": server,
-                   **{f"worker{i}": w.pid for i, w in enumerate(active)}}, children=True)
+    probe = queue_probe(server, [w.pid for w in active])
     try:
         with paused(cleanup, [w.pid for w in paused_workers]) as resume:
             start_fill = redis_snapshot(client)
@@ -529,7 +497,8 @@ def queue_depth(client: redis.Redis, keys: QueueKeys) -> int:
 
 
 def pcts(values: Sequence[float], qs: Sequence[int] = (50, 90, 99)) -> dict[str, float | None]:
-    out: dict[str, float | None] = {f"p{q}": percentile(values, q) for q in qs}
+    """``percentiles`` with the maximum and the count."""
+    out = percentiles(values, qs)
     out["max"] = max(values) if values else None
     out["n"] = float(len(values))
     return out
@@ -577,59 +546,7 @@ def merge_counters(counters: Iterable[Mapping[Any, int]]) -> dict[int, int]:
     return dict(sorted(total.items()))
 
 
-# -------------------------------------------------------------------------------- reports
-
-
-def header_lines(report: Mapping[str, Any], title: str) -> str:
-    """The section title, quick/disturbed warnings, command, date, machine."""
-    m = report["machine"]
-    quick = ("\n> **Quick run** (`--quick`): a smoke test with few requests and one trial, not "
-             "a measurement.\n" if report["quick"] else "")
-    noise = report.get("noise", {})
-    disturbed = ("" if not noise.get("disturbed") else
-                 f"\n> **Disturbed run**: other processes used up to "
-                 f"{noise['max_other_load']:.0%} of the machine during a measurement; "
-                 "wall-clock figures are unreliable.\n")
-    dirty = " (dirty tree)" if m["git"]["dirty"] else ""
-    return (f"## {title}\n{quick}{disturbed}\n"
-            f"- Command: `{report['command']}` ({report['elapsed_s']:.0f} s)\n"
-            f"- Date: {report['date']}; git {str(m['git']['commit'])[:10]}{dirty}\n"
-            f"- Machine: {describe_machine(m)}; load average {m['load_avg_1_5_15']} at start, "
-            f"{report['load_avg_end']} at end\n")
-
-
-def noise_of(loads: Iterable[float | None]) -> dict[str, Any]:
-    values = [x for x in loads if x is not None]
-    worst = max(values, default=None)
-    return {"max_other_load": worst, "disturbed": (worst or 0.0) > DISTURBED_LOAD}
-
-
-def base_report(scenario: str, quick: bool, machine: dict[str, Any], started: float
-                ) -> dict[str, Any]:
-    return {"scenario": scenario, "command": command_line(), "date": now_utc(), "quick": quick,
-            "elapsed_s": round(time.monotonic() - started, 1), "machine": machine,
-            "load_avg_end": [round(x, 2) for x in os.getloadavg()]}
-
-
-def publish_plots(plots: Sequence[Path], results_md: Path | None) -> list[str]:
-    """Copy plots next to RESULTS.md (``plots/``) and return their links relative to it; when
-    RESULTS.md is not updated, links point at the files under ``out/``."""
-    if results_md is None:
-        return [str(p) for p in plots]
-    folder = results_md.resolve().parent / "plots"
-    folder.mkdir(parents=True, exist_ok=True)
-    links = []
-    for p in plots:
-        shutil.copyfile(p, folder / p.name)
-        links.append(f"plots/{p.name}")
-    return links
-
-
-def display_path(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(BENCH_DIR.parent))
-    except ValueError:
-        return str(path)
+# ----------------------------------------------------------------------------- display
 
 
 def load_str(value: float | None) -> str:

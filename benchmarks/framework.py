@@ -1,0 +1,328 @@
+"""The shape every benchmark scenario fills, and the run and the report around it.
+
+A scenario is one module, ``benchmarks/<name>.py`` (``embed-load`` lives in
+``embed_load.py``), whose ``SCENARIO`` is an instance of a ``Scenario`` subclass. It provides
+only what is its own:
+
+* its flags (``add_arguments``) and its ``Config``: a frozen dataclass whose fields are filled
+  from the flags of the same name (override ``configure`` for anything more); a default that
+  depends on ``--quick`` is a ``ByMode``;
+* its workload and variants: ``measure(run)`` returns the figures, a JSON-able dict;
+* its report: ``markdown(report)`` (the body of its RESULTS.md section), ``plots(report,
+  folder)``, and ``exit_code(report)`` when the figures themselves can fail a run (chaos).
+
+The framework adds the common flags (``--quick``, ``--trials``, ``--out``, ``--results-md``,
+``--no-results-md``), runs ``measure`` inside a ``Cleanup`` that stops every process the
+scenario started however the run ends (Ctrl-C and SIGTERM exit 130, a ``BenchmarkFailed`` exits
+1), and writes the report: ``<out>/<name>.json`` (the figures with the command line, date, git
+commit, machine, config and elapsed time around them), the plots, and the scenario's section
+of RESULTS.md between ``<!-- name:start -->`` and ``<!-- name:end -->`` (heading, quick-run and
+disturbed-run warnings, command, date, machine, the body, the plots, the JSON's path), which
+it also prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from benchmarks.harness import (
+    BenchmarkFailed,
+    Cleanup,
+    command_line,
+    describe_machine,
+    machine_info,
+    now_utc,
+    say,
+    update_results_md,
+    write_json,
+)
+
+if TYPE_CHECKING:
+    from benchmarks.stack import BenchServer
+
+BENCH_DIR = Path(__file__).resolve().parent
+DEFAULT_OUT = BENCH_DIR / "out"
+DEFAULT_RESULTS_MD = BENCH_DIR / "RESULTS.md"
+#: A measurement during which other processes used more than this share of the machine is
+#: flagged as disturbed: its wall-clock figures are not trustworthy.
+DISTURBED_LOAD = 0.10
+
+C = TypeVar("C")
+
+
+# ------------------------------------------------------------------------------ arguments
+
+
+@dataclass(frozen=True)
+class ByMode:
+    """A flag's default that depends on ``--quick``, picked once the flags are parsed.
+    ``%(default)s`` in a help text reads ``FULL; QUICK with --quick``."""
+
+    full: Any
+    quick: Any
+
+    def __str__(self) -> str:
+        return f"{self.full}; {self.quick} with --quick"
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _numbers(text: str, convert: Callable[[str], float]) -> tuple[Any, ...]:
+    try:
+        values = sorted({convert(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers, got {text!r}"
+                                         ) from None
+    if not values or values[0] <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive numbers, got {text!r}")
+    return tuple(values)
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """``1,2,4`` -> (1, 2, 4): positive, sorted, without repeats."""
+    return _numbers(text, int)
+
+
+def float_list(text: str) -> tuple[float, ...]:
+    """``0.5,1`` -> (0.5, 1.0): positive, sorted, without repeats."""
+    return _numbers(text, float)
+
+
+# ------------------------------------------------------------------------------ the shape
+
+
+@dataclass
+class Run(Generic[C]):
+    """What ``measure`` gets: its config, the common flags, the machine (read at the start)
+    and the ``Cleanup`` that owns every process it starts."""
+
+    name: str
+    cfg: C
+    quick: bool
+    trials: int
+    out: Path
+    cleanup: Cleanup
+    machine: dict[str, Any]
+
+    @property
+    def log_dir(self) -> Path:
+        return self.out / "logs"
+
+    def server(self, *, appendonly: bool = True) -> tuple[BenchServer, str]:
+        """The embedded server (AOF on by default) in a temporary folder, stopped and removed
+        when the run ends."""
+        from benchmarks.stack import start_server
+
+        return start_server(self.cleanup, self.name, appendonly=appendonly)
+
+
+class Scenario(Generic[C]):
+    """One benchmark scenario: set the class attributes, ``measure`` and ``markdown``; the
+    other methods are optional."""
+
+    #: The command (``python -m benchmarks NAME``), the JSON's and the section's name.
+    name: ClassVar[str]
+    #: One line: the command's help and, after ``NAME:``, the section's heading.
+    title: ClassVar[str]
+    #: What ``--quick`` runs, for its help.
+    quick_help: ClassVar[str]
+    #: The ``Config`` dataclass ``configure`` fills from the flags of the same names.
+    config: type[C]
+    #: The default of ``--trials``: (full run, ``--quick``); None: the scenario has no trials.
+    trials: ClassVar[tuple[int, int] | None] = (3, 1)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """The scenario's own flags."""
+
+    def configure(self, args: argparse.Namespace) -> C:
+        names = {f.name for f in dataclasses.fields(self.config)}  # type: ignore[arg-type]
+        return self.config(**{k: v for k, v in vars(args).items() if k in names})
+
+    def records(self, args: argparse.Namespace) -> bool:
+        """Whether this run writes its section of RESULTS.md (unless ``--no-results-md``)."""
+        return True
+
+    def measure(self, run: Run[C]) -> dict[str, Any]:
+        """Run the workload through every variant; return the figures."""
+        raise NotImplementedError
+
+    def markdown(self, report: Mapping[str, Any]) -> str:
+        """The section's body, below the command, date and machine lines."""
+        raise NotImplementedError
+
+    def plots(self, report: Mapping[str, Any], folder: Path) -> list[Path]:
+        return []
+
+    def exit_code(self, report: Mapping[str, Any]) -> int:
+        return 0
+
+    # ------------------------------------------------------------- driven by __main__
+
+    def build_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--quick", action="store_true",
+                            help=f"smoke test, not a measurement: {self.quick_help}")
+        if self.trials is not None:
+            parser.add_argument("--trials", type=positive_int, default=ByMode(*self.trials),
+                                help="repeated trials; medians and min..max are reported "
+                                     "(default %(default)s)")
+        parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                            help=f"folder for {self.name}.json, plots and logs "
+                                 "(default benchmarks/out)")
+        parser.add_argument("--results-md", type=Path, default=DEFAULT_RESULTS_MD,
+                            help="RESULTS.md to update (default benchmarks/RESULTS.md); its "
+                                 "plots go to a plots/ folder next to it")
+        parser.add_argument("--no-results-md", action="store_true",
+                            help="do not touch RESULTS.md or its plots folder")
+        self.add_arguments(parser)
+
+    def main(self, args: argparse.Namespace) -> int:
+        """Measure, then report; the exit status of ``python -m benchmarks NAME``."""
+        for key, value in vars(args).items():
+            if isinstance(value, ByMode):
+                setattr(args, key, value.quick if args.quick else value.full)
+        cfg = self.configure(args)
+        results_md = None if args.no_results_md or not self.records(args) else args.results_md
+        started, date = time.monotonic(), now_utc()
+        cleanup = Cleanup()
+        cleanup.install_signal_handlers()
+        try:
+            run = Run(self.name, cfg, args.quick, getattr(args, "trials", 1), args.out,
+                      cleanup, machine_info(server_binary=_server_binary()))
+            figures = self.measure(run)
+        except KeyboardInterrupt as exc:
+            print(f"\nbenchmarks {self.name}: interrupted ({exc or 'Ctrl-C'}); stopping its "
+                  "processes", file=sys.stderr)
+            return 130
+        except Exception as exc:
+            leaf = first_leaf(exc)
+            if not isinstance(leaf, BenchmarkFailed):
+                raise
+            print(f"\nbenchmarks {self.name}: failed: {leaf}", file=sys.stderr)
+            return 1
+        finally:
+            cleanup.close()
+        report: dict[str, Any] = {
+            "scenario": self.name, "command": command_line(), "date": date, "quick": run.quick,
+            "elapsed_s": round(time.monotonic() - started, 1), "machine": run.machine,
+            "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+            "config": {**config_dict(cfg), "trials": run.trials, "quick": run.quick,
+                       "out": run.out, "results_md": results_md},
+            **figures}
+        report = json.loads(json.dumps(report, default=str))  # what the markdown reads = JSON
+        print()
+        print(self.save(report, run.out, results_md))
+        return self.exit_code(report)
+
+    def save(self, report: dict[str, Any], out: Path, results_md: Path | None) -> str:
+        """Draw the plots, write ``<out>/<name>.json`` and the section (returned)."""
+        plots = self.plots(report, out / "plots")
+        report["plots"] = [str(p) for p in plots]
+        json_path = out / f"{self.name}.json"
+        write_json(json_path, report)
+        say(f"wrote {json_path}")
+        links = publish_plots(plots, results_md)
+        section = "\n".join([
+            header(report, f"{self.name}: {self.title}") + self.markdown(report).rstrip(), "",
+            *(f"![{self.name} plot]({link})" for link in links), *([""] if links else []),
+            f"Raw figures: `{display_path(json_path)}`."])
+        if results_md is not None:
+            update_results_md(self.name, section, results_md)
+            say(f"updated {results_md}")
+        return section
+
+
+def config_dict(cfg: Any) -> dict[str, Any]:
+    """A config dataclass's fields and properties (the figures derived from them)."""
+    out = dataclasses.asdict(cfg)
+    for name, attr in vars(type(cfg)).items():
+        if isinstance(attr, property):
+            out[name] = getattr(cfg, name)
+    return out
+
+
+def _server_binary() -> str | None:
+    from inferq.embedded import find_server_binary
+
+    with contextlib.suppress(Exception):
+        return find_server_binary()
+    return None
+
+
+def first_leaf(exc: BaseException) -> BaseException:
+    """The first real error inside (nested) exception groups, e.g. from a TaskGroup."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+# -------------------------------------------------------------------------------- reports
+
+
+def noise_of(loads: Iterable[float | None]) -> dict[str, Any]:
+    """The worst share of the machine other processes used during a measurement, and
+    whether that makes the run disturbed; a scenario returns it as its ``noise``."""
+    values = [x for x in loads if x is not None]
+    worst = max(values, default=None)
+    return {"max_other_load": worst, "disturbed": (worst or 0.0) > DISTURBED_LOAD}
+
+
+def header(report: Mapping[str, Any], title: str) -> str:
+    """The section's heading, quick/disturbed warnings, command, date and machine."""
+    m = report["machine"]
+    quick = ("\n> **Quick run** (`--quick`): a smoke test with few requests and one trial, not "
+             "a measurement.\n" if report["quick"] else "")
+    noise = report.get("noise", {})
+    disturbed = ("" if not noise.get("disturbed") else
+                 f"\n> **Disturbed run**: other processes used up to "
+                 f"{noise['max_other_load']:.0%} of the machine during a measurement; "
+                 "wall-clock figures are unreliable.\n")
+    dirty = " (dirty tree)" if m["git"]["dirty"] else ""
+    return (f"## {title}\n{quick}{disturbed}\n"
+            f"- Command: `{report['command']}` ({report['elapsed_s']:.0f} s)\n"
+            f"- Date: {report['date']}; git {str(m['git']['commit'])[:10]}{dirty}\n"
+            f"- Machine: {describe_machine(m)}; load average {m['load_avg_1_5_15']} at start, "
+            f"{report['load_avg_end']} at end\n")
+
+
+def publish_plots(plots: Sequence[Path], results_md: Path | None) -> list[str]:
+    """Copy plots next to RESULTS.md (``plots/``) and return their links relative to it; when
+    RESULTS.md is not updated, links point at the files under ``out/``."""
+    if results_md is None:
+        return [str(p) for p in plots]
+    folder = results_md.resolve().parent / "plots"
+    folder.mkdir(parents=True, exist_ok=True)
+    links = []
+    for p in plots:
+        shutil.copyfile(p, folder / p.name)
+        links.append(f"plots/{p.name}")
+    return links
+
+
+def display_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(BENCH_DIR.parent))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,514 @@
+"""Scenario ``generate``: continuous batching against request-level batching and batch 1, on
+the same Poisson workload, through the whole queue.
+
+Workload (deterministic from ``--seed``): Poisson arrivals at ``--rate`` requests/s, prompt
+lengths uniform in 4..128 tokens, ``max_new_tokens`` uniform in 8..128, greedy with
+``ignore_eos`` so every variant produces exactly the same useful tokens. Each variant is one
+``inferq worker --task generate`` process serving its own queue, run one after the other (the
+order rotates per trial) against an embedded server with AOF:
+
+* ``continuous``: iteration-level batching (the default ``generate`` worker, 16 slots);
+* ``request``: request-level batching, ``--batching request`` (the adaptive window worker,
+  batches of up to 16 run through one padded ``generate``);
+* ``bs1``: ``--batching request --max-batch-size 1`` (each request alone);
+* ``engine alone``: the continuous worker's engine on the same requests at the same arrival
+  times, in this process, with no queue: the ceiling for ``continuous``.
+
+Reported per variant: useful tokens/s (completion tokens / (last finish - first enqueue)),
+time to first token p50/p99 (first text visible to the producer: the first stream entry for
+``continuous``, the result for the others, which do not stream) and end-to-end latency p50/p99.
+Targets: continuous >= 1.5x the useful tokens/s of request-level, with a lower p50 TTFT.
+
+The in-process comparison behind the engine choice is the scenario ``engines``;
+``--compare-engines`` runs it after this one (before the split, that flag added the comparison
+to this scenario).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks import charts, corpus
+from benchmarks.framework import Run, Scenario, noise_of, positive_float, positive_int
+from benchmarks.harness import (
+    BenchmarkFailed,
+    Cleanup,
+    CpuProbe,
+    fmt_number,
+    markdown_table,
+    median_of,
+    percentiles,
+    say,
+    stop_child,
+)
+from benchmarks.models import (
+    generation_source,
+    load_lm,
+    serve_engine,
+    torch_threads,
+    worker_engine,
+)
+from benchmarks.stack import WorkerProc, gather_watched, spawn_worker
+
+VARIANTS = ("continuous", "request", "bs1")
+ORDERS = (("continuous", "request", "bs1"), ("bs1", "request", "continuous"),
+          ("request", "continuous", "bs1"))
+MODELS = ("tiny", "smollm2")
+#: Requests and arrival rates (req/s) per model: full run, --quick run. The rates are above
+#: what request-level batching sustains on a 2-core CPU, so every variant runs saturated and
+#: throughput is its service capacity.
+#: --quick is a smoke test that must end within two minutes: SmolLM2 at batch 1 decodes ~16
+#: tokens/s here, so it gets only a few requests.
+DEFAULTS = {"tiny": {"requests": (400, 60), "rate": (150.0, 150.0)},
+            "smollm2": {"requests": (48, 5), "rate": (2.0, 3.0)}}
+#: torch intra-op threads per worker (all variants alike): the tiny model's matmuls are too
+#: small to gain from two threads, and their barriers stall when other tenants use the cores.
+TORCH_THREADS: dict[str, int | None] = {"tiny": 1, "smollm2": None}
+PROMPT_TOKENS = (4, 128)
+NEW_TOKENS = (8, 128)
+SLOTS = 16
+WARMUP = 3
+#: How long a pass may take at most (SmolLM2 at batch 1 takes minutes).
+RESULT_TIMEOUT_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    at_s: float
+    prompt: str
+    prompt_tokens: int
+    max_new: int
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateConfig:
+    models: tuple[str, ...]
+    variants: tuple[str, ...]
+    requests: dict[str, int]
+    rate: dict[str, float]
+    seed: int
+
+
+def names_of(known: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    """An argparse type: comma-separated names, each one of ``known``."""
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(n for n in text.split(",") if n)
+        unknown = [n for n in names if n not in known]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown {unknown}; known: {', '.join(known)}")
+        return names
+    return parse
+
+
+# ------------------------------------------------------------------------------ workload
+
+
+def workload(tokenizer: Any, n: int, rate: float, seed: int) -> list[Item]:
+    """Poisson arrivals; each prompt is a slice of exactly the drawn number of tokens of a
+    deterministic English corpus, decoded to text (re-encoding may shift it by a token)."""
+    rng = random.Random(seed)
+    text = " ".join(corpus.sentences(400, seed=seed + 1))
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    items, t = [], 0.0
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        length = rng.randint(*PROMPT_TOKENS)
+        start = rng.randint(0, len(ids) - length - 1)
+        prompt = tokenizer.decode(ids[start:start + length]).strip() or "hello"
+        items.append(Item(t, prompt, length, rng.randint(*NEW_TOKENS)))
+    return items
+
+
+# ----------------------------------------------------------------------------- variants
+
+
+def _worker_flags(variant: str, threads: int | None) -> list[str]:
+    flags = ["--device", "cpu", *(["--torch-threads", str(threads)] if threads else [])]
+    if variant == "continuous":
+        return [*flags, "--max-slots", str(SLOTS)]
+    size = "1" if variant == "bs1" else str(SLOTS)
+    return [*flags, "--batching", "request", "--max-batch-size", size]
+
+
+async def _drive(url: str, worker: WorkerProc, items: Sequence[Item], *, warmup: bool
+                 ) -> list[Any]:
+    """Enqueue at the items' arrival times (all at once for a warm-up) and await every result,
+    failing fast if the worker dies."""
+    import inferq
+
+    async with inferq.AsyncClient(url) as client:
+        start = time.monotonic()
+        handles = []
+        for item in items:
+            delay = start + item.at_s - time.monotonic()
+            if delay > 0 and not warmup:
+                await asyncio.sleep(delay)
+            handles.append(await client.enqueue(
+                item.prompt, model=worker.model, task="generate",
+                params={"max_new_tokens": item.max_new, "ignore_eos": True}))
+        return await gather_watched([asyncio.ensure_future(h.result()) for h in handles],
+                                    [worker], RESULT_TIMEOUT_S)
+
+
+def _stats(results: Sequence[Any], items: Sequence[Item]) -> dict[str, Any]:
+    tokens = [len(r.output["token_ids"]) for r in results]
+    expected = sum(i.max_new for i in items)
+    first = min(r.enqueued_ms for r in results)
+    last = max(r.finished_ms for r in results)
+    span_s = max((last - first) / 1e3, 1e-9)
+    ttft = [r.ttft_ms if r.ttft_ms is not None else r.total_ms for r in results]
+    e2e = [float(r.total_ms) for r in results]
+    return {
+        "requests": len(results),
+        "useful_tokens": sum(tokens),
+        "expected_tokens": expected,
+        "span_s": round(span_s, 3),
+        "tokens_per_s": sum(tokens) / span_s,
+        "requests_per_s": len(results) / span_s,
+        "ttft_ms": percentiles(ttft, (50, 99)),
+        "e2e_ms": percentiles(e2e, (50, 99)),
+        "mean_batch": statistics.fmean(r.batch_size or 1 for r in results),
+        "prompt_tokens_mean": statistics.fmean(r.input_tokens or 0 for r in results),
+    }
+
+
+def run_variant(cleanup: Cleanup, url: str, server_pid: int | None, model: str, source: str,
+                variant: str, items: Sequence[Item], warm: Sequence[Item], log_dir: Path,
+                trial: int) -> tuple[dict[str, Any], list[list[int]]]:
+    """One worker of ``variant`` on its own queue: warmed up, timed on ``items``, stopped."""
+    queue_model = f"{model}-{variant}"
+    worker = spawn_worker(cleanup, url, model_arg=f"{queue_model}={source}",
+                          worker_id=f"bench-{queue_model}-t{trial}", log_dir=log_dir,
+                          flags=_worker_flags(variant, TORCH_THREADS[model]), log_level="INFO",
+                          task="generate")
+    try:
+        asyncio.run(_drive(url, worker, warm, warmup=True))
+        probe = CpuProbe({"worker": worker.pid, "server": server_pid, "producer": None})
+        probe.start()
+        results = asyncio.run(_drive(url, worker, items, warmup=False))
+        cpu = probe.stop()
+    finally:
+        stop_child(worker.child)
+    stats = _stats(results, items)
+    stats["cpu"] = cpu
+    return stats, [list(r.output["token_ids"]) for r in results]
+
+
+# ----------------------------------------------------------------- engine alone, paced
+
+
+def engine_alone(source: str, items: Sequence[Item], warm: Sequence[Item], *,
+                 threads: int | None, slots: int = SLOTS
+                 ) -> tuple[dict[str, Any], list[list[int]]]:
+    """The continuous worker's engine on the same requests at the same arrival times, in
+    process, with no queue, no Redis and no producer: the ceiling the worker is measured
+    against (``continuous / engine alone``). Same slots, KV and prefill budgets, torch threads
+    and tokenization as the worker, warmed up on ``warm`` as the worker variants are; figures
+    computed as ``_stats`` does, except that TTFT ends at the first token (the worker's at the
+    first text a producer can read)."""
+    import torch
+
+    from inferq.protocol.generation import GenerationParams
+
+    with torch_threads(threads):
+        lm = load_lm(source)
+        engine = worker_engine(lm, slots)
+
+        def generations(batch: Sequence[Item], tag: str) -> list[Any]:
+            out = []
+            for i, item in enumerate(batch):
+                g = engine.new_generation(
+                    f"{tag}{i}", lm.tokenizer(item.prompt)["input_ids"],
+                    GenerationParams(max_new_tokens=item.max_new, ignore_eos=True))
+                if not engine.fits_alone(g):  # the worker refuses these up front
+                    raise BenchmarkFailed(f"request {i} does not fit the engine's budget")
+                out.append(g)
+            return out
+
+        serve_engine(engine, generations(warm, "warm"))
+        steps, decoded = engine.steps, engine.decoded_tokens
+        gens = generations(items, "r")
+        start, admitting = serve_engine(engine, gens, [item.at_s for item in items])
+        arrived = [start + item.at_s for item in items]
+        finished = [g.finished_at or start for g in gens]
+        ttft = [((g.first_token_at or start) - t) * 1e3 for g, t in zip(gens, arrived, strict=True)]
+        e2e = [(f - t) * 1e3 for f, t in zip(finished, arrived, strict=True)]
+        tokens = sum(len(g.tokens) for g in gens)
+        span_s = max(max(finished) - min(arrived), 1e-9)  # first arrival to last finish
+        stats = {"requests": len(gens), "useful_tokens": tokens, "span_s": round(span_s, 3),
+                 "tokens_per_s": tokens / span_s,
+                 "ttft_ms": percentiles(ttft, (50, 99)), "e2e_ms": percentiles(e2e, (50, 99)),
+                 # as the worker reports it: each request's mean batch over its steps
+                 "mean_batch": statistics.fmean(round(g.batch_sum / max(g.steps, 1))
+                                                for g in gens),
+                 "steps": engine.steps - steps, "admission_steps": admitting,
+                 "decoded_tokens": engine.decoded_tokens - decoded,
+                 "torch_threads": torch.get_num_threads()}
+        return stats, [list(g.tokens) for g in gens]
+
+
+# ------------------------------------------------------------------------------ a model
+
+
+def run_model(run: Run[GenerateConfig], url: str, spid: int | None, model: str, source: str
+              ) -> dict[str, Any]:
+    """Every trial of one model: the engine alone, then the variants in rotated order."""
+    from transformers import AutoTokenizer
+
+    cfg = run.cfg
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    items = workload(tokenizer, cfg.requests[model], cfg.rate[model], cfg.seed)
+    warm = workload(tokenizer, WARMUP, cfg.rate[model], cfg.seed + 99)
+    offered = sum(i.max_new for i in items) / items[-1].at_s
+    entry: dict[str, Any] = {"requests": len(items), "rate": cfg.rate[model],
+                             "offered_tokens_per_s": offered,
+                             "variants": {v: [] for v in cfg.variants}, "engine_alone": []}
+    tokens_of: dict[str, list[list[int]]] = {}
+    for trial in range(run.trials):
+        say(f"{model} trial {trial + 1}/{run.trials}: the engine alone, in process "
+            f"({len(items)} requests at {cfg.rate[model]:g}/s)")
+        alone, alone_tokens = engine_alone(source, items, warm, threads=TORCH_THREADS[model])
+        entry["engine_alone"].append(alone)
+        tokens_of.setdefault("engine alone", alone_tokens)
+        say(f"  {alone['tokens_per_s']:,.0f} tokens/s, TTFT p50 {alone['ttft_ms']['p50']:.0f} ms,"
+            f" {alone['steps']} steps ({alone['admission_steps']} admitting)")
+        for variant in [v for v in ORDERS[trial % len(ORDERS)] if v in cfg.variants]:
+            say(f"{model} trial {trial + 1}/{run.trials}: {variant} "
+                f"({len(items)} requests at {cfg.rate[model]:g}/s)")
+            stats, tokens = run_variant(run.cleanup, url, spid, model, source, variant, items,
+                                        warm, run.log_dir, trial)
+            entry["variants"][variant].append(stats)
+            tokens_of.setdefault(variant, tokens)
+            say(f"  {stats['tokens_per_s']:,.0f} tokens/s, TTFT p50 "
+                f"{stats['ttft_ms']['p50']:.0f} ms, e2e p50 {stats['e2e_ms']['p50']:.0f} ms, "
+                f"other load {stats['cpu'].get('other_load')}")
+    entry["ratios"] = _ratios(entry)
+    if "continuous" in tokens_of and len(tokens_of) > 1:
+        ref = tokens_of["continuous"]
+        same = {k: sum(a == b for a, b in zip(ref, t, strict=True))
+                for k, t in tokens_of.items() if k != "continuous"}
+        entry["same_tokens"] = ", ".join(f"{k} {n}/{len(ref)}" for k, n in same.items())
+    return entry
+
+
+def _ratios(entry: Mapping[str, Any]) -> dict[str, float | None]:
+    def med(variant: str, *path: str) -> float | None:
+        vals = []
+        for t in entry["variants"].get(variant, []):
+            x: Any = t
+            for p in path:
+                x = x[p]
+            vals.append(x)
+        return median_of(vals)
+
+    ratios: dict[str, float | None] = {}
+    cb, req, bs1 = (med(x, "tokens_per_s") for x in VARIANTS)
+    if cb and req:
+        ratios["tokens_per_s"] = cb / req
+        t_cb, t_req = med("continuous", "ttft_ms", "p50"), med("request", "ttft_ms", "p50")
+        if t_cb is not None and t_req:
+            ratios["ttft_p50"] = t_cb / t_req
+    if cb and bs1:
+        ratios["vs_bs1"] = cb / bs1
+    alone_tps = median_of([t["tokens_per_s"] for t in entry["engine_alone"]])
+    if cb and alone_tps:
+        ratios["vs_engine_alone"] = cb / alone_tps
+    return ratios
+
+
+# ------------------------------------------------------------------------------- report
+
+
+def _variant_runs(m: Mapping[str, Any]) -> dict[str, list[Mapping[str, Any]]]:
+    """Each variant's trials, the engine alone included."""
+    runs = {v: list(r) for v, r in m["variants"].items() if r}
+    if m.get("engine_alone"):
+        runs["engine alone"] = list(m["engine_alone"])
+    return runs
+
+
+def draw_plots(report: Mapping[str, Any], folder: Path) -> list[Path]:
+    """Tokens/s of every variant as a share of request-level batching (one group per model),
+    and per model its latency percentiles by variant; medians over trials, bars min..max."""
+    models = [m for m, e in report["models"].items() if e["variants"].get("request")]
+    if not models:
+        return []
+    names = [n for n in ("continuous", "request", "bs1", "engine alone")
+             if any(n in _variant_runs(report["models"][m]) for m in models)]
+
+    def pct(model: str, name: str, pick: Any) -> float | None:
+        runs = _variant_runs(report["models"][model]).get(name, [])
+        request = report["models"][model]["variants"]["request"]
+        base = median_of([t["tokens_per_s"] for t in request])
+        vals = [t["tokens_per_s"] for t in runs]
+        return pick(vals) / base * 100 if vals and base else None
+
+    paths = [charts.grouped_bars(
+        folder / "generate-throughput.png",
+        title="Useful tokens/s, % of request-level batching", ylabel="% of request-level",
+        groups=models,
+        bars={n: [pct(m, n, statistics.median) for m in models] for n in names},
+        low={n: [pct(m, n, min) for m in models] for n in names},
+        high={n: [pct(m, n, max) for m in models] for n in names},
+        hlines=[("target for continuous: 150 %", 150.0)],
+        note="median over trials, bars = min..max; engine alone = the continuous worker's "
+             "engine on the same paced requests, no queue")]
+    for model in models:
+        runs = _variant_runs(report["models"][model])
+        keys = [("TTFT p50", "ttft_ms", "p50"), ("TTFT p99", "ttft_ms", "p99"),
+                ("e2e p50", "e2e_ms", "p50"), ("e2e p99", "e2e_ms", "p99")]
+        groups = [n for n in names if n in runs]
+
+        def at(name: str, field: str, q: str, pick: Any,
+               runs: Mapping[str, list[Mapping[str, Any]]] = runs) -> float | None:
+            vals = [t[field][q] for t in runs[name] if t[field][q] is not None]
+            return pick(vals) if vals else None
+
+        paths.append(charts.grouped_bars(
+            folder / f"generate-latency-{model}.png",
+            title=f"{model}: time to first token and end to end, by variant",
+            ylabel="ms (log scale)", groups=groups, logy=True,
+            bars={k: [at(g, f, q, statistics.median) for g in groups] for k, f, q in keys},
+            low={k: [at(g, f, q, min) for g in groups] for k, f, q in keys},
+            high={k: [at(g, f, q, max) for g in groups] for k, f, q in keys},
+            note="median over trials, bars = min..max; TTFT: first text a producer can read "
+                 "(engine alone: first token)"))
+    return paths
+
+
+def _row(label: str, runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A variant's row: medians over its trials (the engine alone has no tenants' load)."""
+    loads = [t["cpu"].get("other_load") for t in runs if "cpu" in t]
+    load = median_of(loads)
+    return [label, *(fmt_number(median_of([t[k] if q is None else t[k][q] for t in runs]))
+                     for k, q in (("tokens_per_s", None), ("ttft_ms", "p50"),
+                                  ("ttft_ms", "p99"), ("e2e_ms", "p50"), ("e2e_ms", "p99"))),
+            fmt_number(median_of([t["mean_batch"] for t in runs]), 1),
+            "n/a" if not loads else fmt_number(None if load is None else load * 100)]
+
+
+def results_markdown(report: Mapping[str, Any]) -> str:
+    cfg = report["config"]
+    lines = [
+        f"- Workload: Poisson arrivals; prompts {PROMPT_TOKENS[0]}..{PROMPT_TOKENS[1]} tokens, "
+        f"`max_new_tokens` {NEW_TOKENS[0]}..{NEW_TOKENS[1]} (uniform), greedy with "
+        "`ignore_eos` (every variant makes the same tokens); embedded server with AOF, one "
+        "`inferq worker --task generate` per variant, run one after the other; "
+        f"{cfg['trials']} trial(s), median over trials. Worker torch threads: "
+        + ", ".join(f"{m} {TORCH_THREADS[m] or 'default'}" for m in report["models"]) + ".",
+        "- Variants: **continuous** = iteration-level batching (default worker, "
+        f"`--max-slots {SLOTS}`); **request** = `--batching request --max-batch-size {SLOTS}` "
+        "(adaptive window, padded `generate`); **bs1** = `--batching request "
+        "--max-batch-size 1`; **engine alone** = the continuous worker's engine on the same "
+        "requests at the same arrival times, in the benchmark's process (same slots, budget "
+        "and torch threads; its TTFT ends at the first token): the ceiling for the continuous "
+        "worker.",
+        "- TTFT = enqueue to first text visible to the producer (continuous: its stream; the "
+        "others do not stream, so their TTFT is the result). Tokens/s = completion tokens / "
+        "(last finish - first enqueue).",
+        "",
+    ]
+    for model, m in report["models"].items():
+        lines += [f"### {model} ({m['requests']} requests at {m['rate']:g} req/s offered, "
+                  f"{m['offered_tokens_per_s']:,.0f} tokens/s offered)", ""]
+        rows = [_row(f"**{variant}**" if variant == "continuous" else variant, runs)
+                for variant, runs in m["variants"].items()]
+        if m.get("engine_alone"):
+            rows.append(_row("engine alone (in process: no queue, Redis or producer)",
+                             m["engine_alone"]))
+        lines += [markdown_table(["variant", "useful tokens/s", "TTFT p50 ms", "TTFT p99 ms",
+                                  "e2e p50 ms", "e2e p99 ms", "mean batch",
+                                  "other tenants' load %"], rows), ""]
+        ratio = m.get("ratios", {})
+        verdicts = []
+        if ratio.get("tokens_per_s") is not None:
+            ok = ratio["tokens_per_s"] >= 1.5
+            verdicts.append(f"continuous / request tokens/s = **{ratio['tokens_per_s']:.2f}** "
+                            f"(target >= 1.5: {'PASS' if ok else 'FAIL'})")
+        if ratio.get("ttft_p50") is not None:
+            ok = ratio["ttft_p50"] < 1.0
+            verdicts.append(f"continuous / request TTFT p50 = **{ratio['ttft_p50']:.2f}** "
+                            f"(target < 1: {'PASS' if ok else 'FAIL'})")
+        if ratio.get("vs_bs1") is not None:
+            verdicts.append(f"continuous / bs1 tokens/s = {ratio['vs_bs1']:.2f}")
+        if ratio.get("vs_engine_alone") is not None:
+            verdicts.append("continuous / engine alone tokens/s = "
+                            f"{ratio['vs_engine_alone']:.2f} (what serving through the queue "
+                            "costs the model on this machine)")
+        if m.get("same_tokens") is not None:
+            verdicts.append(f"requests whose tokens equal the continuous variant's: "
+                            f"{m['same_tokens']}")
+        lines += [f"- {v}" for v in verdicts] + [""]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ scenario
+
+
+class Generate(Scenario[GenerateConfig]):
+    name = "generate"
+    title = "continuous batching vs request-level batching vs batch 1"
+    quick_help = "tiny 60 requests, SmolLM2 5, one trial (~110 s once SmolLM2 is converted)"
+    config = GenerateConfig
+    trials = (2, 1)
+    plots = staticmethod(draw_plots)
+    markdown = staticmethod(results_markdown)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--models", type=names_of(MODELS), default=MODELS,
+                            help=f"comma-separated, from {', '.join(MODELS)}")
+        parser.add_argument("--variants", type=names_of(VARIANTS), default=VARIANTS,
+                            help=f"comma-separated, from {', '.join(VARIANTS)}")
+        parser.add_argument("--requests", type=positive_int, default=None,
+                            help="requests per model and variant (default per model)")
+        parser.add_argument("--rate", type=positive_float, default=None,
+                            help="Poisson arrival rate, requests/s (default per model)")
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--compare-engines", action="store_true",
+                            help="then run the engines scenario (python -m benchmarks engines) "
+                                 "on the same models")
+
+    def configure(self, args: argparse.Namespace) -> GenerateConfig:
+        q = 1 if args.quick else 0
+        return GenerateConfig(
+            args.models, args.variants,
+            requests={m: args.requests or DEFAULTS[m]["requests"][q] for m in args.models},
+            rate={m: args.rate or DEFAULTS[m]["rate"][q] for m in args.models}, seed=args.seed)
+
+    def measure(self, run: Run[GenerateConfig]) -> dict[str, Any]:
+        cfg = run.cfg
+        say(f"generate benchmark: models {cfg.models}, variants {cfg.variants}, "
+            f"{run.trials} trial(s)")
+        server, url = run.server()
+        spid = server.pid
+        sources = {m: generation_source(m, run.out) for m in cfg.models}
+        models = {m: run_model(run, url, spid, m, sources[m]) for m in cfg.models}
+        server.stop()
+        loads = [t["cpu"].get("other_load") for m in models.values()
+                 for runs in m["variants"].values() for t in runs]
+        return {"models": models, "noise": noise_of(loads)}
+
+
+    def main(self, args: argparse.Namespace) -> int:
+        code = super().main(args)
+        if code or not args.compare_engines:
+            return code
+        from benchmarks.engines import SCENARIO as engines
+
+        parser = argparse.ArgumentParser()
+        engines.build_parser(parser)
+        return engines.main(parser.parse_args([
+            "--models", ",".join(args.models), "--out", str(args.out),
+            "--results-md", str(args.results_md), *(["--quick"] if args.quick else []),
+            *(["--no-results-md"] if args.no_results_md else [])]))
+
+
+SCENARIO = Generate()
