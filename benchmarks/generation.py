@@ -192,7 +192,7 @@ def _model_source(model: str, out: Path) -> str:
             say(f"building the tiny random Llama in {folder}")
             build_tiny_model(folder)
         return str(folder)
-    from inferq.worker.generation.convert import ensure_smollm2
+    from inferq.worker.models.convert import ensure_smollm2
 
     return str(ensure_smollm2())
 
@@ -324,9 +324,9 @@ def engine_alone(source: str, items: Sequence[Item], warm: Sequence[Item], *,
     import torch
 
     from inferq.protocol.generation import GenerationParams
-    from inferq.worker.generation.engine import Engine, Generation
-    from inferq.worker.generation.lm import CausalLM
-    from inferq.worker.generation.worker import GenerationSettings
+    from inferq.worker.generate.engine import Engine, Generation
+    from inferq.worker.generate.settings import GenerationSettings
+    from inferq.worker.models.lm import CausalLM
 
     default_threads = torch.get_num_threads()
     if threads is not None:
@@ -397,9 +397,9 @@ def _compare(source: str, *, requests: int, new_tokens: int, slots: int, trials:
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     from inferq.protocol.generation import GenerationParams
-    from inferq.worker.generation.engine import Engine
-    from inferq.worker.generation.lm import CausalLM
-    from inferq.worker.generation.scheduler import Budget
+    from inferq.worker.generate.engine import Engine
+    from inferq.worker.generate.scheduler import Budget
+    from inferq.worker.models.lm import CausalLM
 
     lm = CausalLM(source, device=torch.device("cpu"), dtype=torch.float32)
     prompts = [lm.tokenizer(f"Request number {i} asks the queue worker about its day",

@@ -105,7 +105,7 @@ def run_enqueue_generation(args: argparse.Namespace) -> int:
 def run_convert(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from inferq.worker.generation.convert import ensure_smollm2
+    from inferq.worker.models.convert import ensure_smollm2
 
     root = Path(args.cache_dir).expanduser() if args.cache_dir else None
     print(ensure_smollm2(root, force=args.force))
@@ -120,7 +120,8 @@ def serves_continuous(args: argparse.Namespace, task: str, source: str) -> bool:
 
 
 def run_generation_worker(args: argparse.Namespace, config: Any) -> int:
-    from inferq.worker.generation.worker import GenerationSettings, GenerationWorker
+    from inferq.worker.generate.settings import GenerationSettings
+    from inferq.worker.generate.worker import GenerationWorker
     from inferq.worker.models.registry import load_causal_lm, parse_model_arg
 
     lm = load_causal_lm(parse_model_arg(args.model), device=config.device, dtype=config.dtype)

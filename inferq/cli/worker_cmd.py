@@ -8,9 +8,9 @@ import logging
 
 from inferq.cli import generate_cmd
 from inferq.logs import set_context as set_log_context
-from inferq.worker.config import WorkerConfig, default_worker_id
+from inferq.worker.core.config import WorkerConfig, default_worker_id
 from inferq.worker.models.registry import load_model, parse_model_arg
-from inferq.worker.runtime import Worker
+from inferq.worker.window.worker import Worker
 
 log = logging.getLogger("inferq.worker")
 

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 import inferq
-from inferq.worker.config import WorkerConfig
-from inferq.worker.generation.lm import CausalLM
+from inferq.worker.core.config import WorkerConfig
+from inferq.worker.generate.settings import GenerationSettings
+from inferq.worker.generate.worker import GenerationWorker
 from inferq.worker.generation.tiny import build_tiny_model
-from inferq.worker.generation.worker import GenerationSettings, GenerationWorker
+from inferq.worker.models.lm import CausalLM
 
 MODEL = "tiny"
 

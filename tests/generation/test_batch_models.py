@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import inferq
-from inferq.worker.config import WorkerConfig
-from inferq.worker.generation.batch_models import RequestLevelGenerator, ScoringModel
-from inferq.worker.generation.lm import CausalLM
-from inferq.worker.runtime import Worker
+from inferq.worker.core.config import WorkerConfig
+from inferq.worker.models.batch_models import RequestLevelGenerator, ScoringModel
+from inferq.worker.models.lm import CausalLM
+from inferq.worker.window.worker import Worker
 from tests.generation.conftest import MODEL, greedy_reference
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from inferq.protocol.generation import FinishReason, GenerationParams
-from inferq.worker.generation.engine import Engine, Generation
-from inferq.worker.generation.lm import CausalLM
-from inferq.worker.generation.scheduler import Budget
+from inferq.worker.generate.engine import Engine, Generation
+from inferq.worker.generate.scheduler import Budget
 from inferq.worker.generation.tiny import build_tiny_model
+from inferq.worker.models.lm import CausalLM
 from tests.generation.conftest import greedy_reference
 
 WORDS = ["the", "queue", "worker", "asks", "what", "is", "the", "capital", "of", "France",

@@ -17,7 +17,7 @@ from inferq.cli.stats_cmd import format_stats
 from inferq.protocol.codec import RequestPayload
 from inferq.protocol.keys import QueueKeys
 from inferq.stats import read_all
-from inferq.worker.generation.lm import CausalLM
+from inferq.worker.models.lm import CausalLM
 from tests.generation.conftest import MODEL, greedy_reference
 from tests.metrics_client import health, scrape
 

@@ -14,7 +14,7 @@ from inferq.producer import inbox as inbox_module
 from inferq.protocol.codec import Result, Status, encode_result
 from inferq.protocol.keys import QueueKeys
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.runtime import Worker
+from inferq.worker.window.worker import Worker
 from tests.integration.test_worker import config, run_worker, stop
 
 KEYS = QueueKeys.for_model("embed", "t")

@@ -16,7 +16,7 @@ import redis
 import inferq
 from inferq.logs import JsonFormatter, set_context
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.runtime import Worker
+from inferq.worker.window.worker import Worker
 from tests.conftest import WorkerProcess, wait_until
 from tests.integration.test_worker import config, run_worker, stop
 from tests.metrics_client import health, scrape
@@ -72,7 +72,7 @@ async def test_worker_exports_prometheus_metrics_and_health(redis_url: str) -> N
 def test_dashboard_and_alerting_use_metrics_the_worker_exports() -> None:
     import re
 
-    from inferq.worker.metrics import WorkerMetrics
+    from inferq.worker.core.metrics import WorkerMetrics
 
     exported = WorkerMetrics("embed:t", "w").names()
     dashboard = Path("deploy/grafana/dashboards/inferq.json").read_text()

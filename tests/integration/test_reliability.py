@@ -21,7 +21,7 @@ from inferq.protocol.codec import RequestPayload
 from inferq.protocol.keys import QueueKeys
 from inferq.worker.models.base import BatchModel, ModelInput
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.runtime import Worker
+from inferq.worker.window.worker import Worker
 from tests.conftest import wait_until
 from tests.integration.test_worker import config, run_worker, stop
 

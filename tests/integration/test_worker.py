@@ -15,10 +15,10 @@ import inferq
 from inferq.errors import InferqError
 from inferq.protocol.codec import RequestPayload
 from inferq.protocol.keys import QueueKeys
-from inferq.worker.config import WorkerConfig
+from inferq.worker.core.config import WorkerConfig
 from inferq.worker.models.base import BatchModel, ModelInput
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.runtime import Worker
+from inferq.worker.window.worker import Worker
 from tests.conftest import wait_until
 
 KEYS = QueueKeys.for_model("embed", "t")

@@ -35,9 +35,9 @@ from inferq.connection import (
 )
 from inferq.errors import ConfigError
 from inferq.protocol import scripts
-from inferq.worker.config import WorkerConfig
+from inferq.worker.core.config import WorkerConfig
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.runtime import Worker
+from inferq.worker.window.worker import Worker
 from tests.conftest import WorkerProcess
 from tests.security.servers import SecureServer, tls_capable_binary
 

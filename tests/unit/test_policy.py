@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from inferq.worker.policy import (
+from inferq.worker.window.policy import (
     ArrivalRate,
     Decision,
     LatencyModel,

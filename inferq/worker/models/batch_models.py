@@ -1,4 +1,4 @@
-"""Causal-LM tasks that run as whole batches in the window worker (``inferq.worker.runtime``):
+"""Causal-LM tasks that run as whole batches in the window worker (``window/worker.py``):
 
 * ``ScoringModel`` (task ``score``): per-token log-probabilities of a given text, one batched
   forward (right-padded, no cache) per window, for ranking and evaluation;
@@ -24,10 +24,10 @@ from inferq.protocol.generation import (
     check_task_params,
     parse_generation_params,
 )
-from inferq.worker.generation.detok import Detokenizer
-from inferq.worker.generation.lm import CausalLM
-from inferq.worker.generation.sampling import seed_for
 from inferq.worker.models.base import BatchModel, ModelInput
+from inferq.worker.models.detok import Detokenizer
+from inferq.worker.models.lm import CausalLM
+from inferq.worker.models.sampling import seed_for
 
 
 class ScoringModel(BatchModel):

@@ -44,11 +44,11 @@ from typing import Any
 import torch
 
 from inferq.protocol.generation import FinishReason, GenerationParams
-from inferq.worker.generation import scheduler
-from inferq.worker.generation.detok import Detokenizer
-from inferq.worker.generation.kvcache import SlotKVCache, footprint
-from inferq.worker.generation.lm import CausalLM
-from inferq.worker.generation.sampling import choose, make_generator, seed_for
+from inferq.worker.generate import scheduler
+from inferq.worker.generate.kvcache import SlotKVCache, footprint
+from inferq.worker.models.detok import Detokenizer
+from inferq.worker.models.lm import CausalLM
+from inferq.worker.models.sampling import choose, make_generator, seed_for
 
 log = logging.getLogger("inferq.worker")
 

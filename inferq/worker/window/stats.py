@@ -1,4 +1,4 @@
-"""In-process batch statistics of one worker, published to Redis for ``inferq stats``."""
+"""The window worker's batch statistics, published to Redis for ``inferq stats``."""
 
 from __future__ import annotations
 
@@ -6,15 +6,14 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
+from inferq.worker.core.outcomes import Outcomes
+
 
 @dataclass
-class WorkerStats:
+class WorkerStats(Outcomes):
     batches: int = 0
+    #: Requests run in batches (whatever their outcome).
     requests: int = 0
-    failed: int = 0
-    refused: int = 0
-    released: int = 0
-    retried: int = 0
     forward_s: float = 0.0
     real_tokens: int = 0
     padded_tokens: int = 0
