@@ -1,10 +1,7 @@
-"""The one lifecycle both workers share: start, serve, drain, stop.
-
-``run`` connects, checks the server, serves ``/metrics`` and ``/healthz``, registers the queue,
-starts the heartbeat thread, reclaims expired leases once and starts the maintenance task;
-then the worker's own ``_serve`` runs until a stop is requested (SIGTERM/SIGINT or
-``request_stop``) and drains what it holds; last, everything is closed in order. A worker
-subclass fills in the hooks: what it prepares from claims, how it serves, what it publishes.
+"""The one lifecycle both workers share. ``run`` connects, checks the server, serves
+``/metrics`` and ``/healthz``, registers the queue, starts the heartbeat thread, reclaims
+expired leases once and starts the maintenance task; then the worker's ``_serve`` runs until a
+stop is requested (SIGTERM/SIGINT, ``request_stop``) and drains; last, everything is closed.
 """
 
 from __future__ import annotations
@@ -28,18 +25,21 @@ from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.leases import Heartbeat, LeaseBook
 from inferq.worker.core.metrics import HealthState, WorkerMetrics
 from inferq.worker.core.metrics import serve as serve_metrics
-from inferq.worker.core.outcomes import Outcomes
 from inferq.worker.core.queue_link import QueueLink
-from inferq.worker.core.results import Claim, ResultContext, decode_claims
+from inferq.worker.core.results import Claim, Outcomes, decode_claims
 from inferq.worker.core.wake import WakeWaiter
 
 log = logging.getLogger("inferq.worker")
 
-#: What a worker prepares from a claim (the window worker's ``Job``, a ``Generation``).
-T = TypeVar("T")
+T = TypeVar("T")  # what a worker prepares from a claim: a ``Job``, a ``Generation``
 
 
 class QueueWorker(ABC, Generic[T]):
+    """A worker's shared state and lifecycle. A subclass provides ``_prepare`` (helper thread:
+    decoded claims to what it runs, and completions for those that cannot run), ``_serve``
+    (until a stop, then drain), ``_publish_stats``, and ``_describe``, ``_summary`` and
+    ``_health_detail`` (the start and stop log lines, ``/healthz``)."""
+
     #: What a stop still lets the worker finish (for the log).
     finishing = "the work in hand"
     stats: Outcomes
@@ -53,10 +53,6 @@ class QueueWorker(ABC, Generic[T]):
         self.metrics = WorkerMetrics(self.keys.queue, config.worker_id)
         self.health = HealthState(stale_after_s=max(10.0, config.lease_ms / 1e3))
         self.link = QueueLink(config, self.keys, self.book, self.metrics, clock)
-        self.ctx = ResultContext(worker=config.worker_id, task=config.task,
-                                 model=config.model_name, limits=config.limits,
-                                 retry_base_ms=config.retry_base_ms,
-                                 retry_max_ms=config.retry_max_ms)
         self.metrics_server: ThreadingHTTPServer | None = None
         self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="inferq-prepare")
         self._pools = [self._prepare_pool]
@@ -131,7 +127,7 @@ class QueueWorker(ABC, Generic[T]):
 
     def _decode_and_prepare(self, claimed: Sequence[ops.Claimed],
                             now_ms: int) -> tuple[list[T], list[ops.Completion]]:
-        claims, failures = decode_claims(self.ctx, claimed, now_ms, now_ms / 1e3 - self.clock())
+        claims, failures = decode_claims(self.config, claimed, now_ms, self.clock)
         ready, rejected = self._prepare(claims, now_ms)
         return ready, failures + rejected
 
@@ -163,29 +159,22 @@ class QueueWorker(ABC, Generic[T]):
 
     @abstractmethod
     def _prepare(self, claims: list[Claim], now_ms: int
-                 ) -> tuple[list[T], list[ops.Completion]]:
-        """(Helper thread.) Tokenize decoded claims: those ready to run, and completions for
-        those that cannot (each fails alone)."""
+                 ) -> tuple[list[T], list[ops.Completion]]: ...
 
     @abstractmethod
-    async def _serve(self) -> None:
-        """Claim and run until a stop is requested, then drain what is in hand."""
+    async def _serve(self) -> None: ...
 
     @abstractmethod
-    async def _publish_stats(self) -> None:
-        """This worker's stats hash for ``inferq stats`` and its gauges."""
+    async def _publish_stats(self) -> None: ...
 
     @abstractmethod
-    def _describe(self) -> str:
-        """How the worker serves, for the start-up log line."""
+    def _describe(self) -> str: ...
 
     @abstractmethod
-    def _summary(self) -> str:
-        """What the worker did, for the log line at stop."""
+    def _summary(self) -> str: ...
 
     @abstractmethod
-    def _health_detail(self) -> Mapping[str, Any]:
-        """Progress counters shown by ``/healthz``."""
+    def _health_detail(self) -> Mapping[str, Any]: ...
 
 
 async def cancel(task: asyncio.Task[Any]) -> None:

@@ -1,14 +1,11 @@
-"""Every Redis call a worker makes on its queue, except the heartbeat's (``leases``) and the
-wake-up BLPOP (``wake``): the scripts (claim, complete, release, reclaim; several in one round
-trip with ``ScriptPipeline``), the queue registry, the priority check of a pre-claimed window,
-the persisted window tuning, the per-worker stats hash, and the maintenance loop that reclaims
-expired leases and reports health. Both workers use it.
+"""Every Redis call a worker makes on its queue, but the heartbeat's (``leases``) and the
+wake-up BLPOP (``wake``): the scripts (several in one round trip: ``ScriptPipeline``), the
+queue registry, the priority check of a pre-claimed window, the window tuning, the stats hash,
+and the maintenance loop (reclaims, health).
 
 Writes that follow a forward (results, stream text) are retried through a Redis outage for as
 long as the leases they carry can still be valid (``until_leases_expire``). After that the
-requests are reclaimed by the queue and run again elsewhere, so giving up loses nothing; the
-worker only forgets their leases. What each outcome means to a worker's own statistics stays
-with the worker.
+requests are reclaimed by the queue and run again elsewhere, so giving up loses nothing.
 """
 
 from __future__ import annotations
@@ -165,13 +162,6 @@ class QueueLink:
             return None
         return state
 
-    async def write_tuning(self, model_id: str, state: Mapping[str, Any]) -> None:
-        key = self.keys.tuning(model_id)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(key, "state", json.dumps(state))
-        pipe.expire(key, TUNING_TTL_S)
-        await pipe.execute()
-
     async def reclaim(self) -> tuple[int, int]:
         """Expired leases of any worker back to pending (or dead); (requeued, dead)."""
         keys, args = ops.reclaim_call(self.keys, RECLAIM_BATCH, self.config.result_ttl_ms,
@@ -183,12 +173,17 @@ class QueueLink:
             log.warning("reclaimed %d expired leases (%d dead-lettered)", requeued + dead, dead)
         return requeued, dead
 
-    async def publish_stats(self, fields: Mapping[str, str]) -> None:
-        """This worker's stats hash, read by ``inferq stats``."""
+    async def publish_stats(self, fields: Mapping[str, str], *,
+                            tuning: tuple[str, Mapping[str, Any]] | None = None) -> None:
+        """This worker's stats hash, read by ``inferq stats``; with ``tuning`` (model id,
+        state), the window state persisted for that model too, in the same round trip."""
         key = self.keys.window(self.config.worker_id)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(key, mapping=cast("Mapping[Any, Any]", fields))
         pipe.pexpire(key, WINDOW_STATS_TTL_MS)
+        if tuning is not None:
+            pipe.hset(self.keys.tuning(tuning[0]), "state", json.dumps(tuning[1]))
+            pipe.expire(self.keys.tuning(tuning[0]), TUNING_TTL_S)
         await pipe.execute()
 
     async def maintain(self, health: HealthState, device: str, *,

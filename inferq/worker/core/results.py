@@ -1,45 +1,35 @@
-"""Claimed requests inside a worker and what it writes back for them.
+"""Claimed requests inside a worker, what it writes back for them, and what became of that.
 
-``decode_claims`` turns what the claim script handed out into ``Claim``s (payload checked,
-times on the worker's clock); every request then ends in one ``ops.Completion``: a result
-(``completion``: output, failure or retry) or an answer without running
-(``failed_completion``, ``expired``). Both workers build their results here.
+``decode_claims`` turns what the claim script handed out into ``Claim``s; every request then
+ends in one ``ops.Completion``: a result (``completion``: output, failure or retry) or an
+answer without running (``failed_completion``, ``expired``). ``Outcomes`` counts what the
+server did with them (each worker's statistics extend it).
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from inferq.errors import DeadlineMissed, InferqError, InvalidInput
 from inferq.protocol import ops
 from inferq.protocol.codec import (
     ErrorInfo,
-    Limits,
     RequestPayload,
     Result,
     Status,
     decode_request,
     encode_result,
 )
+from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.failures import Failure
 
+if TYPE_CHECKING:
+    from inferq.worker.core.metrics import WorkerMetrics
 
-@dataclass(frozen=True, slots=True)
-class ResultContext:
-    worker: str
-    task: str
-    model: str
-    limits: Limits
-    retry_base_ms: float = 250.0
-    retry_max_ms: float = 30_000.0
-
-    def retry_delay_ms(self, attempt: int) -> int:
-        """Exponential backoff with jitter: base * 2^(attempt-1), capped, times U(0.5, 1)."""
-        ceiling = min(self.retry_max_ms, self.retry_base_ms * 2 ** (attempt - 1))
-        return max(1, int(ceiling * random.uniform(0.5, 1.0)))
+log = logging.getLogger("inferq.worker")
 
 
 @dataclass(slots=True)
@@ -64,32 +54,32 @@ class Claim:
                    claim.claimed_ms, **extra)
 
 
-def decode_claims(ctx: ResultContext, claimed: Sequence[ops.Claimed], now_ms: int,
-                  offset_s: float) -> tuple[list[Claim], list[ops.Completion]]:
-    """Decode and check claimed payloads: the valid ones (``offset_s``: Redis' clock minus
-    ours), and a failed completion for each malformed one or one that belongs to another
-    request or queue (each fails alone)."""
-    valid: list[Claim] = []
+def decode_claims(config: WorkerConfig, claimed: Sequence[ops.Claimed], now_ms: int,
+                  clock: Callable[[], float]) -> tuple[list[Claim], list[ops.Completion]]:
+    """Decode and check claimed payloads: the valid ones (times put on ``clock``), and a
+    failed completion for each malformed one or one that belongs to another request or queue
+    (each fails alone)."""
+    valid: list[tuple[ops.Claimed, RequestPayload]] = []
     failures: list[ops.Completion] = []
     for c in claimed:
         try:
-            payload = decode_request(c.payload, ctx.limits)
+            payload = decode_request(c.payload, config.limits)
             if payload.id != c.id:
                 raise InvalidInput(f"payload id {payload.id!r} does not match {c.id!r}")
-            if (payload.task, payload.model) != (ctx.task, ctx.model):
+            if (payload.task, payload.model) != (config.task, config.model_name):
                 raise InvalidInput(f"payload is for {payload.task}:{payload.model}, queue is "
-                                   f"{ctx.task}:{ctx.model}")
+                                   f"{config.task}:{config.model_name}")
         except InferqError as exc:
-            failures.append(failed_completion(ctx, c, exc, now_ms))
+            failures.append(failed_completion(config, c, exc, now_ms))
             continue
-        valid.append(Claim(
-            claimed=c, payload=payload, arrival=c.enqueued_ms / 1e3 - offset_s,
-            deadline=None if c.deadline_ms is None else c.deadline_ms / 1e3 - offset_s,
-            claimed_ms=now_ms))
-    return valid, failures
+        valid.append((c, payload))
+    offset_s = now_ms / 1e3 - clock()  # Redis' clock minus ours
+    return [Claim(c, payload, c.enqueued_ms / 1e3 - offset_s,
+                  None if c.deadline_ms is None else c.deadline_ms / 1e3 - offset_s, now_ms)
+            for c, payload in valid], failures
 
 
-def completion(ctx: ResultContext, claim: Claim, outcome: Any, **fields: Any) -> ops.Completion:
+def completion(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) -> ops.Completion:
     """The completion of a request that ran: ``outcome`` is its output, or its ``Failure``
     (sent back for a retry while attempts remain; else dead if retryable, failed if not).
     ``fields`` are the result's other fields (timings, sizes). An output too large to store
@@ -97,40 +87,74 @@ def completion(ctx: ResultContext, claim: Claim, outcome: Any, **fields: Any) ->
     c = claim.claimed
     if isinstance(outcome, Failure):
         if outcome.retryable and c.attempt < claim.payload.max_attempts:
-            return ops.Completion(c.id, c.token, "retry", b"", ctx.retry_delay_ms(c.attempt))
+            return ops.Completion(c.id, c.token, "retry", b"", config.retry_delay_ms(c.attempt))
         status = Status.DEAD if outcome.retryable else Status.FAILED
         body: dict[str, Any] = {"error": outcome.error}
     else:
         status, body = Status.OK, {"output": outcome}
     common: dict[str, Any] = dict(
-        id=c.id, task=ctx.task, model=ctx.model, worker=ctx.worker, attempts=c.attempt,
-        enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms, **fields)
+        id=c.id, task=config.task, model=config.model_name, worker=config.worker_id,
+        attempts=c.attempt, enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms, **fields)
     try:
-        data = encode_result(Result(status=status, **body, **common), ctx.limits)
+        data = encode_result(Result(status=status, **body, **common), config.limits)
     except InferqError as exc:
         status = Status.FAILED
         data = encode_result(Result(status=status, error=ErrorInfo(code=exc.code,
                                                                    message=exc.message),
-                                    **common), ctx.limits)
+                                    **common), config.limits)
     return ops.Completion(c.id, c.token, status.value, data)
 
 
-def failed_completion(ctx: ResultContext, claimed: ops.Claimed, error: InferqError,
+def failed_completion(config: WorkerConfig, claimed: ops.Claimed, error: InferqError,
                       now_ms: int, status: Status = Status.FAILED) -> ops.Completion:
     """A request answered without reaching the model: malformed payload, invalid input, or a
     deadline that passed while it waited in the worker (``expired``)."""
     result = Result(
         id=claimed.id, status=status,
         error=ErrorInfo(code=error.code, message=error.message[:2000]),
-        task=ctx.task, model=ctx.model, worker=ctx.worker, attempts=claimed.attempt,
-        enqueued_ms=claimed.enqueued_ms, started_ms=now_ms, finished_ms=now_ms,
+        task=config.task, model=config.model_name, worker=config.worker_id,
+        attempts=claimed.attempt, enqueued_ms=claimed.enqueued_ms, started_ms=now_ms,
+        finished_ms=now_ms,
     )
     return ops.Completion(claimed.id, claimed.token, status.value,
-                          encode_result(result, ctx.limits))
+                          encode_result(result, config.limits))
 
 
-def expired(ctx: ResultContext, claims: Sequence[Claim], now_ms: int) -> list[ops.Completion]:
+def expired(config: WorkerConfig, claims: Sequence[Claim], now_ms: int) -> list[ops.Completion]:
     """``expired`` answers for claims whose deadline passed before they could run."""
     error = DeadlineMissed("the deadline passed before the request could run")
-    return [failed_completion(ctx, claim.claimed, error, now_ms, Status.EXPIRED)
+    return [failed_completion(config, claim.claimed, error, now_ms, Status.EXPIRED)
             for claim in claims]
+
+
+@dataclass
+class Outcomes:
+    """What became of the completions a worker sent (its stats hash, its metrics)."""
+
+    #: Results written with status ``ok``.
+    completed: int = 0
+    failed: int = 0
+    refused: int = 0
+    released: int = 0
+    retried: int = 0
+    cancelled: int = 0
+
+    def count(self, metrics: WorkerMetrics, completions: Sequence[ops.Completion],
+              written: Sequence[bool], cancelled: Collection[str] = ()) -> None:
+        """``written``: what the server did with each completion; a refused one in
+        ``cancelled`` was cancelled by its producer (not a lost lease)."""
+        for completion, ok in zip(completions, written, strict=True):
+            if not ok and completion.id in cancelled:
+                self.cancelled += 1
+                continue
+            metrics.observe_outcome(completion.status, ok)
+            if not ok:
+                self.refused += 1
+                log.warning("completion of %s refused: lease lost or request cancelled",
+                            completion.id)
+            elif completion.status == "retry":
+                self.retried += 1
+            elif completion.status == "ok":
+                self.completed += 1
+            else:
+                self.failed += 1

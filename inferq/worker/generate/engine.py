@@ -133,7 +133,6 @@ class Engine:
         self.running: list[Generation] = []
         self.steps = 0
         self.decoded_tokens = 0
-        self.prefilled_tokens = 0
 
     # ------------------------------------------------------------------------- building
 
@@ -272,7 +271,6 @@ class Engine:
             self.running.append(g)
         for g, token in zip(admitted, tokens, strict=True):
             self._accept(g, token)
-        self.prefilled_tokens += sum(lengths)
 
     def _decode(self, decoding: list[Generation]) -> None:
         device = self.lm.torch_device

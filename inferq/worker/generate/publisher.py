@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from inferq.protocol import ops
@@ -20,9 +20,9 @@ from inferq.protocol.codec import Usage
 from inferq.protocol.generation import FinishReason
 from inferq.worker.core.failures import failure_of
 from inferq.worker.core.queue_link import QueueLink, ScriptPipeline
-from inferq.worker.core.results import Claim, ResultContext, completion
-from inferq.worker.generate.accounting import GenerationStats
+from inferq.worker.core.results import Claim, completion
 from inferq.worker.generate.engine import Generation
+from inferq.worker.generate.stats import GenerationStats
 from inferq.worker.generate.steploop import StepLoop, StepOutput
 
 #: The scripts of one write, loaded on the publisher's own connection.
@@ -42,21 +42,17 @@ def claim_of(g: Generation) -> StreamClaim:
     return claim
 
 
+@dataclass(eq=False)
 class StreamPublisher:
-    def __init__(self, link: QueueLink, ctx: ResultContext, stats: GenerationStats,
-                 steps: StepLoop, pipeline: ScriptPipeline, *, interval_s: float,
-                 max_slots: int) -> None:
-        self.link = link
-        self.ctx = ctx
-        self.stats = stats
-        self.steps = steps
-        self.pipeline = pipeline
-        self.interval_s = interval_s
-        self.max_slots = max_slots
-        self.clock = link.clock
-        self._wake = asyncio.Event()
-        self._stop = False
-        self._failures: list[list[ops.Completion]] = []
+    link: QueueLink
+    stats: GenerationStats
+    steps: StepLoop
+    pipeline: ScriptPipeline
+    interval_s: float
+    max_slots: int
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _stop: bool = field(default=False, init=False)
+    _failures: list[list[ops.Completion]] = field(default_factory=list, init=False)
 
     def wake(self) -> None:
         """Outputs are waiting (called on the event loop)."""
@@ -71,8 +67,8 @@ class StreamPublisher:
         """A forward raised: every sequence of the step fails (retried with backoff while
         attempts remain, as a crashed batch in the window worker); written in step order."""
         failure, now_ms = failure_of(exc), self.link.now_ms()
-        self._failures.append([completion(self.ctx, claim_of(g), failure, finished_ms=now_ms)
-                               for g in victims])
+        self._failures.append([completion(self.link.config, claim_of(g), failure,
+                                          finished_ms=now_ms) for g in victims])
         self._wake.set()
 
     async def run(self) -> None:
@@ -90,11 +86,11 @@ class StreamPublisher:
                     return
                 await self._wake.wait()
                 continue
-            wait = last + self.interval_s - self.clock()
+            wait = last + self.interval_s - self.link.clock()
             if wait > 0:
                 await asyncio.sleep(wait)
                 outs += self.steps.take_outputs(arm=False)
-            last = self.clock()
+            last = self.link.clock()
             for completions in failures:
                 written = await self.link.complete(completions, scripts=self.pipeline.scripts)
                 if written is not None:
@@ -127,7 +123,7 @@ class StreamPublisher:
         if replies is None:
             return
         lost = set(ops.parse_ids(replies[0]))
-        now = self.clock()
+        now = self.link.clock()
         for g, text in merged.values():
             claim = claim_of(g)
             if text and g.id not in lost and claim.first_visible is None:
@@ -160,15 +156,15 @@ class StreamPublisher:
 
     def _result(self, g: Generation) -> ops.Completion:
         claim = claim_of(g)
-        finished_at = g.finished_at if g.finished_at is not None else self.clock()
+        finished_at = g.finished_at if g.finished_at is not None else self.link.clock()
         # A text that became visible in this very write is visible when the write returns;
         # "now" is within that round trip.
-        first = claim.first_visible if claim.first_visible is not None else self.clock()
+        first = claim.first_visible if claim.first_visible is not None else self.link.clock()
         finish = g.finish or FinishReason.LENGTH
         self.stats.finish[finish.value] = self.stats.finish.get(finish.value, 0) + 1
         output: dict[str, Any] = {"text": g.detok.text, "token_ids": g.tokens}
         return completion(
-            self.ctx, claim, output, batch_size=round(g.batch_sum / max(g.steps, 1)),
+            self.link.config, claim, output, batch_size=round(g.batch_sum / max(g.steps, 1)),
             input_tokens=g.prompt_tokens, finished_ms=self.link.to_ms(finished_at),
             compute_ms=round((finished_at - (g.admitted_at or finished_at)) * 1e3, 3),
             finish_reason=finish,

@@ -1,21 +1,12 @@
 """The ``generate`` worker: iteration-level batching over the Redis queue, with token streams.
 
-The model runs on its own thread (``steploop.StepLoop``): decode steps back to back, each one
-admitting waiting requests in priority order under the slot and KV-token budgets and letting
-finished and cancelled ones leave. One asyncio loop owns the Redis I/O, concurrently:
-
-* the claimer (here) claims from Redis as many requests as there will be free slots at the
-  next step boundary (free slots, plus sequences finishing by length in the step in flight),
-  while the step runs (one Lua call; decoding, validation, chat-template rendering and
-  tokenization on a helper thread), so new requests join the running batch at the next step
-  instead of waiting for it to drain. It claims only what it can admit: the backlog stays in
-  Redis, in priority order, where any worker can take it, and a high-priority arrival is
-  claimed first;
-* the publisher (``publisher.StreamPublisher``) streams each step's text and writes results.
-
-Start, leases, reclaims and stop are the shared lifecycle's (``core.lifecycle``). On
-SIGTERM/SIGINT the worker stops claiming, gives waiting claims back at once, and finishes the
-generations in hand.
+The model thread (``steploop``) runs decode steps back to back; the stream publisher
+(``publisher``) writes their text and results. Here, on the event loop: claiming as many
+requests as there will be free slots at the next step boundary (free slots, plus sequences
+finishing by length in the step in flight) while the step runs, so new requests join the
+running batch at the next step. It claims only what it can admit: the backlog stays in Redis,
+in priority order, where any worker can take it. On SIGTERM/SIGINT it stops claiming, gives
+waiting claims back at once, and finishes the generations in hand.
 """
 
 from __future__ import annotations
@@ -39,7 +30,6 @@ from inferq.worker.core.lifecycle import QueueWorker, cancel
 from inferq.worker.core.queue_link import ScriptPipeline
 from inferq.worker.core.results import Claim, expired, failed_completion
 from inferq.worker.core.wake import wait_any
-from inferq.worker.generate.accounting import GenerationStats
 from inferq.worker.generate.engine import Engine, Generation
 from inferq.worker.generate.publisher import (
     PUBLISHER_SCRIPTS,
@@ -48,6 +38,7 @@ from inferq.worker.generate.publisher import (
     claim_of,
 )
 from inferq.worker.generate.settings import GenerationSettings
+from inferq.worker.generate.stats import GenerationStats
 from inferq.worker.generate.steploop import StepLoop
 from inferq.worker.models.lm import CausalLM
 
@@ -101,10 +92,9 @@ class GenerationWorker(QueueWorker[Generation]):
             on_oom=lambda sequences: loop.call_soon_threadsafe(self._on_oom, sequences))
         pipeline = ScriptPipeline(self._connect(), PUBLISHER_SCRIPTS)
         await pipeline.load()
-        self.publisher = StreamPublisher(
-            self.link, self.ctx, self.stats, self.steps, pipeline,
-            interval_s=self.settings.stream_interval_ms / 1e3,
-            max_slots=self.budget.max_slots)
+        self.publisher = StreamPublisher(self.link, self.stats, self.steps, pipeline,
+                                         self.settings.stream_interval_ms / 1e3,
+                                         self.budget.max_slots)
 
     def _describe(self) -> str:
         return f"with continuous batching (device {self.lm.device})"
@@ -216,7 +206,7 @@ class GenerationWorker(QueueWorker[Generation]):
                         f"prompt ({len(ids)} tokens) + max_new_tokens ({g.max_new}) exceed "
                         f"this worker's KV cache budget of {self.budget.kv_tokens} tokens")
             except InferqError as exc:
-                failures.append(failed_completion(self.ctx, claim.claimed, exc, now_ms))
+                failures.append(failed_completion(self.config, claim.claimed, exc, now_ms))
                 continue
             generations.append(g)
         return generations, failures
@@ -226,7 +216,7 @@ class GenerationWorker(QueueWorker[Generation]):
         overdue = self.steps.take_waiting(
             lambda g: (d := claim_of(g).deadline) is not None and d <= now)
         if overdue:
-            await self._complete(expired(self.ctx, [claim_of(g) for g in overdue],
+            await self._complete(expired(self.config, [claim_of(g) for g in overdue],
                                          self.link.to_ms(now)))
 
     async def _release_generations(self, generations: Sequence[Generation]) -> None:

@@ -90,13 +90,15 @@ def _load(spec: ModelSpec, task: str, device: str, dtype: str) -> BatchModel:
         from inferq.worker.models.device import resolve_device, resolve_dtype
         from inferq.worker.models.embedding import EmbeddingModel
     except ImportError as exc:
-        raise ModelLoadError(
-            f"loading {spec.source!r} needs torch and transformers: "
-            f"pip install 'inferq[worker]' ({exc})"
-        ) from exc
+        raise _needs_torch(spec, exc) from exc
     torch_device = resolve_device(device)
     return EmbeddingModel(spec.source, device=torch_device,
                           dtype=resolve_dtype(dtype, torch_device), model_id=spec.name)
+
+
+def _needs_torch(spec: ModelSpec, exc: ImportError) -> ModelLoadError:
+    return ModelLoadError(f"loading {spec.source!r} needs torch and transformers: "
+                          f"pip install 'inferq[worker]' ({exc})")
 
 
 def load_causal_lm(spec: ModelSpec, *, device: str = "auto", dtype: str = "auto") -> CausalLM:
@@ -107,10 +109,7 @@ def load_causal_lm(spec: ModelSpec, *, device: str = "auto", dtype: str = "auto"
         from inferq.worker.models.device import resolve_device, resolve_dtype
         from inferq.worker.models.lm import CausalLM
     except ImportError as exc:
-        raise ModelLoadError(
-            f"loading {spec.source!r} needs torch and transformers: "
-            f"pip install 'inferq[worker]' ({exc})"
-        ) from exc
+        raise _needs_torch(spec, exc) from exc
     source = spec.source
     if spec.name == SMOLLM2_ALIAS and source == str(smollm2_folder()):
         source = str(ensure_smollm2())

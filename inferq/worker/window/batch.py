@@ -3,8 +3,7 @@ of them as the window released it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from inferq.worker.core.results import Claim
 from inferq.worker.models.base import ModelInput
@@ -25,6 +24,9 @@ class Batch:
     id: int
     jobs: list[Job]
     reason: ReleaseReason
-    padding_efficiency: float
-    released_at: float
-    extra: dict[str, Any] = field(default_factory=dict)
+    real_tokens: int
+    padded_tokens: int
+
+    @property
+    def padding_efficiency(self) -> float:
+        return self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0

@@ -6,7 +6,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from inferq.worker.core.outcomes import Outcomes
+from inferq.worker.core.results import Outcomes
 
 
 @dataclass

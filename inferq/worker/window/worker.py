@@ -195,16 +195,13 @@ class Worker(QueueWorker[Job]):
             # Its previous attempt crashed a worker or failed: it runs alone, so it cannot
             # burn other requests' attempts.
             self._carry = [job for job in jobs if job is not suspect]
-            return Batch(id=next(self._batch_ids), jobs=[suspect], reason=ReleaseReason.WINDOW,
-                         padding_efficiency=1.0, released_at=self.clock(),
-                         extra={"real": suspect.tokens, "padded": suspect.tokens,
-                                "isolated": True})
+            return Batch(next(self._batch_ids), [suspect], ReleaseReason.WINDOW,
+                         suspect.tokens, suspect.tokens)
         packed = pack(jobs, _job_tokens, max_count=self.window_config.max_batch_size,
                       max_tokens=budget)
         self._carry = packed.rest
-        return Batch(id=next(self._batch_ids), jobs=packed.batch, reason=reason,
-                     padding_efficiency=packed.padding_efficiency, released_at=self.clock(),
-                     extra={"real": packed.real_tokens, "padded": packed.padded_tokens})
+        return Batch(next(self._batch_ids), packed.batch, reason, packed.real_tokens,
+                     packed.padded_tokens)
 
     async def _expire_overdue(self, now: float) -> bool:
         """Answer 'expired' for claimed jobs whose deadline passed in the window."""
@@ -212,7 +209,7 @@ class Worker(QueueWorker[Job]):
         if not overdue:
             return False
         self._carry = [job for job in self._carry if job not in overdue]
-        await self._complete(expired(self.ctx, overdue, self.link.to_ms(now)))
+        await self._complete(expired(self.config, overdue, self.link.to_ms(now)))
         return True
 
     async def _claim(self, max_count: int) -> list[Job]:
@@ -237,7 +234,7 @@ class Worker(QueueWorker[Job]):
         failures: list[ops.Completion] = []
         for claim, prepared in zip(claims, inputs, strict=True):
             if isinstance(prepared, InferqError):
-                failures.append(failed_completion(self.ctx, claim.claimed, prepared, now_ms))
+                failures.append(failed_completion(self.config, claim.claimed, prepared, now_ms))
             else:
                 jobs.append(Job.of(claim, input=prepared))
         return jobs, failures
@@ -272,11 +269,11 @@ class Worker(QueueWorker[Job]):
                 self.policy.observe_batch(len(batch.jobs), elapsed)
                 self.memory.on_success(max(i.tokens for i in inputs), len(inputs))
             self._unpublished = True
-            self.stats.record_batch(len(batch.jobs), batch.reason.value, batch.extra["real"],
-                                    batch.extra["padded"], elapsed)
+            self.stats.record_batch(len(batch.jobs), batch.reason.value, batch.real_tokens,
+                                    batch.padded_tokens, elapsed)
             m, q = self.metrics, self.keys.queue
             m.observe_batch(len(batch.jobs), self.window_config.max_batch_size, elapsed,
-                            batch.extra["real"])
+                            batch.real_tokens)
             m.padding.labels(q).observe(batch.padding_efficiency)
             m.releases.labels(q, batch.reason.value).inc()
             task = asyncio.create_task(self._finish(batch, outcomes, elapsed))
@@ -298,7 +295,7 @@ class Worker(QueueWorker[Job]):
     async def _finish(self, batch: Batch, outcomes: list[Any], elapsed: float) -> None:
         finished_ms = self.link.now_ms()
         completions = [
-            completion(self.ctx, job, outcome, batch_size=len(batch.jobs),
+            completion(self.config, job, outcome, batch_size=len(batch.jobs),
                        input_tokens=job.tokens, finished_ms=finished_ms,
                        compute_ms=round(elapsed * 1e3, 3))
             for job, outcome in zip(batch.jobs, outcomes, strict=True)
@@ -325,8 +322,8 @@ class Worker(QueueWorker[Job]):
             "model": self.model.model_id,
             "device": self.model.device,
         })
-        await self.link.publish_stats(fields)
-        await self.link.write_tuning(self.model.model_id, self.policy.to_state())
+        await self.link.publish_stats(fields,
+                                      tuning=(self.model.model_id, self.policy.to_state()))
         m, q = self.metrics, self.keys.queue
         m.window.labels(q).set(self.policy.window_s(now))
         m.target_batch.labels(q).set(self.policy.target_batch_size(now))

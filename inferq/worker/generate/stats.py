@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from inferq.worker.core.outcomes import Outcomes
+from inferq.worker.core.results import Outcomes
 from inferq.worker.generate.steploop import StepOutput
 
 
