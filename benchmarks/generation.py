@@ -18,7 +18,7 @@ time to first token p50/p99 (first text visible to the producer: the first strea
 Targets: continuous >= 1.5x the useful tokens/s of request-level, with a lower p50 TTFT.
 
 ``--compare-engines`` adds the in-process measurement behind the engine choice
-(``inferq/worker/generation/engine.py``): our KV-cache loop vs transformers'
+(``inferq/worker/generate/engine.py``): our KV-cache loop vs transformers'
 ``init_continuous_batching`` (configured: small pages, bounded cache) vs padded ``generate``.
 """
 

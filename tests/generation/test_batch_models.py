@@ -1,4 +1,4 @@
-"""``score`` and request-level ``generate`` in the window worker (``inferq.worker.runtime``)."""
+"""``score`` and request-level ``generate`` in the window worker (``inferq.worker.window``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Unit tests for the adaptive batching window (inferq.worker.policy).
+"""Unit tests for the adaptive batching window (inferq.worker.window.policy).
 
 Time is a fake clock: a float the tests advance. Nothing sleeps.
 """

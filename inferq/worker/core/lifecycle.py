@@ -26,7 +26,8 @@ from inferq.worker.core.leases import Heartbeat, LeaseBook
 from inferq.worker.core.metrics import HealthState, WorkerMetrics
 from inferq.worker.core.metrics import serve as serve_metrics
 from inferq.worker.core.queue_link import QueueLink
-from inferq.worker.core.results import Claim, Outcomes, decode_claims
+from inferq.worker.core.results import Claim, decode_claims
+from inferq.worker.core.stats import WorkerStats
 from inferq.worker.core.wake import WakeWaiter
 
 log = logging.getLogger("inferq.worker")
@@ -37,12 +38,12 @@ T = TypeVar("T")  # what a worker prepares from a claim: a ``Job``, a ``Generati
 class QueueWorker(ABC, Generic[T]):
     """A worker's shared state and lifecycle. A subclass provides ``_prepare`` (helper thread:
     decoded claims to what it runs, and completions for those that cannot run), ``_serve``
-    (until a stop, then drain), ``_publish_stats``, and ``_describe``, ``_summary`` and
-    ``_health_detail`` (the start and stop log lines, ``/healthz``)."""
+    (until a stop, then drain), ``_publish_stats`` and ``_describe`` (the start log line);
+    it may override ``_summary`` and ``_health_detail`` (the stop log line, ``/healthz``)."""
 
     #: What a stop still lets the worker finish (for the log).
     finishing = "the work in hand"
-    stats: Outcomes
+    stats: WorkerStats
 
     def __init__(self, config: WorkerConfig, *, device: str, clock: Callable[[], float]) -> None:
         self.config = config
@@ -170,11 +171,11 @@ class QueueWorker(ABC, Generic[T]):
     @abstractmethod
     def _describe(self) -> str: ...
 
-    @abstractmethod
-    def _summary(self) -> str: ...
+    def _summary(self) -> str:
+        return f"{self.stats.batches} batches, {self.stats.batched} requests"
 
-    @abstractmethod
-    def _health_detail(self) -> Mapping[str, Any]: ...
+    def _health_detail(self) -> Mapping[str, Any]:
+        return {"batches": self.stats.batches}
 
 
 async def cancel(task: asyncio.Task[Any]) -> None:

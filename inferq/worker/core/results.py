@@ -1,17 +1,15 @@
-"""Claimed requests inside a worker, what it writes back for them, and what became of that.
+"""Claimed requests inside a worker, and what it writes back for them.
 
 ``decode_claims`` turns what the claim script handed out into ``Claim``s; every request then
 ends in one ``ops.Completion``: a result (``completion``: output, failure or retry) or an
-answer without running (``failed_completion``, ``expired``). ``Outcomes`` counts what the
-server did with them (each worker's statistics extend it).
+answer without running (``failed_completion``, ``expired``).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from inferq.errors import DeadlineMissed, InferqError, InvalidInput
 from inferq.protocol import ops
@@ -25,11 +23,6 @@ from inferq.protocol.codec import (
 )
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.failures import Failure
-
-if TYPE_CHECKING:
-    from inferq.worker.core.metrics import WorkerMetrics
-
-log = logging.getLogger("inferq.worker")
 
 
 @dataclass(slots=True)
@@ -126,35 +119,3 @@ def expired(config: WorkerConfig, claims: Sequence[Claim], now_ms: int) -> list[
     return [failed_completion(config, claim.claimed, error, now_ms, Status.EXPIRED)
             for claim in claims]
 
-
-@dataclass
-class Outcomes:
-    """What became of the completions a worker sent (its stats hash, its metrics)."""
-
-    #: Results written with status ``ok``.
-    completed: int = 0
-    failed: int = 0
-    refused: int = 0
-    released: int = 0
-    retried: int = 0
-    cancelled: int = 0
-
-    def count(self, metrics: WorkerMetrics, completions: Sequence[ops.Completion],
-              written: Sequence[bool], cancelled: Collection[str] = ()) -> None:
-        """``written``: what the server did with each completion; a refused one in
-        ``cancelled`` was cancelled by its producer (not a lost lease)."""
-        for completion, ok in zip(completions, written, strict=True):
-            if not ok and completion.id in cancelled:
-                self.cancelled += 1
-                continue
-            metrics.observe_outcome(completion.status, ok)
-            if not ok:
-                self.refused += 1
-                log.warning("completion of %s refused: lease lost or request cancelled",
-                            completion.id)
-            elif completion.status == "retry":
-                self.retried += 1
-            elif completion.status == "ok":
-                self.completed += 1
-            else:
-                self.failed += 1

@@ -161,7 +161,7 @@ class StreamPublisher:
         # "now" is within that round trip.
         first = claim.first_visible if claim.first_visible is not None else self.link.clock()
         finish = g.finish or FinishReason.LENGTH
-        self.stats.finish[finish.value] = self.stats.finish.get(finish.value, 0) + 1
+        self.stats.reasons[finish.value] += 1
         output: dict[str, Any] = {"text": g.detok.text, "token_ids": g.tokens}
         return completion(
             self.link.config, claim, output, batch_size=round(g.batch_sum / max(g.steps, 1)),

@@ -19,7 +19,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -40,7 +40,7 @@ from inferq.worker.window.isolation import run_isolated
 from inferq.worker.window.memory import MemoryGovernor
 from inferq.worker.window.packing import fill_tokens, pack
 from inferq.worker.window.policy import ReleaseReason, WindowConfig, WindowPolicy
-from inferq.worker.window.stats import WorkerStats
+from inferq.worker.window.stats import WindowStats
 
 log = logging.getLogger("inferq.worker")
 
@@ -51,7 +51,7 @@ def _job_tokens(job: Job) -> int:
 
 class Worker(QueueWorker[Job]):
     finishing = "the batch in hand"
-    stats: WorkerStats
+    stats: WindowStats
 
     def __init__(self, config: WorkerConfig, model: BatchModel, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -63,7 +63,7 @@ class Worker(QueueWorker[Job]):
             max_wait_s=config.max_wait_ms / 1e3,
         )
         self.policy = WindowPolicy(self.window_config)
-        self.stats = WorkerStats()
+        self.stats = WindowStats()
         self.memory = MemoryGovernor(config.max_batch_tokens)
         self.resumed_tuning = False
         self._carry: list[Job] = []
@@ -86,12 +86,6 @@ class Worker(QueueWorker[Job]):
         return (f"(device {self.model.device}, window max {self.config.max_wait_ms:.1f} ms, "
                 f"batch max {self.config.max_batch_size}, "
                 f"tuning {'resumed' if self.resumed_tuning else 'fresh'})")
-
-    def _summary(self) -> str:
-        return f"{self.stats.batches} batches, {self.stats.requests} requests"
-
-    def _health_detail(self) -> Mapping[str, Any]:
-        return {"batches": self.stats.batches}
 
     async def _serve(self) -> None:
         self._device_idle = asyncio.Event()
@@ -269,7 +263,7 @@ class Worker(QueueWorker[Job]):
                 self.policy.observe_batch(len(batch.jobs), elapsed)
                 self.memory.on_success(max(i.tokens for i in inputs), len(inputs))
             self._unpublished = True
-            self.stats.record_batch(len(batch.jobs), batch.reason.value, batch.real_tokens,
+            self.stats.record(len(batch.jobs), batch.reason.value, batch.real_tokens,
                                     batch.padded_tokens, elapsed)
             m, q = self.metrics, self.keys.queue
             m.observe_batch(len(batch.jobs), self.window_config.max_batch_size, elapsed,
