@@ -132,11 +132,10 @@ class QueueWorker(ABC, Generic[T]):
         ready, rejected = self._prepare(claims, now_ms)
         return ready, failures + rejected
 
-    async def _complete(self, completions: Sequence[ops.Completion], *,
-                        scripts: Mapping[str, Any] | None = None) -> None:
+    async def _complete(self, completions: Sequence[ops.Completion]) -> None:
         if not completions:
             return
-        written = await self.link.complete(completions, scripts=scripts)
+        written = await self.link.complete(completions)
         if written is not None:
             self.stats.count(self.metrics, completions, written)
 
