@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from inferq.worker.core.stats import WorkerStats
+from inferq.worker.window.batch import Batch
 
 
 @dataclass
@@ -15,13 +16,12 @@ class WindowStats(WorkerStats):
     padded_tokens: int = 0
     sizes: Counter[int] = field(default_factory=Counter)
 
-    def record(self, size: int, reason: str, real_tokens: int, padded_tokens: int,
-               forward_s: float) -> None:
-        self.record_batch(size, forward_s)
-        self.sizes[size] += 1
-        self.reasons[reason] += 1
-        self.real_tokens += real_tokens
-        self.padded_tokens += padded_tokens
+    def record(self, batch: Batch, forward_s: float) -> None:
+        self.record_batch(len(batch.jobs), forward_s)
+        self.sizes[len(batch.jobs)] += 1
+        self.reasons[batch.reason.value] += 1
+        self.real_tokens += batch.real_tokens
+        self.padded_tokens += batch.padded_tokens
 
     def as_fields(self) -> dict[str, str]:
         efficiency = self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0

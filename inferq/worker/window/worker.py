@@ -263,8 +263,7 @@ class Worker(QueueWorker[Job]):
                 self.policy.observe_batch(len(batch.jobs), elapsed)
                 self.memory.on_success(max(i.tokens for i in inputs), len(inputs))
             self._unpublished = True
-            self.stats.record(len(batch.jobs), batch.reason.value, batch.real_tokens,
-                                    batch.padded_tokens, elapsed)
+            self.stats.record(batch, elapsed)
             m, q = self.metrics, self.keys.queue
             m.observe_batch(len(batch.jobs), self.window_config.max_batch_size, elapsed,
                             batch.real_tokens)
