@@ -94,7 +94,7 @@ def generation_source(model: str, out: Path) -> str:
             say(f"building the tiny random Llama in {folder}")
             build_tiny_model(folder)
         return str(folder)
-    from inferq.worker.generation.convert import ensure_smollm2
+    from inferq.worker.models.convert import ensure_smollm2
 
     return str(ensure_smollm2())
 
@@ -117,23 +117,23 @@ def load_lm(source: str) -> Any:
     """The worker's ``CausalLM`` on the CPU, float32."""
     import torch
 
-    from inferq.worker.generation.lm import CausalLM
+    from inferq.worker.models.lm import CausalLM
 
     return CausalLM(source, device=torch.device("cpu"), dtype=torch.float32)
 
 
 def worker_engine(lm: Any, slots: int) -> Any:
     """The engine with the budgets the continuous worker gives it at ``--max-slots slots``."""
-    from inferq.worker.generation.engine import Engine
-    from inferq.worker.generation.worker import GenerationSettings
+    from inferq.worker.generate.engine import Engine
+    from inferq.worker.generate.settings import GenerationSettings
 
     return Engine(lm, GenerationSettings(max_slots=slots).budget(lm))
 
 
 def open_engine(lm: Any, slots: int) -> Any:
     """The engine limited by its slots only (KV and prefill budgets out of the way)."""
-    from inferq.worker.generation.engine import Engine
-    from inferq.worker.generation.scheduler import Budget
+    from inferq.worker.generate.engine import Engine
+    from inferq.worker.generate.scheduler import Budget
 
     return Engine(lm, Budget(max_slots=slots, kv_tokens=1 << 24, max_prefill_tokens=4096))
 

@@ -38,7 +38,7 @@ from tests.support.tiny import build_tiny_model
 if TYPE_CHECKING:  # torch, transformers and the gateway load slowly: imported when used
     from fastapi.testclient import TestClient
 
-    from inferq.worker.generation.lm import CausalLM
+    from inferq.worker.models.lm import CausalLM
 
 
 @pytest.fixture(autouse=True)
@@ -130,7 +130,7 @@ def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def lm(tiny_path: Path) -> Iterator[CausalLM]:
     import torch
 
-    from inferq.worker.generation.lm import CausalLM
+    from inferq.worker.models.lm import CausalLM
 
     torch.manual_seed(0)
     model = CausalLM(str(tiny_path), device=torch.device("cpu"), dtype=torch.float32,

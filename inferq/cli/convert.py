@@ -19,7 +19,7 @@ def add_parser(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from inferq.worker.generation.convert import ensure_smollm2
+    from inferq.worker.models.convert import ensure_smollm2
 
     root = Path(args.cache_dir).expanduser() if args.cache_dir else None
     print(ensure_smollm2(root, force=args.force))

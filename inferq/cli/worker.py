@@ -99,7 +99,7 @@ def refuse_foreign_flags(args: argparse.Namespace, builtin: bool, continuous: bo
 
 
 def run(args: argparse.Namespace) -> int:
-    from inferq.worker.config import WorkerConfig
+    from inferq.worker.core.config import WorkerConfig
     from inferq.worker.models.registry import BUILTIN_PREFIX, parse_model_arg
 
     spec = parse_model_arg(args.model)
@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
     log.info("connecting to %s%s", config.connection.redacted_url,
              f" (CA {config.tls_ca})" if config.tls_ca else "")
     if continuous:
-        from inferq.worker.generation.worker import GenerationSettings, GenerationWorker
+        from inferq.worker.generate.settings import GenerationSettings
+    from inferq.worker.generate.worker import GenerationWorker
         from inferq.worker.models.registry import load_causal_lm
 
         lm = load_causal_lm(spec, device=config.device, dtype=config.dtype)
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             lm.close()
         return 0
     from inferq.worker.models.registry import load_model
-    from inferq.worker.runtime import Worker
+    from inferq.worker.window.worker import Worker
 
     model = load_model(spec, config.task, device=config.device, dtype=config.dtype)
     try:

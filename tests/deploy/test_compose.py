@@ -559,7 +559,7 @@ def test_grafana_is_provisioned_with_the_datasource_and_dashboard() -> None:
 
 
 def test_dashboard_and_alerting_use_metrics_the_worker_exports() -> None:
-    from inferq.worker.metrics import WorkerMetrics
+    from inferq.worker.core.metrics import WorkerMetrics
 
     exported = WorkerMetrics("embed:t", "w").names()
     dashboard = Path("deploy/grafana/dashboards/inferq.json").read_text()

@@ -14,7 +14,7 @@ import redis
 import inferq
 from inferq.connection import ConnectionSettings, describe_error, sync_client
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.runtime import Worker
+from inferq.worker.window.worker import Worker
 from tests.support.processes import WorkerProcess
 from tests.support.security import (
     ACL_PASSWORD,

@@ -14,8 +14,8 @@ from tests.support.generation import gen_config
 from tests.support.property import InputCounter, load_profile, write_summary
 
 if TYPE_CHECKING:  # torch and transformers load slowly: imported when used
-    from inferq.worker.generation.lm import CausalLM
-    from inferq.worker.generation.worker import GenerationWorker
+    from inferq.worker.models.lm import CausalLM
+    from inferq.worker.generate.worker import GenerationWorker
 
 load_profile()
 
@@ -29,7 +29,8 @@ async def aclient(redis_url: str) -> AsyncIterator[inferq.AsyncClient]:
 @pytest.fixture
 async def gen_worker(redis_url: str, lm: CausalLM) -> AsyncIterator[Callable[..., Any]]:
     """``await start(**settings)`` runs a GenerationWorker in this event loop; stopped after."""
-    from inferq.worker.generation.worker import GenerationSettings, GenerationWorker
+    from inferq.worker.generate.settings import GenerationSettings
+    from inferq.worker.generate.worker import GenerationWorker
 
     running: list[tuple[GenerationWorker, asyncio.Task[None]]] = []
 

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 import inferq
 from inferq.connection import ConnectionSettings, async_client, sync_client
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.runtime import Worker
+from inferq.worker.window.worker import Worker
 from tests.support.security import (
     ACL_PASSWORD,
     ACL_USER,

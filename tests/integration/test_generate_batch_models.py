@@ -1,4 +1,4 @@
-"""``score`` and request-level ``generate`` in the window worker (``inferq.worker.runtime``)."""
+"""``score`` and request-level ``generate`` in the window worker (``inferq.worker.window.worker``)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import inferq
-from inferq.worker.config import WorkerConfig
-from inferq.worker.generation.batch_models import RequestLevelGenerator, ScoringModel
-from inferq.worker.generation.lm import CausalLM
-from inferq.worker.runtime import Worker
+from inferq.worker.core.config import WorkerConfig
+from inferq.worker.models.batch_models import RequestLevelGenerator, ScoringModel
+from inferq.worker.models.lm import CausalLM
+from inferq.worker.window.worker import Worker
 from tests.support.generation import MODEL, greedy_reference
 
 

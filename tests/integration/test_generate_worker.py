@@ -17,7 +17,7 @@ from inferq.cli.stats import format_stats
 from inferq.protocol.codec import RequestPayload
 from inferq.protocol.keys import QueueKeys
 from inferq.stats import read_all
-from inferq.worker.generation.lm import CausalLM
+from inferq.worker.models.lm import CausalLM
 from tests.support.generation import MODEL, WORDS, greedy_reference
 from tests.support.metrics import health, scrape
 

@@ -13,7 +13,7 @@ import inferq
 from inferq.producer import inbox as inbox_module
 from inferq.protocol.codec import Result, Status, encode_result
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.runtime import Worker
+from inferq.worker.window.worker import Worker
 from tests.support.window_worker import KEYS, config, run_worker, stop
 
 

@@ -11,7 +11,7 @@ import redis
 
 import inferq
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.runtime import Worker
+from inferq.worker.window.worker import Worker
 from tests.support.metrics import health, scrape
 from tests.support.processes import wait_until
 from tests.support.window_worker import config, run_worker, stop

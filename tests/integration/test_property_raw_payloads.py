@@ -39,9 +39,9 @@ import inferq
 from inferq.errors import RequestError
 from inferq.protocol.codec import MAX_DEADLINE_S, decode_request
 from inferq.protocol.keys import QueueKeys
-from inferq.worker.config import WorkerConfig
+from inferq.worker.core.config import WorkerConfig
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.runtime import Worker
+from inferq.worker.window.worker import Worker
 from tests.support.processes import wait_until
 from tests.support.property import InputCounter, examples
 

@@ -20,7 +20,7 @@ from inferq.protocol import ops
 from inferq.protocol.codec import RequestPayload
 from inferq.worker.models.base import BatchModel, ModelInput
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.runtime import Worker
+from inferq.worker.window.worker import Worker
 from tests.support.processes import wait_until
 from tests.support.window_worker import KEYS, config, run_worker, stop
 

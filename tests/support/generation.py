@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from inferq.worker.config import WorkerConfig
+from inferq.worker.core.config import WorkerConfig
 
 if TYPE_CHECKING:  # torch and transformers load slowly: only the tests that use them pay
-    from inferq.worker.generation.lm import CausalLM
+    from inferq.worker.models.lm import CausalLM
 
 MODEL = "tiny"
 WORDS = ["the", "queue", "worker", "asks", "what", "is", "the", "capital", "of", "France",

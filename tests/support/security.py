@@ -17,9 +17,9 @@ import redis
 import inferq
 from inferq.connection import ConnectionSettings
 from inferq.embedded import free_port
-from inferq.worker.config import WorkerConfig
+from inferq.worker.core.config import WorkerConfig
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.runtime import Worker
+from inferq.worker.window.worker import Worker
 from tests.support.servers import SecureServer
 
 #: Reserved URL characters on purpose: the URL must carry it percent-encoded.

@@ -1,4 +1,4 @@
-"""An in-process window worker (``inferq.worker.runtime.Worker``) on the queue ``embed:t``
+"""An in-process window worker (``inferq.worker.window.worker.Worker``) on the queue ``embed:t``
 (``KEYS``)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import asyncio
 from typing import Any
 
 from inferq.protocol.keys import QueueKeys
-from inferq.worker.config import WorkerConfig
-from inferq.worker.runtime import Worker
+from inferq.worker.core.config import WorkerConfig
+from inferq.worker.window.worker import Worker
 
 KEYS = QueueKeys.for_model("embed", "t")
 

@@ -51,7 +51,7 @@ def test_given_flags_reach_the_config_and_the_rest_keep_its_defaults(
         async def run(self) -> None:
             pass
 
-    monkeypatch.setattr("inferq.worker.runtime.Worker", Recorder)
+    monkeypatch.setattr("inferq.worker.window.worker.Worker", Recorder)
     assert main(["worker", "--redis-url", NOWHERE, "--model", "echo", "--max-wait-ms", "5",
                  "--max-batch-tokens", "0", "--lease-ms", "900"]) == 0
     (config,) = configs

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from inferq.protocol.generation import FinishReason, GenerationParams
-from inferq.worker.generation.engine import Engine, Generation
-from inferq.worker.generation.lm import CausalLM
-from inferq.worker.generation.scheduler import Budget
+from inferq.worker.generate.engine import Engine, Generation
+from inferq.worker.models.lm import CausalLM
+from inferq.worker.generate.scheduler import Budget
 from tests.support.generation import WORDS, greedy_reference
 from tests.support.tiny import build_tiny_model
 

@@ -14,11 +14,12 @@ import torch
 
 from inferq.errors import DeviceOutOfMemory
 from inferq.protocol.generation import FinishReason, GenerationParams
-from inferq.worker.generation.engine import Engine, Generation
-from inferq.worker.generation.lm import CausalLM
-from inferq.worker.generation.scheduler import Budget
-from inferq.worker.generation.steploop import MAX_STEP_FAILURES, StepLoop
-from inferq.worker.isolation import failure_of, is_out_of_memory, run_isolated
+from inferq.worker.generate.engine import Engine, Generation
+from inferq.worker.models.lm import CausalLM
+from inferq.worker.generate.scheduler import Budget
+from inferq.worker.generate.steploop import MAX_STEP_FAILURES, StepLoop
+from inferq.worker.core.failures import failure_of, is_out_of_memory
+from inferq.worker.window.isolation import run_isolated
 from tests.support.generation import greedy_reference
 
 WORDS = ["the", "queue", "worker", "asks", "what", "is", "capital", "of", "France", "token"]

@@ -12,10 +12,10 @@ from inferq.errors import ValidationError
 from inferq.producer.streaming import StreamReader
 from inferq.protocol.codec import Result, Status, build_request, decode_request, encode_request
 from inferq.protocol.generation import FinishReason, GenerationParams, parse_generation_params
-from inferq.worker.generation.detok import Detokenizer
-from inferq.worker.generation.kvcache import footprint
-from inferq.worker.generation.sampling import choose, filter_logits, make_generator, seed_for
-from inferq.worker.generation.scheduler import Budget, admit
+from inferq.worker.generate.kvcache import footprint
+from inferq.worker.generate.scheduler import Budget, admit
+from inferq.worker.models.detok import Detokenizer
+from inferq.worker.models.sampling import choose, filter_logits, make_generator, seed_for
 
 # ------------------------------------------------------------------------------- params
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from inferq.worker.packing import pack
+from inferq.worker.window.packing import pack
 
 
 def _len(x: int) -> int:

@@ -1,4 +1,4 @@
-"""Unit tests for the adaptive batching window (inferq.worker.policy).
+"""Unit tests for the adaptive batching window (inferq.worker.window.policy).
 
 Time is a fake clock: a float the tests advance. Nothing sleeps.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from inferq.worker.policy import (
+from inferq.worker.window.policy import (
     ArrivalRate,
     Decision,
     LatencyModel,

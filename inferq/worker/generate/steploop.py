@@ -32,9 +32,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from inferq.worker.generation.engine import AdmissionFailed, Engine, Generation
-from inferq.worker.isolation import is_out_of_memory
-from inferq.worker.memory import free_device_cache
+from inferq.worker.core.failures import free_device_cache, is_out_of_memory
+from inferq.worker.generate.engine import AdmissionFailed, Engine, Generation
 
 log = logging.getLogger("inferq.worker")
 

@@ -44,11 +44,11 @@ from typing import Any
 import torch
 
 from inferq.protocol.generation import FinishReason, GenerationParams
-from inferq.worker.generation import scheduler
-from inferq.worker.generation.detok import Detokenizer
-from inferq.worker.generation.kvcache import SlotKVCache, footprint
-from inferq.worker.generation.lm import CausalLM
-from inferq.worker.generation.sampling import choose, make_generator, seed_for
+from inferq.worker.generate import scheduler
+from inferq.worker.generate.kvcache import SlotKVCache, footprint
+from inferq.worker.models.detok import Detokenizer
+from inferq.worker.models.lm import CausalLM
+from inferq.worker.models.sampling import choose, make_generator, seed_for
 
 log = logging.getLogger("inferq.worker")
 
@@ -133,7 +133,6 @@ class Engine:
         self.running: list[Generation] = []
         self.steps = 0
         self.decoded_tokens = 0
-        self.prefilled_tokens = 0
 
     # ------------------------------------------------------------------------- building
 
@@ -272,7 +271,6 @@ class Engine:
             self.running.append(g)
         for g, token in zip(admitted, tokens, strict=True):
             self._accept(g, token)
-        self.prefilled_tokens += sum(lengths)
 
     def _decode(self, decoding: list[Generation]) -> None:
         device = self.lm.torch_device

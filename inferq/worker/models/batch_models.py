@@ -1,4 +1,4 @@
-"""Causal-LM tasks that run as whole batches in the window worker (``inferq.worker.runtime``):
+"""Causal-LM tasks that run as whole batches in the window worker (``window/worker.py``):
 
 * ``ScoringModel`` (task ``score``): per-token log-probabilities of a given text, one batched
   forward (right-padded, no cache) per window, for ranking and evaluation;
@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import threading
+from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,18 +25,19 @@ from inferq.protocol.generation import (
     check_task_params,
     parse_generation_params,
 )
-from inferq.worker.generation.detok import Detokenizer
-from inferq.worker.generation.lm import CausalLM
-from inferq.worker.generation.sampling import seed_for
 from inferq.worker.models.base import BatchModel, ModelInput
+from inferq.worker.models.detok import Detokenizer
+from inferq.worker.models.lm import CausalLM
+from inferq.worker.models.sampling import seed_for
 
 
-class ScoringModel(BatchModel):
-    """Output per request: ``token_ids``, ``tokens`` (each decoded alone), ``logprobs``
-    (``None`` for the first token, which has no context), ``sum_logprob`` and
-    ``mean_logprob`` over the scored tokens."""
+class _CausalLMTask(BatchModel):
+    """A causal-LM task run as whole batches: every payload is encoded, its params checked
+    (``_params`` raises ``ValidationError``) and its length checked against the context."""
 
-    tasks = frozenset({"score"})
+    #: What the text is called in errors; positions it must leave free in the context.
+    noun = "text"
+    spare = 0
 
     def __init__(self, lm: CausalLM) -> None:
         self.lm = lm
@@ -48,18 +50,38 @@ class ScoringModel(BatchModel):
         encoded = self.lm.encode(payloads) if payloads else []
         for payload, ids in zip(payloads, encoded, strict=True):
             try:
-                check_task_params("score", payload.params, payload.messages is not None)
+                params = self._params(payload)
             except ValidationError as exc:
                 out.append(InvalidInput(exc.message))
                 continue
             if isinstance(ids, InferqError):
                 out.append(ids)
-            elif len(ids) > self.lm.max_positions:
-                out.append(InvalidInput(f"the text has {len(ids)} tokens; the model's context "
-                                        f"is {self.lm.max_positions}"))
+            elif len(ids) + self.spare > self.lm.max_positions:
+                out.append(InvalidInput(f"the {self.noun} has {len(ids)} tokens; the model's "
+                                        f"context is {self.lm.max_positions}"))
             else:
-                out.append(ModelInput(len(ids), ids))
+                out.append(ModelInput(len(ids), self._data(payload, ids, params)))
         return out
+
+    @abstractmethod
+    def _params(self, payload: RequestPayload) -> Any: ...
+
+    @abstractmethod
+    def _data(self, payload: RequestPayload, ids: list[int], params: Any) -> Any: ...
+
+
+class ScoringModel(_CausalLMTask):
+    """Output per request: ``token_ids``, ``tokens`` (each decoded alone), ``logprobs``
+    (``None`` for the first token, which has no context), ``sum_logprob`` and
+    ``mean_logprob`` over the scored tokens."""
+
+    tasks = frozenset({"score"})
+
+    def _params(self, payload: RequestPayload) -> None:
+        check_task_params("score", payload.params, payload.messages is not None)
+
+    def _data(self, payload: RequestPayload, ids: list[int], params: Any) -> list[int]:
+        return ids
 
     @torch.inference_mode()
     def forward(self, batch: Sequence[ModelInput]) -> list[Any]:
@@ -99,7 +121,7 @@ class _Request:
     params: GenerationParams
 
 
-class RequestLevelGenerator(BatchModel):
+class RequestLevelGenerator(_CausalLMTask):
     """Padded ``generate`` over a whole window (the request-level batching baseline).
 
     Greedy requests of a window share one ``generate`` call that runs until the longest
@@ -108,30 +130,14 @@ class RequestLevelGenerator(BatchModel):
     ``text``, ``token_ids``, ``finish_reason`` and ``completion_tokens``."""
 
     tasks = frozenset({"generate"})
+    noun = "prompt"
+    spare = 1  # room for at least one new token
 
-    def __init__(self, lm: CausalLM) -> None:
-        self.lm = lm
-        self.model_id = lm.model_id
-        self.device = lm.device
-        self._lock = threading.Lock()
+    def _params(self, payload: RequestPayload) -> GenerationParams:
+        return parse_generation_params(payload.params)
 
-    def prepare(self, payloads: Sequence[RequestPayload]) -> list[ModelInput | InferqError]:
-        out: list[ModelInput | InferqError] = []
-        encoded = self.lm.encode(payloads) if payloads else []
-        for payload, ids in zip(payloads, encoded, strict=True):
-            try:
-                params = parse_generation_params(payload.params)
-            except ValidationError as exc:
-                out.append(InvalidInput(exc.message))
-                continue
-            if isinstance(ids, InferqError):
-                out.append(ids)
-            elif len(ids) >= self.lm.max_positions:
-                out.append(InvalidInput(f"the prompt has {len(ids)} tokens; the model's "
-                                        f"context is {self.lm.max_positions}"))
-            else:
-                out.append(ModelInput(len(ids), _Request(payload.id, ids, params)))
-        return out
+    def _data(self, payload: RequestPayload, ids: list[int], params: Any) -> _Request:
+        return _Request(payload.id, ids, params)
 
     @torch.inference_mode()
     def forward(self, batch: Sequence[ModelInput]) -> list[Any]:

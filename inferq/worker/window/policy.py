@@ -58,15 +58,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = [
-    "ArrivalRate",
-    "Decision",
-    "LatencyModel",
-    "ReleaseReason",
-    "WindowConfig",
-    "WindowPolicy",
-]
-
 # Below this (weighted) variance of observed batch sizes a slope cannot be
 # estimated; batch sizes are integers, so any real spread is far above it.
 _MIN_SIZE_VARIANCE = 1e-3

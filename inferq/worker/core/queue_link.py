@@ -1,29 +1,29 @@
-"""A worker's calls on its queue's scripts, shared by the window worker (``runtime``) and the
-generate worker: claim, complete, release, reclaim, the per-worker stats hash, and the
-maintenance loop that reclaims expired leases and reports health.
+"""Every Redis call a worker makes on its queue, but the heartbeat's (``leases``) and the
+wake-up BLPOP (``wake``): the scripts (several in one round trip: ``ScriptPipeline``), the
+queue registry, the priority check of a pre-claimed window, the window tuning, the stats hash,
+and the maintenance loop (reclaims, health).
 
 Writes that follow a forward (results, stream text) are retried through a Redis outage for as
 long as the leases they carry can still be valid (``until_leases_expire``). After that the
-requests are reclaimed by the queue and run again elsewhere, so giving up loses nothing; the
-worker only forgets their leases. What each outcome means to a worker's own statistics stays
-with the worker.
+requests are reclaimed by the queue and run again elsewhere, so giving up loses nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from inferq.protocol import ops
-from inferq.protocol.keys import QueueKeys
-from inferq.worker.backoff import RedisBackoff
-from inferq.worker.config import WorkerConfig
-from inferq.worker.leases import LeaseBook
-from inferq.worker.metrics import HealthState, WorkerMetrics
+from inferq.protocol import ops, scores
+from inferq.protocol.keys import QueueKeys, queues_registry
+from inferq.worker.core.backoff import RedisBackoff
+from inferq.worker.core.config import WorkerConfig
+from inferq.worker.core.leases import LeaseBook
+from inferq.worker.core.metrics import HealthState, WorkerMetrics
 
 log = logging.getLogger("inferq.worker")
 
@@ -31,6 +31,8 @@ log = logging.getLogger("inferq.worker")
 RECLAIM_BATCH = 500
 #: Lifetime of a worker's stats hash (``inferq stats``): it vanishes soon after the worker.
 WINDOW_STATS_TTL_MS = 15_000
+#: Lifetime of the persisted window tuning of a (queue, model).
+TUNING_TTL_S = 7 * 24 * 3600
 
 T = TypeVar("T")
 
@@ -135,7 +137,30 @@ class QueueLink:
                 f" ({why})" if why else "")
         return released
 
+    async def pending_above(self, priority: int) -> int:
+        """Pending requests of strictly higher priority than ``priority`` (one ZCOUNT: they
+        score below its band)."""
+        return int(await self.redis.zcount(self.keys.pending, "-inf",
+                                           f"({scores.band(priority)}"))
+
     # ---------------------------------------------------------------------------- upkeep
+
+    async def register_queue(self) -> None:
+        """List the queue in the namespace's registry (read by ``inferq stats``)."""
+        await self.redis.sadd(queues_registry(self.config.namespace), self.keys.queue)
+
+    async def read_tuning(self, model_id: str) -> dict[str, Any] | None:
+        """The window tuning persisted for this queue and model, if any (and readable)."""
+        key = self.keys.tuning(model_id)
+        raw = await self.redis.hget(key, "state")
+        if raw is None:
+            return None
+        try:
+            state: dict[str, Any] = json.loads(raw)
+        except ValueError:
+            log.warning("ignoring unreadable tuning state at %s", key)
+            return None
+        return state
 
     async def reclaim(self) -> tuple[int, int]:
         """Expired leases of any worker back to pending (or dead); (requeued, dead)."""
@@ -148,12 +173,17 @@ class QueueLink:
             log.warning("reclaimed %d expired leases (%d dead-lettered)", requeued + dead, dead)
         return requeued, dead
 
-    async def publish_stats(self, fields: Mapping[str, str]) -> None:
-        """This worker's stats hash, read by ``inferq stats``."""
+    async def publish_stats(self, fields: Mapping[str, str], *,
+                            tuning: tuple[str, Mapping[str, Any]] | None = None) -> None:
+        """This worker's stats hash, read by ``inferq stats``; with ``tuning`` (model id,
+        state), the window state persisted for that model too, in the same round trip."""
         key = self.keys.window(self.config.worker_id)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(key, mapping=cast("Mapping[Any, Any]", fields))
         pipe.pexpire(key, WINDOW_STATS_TTL_MS)
+        if tuning is not None:
+            pipe.hset(self.keys.tuning(tuning[0]), "state", json.dumps(tuning[1]))
+            pipe.expire(self.keys.tuning(tuning[0]), TUNING_TTL_S)
         await pipe.execute()
 
     async def maintain(self, health: HealthState, device: str, *,
@@ -190,3 +220,46 @@ class QueueLink:
         if aof.get("appendonly") != "yes" and not save.get("save"):
             log.warning("Redis persistence is off (no AOF, no RDB): a server restart "
                         "loses every queued request")
+
+
+class ScriptPipeline:
+    """Several of the queue's scripts in one round trip, in order, as plain EVALSHA on a
+    connection of their own (redis-py's pipelined script objects would first send SCRIPT
+    EXISTS: a second round trip at every call)."""
+
+    def __init__(self, client: Any, names: Sequence[str]) -> None:
+        self.client = client
+        self.names = tuple(names)
+        self.scripts: Mapping[str, Any] = ops.register(client)
+
+    async def load(self) -> None:
+        """Plain EVALSHA needs the scripts loaded; done at start and after a server lost them."""
+        for name in self.names:
+            script = self.scripts[name]
+            script.sha = await self.client.script_load(script.script)
+
+    async def __call__(self, calls: Sequence[tuple[str, ops.Call]]) -> list[Any]:
+        """The replies, in order. A server that lost its script cache (restart, SCRIPT FLUSH)
+        gets all of them loaded again, and only the calls it refused run again, so nothing is
+        written twice."""
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            for i in todo:
+                name, (keys, args) = calls[i]
+                pipe.evalsha(self.scripts[name].sha, len(keys), *keys, *args)
+            results = await pipe.execute(raise_on_error=False)
+            missing = []
+            for i, result in zip(todo, results, strict=True):
+                if isinstance(result, NoScriptError) and attempt == 1:
+                    missing.append(i)
+                elif isinstance(result, Exception):
+                    raise result
+                else:
+                    replies[i] = result
+            if not missing:
+                return replies
+            await self.load()
+            todo = missing
+        raise AssertionError("unreachable")

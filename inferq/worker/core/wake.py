@@ -32,18 +32,9 @@ class WakeWaiter:
         set, or ``timeout`` passes (both: None)."""
         if self._task is None:
             self._task = asyncio.ensure_future(self._client.blpop(self._keys, timeout=BLOCK_S))
-        waiters: set[asyncio.Future[Any]] = {self._task}
-        event_task: asyncio.Task[Any] | None = None
-        if also is not None:
-            if also.is_set():
-                return None
-            event_task = asyncio.ensure_future(also.wait())
-            waiters.add(event_task)
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if event_task is not None and not event_task.done():
-                event_task.cancel()
+        if also is not None and also.is_set():
+            return None
+        await wait_any(() if also is None else (also,), timeout, or_done=self._task)
         if not self._task.done():
             return None
         task, self._task = self._task, None
@@ -65,11 +56,14 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-async def wait_any(events: Sequence[asyncio.Event], timeout: float | None = None) -> None:
-    """Until one of ``events`` is set (or ``timeout`` seconds pass)."""
+async def wait_any(events: Sequence[asyncio.Event], timeout: float | None = None, *,
+                   or_done: asyncio.Future[Any] | None = None) -> None:
+    """Until one of ``events`` is set, ``or_done`` is done (it is left running otherwise), or
+    ``timeout`` seconds pass."""
     waiters = [asyncio.ensure_future(e.wait()) for e in events]
     try:
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([*waiters, *([] if or_done is None else [or_done])], timeout=timeout,
+                           return_when=asyncio.FIRST_COMPLETED)
     finally:
         for w in waiters:
             w.cancel()

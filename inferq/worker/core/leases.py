@@ -67,7 +67,6 @@ class Heartbeat(threading.Thread):
         self._lease_ms = lease_ms
         self._interval_s = interval_s
         self._halt = threading.Event()
-        self.beats = 0
 
     def beat(self) -> list[str]:
         keys, args = ops.heartbeat_call(
@@ -79,7 +78,6 @@ class Heartbeat(threading.Thread):
             log.warning("lost %d leases (reclaimed by another worker or cancelled)", len(lost),
                         extra={"request_ids": lost[:20]})
             self._book.mark_lost(lost)
-        self.beats += 1
         return lost
 
     def run(self) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
-from inferq.worker.generation.lm import KVShape
+from inferq.worker.models.lm import KVShape
 
 GROW = 64
 ROW_STEP = 4

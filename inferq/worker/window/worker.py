@@ -1,4 +1,4 @@
-"""The worker loop.
+"""The window worker: requests claimed in adaptive windows and run as whole batches.
 
 One asyncio loop owns all Redis I/O. Two coroutines share it:
 
@@ -8,158 +8,96 @@ One asyncio loop owns all Redis I/O. Two coroutines share it:
 * the executor runs each batch's forward pass on the model thread (torch releases the GIL) and
   writes all results with one ``complete`` call per batch, overlapped with the next forward.
 
-Leases are extended by a heartbeat thread with its own connection. Expired leases of any
-worker are reclaimed by a periodic sweep. On SIGTERM/SIGINT the worker stops claiming,
-finishes the batch in hand, and gives unstarted claims back at once.
+Start, leases, reclaims and stop are the shared lifecycle's (``core.lifecycle``). On
+SIGTERM/SIGINT the worker stops claiming, finishes the batch in hand, and gives unstarted
+claims back at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
-import signal
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from inferq import connection
-from inferq.errors import DeadlineExceeded, InferqError, InvalidInput
-from inferq.protocol import ops, scores
-from inferq.protocol.codec import RequestPayload, Status
-from inferq.protocol.keys import QueueKeys, queues_registry
-from inferq.worker.backoff import RedisBackoff
-from inferq.worker.batch import (
-    Batch,
-    Job,
-    ResultContext,
-    decode_claims,
-    failed_completion,
-    job_result,
-)
-from inferq.worker.config import WorkerConfig
-from inferq.worker.isolation import Failure, run_isolated
-from inferq.worker.leases import Heartbeat, LeaseBook
-from inferq.worker.memory import MemoryGovernor, free_device_cache
-from inferq.worker.metrics import HealthState, WorkerMetrics
-from inferq.worker.metrics import serve as serve_metrics
+from inferq.errors import InferqError, InvalidInput
+from inferq.protocol import ops
+from inferq.protocol.codec import RequestPayload
+from inferq.worker.core.backoff import RedisBackoff
+from inferq.worker.core.config import WorkerConfig
+from inferq.worker.core.failures import Failure, free_device_cache
+from inferq.worker.core.lifecycle import QueueWorker
+from inferq.worker.core.results import Claim, completion, expired, failed_completion
+from inferq.worker.core.wake import wait_any
 from inferq.worker.models.base import BatchModel, ModelInput
-from inferq.worker.packing import fill_tokens, pack
-from inferq.worker.policy import ReleaseReason, WindowConfig, WindowPolicy
-from inferq.worker.queue_link import QueueLink
-from inferq.worker.telemetry import WorkerStats
-from inferq.worker.tuning import load_policy, save_policy
-from inferq.worker.wake import WakeWaiter, wait_any
+from inferq.worker.window.batch import Batch, Job
+from inferq.worker.window.isolation import run_isolated
+from inferq.worker.window.memory import MemoryGovernor
+from inferq.worker.window.packing import fill_tokens, pack
+from inferq.worker.window.policy import ReleaseReason, WindowConfig, WindowPolicy
+from inferq.worker.window.stats import WindowStats
 
 log = logging.getLogger("inferq.worker")
-
 
 
 def _job_tokens(job: Job) -> int:
     return job.tokens
 
 
-class Worker:
+class Worker(QueueWorker[Job]):
+    finishing = "the batch in hand"
+    stats: WindowStats
+
     def __init__(self, config: WorkerConfig, model: BatchModel, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.config = config
+        super().__init__(config, device=model.device, clock=clock)
         self.model = model
-        self.clock = clock
-        self.keys = QueueKeys.for_model(config.task, config.model_name, config.namespace)
         self.window_config = WindowConfig(
             max_batch_size=config.max_batch_size,
             max_batch_tokens=config.max_batch_tokens,
             max_wait_s=config.max_wait_ms / 1e3,
         )
         self.policy = WindowPolicy(self.window_config)
-        self.stats = WorkerStats()
-        self.book = LeaseBook()
-        self.ctx = ResultContext(worker=config.worker_id, task=config.task,
-                                 model=config.model_name, limits=config.limits,
-                                 retry_base_ms=config.retry_base_ms,
-                                 retry_max_ms=config.retry_max_ms)
+        self.stats = WindowStats()
+        self.memory = MemoryGovernor(config.max_batch_tokens)
+        self.resumed_tuning = False
         self._carry: list[Job] = []
         self._batch_ids = itertools.count(1)
         self._forward_pool = ThreadPoolExecutor(1, thread_name_prefix="inferq-forward")
-        self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="inferq-prepare")
+        self._pools.append(self._forward_pool)
         self._completions: set[asyncio.Task[None]] = set()
-        self._stopping: asyncio.Event | None = None
-        self.resumed_tuning = False
         self._unpublished = False
         self._next_retry_s: float | None = None
-        self.memory = MemoryGovernor(config.max_batch_tokens)
-        self.metrics = WorkerMetrics(self.keys.queue, config.worker_id)
-        self.health = HealthState(stale_after_s=max(10.0, config.lease_ms / 1e3))
-        self.link = QueueLink(config, self.keys, self.book, self.metrics, clock)
-        self.metrics_server: ThreadingHTTPServer | None = None
 
     # ----------------------------------------------------------------------------- lifecycle
 
-    def request_stop(self) -> None:
-        if self._stopping is not None and not self._stopping.is_set():
-            log.info("stopping: no new claims; finishing the batch in hand")
-            self._stopping.set()
+    async def _start(self) -> None:
+        state = await self.link.read_tuning(self.model.model_id)
+        self.resumed_tuning = state is not None
+        if state is not None:
+            self.policy = WindowPolicy.from_state(self.window_config, state)
 
-    async def run(self, *, install_signal_handlers: bool = True) -> None:
-        self._stopping = asyncio.Event()
+    def _describe(self) -> str:
+        return (f"(device {self.model.device}, window max {self.config.max_wait_ms:.1f} ms, "
+                f"batch max {self.config.max_batch_size}, "
+                f"tuning {'resumed' if self.resumed_tuning else 'fresh'})")
+
+    async def _serve(self) -> None:
         self._device_idle = asyncio.Event()
         self._device_idle.set()
         self._ready: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
-        self.redis = connection.async_client(self.config.connection)
-        self._blocking = connection.async_client(self.config.connection)
-        self.link.attach(self.redis, ops.register(self.redis))
-        self._wake = WakeWaiter(self._blocking, self.keys.wake)
-        loop = asyncio.get_running_loop()
-        if install_signal_handlers:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.request_stop)
-        await self.link.check_server()
-        if self.config.metrics_port is not None:
-            self.metrics_server = serve_metrics(self.metrics, self.health,
-                                                self.config.metrics_port)
-            log.info("metrics and /healthz on port %d", self.metrics_server.server_address[1])
-        self.policy, self.resumed_tuning = await load_policy(
-            self.redis, self.keys, self.model.model_id, self.window_config)
-        await self.redis.sadd(queues_registry(self.config.namespace), self.keys.queue)
-        heartbeat = Heartbeat(self.config.connection, self.keys, self.config.worker_id,
-                              self.book, lease_ms=self.config.lease_ms,
-                              interval_s=self.config.heartbeat_s)
-        heartbeat.beat()
-        heartbeat.start()
-        await self.link.reclaim()
-        log.info("worker %s serving %s (device %s, window max %.1f ms, batch max %d, "
-                 "tuning %s)", self.config.worker_id, self.keys.queue, self.model.device,
-                 self.config.max_wait_ms, self.config.max_batch_size,
-                 "resumed" if self.resumed_tuning else "fresh")
-        maintenance = asyncio.create_task(self.link.maintain(
-            self.health, self.model.device, upkeep=lambda reclaimed: self._publish(),
-            detail=lambda: {"batches": self.stats.batches}))
         try:
             await asyncio.gather(self._collect_loop(), self._execute_loop())
         finally:
-            maintenance.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await maintenance
             if self._completions:
                 await asyncio.gather(*self._completions, return_exceptions=True)
             await self._release(self._carry)
             self._carry = []
-            heartbeat.stop()
-            await self._publish()
-            await self._wake.close()
-            await self._blocking.aclose()
-            await self.redis.aclose()
-            self._forward_pool.shutdown(wait=True)
-            self._prepare_pool.shutdown(wait=True)
-            if self.metrics_server is not None:
-                self.metrics_server.shutdown()
-            log.info("worker %s stopped after %d batches, %d requests",
-                     self.config.worker_id, self.stats.batches, self.stats.requests)
 
     # ----------------------------------------------------------------------------- collector
 
@@ -193,7 +131,7 @@ class Worker:
                 jobs += await self._claim(cfg.max_batch_size - len(jobs))
             if not jobs:
                 if self._unpublished:
-                    await self._publish()  # idle: make stats current before sleeping
+                    await self._publish_stats()  # idle: make stats current before sleeping
                 await self._wake.wait(self._next_retry_s, also=self._stopping)
                 continue
             budget = self.memory.budget(max(job.tokens for job in jobs))
@@ -231,10 +169,7 @@ class Worker:
         if a request of higher priority than the window's lowest arrived since, swap it in and
         give the displaced requests back to ``pending`` (original score, attempt not counted).
         Costs one ZCOUNT per full window; more only when there is an inversion."""
-        lowest = min(job.payload.priority for job in jobs)
-        # Pending requests of strictly higher priority score below the lowest one's band.
-        higher = int(await self.redis.zcount(self.keys.pending, "-inf",
-                                             f"({scores.band(lowest)}"))
+        higher = await self.link.pending_above(min(job.payload.priority for job in jobs))
         if higher == 0:
             return False
         newer = await self._claim(min(higher, len(jobs)))
@@ -254,16 +189,13 @@ class Worker:
             # Its previous attempt crashed a worker or failed: it runs alone, so it cannot
             # burn other requests' attempts.
             self._carry = [job for job in jobs if job is not suspect]
-            return Batch(id=next(self._batch_ids), jobs=[suspect], reason=ReleaseReason.WINDOW,
-                         padding_efficiency=1.0, released_at=self.clock(),
-                         extra={"real": suspect.tokens, "padded": suspect.tokens,
-                                "isolated": True})
+            return Batch(next(self._batch_ids), [suspect], ReleaseReason.WINDOW,
+                         suspect.tokens, suspect.tokens)
         packed = pack(jobs, _job_tokens, max_count=self.window_config.max_batch_size,
                       max_tokens=budget)
         self._carry = packed.rest
-        return Batch(id=next(self._batch_ids), jobs=packed.batch, reason=reason,
-                     padding_efficiency=packed.padding_efficiency, released_at=self.clock(),
-                     extra={"real": packed.real_tokens, "padded": packed.padded_tokens})
+        return Batch(next(self._batch_ids), packed.batch, reason, packed.real_tokens,
+                     packed.padded_tokens)
 
     async def _expire_overdue(self, now: float) -> bool:
         """Answer 'expired' for claimed jobs whose deadline passed in the window."""
@@ -271,48 +203,34 @@ class Worker:
         if not overdue:
             return False
         self._carry = [job for job in self._carry if job not in overdue]
-        now_ms = self.link.to_ms(now)
-        error = DeadlineExceeded("the deadline passed before the request could run")
-        await self._complete([failed_completion(self.ctx, job.claimed, error, now_ms,
-                                                Status.EXPIRED) for job in overdue])
+        await self._complete(expired(self.config, overdue, self.link.to_ms(now)))
         return True
 
     async def _claim(self, max_count: int) -> list[Job]:
-        reply = await self.link.claim(max_count)
+        reply, jobs, failures = await self._claim_prepared(max_count)
         self._next_retry_s = (None if reply.next_retry_ms is None
                               else max(reply.next_retry_ms / 1e3, 0.001))
-        if not reply.claimed:
-            return []
-        loop = asyncio.get_running_loop()
-        jobs, failures = await loop.run_in_executor(
-            self._prepare_pool, self._prepare, reply.claimed, reply.now_ms)
-        if failures:
-            await self._complete(failures)
+        await self._complete(failures)
         for job in jobs:
             self.policy.record_arrivals(job.arrival, 1)
         return jobs
 
-    def _prepare(self, claimed: Sequence[ops.Claimed],
-                 now_ms: int) -> tuple[list[Job], list[ops.Completion]]:
-        """Decode, validate and tokenize (helper thread). Bad requests fail alone, here."""
-        valid, failures = decode_claims(self.ctx, claimed, now_ms)
+    def _prepare(self, claims: list[Claim], now_ms: int
+                 ) -> tuple[list[Job], list[ops.Completion]]:
+        """Tokenize (helper thread). A tokenizer crash on one input must not fail the others:
+        on one, every input is prepared alone."""
         inputs: list[ModelInput | InferqError]
         try:
-            inputs = self.model.prepare([p for _, p in valid])
-        except Exception:  # a tokenizer crash on one input must not fail the others
-            inputs = [self._prepare_one(p) for _, p in valid]
+            inputs = self.model.prepare([c.payload for c in claims])
+        except Exception:
+            inputs = [self._prepare_one(c.payload) for c in claims]
         jobs: list[Job] = []
-        offset = now_ms / 1e3 - self.clock()
-        for (c, payload), prepared in zip(valid, inputs, strict=True):
+        failures: list[ops.Completion] = []
+        for claim, prepared in zip(claims, inputs, strict=True):
             if isinstance(prepared, InferqError):
-                failures.append(failed_completion(self.ctx, c, prepared, now_ms))
-                continue
-            jobs.append(Job(
-                claimed=c, payload=payload, input=prepared,
-                arrival=c.enqueued_ms / 1e3 - offset,
-                deadline=None if c.deadline_ms is None else c.deadline_ms / 1e3 - offset,
-                claimed_ms=now_ms,
-            ))
+                failures.append(failed_completion(self.config, claim.claimed, prepared, now_ms))
+            else:
+                jobs.append(Job.of(claim, input=prepared))
         return jobs, failures
 
     def _prepare_one(self, payload: RequestPayload) -> ModelInput | InferqError:
@@ -345,21 +263,15 @@ class Worker:
                 self.policy.observe_batch(len(batch.jobs), elapsed)
                 self.memory.on_success(max(i.tokens for i in inputs), len(inputs))
             self._unpublished = True
-            self.stats.record_batch(len(batch.jobs), batch.reason.value, batch.extra["real"],
-                                    batch.extra["padded"], elapsed)
-            self._observe_batch(batch, elapsed)
+            self.stats.record(batch, elapsed)
+            m, q = self.metrics, self.keys.queue
+            m.observe_batch(len(batch.jobs), self.window_config.max_batch_size, elapsed,
+                            batch.real_tokens)
+            m.padding.labels(q).observe(batch.padding_efficiency)
+            m.releases.labels(q, batch.reason.value).inc()
             task = asyncio.create_task(self._finish(batch, outcomes, elapsed))
             self._completions.add(task)
             task.add_done_callback(self._completions.discard)
-
-    def _observe_batch(self, batch: Batch, elapsed: float) -> None:
-        m, q = self.metrics, self.keys.queue
-        m.batch_size.labels(q).observe(len(batch.jobs))
-        m.batch_fill.labels(q).observe(len(batch.jobs) / self.window_config.max_batch_size)
-        m.padding.labels(q).observe(batch.padding_efficiency)
-        m.releases.labels(q, batch.reason.value).inc()
-        m.tokens.labels(q).inc(batch.extra["real"])
-        m.forward.labels(q).observe(elapsed)
 
     def _forward(self, inputs: Sequence[ModelInput]) -> list[Any]:
         """On the model thread: the forward pass, bisected on errors and out of memory."""
@@ -376,43 +288,21 @@ class Worker:
     async def _finish(self, batch: Batch, outcomes: list[Any], elapsed: float) -> None:
         finished_ms = self.link.now_ms()
         completions = [
-            job_result(self.ctx, job, outcome, batch_size=len(batch.jobs),
-                       finished_ms=finished_ms, compute_ms=elapsed * 1e3)
+            completion(self.config, job, outcome, batch_size=len(batch.jobs),
+                       input_tokens=job.tokens, finished_ms=finished_ms,
+                       compute_ms=round(elapsed * 1e3, 3))
             for job, outcome in zip(batch.jobs, outcomes, strict=True)
         ]
         await self._complete(completions)
-        for job, completion in zip(batch.jobs, completions, strict=True):
-            if completion.status != "retry":
-                priority = str(job.payload.priority)
-                self.metrics.queue_wait.labels(self.keys.queue, priority).observe(
-                    max(job.claimed_ms - job.claimed.enqueued_ms, 0) / 1e3)
-                self.metrics.claim_to_result.labels(self.keys.queue, priority).observe(
-                    max(finished_ms - job.claimed_ms, 0) / 1e3)
+        for job, done in zip(batch.jobs, completions, strict=True):
+            if done.status != "retry":
+                self.metrics.observe_latency(job, finished_ms)
         log.debug("batch %d: %d requests, %.1f ms, released by %s", batch.id, len(batch.jobs),
                   elapsed * 1e3, batch.reason.value)
 
-    async def _complete(self, completions: Sequence[ops.Completion]) -> None:
-        written = await self.link.complete(completions)
-        if written is None:
-            return
-        for completion, ok in zip(completions, written, strict=True):
-            self.metrics.observe_outcome(completion.status, ok)
-            if not ok:
-                self.stats.refused += 1
-                log.warning("completion of %s refused: lease lost or request cancelled",
-                            completion.id)
-            elif completion.status == "retry":
-                self.stats.retried += 1
-            elif completion.status != "ok":
-                self.stats.failed += 1
-
-    async def _release(self, jobs: Sequence[Job], why: str = "") -> None:
-        self.stats.released += await self.link.release(
-            [(j.id, j.claimed.token) for j in jobs], why)
-
     # --------------------------------------------------------------------------- maintenance
 
-    async def _publish(self) -> None:
+    async def _publish_stats(self) -> None:
         """Window and batch statistics for ``inferq stats``, plus the tuned state."""
         now = self.clock()
         fields = self.stats.as_fields()
@@ -425,8 +315,8 @@ class Worker:
             "model": self.model.model_id,
             "device": self.model.device,
         })
-        await self.link.publish_stats(fields)
-        await save_policy(self.redis, self.keys, self.model.model_id, self.policy)
+        await self.link.publish_stats(fields,
+                                      tuning=(self.model.model_id, self.policy.to_state()))
         m, q = self.metrics, self.keys.queue
         m.window.labels(q).set(self.policy.window_s(now))
         m.target_batch.labels(q).set(self.policy.target_batch_size(now))

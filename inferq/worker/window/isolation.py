@@ -9,42 +9,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from inferq.errors import DeviceOutOfMemory, InferqError
-from inferq.protocol.codec import ErrorInfo
+from inferq.worker.core.failures import Failure, failure_of, is_out_of_memory
 
 log = logging.getLogger("inferq.worker")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    error: ErrorInfo
-    retryable: bool
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """``DeviceOutOfMemory``, or torch's own out-of-memory error (``torch.OutOfMemoryError``,
-    which ``torch.cuda.OutOfMemoryError`` names), recognised without importing torch."""
-    if isinstance(exc, DeviceOutOfMemory):
-        return True
-    return any(cls.__name__ == "OutOfMemoryError" and cls.__module__.startswith("torch")
-               for cls in type(exc).__mro__)
-
-
-def failure_of(exc: BaseException) -> Failure:
-    if is_out_of_memory(exc) and not isinstance(exc, InferqError):
-        exc = DeviceOutOfMemory(str(exc).splitlines()[0] if str(exc) else "out of memory")
-    if isinstance(exc, InferqError):
-        code, retryable = exc.code, exc.retryable
-    else:
-        # An unexpected exception may be transient (a CUDA hiccup); retries are bounded by the
-        # request's max_attempts, after which it is dead-lettered with this error.
-        code, retryable = "model_error", True
-    return Failure(ErrorInfo(code=code, message=f"{type(exc).__name__}: {exc}"[:2000]),
-                   retryable)
 
 
 def run_isolated(forward: Callable[[Sequence[T]], list[Any]], items: Sequence[T], *,

@@ -57,11 +57,3 @@ class MemoryGovernor:
         else:
             self.limits[bucket] = relaxed
 
-
-def free_device_cache(device: str) -> None:
-    """Hand torch's cached, unused blocks back to the device after an out-of-memory error, so
-    the smaller retry does not fail on fragmentation."""
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.empty_cache()

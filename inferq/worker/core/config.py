@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import uuid
 from dataclasses import dataclass, field
@@ -94,3 +95,9 @@ class WorkerConfig:
     @property
     def result_ttl_ms(self) -> int:
         return int(self.result_ttl_s * 1000)
+
+    def retry_delay_ms(self, attempt: int) -> int:
+        """Before a failed attempt runs again: exponential backoff with jitter,
+        base * 2^(attempt-1), capped, times U(0.5, 1)."""
+        ceiling = min(self.retry_max_ms, self.retry_base_ms * 2 ** (attempt - 1))
+        return max(1, int(ceiling * random.uniform(0.5, 1.0)))

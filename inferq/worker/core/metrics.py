@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from redis import asyncio as aioredis
 
     from inferq.protocol.keys import QueueKeys
+    from inferq.worker.core.results import Claim
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 FORWARD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -146,6 +147,22 @@ class WorkerMetrics:
         """Requests the claim script answered ``expired`` (deadline passed while pending)."""
         self.requests.labels(self.queue, "expired").inc(requests)
         self.expirations.labels(self.queue).inc(requests)
+
+    def observe_batch(self, size: int, max_size: int, forward_s: float, tokens: int) -> None:
+        """One batch (window worker) or decode step (generate worker) the model ran."""
+        q = self.queue
+        self.batch_size.labels(q).observe(size)
+        self.batch_fill.labels(q).observe(size / max_size)
+        self.forward.labels(q).observe(forward_s)
+        self.tokens.labels(q).inc(tokens)
+
+    def observe_latency(self, claim: Claim, finished_ms: int) -> None:
+        """Time in the queue and from claim to result, of a request that finished."""
+        priority = str(claim.payload.priority)
+        self.queue_wait.labels(self.queue, priority).observe(
+            max(claim.claimed_ms - claim.claimed.enqueued_ms, 0) / 1e3)
+        self.claim_to_result.labels(self.queue, priority).observe(
+            max(finished_ms - claim.claimed_ms, 0) / 1e3)
 
     def observe_outcome(self, status: str, written: bool) -> None:
         """One completion the worker sent: counted by what the server did with it."""

@@ -1,0 +1,74 @@
+"""What a worker counts for its stats hash (``inferq stats``) and its metrics: what became of
+the completions it sent, and the batches it ran (a ``generate`` worker's are decode steps).
+Each worker's statistics extend ``WorkerStats``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from inferq.protocol import ops
+from inferq.worker.core.metrics import WorkerMetrics
+
+log = logging.getLogger("inferq.worker")
+
+
+@dataclass
+class WorkerStats:
+    #: Results written with status ``ok``.
+    completed: int = 0
+    failed: int = 0
+    refused: int = 0
+    released: int = 0
+    retried: int = 0
+    cancelled: int = 0
+    #: Batches run, the requests in them summed, the largest, and the forward time.
+    batches: int = 0
+    batched: int = 0
+    max_batch: int = 0
+    forward_s: float = 0.0
+    #: Why batches were released (window) or generations finished (generate).
+    reasons: Counter[str] = field(default_factory=Counter)
+
+    def count(self, metrics: WorkerMetrics, completions: Sequence[ops.Completion],
+              written: Sequence[bool], cancelled: Collection[str] = ()) -> None:
+        """``written``: what the server did with each completion; a refused one in
+        ``cancelled`` was cancelled by its producer (not a lost lease)."""
+        for completion, ok in zip(completions, written, strict=True):
+            if not ok and completion.id in cancelled:
+                self.cancelled += 1
+                continue
+            metrics.observe_outcome(completion.status, ok)
+            if not ok:
+                self.refused += 1
+                log.warning("completion of %s refused: lease lost or request cancelled",
+                            completion.id)
+            elif completion.status == "retry":
+                self.retried += 1
+            elif completion.status == "ok":
+                self.completed += 1
+            else:
+                self.failed += 1
+
+    def record_batch(self, size: int, forward_s: float) -> None:
+        self.batches += 1
+        self.batched += size
+        self.max_batch = max(self.max_batch, size)
+        self.forward_s += forward_s
+
+    def fields(self) -> dict[str, str]:
+        """The stats hash fields both workers publish."""
+        mean = self.batched / self.batches if self.batches else 0.0
+        return {
+            "batches": str(self.batches),
+            "failed": str(self.failed),
+            "refused": str(self.refused),
+            "retried": str(self.retried),
+            "mean_batch_size": f"{mean:.3f}",
+            "max_batch_size": str(self.max_batch),
+            "forward_s": f"{self.forward_s:.4f}",
+            "reasons": json.dumps(dict(self.reasons)),
+        }

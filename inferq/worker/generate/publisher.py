@@ -1,0 +1,172 @@
+"""The stream publisher of a ``generate`` worker: each step's new text into every running
+request's Redis Stream, and the results of finished ones.
+
+One pipelined round trip per write (``stream``, token checked; ``complete``; ``stream_end``),
+at most once per ``stream_interval_ms``: queued steps are merged into one write, so a fast
+model is not slowed by a write per step. The ``stream`` call reports requests whose lease is
+gone: cancelled by their producer (``Handle.cancel``) or taken over. Nothing is appended for
+them after that and the model thread drops them at its next step boundary, freeing the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferq.protocol import ops
+from inferq.protocol.codec import Usage
+from inferq.protocol.generation import FinishReason
+from inferq.worker.core.failures import failure_of
+from inferq.worker.core.queue_link import QueueLink, ScriptPipeline
+from inferq.worker.core.results import Claim, completion
+from inferq.worker.generate.engine import Generation
+from inferq.worker.generate.stats import GenerationStats
+from inferq.worker.generate.steploop import StepLoop, StepOutput
+
+#: The scripts of one write, loaded on the publisher's own connection.
+PUBLISHER_SCRIPTS = ("stream", "complete", "stream_end")
+
+
+@dataclass(slots=True)
+class StreamClaim(Claim):
+    #: When the stream first showed text (this worker's monotonic clock).
+    first_visible: float | None = None
+
+
+def claim_of(g: Generation) -> StreamClaim:
+    """The claim a generation was made from (its ``tag``)."""
+    claim = g.tag
+    assert isinstance(claim, StreamClaim)
+    return claim
+
+
+@dataclass(eq=False)
+class StreamPublisher:
+    link: QueueLink
+    stats: GenerationStats
+    steps: StepLoop
+    pipeline: ScriptPipeline
+    interval_s: float
+    max_slots: int
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _stop: bool = field(default=False, init=False)
+    _failures: list[list[ops.Completion]] = field(default_factory=list, init=False)
+
+    def wake(self) -> None:
+        """Outputs are waiting (called on the event loop)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Write what is left, then end ``run``."""
+        self._stop = True
+        self._wake.set()
+
+    def fail(self, exc: Exception, victims: Sequence[Generation]) -> None:
+        """A forward raised: every sequence of the step fails (retried with backoff while
+        attempts remain, as a crashed batch in the window worker); written in step order."""
+        failure, now_ms = failure_of(exc), self.link.now_ms()
+        self._failures.append([completion(self.link.config, claim_of(g), failure,
+                                          finished_ms=now_ms) for g in victims])
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Write the steps' text and results in step order (one coroutine: ordered), at most
+        once per interval: the steps that finish meanwhile are merged into one write (a tiny
+        model steps every couple of ms; a write per step would cost more CPU, shared with the
+        model thread, than the step itself)."""
+        last = -self.interval_s
+        while True:
+            self._wake.clear()
+            outs = self.steps.take_outputs(arm=True)
+            failures, self._failures = self._failures, []
+            if not outs and not failures:
+                if self._stop:
+                    return
+                await self._wake.wait()
+                continue
+            wait = last + self.interval_s - self.link.clock()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                outs += self.steps.take_outputs(arm=False)
+            last = self.link.clock()
+            for completions in failures:
+                written = await self.link.complete(completions, scripts=self.pipeline.scripts)
+                if written is not None:
+                    self.stats.count(self.link.metrics, completions, written)
+            if outs:
+                await self._publish(outs)
+                for out in outs:
+                    self._record(out)
+
+    async def _publish(self, outs: list[StepOutput]) -> None:
+        merged: dict[str, tuple[Generation, str]] = {}
+        for out in outs:
+            for g, text in out.advanced:
+                prev = merged.get(g.id)
+                merged[g.id] = (g, text if prev is None else prev[1] + text)
+        finished = [g for out in outs for g in out.finished]
+        deltas = [ops.StreamDelta(g.id, claim_of(g).claimed.token, claim_of(g).claimed.attempt,
+                                  text) for g, text in merged.values()]
+        completions = [self._result(g) for g in finished]
+        keys, config = self.link.keys, self.link.config
+        calls = [("stream", ops.stream_call(keys, config.result_ttl_ms, deltas))]
+        if completions:
+            calls.append(("complete", ops.complete_call(
+                keys, config.result_ttl_ms, config.dead_letter_cap, completions)))
+            calls.append(("stream_end", ops.stream_end_call(
+                keys, config.result_ttl_ms, [c.id for c in completions])))
+        replies = await self.link.until_leases_expire(
+            lambda: self.pipeline(calls), what="publish",
+            request_ids=[c.id for c in completions])
+        if replies is None:
+            return
+        lost = set(ops.parse_ids(replies[0]))
+        now = self.link.clock()
+        for g, text in merged.values():
+            claim = claim_of(g)
+            if text and g.id not in lost and claim.first_visible is None:
+                claim.first_visible = now
+        running_lost = [i for i in lost if i not in {c.id for c in completions}]
+        if running_lost:
+            self.steps.cancel(running_lost)
+        if completions:
+            written = ops.parse_complete(replies[1])
+            for c in completions:
+                self.link.book.drop(c.id)
+            self.stats.count(self.link.metrics, completions, written, lost)
+            for g, ok in zip(finished, written, strict=True):
+                if ok:
+                    self._observe_latency(g)
+
+    def _record(self, out: StepOutput) -> None:
+        self.stats.record(out)
+        size = len(out.advanced)
+        m = self.link.metrics
+        m.observe_batch(size, self.max_slots, out.elapsed_s, size + out.prefill_tokens)
+        m.generated_tokens.labels(m.queue).inc(size)
+
+    def _observe_latency(self, g: Generation) -> None:
+        claim, m = claim_of(g), self.link.metrics
+        m.observe_latency(claim, self.link.now_ms())
+        if claim.first_visible is not None:
+            m.ttft.labels(m.queue, str(claim.payload.priority)).observe(
+                max(claim.first_visible - claim.arrival, 0.0))
+
+    def _result(self, g: Generation) -> ops.Completion:
+        claim = claim_of(g)
+        finished_at = g.finished_at if g.finished_at is not None else self.link.clock()
+        # A text that became visible in this very write is visible when the write returns;
+        # "now" is within that round trip.
+        first = claim.first_visible if claim.first_visible is not None else self.link.clock()
+        finish = g.finish or FinishReason.LENGTH
+        self.stats.reasons[finish.value] += 1
+        output: dict[str, Any] = {"text": g.detok.text, "token_ids": g.tokens}
+        return completion(
+            self.link.config, claim, output, batch_size=round(g.batch_sum / max(g.steps, 1)),
+            input_tokens=g.prompt_tokens, finished_ms=self.link.to_ms(finished_at),
+            compute_ms=round((finished_at - (g.admitted_at or finished_at)) * 1e3, 3),
+            finish_reason=finish,
+            usage=Usage(prompt_tokens=g.prompt_tokens, completion_tokens=len(g.tokens)),
+            ttft_ms=round(max(0.0, first - claim.arrival) * 1e3, 3))

@@ -1,0 +1,267 @@
+"""The ``generate`` worker: iteration-level batching over the Redis queue, with token streams.
+
+The model thread (``steploop``) runs decode steps back to back; the stream publisher
+(``publisher``) writes their text and results. Here, on the event loop: claiming as many
+requests as there will be free slots at the next step boundary (free slots, plus sequences
+finishing by length in the step in flight) while the step runs, so new requests join the
+running batch at the next step. It claims only what it can admit: the backlog stays in Redis,
+in priority order, where any worker can take it. On SIGTERM/SIGINT it stops claiming, gives
+waiting claims back at once, and finishes the generations in hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from inferq.errors import InferqError, InvalidInput
+from inferq.protocol import ops
+from inferq.protocol.generation import parse_generation_params
+from inferq.worker.core.backoff import RedisBackoff
+from inferq.worker.core.config import WorkerConfig
+from inferq.worker.core.lifecycle import QueueWorker, cancel
+from inferq.worker.core.queue_link import ScriptPipeline
+from inferq.worker.core.results import Claim, expired, failed_completion
+from inferq.worker.core.wake import wait_any
+from inferq.worker.generate.engine import Engine, Generation
+from inferq.worker.generate.publisher import (
+    PUBLISHER_SCRIPTS,
+    StreamClaim,
+    StreamPublisher,
+    claim_of,
+)
+from inferq.worker.generate.settings import GenerationSettings
+from inferq.worker.generate.stats import GenerationStats
+from inferq.worker.generate.steploop import StepLoop
+from inferq.worker.models.lm import CausalLM
+
+log = logging.getLogger("inferq.worker")
+
+
+class GenerationWorker(QueueWorker[Generation]):
+    finishing = "the generations in hand"
+    stats: GenerationStats
+
+    def __init__(self, config: WorkerConfig, lm: CausalLM,
+                 settings: GenerationSettings | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(config, device=lm.device, clock=clock)
+        self.lm = lm
+        self.settings = settings or GenerationSettings()
+        self.budget = self.settings.budget(lm)
+        self.engine = Engine(lm, self.budget, clock=clock)
+        self.stats = GenerationStats()
+        self._order = itertools.count()
+        self._maybe_pending = True
+        self._wakes = 0
+        self._retry_at: float | None = None
+        # Cancellations first: BLPOP serves its lists in order, and the wake list of a busy
+        # queue is never empty.
+        self._cancels_key = self.keys.cancels(config.worker_id)
+        log.info("generation budget: %d slots, %d KV tokens (%.0f MiB), %d prefill tokens/step",
+                 self.budget.max_slots, self.budget.kv_tokens,
+                 self.budget.kv_tokens * lm.kv.bytes_per_token / 2**20,
+                 self.budget.max_prefill_tokens)
+
+    @property
+    def running(self) -> list[Generation]:
+        return self.engine.running
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    def _wake_keys(self) -> Sequence[str]:
+        return (self._cancels_key, self.keys.wake)
+
+    async def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._nudge = asyncio.Event()
+        self.steps = StepLoop(
+            self.engine, is_lost=self.book.is_lost, clock=self.clock,
+            on_step=lambda: loop.call_soon_threadsafe(self.publisher.wake),
+            on_error=lambda exc, victims: loop.call_soon_threadsafe(
+                self._on_step_failed, exc, victims),
+            on_cancelled=lambda gone: loop.call_soon_threadsafe(self._on_cancelled, gone),
+            on_capacity=lambda: loop.call_soon_threadsafe(self._nudge.set),
+            on_oom=lambda sequences: loop.call_soon_threadsafe(self._on_oom, sequences))
+        pipeline = ScriptPipeline(self._connect(), PUBLISHER_SCRIPTS)
+        await pipeline.load()
+        self.publisher = StreamPublisher(self.link, self.stats, self.steps, pipeline,
+                                         self.settings.stream_interval_ms / 1e3,
+                                         self.budget.max_slots)
+
+    def _describe(self) -> str:
+        return f"with continuous batching (device {self.lm.device})"
+
+    def _summary(self) -> str:
+        s = self.stats
+        return (f"{s.steps} steps ({s.admission_steps} admitting), {s.completed} requests, "
+                f"{s.tokens} tokens")
+
+    def _health_detail(self) -> Mapping[str, Any]:
+        return {"steps": self.stats.steps, "running": self.steps.running}
+
+    async def _serve(self) -> None:
+        self.steps.start()
+        waker = asyncio.create_task(self._wake_loop())
+        publisher = asyncio.create_task(self.publisher.run())
+        try:
+            await self._claim_loop()
+        finally:
+            await self._release_generations(self.steps.take_waiting(_unstarted))
+            self.steps.stop()
+            await asyncio.to_thread(self.steps.join)
+            await self._release_generations(self.steps.take_waiting())
+            await cancel(waker)
+            await asyncio.sleep(0)  # callbacks the model thread scheduled last
+            self.publisher.stop()
+            with contextlib.suppress(Exception):
+                await publisher
+
+    # ---------------------------------------------------------------------------- claiming
+
+    async def _claim_loop(self) -> None:
+        """Claim whenever slots will be free at the next step boundary and work may be
+        pending; sleep on a nudge (capacity freed, wake token, due retry) otherwise."""
+        assert self._stopping is not None
+        backoff = RedisBackoff("generation claims")
+        while not self._stopping.is_set():
+            self._nudge.clear()
+            await self._expire_waiting()
+            free = self.steps.capacity()
+            if free > 0 and self._maybe_pending:
+                try:
+                    await self._claim_free(free)
+                    backoff.succeeded()
+                except RedisError as exc:
+                    await backoff.failed(exc, self._stopping)
+                continue
+            timeout = None if self._retry_at is None else max(0.0, self._retry_at - self.clock())
+            await wait_any((self._nudge, self._stopping), timeout)
+            if self._retry_at is not None and self.clock() >= self._retry_at:
+                self._retry_at = None
+                self._maybe_pending = True
+
+    async def _wake_loop(self) -> None:
+        """Block on this worker's cancel list and the queue's wake list (enqueue pushes a token
+        per request): a cancelled generation leaves the batch at the next decode step; a wake
+        token says work may be pending."""
+        assert self._stopping is not None
+        backoff = RedisBackoff("wake")
+        while True:
+            try:
+                woke = await self._wake.wait(None, also=self._stopping)
+                backoff.succeeded()
+            except RedisError as exc:
+                await backoff.failed(exc)
+                continue
+            if self._stopping.is_set():
+                return
+            if woke is not None and woke[0] == self._cancels_key:
+                self.steps.cancel([woke[1]])
+            elif woke is not None:
+                self._wakes += 1
+                self._maybe_pending = True
+                self._nudge.set()
+
+    async def _claim_free(self, free: int) -> None:
+        """Claim up to ``free`` requests and hand them to the model thread."""
+        wakes = self._wakes
+        reply, generations, failures = await self._claim_prepared(free)
+        self._retry_at = (None if reply.next_retry_ms is None
+                          else self.clock() + max(reply.next_retry_ms / 1e3, 0.001))
+        if len(reply.claimed) < free and wakes == self._wakes:
+            # Pending is empty; the wake list says when it is not (a token that arrived while
+            # this claim was in flight keeps the flag set).
+            self._maybe_pending = False
+        self.steps.submit(generations)
+        await self._complete(failures)
+
+    def _prepare(self, claims: list[Claim], now_ms: int
+                 ) -> tuple[list[Generation], list[ops.Completion]]:
+        """Validate, render and tokenize (helper thread). Bad requests fail here."""
+        encoded = self.lm.encode([c.payload for c in claims]) if claims else []
+        generations: list[Generation] = []
+        failures: list[ops.Completion] = []
+        for claim, ids in zip(claims, encoded, strict=True):
+            try:
+                if isinstance(ids, InferqError):
+                    raise ids
+                params = parse_generation_params(claim.payload.params)
+                if len(ids) >= self.lm.max_positions:
+                    raise InvalidInput(f"the prompt has {len(ids)} tokens; the model's context "
+                                       f"is {self.lm.max_positions}")
+                g = self.engine.new_generation(claim.id, ids, params,
+                                               priority=claim.payload.priority,
+                                               order=next(self._order),
+                                               tag=StreamClaim.of(claim))
+                if not self.engine.fits_alone(g):
+                    raise InvalidInput(
+                        f"prompt ({len(ids)} tokens) + max_new_tokens ({g.max_new}) exceed "
+                        f"this worker's KV cache budget of {self.budget.kv_tokens} tokens")
+            except InferqError as exc:
+                failures.append(failed_completion(self.config, claim.claimed, exc, now_ms))
+                continue
+            generations.append(g)
+        return generations, failures
+
+    async def _expire_waiting(self) -> None:
+        now = self.clock()
+        overdue = self.steps.take_waiting(
+            lambda g: (d := claim_of(g).deadline) is not None and d <= now)
+        if overdue:
+            await self._complete(expired(self.config, [claim_of(g) for g in overdue],
+                                         self.link.to_ms(now)))
+
+    async def _release_generations(self, generations: Sequence[Generation]) -> None:
+        await self._release([claim_of(g) for g in generations])
+
+    # ------------------------------------------------------ callbacks from the model thread
+
+    def _on_oom(self, sequences: int) -> None:
+        self.stats.oom_splits += 1
+        self.metrics.oom_splits.labels(self.keys.queue).inc()
+        log.warning("out of device memory with %d sequences: shrinking the batch and "
+                    "re-admitting them", sequences)
+
+    def _on_cancelled(self, gone: list[Generation]) -> None:
+        for g in gone:
+            self.book.drop(g.id)
+            self.stats.cancelled += 1
+            log.info("request %s left the batch after %d tokens: cancelled or lease lost",
+                     g.id, len(g.tokens))
+        self._nudge.set()
+
+    def _on_step_failed(self, exc: Exception, victims: list[Generation]) -> None:
+        log.warning("generation step failed for %d requests: %s: %s", len(victims),
+                    type(exc).__name__, exc)
+        self.publisher.fail(exc, victims)
+        self._nudge.set()
+
+    # ---------------------------------------------------------------------------- upkeep
+
+    async def _upkeep(self, reclaimed: tuple[int, int]) -> None:
+        if reclaimed[0]:
+            self._maybe_pending = True
+            self._nudge.set()
+        await self._publish_stats()
+
+    async def _publish_stats(self) -> None:
+        fields = self.stats.as_fields(self.steps.running, self.steps.waiting)
+        fields.update({"model": self.lm.model_id, "device": self.lm.device,
+                       "max_slots": str(self.budget.max_slots),
+                       "kv_tokens": str(self.budget.kv_tokens)})
+        await self.link.publish_stats(fields)
+        m, q = self.metrics, self.keys.queue
+        m.running.labels(q).set(self.steps.running)
+        m.target_batch.labels(q).set(self.engine.budget.max_slots)
+
+
+def _unstarted(g: Generation) -> bool:
+    return not g.tokens

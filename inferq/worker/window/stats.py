@@ -1,0 +1,30 @@
+"""The window worker's statistics: batch sizes and padding, on top of ``WorkerStats``."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+from inferq.worker.core.stats import WorkerStats
+from inferq.worker.window.batch import Batch
+
+
+@dataclass
+class WindowStats(WorkerStats):
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    sizes: Counter[int] = field(default_factory=Counter)
+
+    def record(self, batch: Batch, forward_s: float) -> None:
+        self.record_batch(len(batch.jobs), forward_s)
+        self.sizes[len(batch.jobs)] += 1
+        self.reasons[batch.reason.value] += 1
+        self.real_tokens += batch.real_tokens
+        self.padded_tokens += batch.padded_tokens
+
+    def as_fields(self) -> dict[str, str]:
+        efficiency = self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
+        return {**self.fields(), "requests": str(self.batched),
+                "padding_efficiency": f"{efficiency:.4f}",
+                "sizes": json.dumps({str(k): v for k, v in sorted(self.sizes.items())})}
