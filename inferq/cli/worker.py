@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
              f" (CA {config.tls_ca})" if config.tls_ca else "")
     if continuous:
         from inferq.worker.generate.settings import GenerationSettings
-    from inferq.worker.generate.worker import GenerationWorker
+        from inferq.worker.generate.worker import GenerationWorker
         from inferq.worker.models.registry import load_causal_lm
 
         lm = load_causal_lm(spec, device=config.device, dtype=config.dtype)

@@ -14,8 +14,8 @@ from tests.support.generation import gen_config
 from tests.support.property import InputCounter, load_profile, write_summary
 
 if TYPE_CHECKING:  # torch and transformers load slowly: imported when used
-    from inferq.worker.models.lm import CausalLM
     from inferq.worker.generate.worker import GenerationWorker
+    from inferq.worker.models.lm import CausalLM
 
 load_profile()
 

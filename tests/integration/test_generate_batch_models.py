@@ -1,4 +1,4 @@
-"""``score`` and request-level ``generate`` in the window worker (``inferq.worker.window.worker``)."""
+"""``score`` and request-level ``generate`` in the window worker (``window.worker``)."""
 
 from __future__ import annotations
 

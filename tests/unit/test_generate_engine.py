@@ -11,8 +11,8 @@ import torch
 
 from inferq.protocol.generation import FinishReason, GenerationParams
 from inferq.worker.generate.engine import Engine, Generation
-from inferq.worker.models.lm import CausalLM
 from inferq.worker.generate.scheduler import Budget
+from inferq.worker.models.lm import CausalLM
 from tests.support.generation import WORDS, greedy_reference
 from tests.support.tiny import build_tiny_model
 

@@ -14,11 +14,11 @@ import torch
 
 from inferq.errors import DeviceOutOfMemory
 from inferq.protocol.generation import FinishReason, GenerationParams
+from inferq.worker.core.failures import failure_of, is_out_of_memory
 from inferq.worker.generate.engine import Engine, Generation
-from inferq.worker.models.lm import CausalLM
 from inferq.worker.generate.scheduler import Budget
 from inferq.worker.generate.steploop import MAX_STEP_FAILURES, StepLoop
-from inferq.worker.core.failures import failure_of, is_out_of_memory
+from inferq.worker.models.lm import CausalLM
 from inferq.worker.window.isolation import run_isolated
 from tests.support.generation import greedy_reference
 
