@@ -1,13 +1,20 @@
 """Every Redis key name inferq uses, in one place.
 
-All keys of one queue share the hash tag ``{task:model}``, so each Lua script touches a single
-cluster slot and the design runs unchanged on Redis Cluster. Per-request keys are built inside
-the scripts from ``prefix`` (same tag, same slot) because their ids are only known there.
+All keys of one queue *shard* share one hash tag, so each Lua script touches a single cluster
+slot. Shard 0 keeps the original layout, tag ``{task:model}``; shard k > 0 of a queue split into
+S shards uses ``{task:model#k}``, so the shards hash to different slots and can sit on different
+Redis Cluster masters. Per-request keys (``req:<id>``, ``result:<id>``, ``stream:<id>``,
+``inbox:<client>``) are built inside the scripts from ``prefix`` because their ids are only known
+there; they carry the same hash tag as the shard's declared keys, so they are always in the
+same slot as the script's declared keys.
+
+Queue-level settings (the shard count, depth limits) live in one hash, ``config``, on shard 0.
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 
 from inferq.errors import ValidationError
@@ -38,15 +45,34 @@ class QueueKeys:
 
     queue: str
     namespace: str = DEFAULT_NAMESPACE
+    #: Which shard of the queue these keys belong to (0 = the original, unsharded layout).
+    shard: int = 0
 
     @classmethod
     def for_model(cls, task: str, model: str, namespace: str = DEFAULT_NAMESPACE) -> QueueKeys:
         return cls(queue_name(task, model), namespace)
 
+    def for_shard(self, shard: int) -> QueueKeys:
+        return QueueKeys(self.queue, self.namespace, shard)
+
+    def shards(self, count: int) -> list[QueueKeys]:
+        """The keys of shards 0..count-1 of this queue."""
+        return [self.for_shard(k) for k in range(max(1, count))]
+
+    @property
+    def tag(self) -> str:
+        return self.queue if self.shard == 0 else f"{self.queue}#{self.shard}"
+
     @property
     def prefix(self) -> str:
-        """``inferq:{task:model}:`` — scripts append ``req:<id>`` and ``result:<id>``."""
-        return f"{self.namespace}:{{{self.queue}}}:"
+        """``inferq:{task:model}:`` (shard k: ``inferq:{task:model#k}:``) — scripts append
+        ``req:<id>`` and ``result:<id>``."""
+        return f"{self.namespace}:{{{self.tag}}}:"
+
+    @property
+    def config(self) -> str:
+        """Hash of queue-level settings (``shards``, depth limits), always on shard 0."""
+        return f"{self.namespace}:{{{self.queue}}}:config"
 
     @property
     def pending(self) -> str:
@@ -118,3 +144,10 @@ class QueueKeys:
         """A Redis Stream of a generation's text deltas (``generate``), with the result's TTL;
         readers follow it with ``XREAD BLOCK`` from the start."""
         return f"{self.prefix}stream:{request_id}"
+
+
+def shard_of(request_id: str, shards: int) -> int:
+    """The shard a request id always lands on, so a repeated id meets its first copy."""
+    if shards <= 1:
+        return 0
+    return zlib.crc32(request_id.encode("utf-8")) % shards

@@ -39,3 +39,21 @@ def test_every_key_of_a_queue_shares_one_hash_tag() -> None:
 def test_bad_queue_names_are_refused(bad: str) -> None:
     with pytest.raises(ValidationError):
         queue_name("embed", bad)
+
+
+def test_shard_zero_keeps_the_original_layout_and_other_shards_get_their_own_tag() -> None:
+    from inferq.protocol.keys import QueueKeys
+
+    keys = QueueKeys.for_model("embed", "minilm")
+    assert keys.prefix == "inferq:{embed:minilm}:"
+    assert keys.for_shard(2).prefix == "inferq:{embed:minilm#2}:"
+    assert [k.shard for k in keys.shards(3)] == [0, 1, 2]
+    assert keys.for_shard(2).config == keys.config == "inferq:{embed:minilm}:config"
+
+
+def test_an_id_always_lands_on_the_same_shard_and_ids_spread() -> None:
+    from inferq.protocol.keys import shard_of
+
+    assert shard_of("abc", 1) == 0
+    assert shard_of("abc", 3) == shard_of("abc", 3)
+    assert {shard_of(f"id-{i}", 3) for i in range(100)} == {0, 1, 2}
