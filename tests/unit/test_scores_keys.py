@@ -57,3 +57,12 @@ def test_an_id_always_lands_on_the_same_shard_and_ids_spread() -> None:
     assert shard_of("abc", 1) == 0
     assert shard_of("abc", 3) == shard_of("abc", 3)
     assert {shard_of(f"id-{i}", 3) for i in range(100)} == {0, 1, 2}
+
+
+def test_queue_settings_parse_a_config_hash_and_keep_defaults_for_bad_fields() -> None:
+    from inferq.protocol.settings import QueueSettings, settings_from_hash
+
+    assert settings_from_hash({}) == QueueSettings()
+    parsed = settings_from_hash({b"shards": b"2", b"shards_seen": b"3", b"max_depth": b"500"})
+    assert parsed == QueueSettings(2, 3, 500) and parsed.claim_shards == 3
+    assert settings_from_hash({"shards": "x", "shards_seen": "0"}) == QueueSettings()
