@@ -163,10 +163,15 @@ class StreamPublisher:
         finish = g.finish or FinishReason.LENGTH
         self.stats.reasons[finish.value] += 1
         output: dict[str, Any] = {"text": g.detok.text, "token_ids": g.tokens}
+        finished_ms = self.link.to_ms(finished_at)
+        # ttft is measured on the local clock, total on Redis' integer clock: never let the
+        # rounding between the two make the first token come after the end.
+        ttft_ms = min(round(max(0.0, first - claim.arrival) * 1e3, 3),
+                      float(max(finished_ms - claim.claimed.enqueued_ms, 0)))
         return completion(
             self.link.config, claim, output, batch_size=round(g.batch_sum / max(g.steps, 1)),
-            input_tokens=g.prompt_tokens, finished_ms=self.link.to_ms(finished_at),
+            input_tokens=g.prompt_tokens, finished_ms=finished_ms,
             compute_ms=round((finished_at - (g.admitted_at or finished_at)) * 1e3, 3),
             finish_reason=finish,
             usage=Usage(prompt_tokens=g.prompt_tokens, completion_tokens=len(g.tokens)),
-            ttft_ms=round(max(0.0, first - claim.arrival) * 1e3, 3))
+            ttft_ms=ttft_ms)
