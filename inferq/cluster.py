@@ -30,9 +30,11 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.exceptions import (
+    AskError,
     ClusterDownError,
     MasterDownError,
     NoScriptError,
+    ReadOnlyError,
     ResponseError,
     SlotNotCoveredError,
     TryAgainError,
@@ -285,8 +287,9 @@ def _async_node_client(client: Any, node: Any) -> aioredis.Redis:
 def _moved(results: Sequence[Any]) -> bool:
     """A reply that says the slot is served elsewhere now (MOVED/ASK, or a replica's
     READONLY after a failover): the slot map must be refreshed and the calls sent again."""
-    return any(isinstance(r, ResponseError) and str(r).startswith(("MOVED", "ASK", "READONLY"))
-               for r in results)
+    return any(isinstance(r, AskError | ReadOnlyError) or (
+        isinstance(r, ResponseError) and str(r).startswith(("MOVED", "ASK", "READONLY")))
+        for r in results)
 
 
 class _Moved(redis.ConnectionError):
