@@ -95,3 +95,33 @@ def test_cluster_mode_can_be_forced_without_asking_the_server() -> None:
     assert not is_cluster(ConnectionSettings("redis://127.0.0.1:1/0", retries=0))
     with pytest.raises(inferq.ConfigError, match="failover_timeout_s"):
         ConnectionSettings(failover_timeout_s=-1)
+
+
+async def test_stats_gauges_and_readiness_sum_every_shard_the_queue_ever_had() -> None:
+    import fakeredis
+
+    from inferq.protocol import scores
+    from inferq.stats import all_live_workers, run, run_async, sharded_queue_stats
+    from inferq.worker.core.metrics import WorkerMetrics
+
+    server = fakeredis.FakeServer()
+    sync = fakeredis.FakeRedis(server=server)
+    keys = QueueKeys.for_model("embed", "m")
+    sync.hset(keys.config, mapping={"shards": 2, "shards_seen": 3})  # lowered from 3
+    now_ms = int(sync.time()[0]) * 1000
+    for k, n in ((0, 2), (2, 3)):
+        shard = keys.for_shard(k)
+        sync.zadd(shard.pending, {f"s{k}-{i}": scores.band(5) + i for i in range(n)})
+        sync.hset(shard.stats, mapping={"ok": k + 1})
+    sync.zadd(keys.for_shard(1).inflight, {"r": now_ms + 1000})
+    sync.zadd(keys.for_shard(1).workers, {"w1": now_ms + 30_000})
+    sync.zadd(keys.for_shard(2).workers, {"w1": now_ms + 30_000, "w2": now_ms + 30_000})
+    stats = run(sync, sharded_queue_stats(keys))
+    assert (stats.shards, stats.pending_by_priority, stats.inflight) == (3, {5: 5}, 1)
+    assert stats.live_workers == ["w1", "w2"] and stats.counters == {"ok": 4}
+    aio = fakeredis.FakeAsyncRedis(server=server)
+    assert await run_async(aio, all_live_workers(keys)) == ["w1", "w2"]
+    metrics = WorkerMetrics(keys.queue, "w1")
+    await metrics.sample_queue(aio, keys, "cpu")
+    assert metrics.inflight.labels(keys.queue)._value.get() == 1
+    assert metrics.queue_depth.labels(keys.queue, "5")._value.get() == 5
