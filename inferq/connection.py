@@ -326,17 +326,19 @@ def is_cluster(settings: Settings = None) -> bool:
     if known is not None:
         return known
     url, kwargs = s._kwargs()
-    probe = redis.Redis.from_url(url, **{**kwargs, "socket_timeout": 5.0,
-                                         "retry": Retry(s._backoff(), 0)})
+    # asked on database 0: a cluster node may refuse any other (sync_client then says so)
+    head, _, rest = url.partition("://")
+    hostport, _, tail = rest.partition("/")
+    query = tail.partition("?")[1] + tail.partition("?")[2]
+    probe = redis.Redis.from_url(f"{head}://{hostport}/0{query}",
+                                 **{**kwargs, "socket_timeout": 5.0,
+                                    "retry": Retry(s._backoff(), 0)})
     try:
         enabled = int(probe.info("cluster").get("cluster_enabled", 0)) == 1
     except (redis.ConnectionError, redis.TimeoutError, NoPermissionError):
         return False
-    except redis.ResponseError as exc:
-        # "SELECT is not allowed in cluster mode" (a database other than 0 on a cluster
-        # node: refused with a clear error when the client is made); else a proxy or a server
-        # without INFO sections
-        enabled = "cluster mode" in str(exc)
+    except redis.ResponseError:  # a proxy or a server without INFO sections
+        enabled = False
     finally:
         probe.close()
     _CLUSTER_MODE[s] = enabled
