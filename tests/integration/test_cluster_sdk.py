@@ -246,3 +246,28 @@ def test_replica_durability_without_a_replica_is_a_clear_error(cluster_url: str)
         client.enqueue("x", model="echo", id="lonely")
     with inferq.Client(cluster_url) as client:  # it was queued all the same
         assert client.handle("lonely", model="echo").status() is inferq.RequestState.PENDING
+
+
+def test_the_gateway_serves_a_cluster(redis_cluster: LocalCluster, cluster_url: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from inferq.gateway import GatewaySettings, create_app
+
+    model = spread_model(redis_cluster)
+    main(["queue", "set", f"embed:{model}", "--shards", "3", "--redis-url", cluster_url])
+    keys = QueueKeys.for_model("embed", model)
+    settings = GatewaySettings(redis_url=redis_cluster.masters[1].url, token=None,
+                               timeout_s=30.0)
+    with TestClient(create_app(settings)) as api:
+        ready = api.get(f"/readyz?model={model}")
+        assert ready.status_code == 503 and ready.json()["redis"] is True
+        ids = [api.post("/v1/requests", json={"prompt": f"g{i}", "model": model}).json()["id"]
+               for i in range(6)]
+        with connection.sync_client(cluster_url) as client:
+            client.zadd(keys.for_shard(2).workers, {"w-on-2": 2**50})  # a live worker, shard 2
+            assert api.get(f"/readyz?model={model}").json()["live_workers"] == 1
+            for k in range(3):
+                serve(client, keys.for_shard(k))
+        for request_id in ids:
+            found = api.get(f"/v1/requests/{request_id}?model={model}").json()
+            assert found["status"] == "ok"
