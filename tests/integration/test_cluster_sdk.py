@@ -219,6 +219,22 @@ def replicated(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield cluster
 
 
+async def test_the_async_client_waits_for_a_replica_on_the_owning_master(
+        replicated: LocalCluster) -> None:
+    model = spread_model(replicated)
+    main(["queue", "set", f"embed:{model}", "--shards", "3", "--redis-url", replicated.url])
+    options = inferq.ClientOptions(durability="replica", durability_timeout_s=5.0)
+    async with inferq.AsyncClient(replicated.masters[1].url, options=options) as client:
+        one = await client.enqueue("one", model=model)
+        many = await client.enqueue_many([f"a{i}" for i in range(12)], model=model)
+        assert {h.keys.shard for h in many} == {0, 1, 2}
+    for h in [one, *many]:  # on the replica of the master that owns its shard
+        replica = replicated.replica_of(replicated.master_for(h.keys.pending))
+        with replica.client() as direct:
+            direct.execute_command("READONLY")
+            assert direct.hget(h.keys.request(h.id), "st") == "pending"
+
+
 def test_replica_acknowledged_requests_survive_a_master_failover(replicated: LocalCluster) -> None:
     keys = QueueKeys.for_model("embed", "echo")
     options = inferq.ClientOptions(durability="replica", durability_timeout_s=5.0)
@@ -239,13 +255,18 @@ def test_replica_acknowledged_requests_survive_a_master_failover(replicated: Loc
         assert len(serve(direct, keys)) == 22
 
 
-def test_replica_durability_without_a_replica_is_a_clear_error(cluster_url: str) -> None:
+async def test_replica_durability_without_a_replica_is_a_clear_error(cluster_url: str) -> None:
     options = inferq.ClientOptions(durability="replica", durability_timeout_s=0.2)
     with inferq.Client(cluster_url, options=options) as client, \
             pytest.raises(inferq.DurabilityError, match="no replica"):
         client.enqueue("x", model="echo", id="lonely")
-    with inferq.Client(cluster_url) as client:  # it was queued all the same
-        assert client.handle("lonely", model="echo").status() is inferq.RequestState.PENDING
+    async with inferq.AsyncClient(cluster_url, options=options) as aclient:
+        with pytest.raises(inferq.DurabilityError, match="no replica"):
+            await aclient.enqueue_many([{"prompt": "y", "id": "lonely-2"}], model="echo")
+    with inferq.Client(cluster_url) as client:  # queued all the same
+        for request_id in ("lonely", "lonely-2"):
+            assert client.handle(request_id, model="echo").status() is \
+                inferq.RequestState.PENDING
 
 
 def test_the_gateway_serves_a_cluster(redis_cluster: LocalCluster, cluster_url: str) -> None:
