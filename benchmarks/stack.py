@@ -36,6 +36,7 @@ from benchmarks.harness import (
     say,
     summary,
 )
+from inferq.connection import sync_client
 from inferq.embedded import EmbeddedServer
 from inferq.protocol.keys import QueueKeys
 
@@ -173,7 +174,7 @@ def check_alive(workers: Iterable[WorkerProc]) -> None:
 def wait_registered(url: str, workers: Sequence[WorkerProc], timeout_s: float = 120.0) -> None:
     """Until every worker has marked itself alive in its queue's worker set (it does so once
     its model is loaded, right before it starts claiming)."""
-    client = redis.Redis.from_url(url)
+    client = sync_client(url)  # a cluster client on a Redis Cluster
     deadline = time.monotonic() + timeout_s
     try:
         pending = list(workers)

@@ -17,6 +17,14 @@ thread and the CLI all go through them.
   ``INFERQ_REDIS_URL`` (default ``redis://localhost:6379/0``), ``INFERQ_TLS_CA``,
   ``INFERQ_TLS_CERT``, ``INFERQ_TLS_KEY``.
 
+Redis Cluster: point any of these at any node of a cluster with an ordinary URL. The first
+client made for a ``ConnectionSettings`` asks the server ``INFO cluster``; where it says
+``cluster_enabled:1``, ``sync_client``/``async_client`` return cluster clients
+(``inferq.cluster.ClusterClient``/``AsyncClusterClient``) with the same TLS files, credentials
+and timeouts, which follow MOVED/ASK and ride out a failover for ``failover_timeout_s``.
+``cluster=True``/``False`` skips the question. A server that cannot be reached at that moment
+is taken as a single Redis (the question is asked again by the next client).
+
 Connection and timeout errors are retried with jittered exponential backoff. Every script
 inferq runs is safe to repeat (enqueue is idempotent on the request id, completion is
 token-checked and first-writer-wins); a claim repeated after a lost reply leaves leases that
@@ -80,6 +88,11 @@ ACL_COMMANDS: tuple[str, ...] = (
     "smembers", "hgetall", "zcount",
     # connection health checks; SELECT only for a database other than 0
     "ping", "select",
+    # cluster mode: the detection (INFO cluster) and redis-py's slot map (CLUSTER SLOTS)
+    "info", "cluster|slots",
+    # ClientOptions(durability="replica"): WAIT after enqueue. durability="fsync" needs
+    # +waitaof too, which servers before 7.2 do not know (ACL SETUSER refuses it there)
+    "wait",
 )
 
 
@@ -178,6 +191,11 @@ class ConnectionSettings:
     retries: int = 3
     retry_backoff_base_s: float = 0.05
     retry_backoff_cap_s: float = 2.0
+    #: Redis Cluster mode: None asks the server (``INFO cluster``), True/False force it.
+    cluster: bool | None = None
+    #: On a cluster, how long a command keeps being retried through a failover or resharding
+    #: (connection errors, CLUSTERDOWN, TRYAGAIN, MASTERDOWN) before the error is raised.
+    failover_timeout_s: float = 20.0
 
     def __post_init__(self) -> None:
         shown = redact_url(self.url)
@@ -213,6 +231,9 @@ class ConnectionSettings:
         if not 0 < self.retry_backoff_base_s <= self.retry_backoff_cap_s:
             raise ConfigError("retry_backoff_base_s must be > 0 and <= retry_backoff_cap_s, got "
                               f"{self.retry_backoff_base_s!r} (cap {self.retry_backoff_cap_s!r})")
+
+        if not self.failover_timeout_s >= 0:
+            raise ConfigError(f"failover_timeout_s must be >= 0, got {self.failover_timeout_s!r}")
 
     @classmethod
     def from_env(cls, url: str | None = None, *, environ: Mapping[str, str] | None = None,
@@ -286,17 +307,72 @@ def resolve(settings: Settings) -> ConnectionSettings:
     return ConnectionSettings.from_env(settings)
 
 
-def sync_client(settings: Settings = None, **overrides: Any) -> redis.Redis:
-    """A ``redis.Redis`` for these settings; ``overrides`` are redis-py keyword arguments
-    (e.g. ``socket_timeout``) and win over the settings."""
+_CLUSTER_MODE: dict[ConnectionSettings, bool] = {}
+
+
+def is_cluster(settings: Settings = None) -> bool:
+    """Whether the server is a Redis Cluster node (``INFO cluster``), asked once per settings.
+
+    ``cluster=True/False`` in the settings answers without asking; a unix socket is never a
+    cluster. A server that cannot be reached, or an ACL user without INFO, counts as a single
+    Redis and is not remembered.
+    """
+    s = resolve(settings)
+    if s.cluster is not None:
+        return s.cluster
+    if s.url.startswith("unix://"):
+        return False
+    known = _CLUSTER_MODE.get(s)
+    if known is not None:
+        return known
+    url, kwargs = s._kwargs()
+    # asked on database 0: a cluster node may refuse any other (sync_client then says so)
+    head, _, rest = url.partition("://")
+    hostport, _, tail = rest.partition("/")
+    query = tail.partition("?")[1] + tail.partition("?")[2]
+    probe = redis.Redis.from_url(f"{head}://{hostport}/0{query}",
+                                 **{**kwargs, "socket_timeout": 5.0,
+                                    "retry": Retry(s._backoff(), 0)})
+    try:
+        enabled = int(probe.info("cluster").get("cluster_enabled", 0)) == 1
+    except (redis.ConnectionError, redis.TimeoutError, NoPermissionError):
+        return False
+    except redis.ResponseError:  # a proxy or a server without INFO sections
+        enabled = False
+    finally:
+        probe.close()
+    _CLUSTER_MODE[s] = enabled
+    return enabled
+
+
+def _cluster_url(s: ConnectionSettings, url: str) -> str:
+    """The URL for redis-py's cluster client: without a database (a cluster has only 0)."""
+    head, _, rest = url.partition("://")
+    hostport, _, tail = rest.partition("/")
+    db, q, query = tail.partition("?")
+    if db not in ("", "0"):
+        raise ConfigError(f"a Redis Cluster has only database 0, got {s.redacted_url!r}")
+    return f"{head}://{hostport}/" + (q + query if q else "")
+
+
+def sync_client(settings: Settings = None, **overrides: Any) -> Any:
+    """A ``redis.Redis`` for these settings, or an ``inferq.cluster.ClusterClient`` when the
+    server is a Redis Cluster node; ``overrides`` are redis-py keyword arguments (e.g.
+    ``socket_timeout``) and win over the settings."""
     s = resolve(settings)
     url, kwargs = s._kwargs()
     kwargs["retry"] = Retry(s._backoff(), s.retries)
+    if is_cluster(s):
+        from inferq.cluster import ClusterClient
+
+        client: Any = ClusterClient.from_url(_cluster_url(s, url), **{**kwargs, **overrides})
+        client.failover_timeout_s = s.failover_timeout_s
+        return client
     return redis.Redis.from_url(url, **{**kwargs, **overrides})
 
 
 def async_client(settings: Settings = None, *, max_connections: int | None = None,
-                 blocking_pool: bool = False, **overrides: Any) -> aioredis.Redis:
+                 blocking_pool: bool = False, **overrides: Any) -> Any:
     """A ``redis.asyncio.Redis`` for these settings.
 
     ``blocking_pool`` uses a ``BlockingConnectionPool`` of ``max_connections``: calls beyond
@@ -306,6 +382,16 @@ def async_client(settings: Settings = None, *, max_connections: int | None = Non
     url, kwargs = s._kwargs()
     kwargs["retry"] = AsyncRetry(s._backoff(), s.retries)
     kwargs.update(overrides)
+    if is_cluster(s):
+        # One pool per node, created as needed; redis-py's cluster nodes have no blocking
+        # pool, so ``max_connections`` bounds each node's pool from above only loosely.
+        from inferq.cluster import AsyncClusterClient
+
+        if max_connections is not None:
+            kwargs["max_connections"] = max(max_connections, 1024)
+        client: Any = AsyncClusterClient.from_url(_cluster_url(s, url), **kwargs)
+        client.failover_timeout_s = s.failover_timeout_s
+        return client
     if blocking_pool:
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=max_connections or 50, timeout=None, **kwargs)

@@ -11,6 +11,7 @@ The hierarchy::
     ├── ModelLoadError          model_load_failed
     ├── BackendUnavailable      backend_unavailable   (also redis ConnectionError, TimeoutError)
     ├── QueueFull               queue_full
+    ├── DurabilityError         durability_unconfirmed
     ├── ResultTimeout           result_timeout        (also a TimeoutError)
     ├── RequestError            carries the request's stored ``Result``
     │   ├── RequestFailed       request_failed        (``error_code``: what the worker recorded)
@@ -119,6 +120,18 @@ class QueueFull(InferqError):
         #: For ``enqueue_many``: handles of the requests that did get in, indices of the others.
         self.accepted: list[Any] = accepted or []
         self.refused: list[int] = refused or []
+
+
+class DurabilityError(InferqError):
+    """``ClientOptions(durability=...)`` could not be confirmed: the server lacks WAITAOF or
+    its AOF is off (``fsync``), or no replica / fsync acknowledged the write in time. When the
+    wait timed out the request *was* queued; enqueueing it again with the same id is safe."""
+
+    code = "durability_unconfirmed"
+
+    def __init__(self, message: str, *, level: str) -> None:
+        super().__init__(message)
+        self.level = level
 
 
 class ResultTimeout(InferqError, TimeoutError):

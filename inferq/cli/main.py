@@ -12,13 +12,13 @@ from collections.abc import Callable, Sequence
 import redis
 from redis.exceptions import AuthenticationWrongNumberOfArgsError, NoPermissionError
 
-from inferq.cli import convert, demo, enqueue, gateway, stats, worker
+from inferq.cli import convert, demo, enqueue, gateway, queue, stats, worker
 from inferq.connection import describe_error, url_from_env
 from inferq.errors import BackendUnavailable, InferqError
 from inferq.logs import configure as configure_logging
 
 #: In the order ``inferq --help`` lists them.
-COMMANDS = (worker, stats, enqueue, gateway, convert, demo)
+COMMANDS = (worker, stats, queue, enqueue, gateway, convert, demo)
 #: Failures to reach or log in to the server; anything else keeps its traceback.
 CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, NoPermissionError,
                      AuthenticationWrongNumberOfArgsError)

@@ -24,7 +24,8 @@ from inferq.producer.inbox import ResultInbox
 from inferq.producer.streaming import follow
 from inferq.protocol import ops
 from inferq.protocol.codec import Result
-from inferq.protocol.keys import QueueKeys
+from inferq.protocol.keys import QueueKeys, shard_of
+from inferq.protocol.settings import QueueSettings
 
 
 class AsyncHandle:
@@ -107,6 +108,20 @@ class AsyncClient:
         self.scripts = ops.register(self.redis)
         self.client_id = uuid.uuid4().hex
         self._inboxes: dict[QueueKeys, ResultInbox] = {}
+        self._settings = common.SettingsCache(self.options.settings_ttl_s)
+
+    async def queue_settings(self, keys: QueueKeys) -> QueueSettings:
+        """The queue's settings (shards, depth limit), cached ``options.settings_ttl_s``."""
+        queue = common.queue_of(keys)
+        known = self._settings.get(queue)
+        if known is None:
+            with wrap_connection_errors(self.connection):
+                known = self._settings.put(queue, await self.redis.hgetall(queue.config))
+        return known
+
+    async def _route(self, prepared: list[common.Prepared]) -> list[common.Prepared]:
+        return [common.route(p, await self.queue_settings(p.keys), self.options)
+                for p in prepared]
 
     def inbox(self, keys: QueueKeys) -> ResultInbox:
         box = self._inboxes.get(keys)
@@ -117,39 +132,52 @@ class AsyncClient:
     async def enqueue(self, prompt: str = "",
                       **request: Unpack[EnqueueOptions]) -> AsyncHandle:
         """Queue one request; the arguments are ``Client.enqueue``'s (``EnqueueOptions``)."""
-        p = common.prepare(prompt, request, self.options, reply_to=self.client_id)
-        keys, args = ops.enqueue_call(p.keys, [p.item])
+        (p,) = await self._route(
+            [common.prepare(prompt, request, self.options, reply_to=self.client_id)])
         with wrap_connection_errors(self.connection):
-            reply = ops.parse_enqueue(await self.scripts["enqueue"](keys=keys, args=args))
+            (raw,) = await common.enqueue_async(self.redis, self.scripts["enqueue"],
+                                                [(p.keys, [p.item])], self.options)
+        reply = ops.parse_enqueue(raw)
         common.check_full(reply, p, self.options)
         return AsyncHandle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
 
     async def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]],
                            **defaults: Any) -> list[AsyncHandle]:
-        prepared = common.prepare_many(requests, defaults, self.options,
-                                       reply_to=self.client_id)
+        prepared = await self._route(common.prepare_many(requests, defaults, self.options,
+                                                         reply_to=self.client_id))
         groups = common.group_by_queue(prepared)
-        pipe = self.redis.pipeline(transaction=False)
-        for keys, indices in groups.items():
-            call_keys, args = ops.enqueue_call(keys, [prepared[i].item for i in indices])
-            await self.scripts["enqueue"](keys=call_keys, args=args, client=pipe)
         with wrap_connection_errors(self.connection):
-            replies = await pipe.execute()
+            replies = await common.enqueue_async(
+                self.redis, self.scripts["enqueue"],
+                [(keys, [prepared[i].item for i in indices]) for keys, indices in groups.items()],
+                self.options)
         return common.collect_handles(
             prepared, groups, replies, self.options,
             lambda keys, request_id, outcome: AsyncHandle(self, keys, request_id, outcome,
                                                           via_inbox=True),
         )
 
+    async def find(self, request_id: str, *, model: str, task: str = "embed") -> AsyncHandle:
+        """``handle``, after reading the queue's settings (cached): right on a sharded queue."""
+        await self.queue_settings(QueueKeys.for_model(task, model, self.options.namespace))
+        return self.handle(request_id, model=model, task=task)
+
     def handle(self, request_id: str, *, model: str, task: str = "embed") -> AsyncHandle:
-        return AsyncHandle(self, QueueKeys.for_model(task, model, self.options.namespace),
-                           request_id, "unknown")
+        """A handle for a request enqueued elsewhere. On a sharded queue, its shard comes from
+        the settings this client last read (``queue_settings``; one shard if never read)."""
+        keys = QueueKeys.for_model(task, model, self.options.namespace)
+        known = self._settings.get(common.queue_of(keys))
+        shards = known.shards if known is not None else 1
+        return AsyncHandle(self, keys.for_shard(shard_of(request_id, shards)), request_id,
+                           "unknown")
 
     async def aclose(self) -> None:
         for box in self._inboxes.values():
             await box.close()
         await self.redis.aclose()
-        await self.redis.connection_pool.disconnect()
+        pool = getattr(self.redis, "connection_pool", None)  # a cluster client has one per node
+        if pool is not None:
+            await pool.disconnect()
 
     async def __aenter__(self) -> AsyncClient:
         return self

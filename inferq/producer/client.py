@@ -22,7 +22,8 @@ from inferq.producer.common import (
 from inferq.producer.streaming import follow
 from inferq.protocol import ops
 from inferq.protocol.codec import Result
-from inferq.protocol.keys import QueueKeys
+from inferq.protocol.keys import QueueKeys, shard_of
+from inferq.protocol.settings import QueueSettings
 
 
 class Handle:
@@ -109,6 +110,19 @@ class Client:
         self.redis: redis.Redis = connection.sync_client(
             self.connection, **{**BLOCKING_DEFAULTS, **redis_kwargs})
         self.scripts = ops.register(self.redis)
+        self._settings = common.SettingsCache(self.options.settings_ttl_s)
+
+    def queue_settings(self, keys: QueueKeys) -> QueueSettings:
+        """The queue's settings (shards, depth limit), cached ``options.settings_ttl_s``."""
+        queue = common.queue_of(keys)
+        known = self._settings.get(queue)
+        if known is None:
+            with wrap_connection_errors(self.connection):
+                known = self._settings.put(queue, self.redis.hgetall(queue.config))
+        return known
+
+    def _route(self, prepared: list[common.Prepared]) -> list[common.Prepared]:
+        return [common.route(p, self.queue_settings(p.keys), self.options) for p in prepared]
 
     def enqueue(self, prompt: str = "", **request: Unpack[EnqueueOptions]) -> Handle:
         """Queue one request and return its ``Handle``. Keyword arguments (``EnqueueOptions``):
@@ -123,10 +137,11 @@ class Client:
         * ``messages``: ``generate`` chat input, ``[{"role", "content"}]`` (empty prompt).
 
         Raises ``ValidationError``, ``QueueFull`` or ``BackendUnavailable``."""
-        p = common.prepare(prompt, request, self.options)
-        keys, args = ops.enqueue_call(p.keys, [p.item])
+        (p,) = self._route([common.prepare(prompt, request, self.options)])
         with wrap_connection_errors(self.connection):
-            reply = ops.parse_enqueue(self.scripts["enqueue"](keys=keys, args=args))
+            (raw,) = common.enqueue_sync(self.redis, self.scripts["enqueue"],
+                                         [(p.keys, [p.item])], self.options)
+        reply = ops.parse_enqueue(raw)
         common.check_full(reply, p, self.options)
         return Handle(self, p.keys, p.item.id, reply.outcomes[0])
 
@@ -138,23 +153,24 @@ class Client:
         (e.g. ``model=``) apply to all. Raises ``QueueFull`` if any was refused; its
         ``accepted`` attribute lists the handles that did get in.
         """
-        prepared = common.prepare_many(requests, defaults, self.options)
+        prepared = self._route(common.prepare_many(requests, defaults, self.options))
         groups = common.group_by_queue(prepared)
-        pipe = self.redis.pipeline(transaction=False)
-        for keys, indices in groups.items():
-            call_keys, args = ops.enqueue_call(keys, [prepared[i].item for i in indices])
-            self.scripts["enqueue"](keys=call_keys, args=args, client=pipe)
         with wrap_connection_errors(self.connection):
-            replies = pipe.execute()
+            replies = common.enqueue_sync(
+                self.redis, self.scripts["enqueue"],
+                [(keys, [prepared[i].item for i in indices]) for keys, indices in groups.items()],
+                self.options)
         return common.collect_handles(
             prepared, groups, replies, self.options,
             lambda keys, request_id, outcome: Handle(self, keys, request_id, outcome),
         )
 
     def handle(self, request_id: str, *, model: str, task: str = "embed") -> Handle:
-        """A handle for a request enqueued elsewhere (another process, an earlier run)."""
-        return Handle(self, QueueKeys.for_model(task, model, self.options.namespace),
-                      request_id, "unknown")
+        """A handle for a request enqueued elsewhere (another process, an earlier run). On a
+        sharded queue its shard comes from the queue's current shard count."""
+        keys = QueueKeys.for_model(task, model, self.options.namespace)
+        shards = self.queue_settings(keys).shards
+        return Handle(self, keys.for_shard(shard_of(request_id, shards)), request_id, "unknown")
 
     def close(self) -> None:
         self.redis.close()

@@ -3,12 +3,16 @@ interpretation of replies and results."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Required, TypedDict, TypeVar
 
+from inferq import cluster
 from inferq.errors import (
     DeadlineExceeded,
     QueueFull,
@@ -27,7 +31,8 @@ from inferq.protocol.codec import (
     encode_request,
 )
 from inferq.protocol.generation import check_task_params
-from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys
+from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys, shard_of
+from inferq.protocol.settings import QueueSettings, settings_from_hash
 
 #: ``Handle.result`` blocks in Redis for as long as the caller asks, so the socket must not time
 #: out first (redis-py's default is 5 s); keepalive detects a dead peer instead.
@@ -97,8 +102,20 @@ class ClientOptions:
     limits: Limits = DEFAULT_LIMITS
     #: Connections of an ``AsyncClient``'s pool; more concurrent calls wait for a free one.
     max_connections: int = 32
+    #: When ``enqueue``/``enqueue_many`` return: None (default) once Redis has the request in
+    #: memory; ``"fsync"`` once WAITAOF confirms it reached the server's AOF on disk (Redis or
+    #: Valkey >= 7.2 with ``appendonly yes``); ``"replica"`` once WAIT confirms at least one
+    #: replica has it. Unconfirmed: ``DurabilityError`` (the request may still be queued).
+    durability: str | None = None
+    durability_timeout_s: float = 5.0
+    #: How long a queue's settings (``inferq queue set``: shards, depth limit) read from Redis
+    #: are reused before being read again.
+    settings_ttl_s: float = 1.0
 
     def __post_init__(self) -> None:
+        cluster.check_durability(self.durability, self.durability_timeout_s)
+        if self.settings_ttl_s < 0:
+            raise ValidationError(f"settings_ttl_s must be >= 0, got {self.settings_ttl_s}")
         if self.max_queue_depth < 0:
             raise ValidationError(f"max_queue_depth must be >= 0, got {self.max_queue_depth}")
         if self.max_connections < 2:
@@ -127,6 +144,7 @@ class Prepared:
     item: ops.EnqueueItem
     task: str
     model: str
+    priority: int = 0
 
 
 def prepare(prompt: object, request: Mapping[str, Any], options: ClientOptions,
@@ -159,7 +177,50 @@ def prepare(prompt: object, request: Mapping[str, Any], options: ClientOptions,
         max_attempts=payload.max_attempts,
         reply_to=reply_to,
     )
-    return Prepared(keys=keys, item=item, task=payload.task, model=payload.model)
+    return Prepared(keys=keys, item=item, task=payload.task, model=payload.model,
+                    priority=payload.priority)
+
+
+class SettingsCache:
+    """Queue settings (``inferq queue set``) read from Redis, reused for ``ttl_s``: with one
+    shard and the default depth, that read is the only extra cost, one HGETALL a second."""
+
+    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._known: dict[QueueKeys, tuple[float, QueueSettings]] = {}
+
+    def get(self, keys: QueueKeys) -> QueueSettings | None:
+        known = self._known.get(keys)
+        if known is None or known[0] <= self.clock():
+            return None
+        return known[1]
+
+    def put(self, keys: QueueKeys, raw: Mapping[Any, Any]) -> QueueSettings:
+        settings = settings_from_hash(raw)
+        self._known[keys] = (self.clock() + self.ttl_s, settings)
+        return settings
+
+
+def queue_of(keys: QueueKeys) -> QueueKeys:
+    """Shard 0 of a queue: where its settings live and what the cache is keyed by."""
+    return keys.for_shard(0)
+
+
+def route(prepared: Prepared, settings: QueueSettings, options: ClientOptions) -> Prepared:
+    """The request on its shard (``shard_of`` its id: a repeated id meets its first copy), with
+    its share of the queue's depth limit. The limit (the queue's ``max_depth`` if set, else
+    ``max_queue_depth``, times the priority's ``Shedding`` fraction) is split evenly over the
+    shards: each shard sheds at ``ceil(limit / shards)`` pending requests."""
+    max_depth = settings.max_depth if settings.max_depth is not None else options.max_queue_depth
+    limit = options.shedding.limit(prepared.priority, max_depth)
+    if limit and settings.shards > 1:
+        limit = math.ceil(limit / settings.shards)
+    keys = prepared.keys.for_shard(shard_of(prepared.item.id, settings.shards))
+    if keys == prepared.keys and limit == prepared.item.depth_limit:
+        return prepared
+    return dataclasses.replace(prepared, keys=keys,
+                               item=dataclasses.replace(prepared.item, depth_limit=limit))
 
 
 def prepare_many(
@@ -278,11 +339,48 @@ def collect_handles(
                 handles[index] = make_handle(keys, prepared[index].item.id, outcome)
     accepted = [h for h in handles if h is not None]
     if refused:
+        max_depth = max(prepared[i].item.depth_limit for i in refused)
         raise QueueFull(
             f"{len(refused)} of {len(prepared)} requests refused: queue full for their "
-            f"priority (max depth {options.max_queue_depth}); retry after "
+            f"priority (max depth {max_depth} per shard); retry after "
             f"{retry_after_ms / 1e3:.1f} s",
-            depth=depth, max_depth=options.max_queue_depth,
+            depth=depth, max_depth=max_depth,
             accepted=accepted, refused=sorted(refused), retry_after_s=retry_after_ms / 1e3,
         )
     return accepted
+
+
+#: One enqueue script call: a queue shard and the items for it.
+EnqueueGroup = tuple[QueueKeys, Sequence[ops.EnqueueItem]]
+
+
+def _calls(script: Any, groups: Sequence[EnqueueGroup]) -> list[cluster.ScriptCall]:
+    return [(script, *ops.enqueue_call(keys, items)) for keys, items in groups]
+
+
+def enqueue_sync(client: Any, script: Any, groups: Sequence[EnqueueGroup],
+                 options: ClientOptions) -> list[Any]:
+    """The enqueue script's raw replies, one per group: one EVALSHA for one group, else one
+    pipelined round trip (per node on a cluster); with ``options.durability``, each node's
+    calls are followed by WAITAOF/WAIT on the same connection."""
+    calls = _calls(script, groups)
+    if options.durability is not None:
+        return cluster.run_durable(client, calls, options.durability,
+                                   options.durability_timeout_s)
+    if len(calls) == 1:
+        _, keys, args = calls[0]
+        return [script(keys=keys, args=args)]
+    return cluster.run_scripts(client, calls)
+
+
+async def enqueue_async(client: Any, script: Any, groups: Sequence[EnqueueGroup],
+                        options: ClientOptions) -> list[Any]:
+    """``enqueue_sync`` on an asyncio client."""
+    calls = _calls(script, groups)
+    if options.durability is not None:
+        return await cluster.run_durable_async(client, calls, options.durability,
+                                               options.durability_timeout_s)
+    if len(calls) == 1:
+        _, keys, args = calls[0]
+        return [await script(keys=keys, args=args)]
+    return await cluster.run_scripts_async(client, calls)

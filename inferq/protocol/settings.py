@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from inferq.errors import ValidationError
 
@@ -52,3 +52,43 @@ def settings_from_hash(raw: Mapping[Any, Any]) -> QueueSettings:
     seen = max(shards, seen if seen is not None and 1 <= seen <= MAX_SHARDS else 1)
     depth = _int(raw, "max_depth")
     return QueueSettings(shards, seen, depth if depth is not None and depth >= 0 else None)
+
+
+#: Update a queue's settings atomically (one key: its config hash). KEYS[1] = config;
+#: ARGV[1] = shards ("" keeps it), ARGV[2] = max_depth ("" keeps it, "-" removes it).
+#: ``shards_seen`` becomes the most shards ever set, so lowering the count keeps old shards
+#: served. Returns the hash (HGETALL). Kept here, beside the settings it writes; it touches
+#: no queue state, only the settings hash.
+SET_SETTINGS = """
+local seen = tonumber(redis.call('HGET', KEYS[1], 'shards_seen') or '1') or 1
+local current = tonumber(redis.call('HGET', KEYS[1], 'shards') or '1') or 1
+if current > seen then seen = current end
+if ARGV[1] ~= '' then
+  local shards = tonumber(ARGV[1])
+  if shards > seen then seen = shards end
+  redis.call('HSET', KEYS[1], 'shards', shards, 'shards_seen', seen)
+end
+if ARGV[2] == '-' then
+  redis.call('HDEL', KEYS[1], 'max_depth')
+elseif ARGV[2] ~= '' then
+  redis.call('HSET', KEYS[1], 'max_depth', ARGV[2])
+end
+return redis.call('HGETALL', KEYS[1])
+"""
+
+
+def settings_call(config_key: str, shards: int | None,
+                  max_depth: int | Literal["keep"] | None) -> tuple[list[str], list[str]]:
+    """Keys and arguments of ``SET_SETTINGS``; ``max_depth`` None removes the queue's limit."""
+    if shards is not None:
+        check_shards(shards)
+    if isinstance(max_depth, int) and (isinstance(max_depth, bool) or max_depth < 0):
+        raise ValidationError(f"max_depth must be an integer >= 0, got {max_depth!r}")
+    depth = "" if max_depth == "keep" else "-" if max_depth is None else str(max_depth)
+    return [config_key], ["" if shards is None else str(shards), depth]
+
+
+def pairs(raw: Any) -> dict[str, str]:
+    """An HGETALL reply from a script (a flat list) as a mapping."""
+    items = [x.decode() if isinstance(x, bytes) else str(x) for x in raw]
+    return dict(zip(items[::2], items[1::2], strict=True))

