@@ -13,7 +13,7 @@ from fastapi import Depends, FastAPI
 import inferq
 from inferq.gateway import errors
 from inferq.gateway.auth import bearer_auth
-from inferq.gateway.routes import completions, health, native, openai_compat
+from inferq.gateway.routes import completions, health, models, native, openai_compat
 from inferq.gateway.settings import GatewaySettings
 from inferq.gateway.state import GatewayState
 from inferq.producer.aio import AsyncClient
@@ -49,4 +49,5 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(openai_compat.router, dependencies=authenticated)
     app.include_router(completions.router, dependencies=authenticated)
     app.include_router(native.router, dependencies=authenticated)
+    app.include_router(models.router, dependencies=authenticated)
     return app

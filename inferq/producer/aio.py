@@ -12,8 +12,8 @@ import redis.asyncio as aioredis
 
 from inferq import connection
 from inferq.connection import ConnectionSettings, wrap_connection_errors
-from inferq.errors import ResultTimeout
-from inferq.producer import common
+from inferq.errors import ResultTimeout, ValidationError
+from inferq.producer import common, info, waits
 from inferq.producer.common import (
     BLOCKING_DEFAULTS,
     ClientOptions,
@@ -21,6 +21,8 @@ from inferq.producer.common import (
     RequestState,
 )
 from inferq.producer.inbox import ResultInbox
+from inferq.producer.info import CancelOutcome, RequestInfo
+from inferq.producer.presence import WorkerPresence
 from inferq.producer.streaming import follow
 from inferq.protocol import ops
 from inferq.protocol.codec import Result
@@ -50,9 +52,13 @@ class AsyncHandle:
             raw: Any = await self._client.inbox(self.keys).wait(self.id, timeout)
         else:
             key = self.keys.result(self.id)
+            raw = None
             with wrap_connection_errors(self._client.connection):
-                raw = await self._client.redis.blmove(key, key, common.block_timeout(timeout),
-                                                      "LEFT", "LEFT")
+                for block in waits.slices(timeout):  # each call well under the read timeout
+                    raw = await self._client.redis.blmove(
+                        key, key, block, "LEFT", "LEFT")  # type: ignore[arg-type]
+                    if raw is not None:
+                        break
         result = common.parse_result(raw, self._client.options)
         if result is None:
             raise ResultTimeout(f"no result for request {self.id} within {timeout} s")
@@ -81,12 +87,21 @@ class AsyncHandle:
             state, raw = await pipe.execute()
         return common.state_of(state, raw, self._client.options)
 
-    async def cancel(self) -> bool:
+    async def cancel(self) -> CancelOutcome:
         keys, args = ops.cancel_call(self.keys, self.id,
                                      int(self._client.options.result_ttl_s * 1000))
         with wrap_connection_errors(self._client.connection):
             outcome = await self._client.scripts["cancel"](keys=keys, args=args)
-        return bool(outcome in (b"cancelled", "cancelled"))
+        return CancelOutcome.parse(outcome)
+
+    async def info(self) -> RequestInfo:
+        """State, attempts, owner and timings (one read-only round trip); see ``RequestInfo``."""
+        pipe = self._client.redis.pipeline(transaction=False)
+        for command in info.commands(self.keys, self.id):
+            command(pipe)
+        with wrap_connection_errors(self._client.connection):
+            replies = await pipe.execute()
+        return info.parse(self.id, replies, self._client.options)
 
     def __repr__(self) -> str:
         return f"AsyncHandle(id={self.id!r}, queue={self.keys.queue!r}, outcome={self.outcome!r})"
@@ -106,6 +121,8 @@ class AsyncClient:
             **{**BLOCKING_DEFAULTS, **redis_kwargs})
         self.scripts = ops.register(self.redis)
         self.client_id = uuid.uuid4().hex
+        #: Warns (``NoWorkerWarning``) when a queue enqueued to has no live worker.
+        self.presence = WorkerPresence(self.options.namespace)
         self._inboxes: dict[QueueKeys, ResultInbox] = {}
 
     def inbox(self, keys: QueueKeys) -> ResultInbox:
@@ -122,19 +139,27 @@ class AsyncClient:
         with wrap_connection_errors(self.connection):
             reply = ops.parse_enqueue(await self.scripts["enqueue"](keys=keys, args=args))
         common.check_full(reply, p, self.options)
+        with wrap_connection_errors(self.connection):
+            await self.presence.check_async(self.redis, [p.keys])
         return AsyncHandle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
 
-    async def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]],
-                           **defaults: Any) -> list[AsyncHandle]:
+    async def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], *,
+                           atomic: bool = False, **defaults: Any) -> list[AsyncHandle]:
+        """See ``Client.enqueue_many`` (``atomic``: all or none)."""
         prepared = common.prepare_many(requests, defaults, self.options,
                                        reply_to=self.client_id)
         groups = common.group_by_queue(prepared)
+        if atomic and len(groups) > 1:
+            raise ValidationError(f"atomic enqueue_many needs every request in one queue, "
+                                  f"got {len(groups)}: {sorted(k.queue for k in groups)}")
         pipe = self.redis.pipeline(transaction=False)
         for keys, indices in groups.items():
-            call_keys, args = ops.enqueue_call(keys, [prepared[i].item for i in indices])
+            call_keys, args = ops.enqueue_call(keys, [prepared[i].item for i in indices],
+                                               atomic=atomic)
             await self.scripts["enqueue"](keys=call_keys, args=args, client=pipe)
         with wrap_connection_errors(self.connection):
             replies = await pipe.execute()
+            await self.presence.check_async(self.redis, groups)
         return common.collect_handles(
             prepared, groups, replies, self.options,
             lambda keys, request_id, outcome: AsyncHandle(self, keys, request_id, outcome,

@@ -29,9 +29,9 @@ from inferq.protocol.codec import (
 from inferq.protocol.generation import check_task_params
 from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys
 
-#: ``Handle.result`` blocks in Redis for as long as the caller asks, so the socket must not time
-#: out first (redis-py's default is 5 s); keepalive detects a dead peer instead.
-BLOCKING_DEFAULTS: dict[str, Any] = {"socket_timeout": None, "socket_keepalive": True}
+#: Blocking reads are sliced (``inferq.producer.waits``) to stay under the read timeout
+#: (``ConnectionSettings.socket_timeout``); keepalive also detects a dead peer.
+BLOCKING_DEFAULTS: dict[str, Any] = {"socket_keepalive": True}
 
 
 class EnqueueOptions(TypedDict, total=False):
@@ -190,7 +190,7 @@ def prepare_many(
         except TypeError as exc:  # an unknown keyword in the mapping
             raise ValidationError(f"request #{index}: {exc}") from exc
         except ValidationError as exc:
-            raise type(exc)(f"request #{index}: {exc.message}") from exc
+            raise type(exc)(f"request #{index}: {exc.message}", field=exc.field) from exc
     return prepared
 
 

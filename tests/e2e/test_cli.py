@@ -35,14 +35,19 @@ def test_enqueue_and_stats_commands(redis_url: str,
     worker = start_worker("--model", "echo", "--max-wait-ms", "2")
     cmd = [sys.executable, "-m", "inferq", "enqueue", "hello there", "--model", "echo",
            "--priority", "3", "--redis-url", redis_url, "--timeout", "60"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=120,
+                          check=False)
     assert done.returncode == 0, done.stderr
     assert '"output": "hello there"' in done.stdout and '"status": "ok"' in done.stdout
+    short = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert short.returncode == 0, short.stderr
+    first, second = short.stdout.splitlines()  # a two-line summary by default
+    assert first == '"hello there"' and second.startswith("ok: id ")
     stats = subprocess.run([sys.executable, "-m", "inferq", "stats", "--redis-url", redis_url],
                            capture_output=True, text=True, timeout=60, check=False)
     assert stats.returncode == 0, stats.stderr
     assert "queue embed:echo" in stats.stdout and "live workers 1" in stats.stdout
-    assert "totals ok=1" in stats.stdout
+    assert "totals (since the queue was created) ok=2" in stats.stdout
     bad = subprocess.run([*cmd[:5], "--model", "echo", "--priority", "1000", "--redis-url",
                           redis_url], capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "invalid_request" in bad.stderr and "priority" in bad.stderr

@@ -174,6 +174,8 @@ def judge(prompt: object, kw: Mapping[str, Any]) -> Verdict:
         }
     except _Invalid:
         return Verdict("error", code="invalid_request")
+    if not prompt.strip():  # an empty or whitespace-only input is refused, as OpenAI's API does
+        return Verdict("error", code="invalid_request")
     if _has_surrogate(prompt):
         return Verdict("error", code="invalid_request")
     if len(prompt.encode()) > LIMITS.max_prompt_bytes:
