@@ -69,9 +69,13 @@ REDACTED = "***"
 _QUERY_SECRET = re.compile(r"([?&]password=)[^&#]+")
 
 #: The longest a single blocking read (BLMOVE, BLPOP, XREAD BLOCK) may block in Redis. Longer
-#: waits are sliced into calls of at most this, so every call returns well inside the socket
-#: read timeout (``ConnectionSettings.socket_timeout``) and a hung server is detected.
+#: waits are sliced into calls of at most this (and at most half the socket read timeout,
+#: ``ConnectionSettings.socket_timeout``), so every call returns well inside the read timeout
+#: and a hung server is detected.
 MAX_BLOCK_S = 5.0
+#: The shortest read timeout allowed: the worker's wake-ups and the async client's result
+#: inbox block for 1 s per call.
+MIN_READ_TIMEOUT_S = 2.0
 
 
 #: Every command the SDK, the worker and ``inferq stats`` send, including the ones inferq's Lua
@@ -189,7 +193,7 @@ class ConnectionSettings:
     socket_connect_timeout: float | None = 5.0
     #: Read timeout of every command: a server that accepts connections but never answers
     #: fails with ``BackendUnavailable`` instead of hanging. Blocking reads stay below it
-    #: (sliced into calls of at most ``MAX_BLOCK_S``).
+    #: (sliced into calls of at most ``MAX_BLOCK_S`` and half of this).
     socket_timeout: float | None = 10.0
     #: PING a connection idle for this many seconds before reusing it (0 = never).
     health_check_interval: float = 30.0
@@ -226,9 +230,9 @@ class ConnectionSettings:
         if self.socket_connect_timeout is not None and not self.socket_connect_timeout > 0:
             raise ConfigError("socket_connect_timeout must be > 0 or None, got "
                               f"{self.socket_connect_timeout!r}")
-        if self.socket_timeout is not None and not self.socket_timeout > MAX_BLOCK_S:
-            raise ConfigError(f"socket_timeout must be > {MAX_BLOCK_S} s (blocking reads last "
-                              f"up to that long) or None, got {self.socket_timeout!r}")
+        if self.socket_timeout is not None and not self.socket_timeout >= MIN_READ_TIMEOUT_S:
+            raise ConfigError(f"socket_timeout must be >= {MIN_READ_TIMEOUT_S} s (blocking reads "
+                              f"of up to 1 s must fit in it) or None, got {self.socket_timeout!r}")
         if self.health_check_interval < 0:
             raise ConfigError("health_check_interval must be >= 0, got "
                               f"{self.health_check_interval!r}")

@@ -46,7 +46,8 @@ def _no_ambient_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Settings are explicit in the tests: a developer's own INFERQ_REDIS_URL, INFERQ_TLS_* and
     INFERQ_GATEWAY_* variables must not leak in."""
     for name in list(os.environ):
-        if name.startswith(("INFERQ_GATEWAY_", "INFERQ_TLS_")) or name == "INFERQ_REDIS_URL":
+        if name.startswith(("INFERQ_GATEWAY_", "INFERQ_TLS_")) or name in (
+                "INFERQ_REDIS_URL", "INFERQ_REDIS_TIMEOUT_S"):
             monkeypatch.delenv(name)
 
 

@@ -54,7 +54,7 @@ class AsyncHandle:
             key = self.keys.result(self.id)
             raw = None
             with wrap_connection_errors(self._client.connection):
-                for block in waits.slices(timeout):  # each call well under the read timeout
+                for block in waits.slices(timeout, self._client.connection.socket_timeout):
                     raw = await self._client.redis.blmove(
                         key, key, block, "LEFT", "LEFT")  # type: ignore[arg-type]
                     if raw is not None:
@@ -159,12 +159,14 @@ class AsyncClient:
             await self.scripts["enqueue"](keys=call_keys, args=args, client=pipe)
         with wrap_connection_errors(self.connection):
             replies = await pipe.execute()
-            await self.presence.check_async(self.redis, groups)
-        return common.collect_handles(
+        handles = common.collect_handles(
             prepared, groups, replies, self.options,
             lambda keys, request_id, outcome: AsyncHandle(self, keys, request_id, outcome,
                                                           via_inbox=True),
         )
+        with wrap_connection_errors(self.connection):
+            await self.presence.check_async(self.redis, groups)
+        return handles
 
     def handle(self, request_id: str, *, model: str, task: str = "embed") -> AsyncHandle:
         return AsyncHandle(self, QueueKeys.for_model(task, model, self.options.namespace),

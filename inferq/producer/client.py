@@ -50,7 +50,7 @@ class Handle:
         key = self.keys.result(self.id)
         raw = None
         with wrap_connection_errors(self._client.connection):
-            for block in waits.slices(timeout):  # each call well under the read timeout
+            for block in waits.slices(timeout, self._client.connection.socket_timeout):
                 raw = self._client.redis.blmove(key, key, block, "LEFT", "LEFT")  # type: ignore[arg-type]
                 if raw is not None:
                     break
@@ -171,11 +171,13 @@ class Client:
             self.scripts["enqueue"](keys=call_keys, args=args, client=pipe)
         with wrap_connection_errors(self.connection):
             replies = pipe.execute()
-            self.presence.check(self.redis, groups)
-        return common.collect_handles(
+        handles = common.collect_handles(
             prepared, groups, replies, self.options,
             lambda keys, request_id, outcome: Handle(self, keys, request_id, outcome),
         )
+        with wrap_connection_errors(self.connection):
+            self.presence.check(self.redis, groups)
+        return handles
 
     def handle(self, request_id: str, *, model: str, task: str = "embed") -> Handle:
         """A handle for a request enqueued elsewhere (another process, an earlier run)."""

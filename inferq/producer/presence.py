@@ -36,9 +36,12 @@ class WorkerPresence:
     """Per-client cache of "does this queue have a live worker", refreshed at most every
     ``every_s`` seconds per queue."""
 
-    def __init__(self, namespace: str, every_s: float = CHECK_EVERY_S) -> None:
+    def __init__(self, namespace: str, every_s: float = CHECK_EVERY_S, *,
+                 warn: bool = True) -> None:
         self.namespace = namespace
         self.every_s = every_s
+        #: False: check and register, but do not warn (the gateway answers 404 instead).
+        self.warn = warn
         self._checked: dict[str, float] = {}
 
     def due(self, queues: Iterable[QueueKeys]) -> list[QueueKeys]:
@@ -65,7 +68,8 @@ class WorkerPresence:
             top = replies[1 + 2 * i]
             if not top or float(top[0][1]) < now_ms:
                 idle.append(keys.queue)
-                warnings.warn(no_worker_message(keys.queue), NoWorkerWarning, stacklevel=4)
+                if self.warn:
+                    warnings.warn(no_worker_message(keys.queue), NoWorkerWarning, stacklevel=4)
         return idle
 
     def check(self, client: redis.Redis, queues: Iterable[QueueKeys]) -> list[str]:

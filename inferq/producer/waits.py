@@ -15,16 +15,18 @@ from inferq.connection import MAX_BLOCK_S
 from inferq.producer.common import block_timeout
 
 
-def slices(timeout: float | None) -> Iterator[float]:
+def slices(timeout: float | None, read_timeout: float | None = None) -> Iterator[float]:
     """The block (seconds, > 0) of each successive call; ends once ``timeout`` has passed
-    (None: never). Validates ``timeout`` as ``block_timeout`` does."""
+    (None: never). Each is at most ``MAX_BLOCK_S`` and half the socket's ``read_timeout``.
+    Validates ``timeout`` as ``block_timeout`` does."""
+    cap = MAX_BLOCK_S if read_timeout is None else min(MAX_BLOCK_S, read_timeout / 2)
     if timeout is None:
         while True:
-            yield MAX_BLOCK_S
+            yield cap
     deadline = time.monotonic() + block_timeout(timeout)
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return
         # Redis takes fractional seconds with millisecond resolution; 0 would block forever.
-        yield max(min(remaining, MAX_BLOCK_S), 0.001)
+        yield max(min(remaining, cap), 0.001)
