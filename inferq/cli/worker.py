@@ -142,6 +142,21 @@ def check_metrics_port(port: int | None) -> None:
                               "any free one)") from None
 
 
+def quiet_progress_bars() -> None:
+    """transformers draws a "Loading weights" bar on stderr; in a log file (not a terminal) it
+    lands between the log lines twice (0 % and 100 %). The log says what is loading instead."""
+    import sys
+
+    if sys.stderr.isatty():
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+
+
 def check_source(spec: Any) -> None:
     from inferq.worker.models.registry import check_source as check
 
@@ -176,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
     check_server(config.connection)
     check_metrics_port(args.metrics_port)
     check_source(spec)
+    quiet_progress_bars()
     log.info("loading model %s (%s) for %s on device %s...", spec.name, spec.source,
              config.task, config.device)
     started = time.monotonic()

@@ -25,7 +25,17 @@ def test_demo_runs_on_its_own_embedded_server(tmp_path: Path) -> None:
     out = done.stdout
     assert "started " in out and "AOF in" in out  # it started its own server
     assert "10 results in" in out and "dimension 384" in out
+    assert "worker ready: model loaded in" in out  # the load is shown, not silent
+    assert "batch size prio  wait ms" in out  # rows by batch, then priority
     assert "batch statistics of the demo worker" in out and "mean batch" in out
+    assert out.count("mean batch") == 1  # the worker's statistics once, not twice
+    assert "totals include earlier demo runs" not in out
+    again = subprocess.run(
+        [sys.executable, "-m", "inferq", "demo", "--requests", "2", "--data-dir", str(data)],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "totals include earlier demo runs" in again.stdout  # the AOF kept the first run
     assert (data / "server.log").exists()
     assert any(p.name.startswith("appendonly") for p in data.iterdir())  # AOF persistence
 
