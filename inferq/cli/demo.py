@@ -22,7 +22,7 @@ from inferq.cli.options import Subcommands
 from inferq.cli.stats import format_stats, format_window
 from inferq.connection import URL_ENV
 from inferq.embedded import EmbeddedServer
-from inferq.errors import ModelLoadError
+from inferq.errors import ModelLoadError, ValidationError
 from inferq.producer.client import Client
 from inferq.producer.presence import NoWorkerWarning
 from inferq.protocol.keys import QueueKeys
@@ -87,6 +87,8 @@ def _wait_for_worker(client: Client, keys: QueueKeys, worker: subprocess.Popen[b
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.requests < 1:
+        raise ValidationError(f"--requests must be >= 1, got {args.requests}", field="requests")
     earlier = os.path.isdir(args.data_dir) and any(os.scandir(args.data_dir))
     with _server(args.data_dir) as url:
         client = Client(url)
@@ -123,9 +125,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{batch_of[result.started_ms or 0]:>5} {result.batch_size or 0:>4} "
                       f"{request['priority']:>4} {result.queue_wait_ms or 0:>8.0f}  "
                       f"[{head}]   {request['prompt'][:50]}")
-            a, b = results[2].output, results[3].output
-            print(f"\ncosine('{SENTENCES[2]}', '{SENTENCES[3]}') = "
-                  f"{sum(x * y for x, y in zip(a, b, strict=True)):.3f}")
+            if len(results) >= 4:
+                a, b = results[2].output, results[3].output
+                print(f"\ncosine('{SENTENCES[2]}', '{SENTENCES[3]}') = "
+                      f"{sum(x * y for x, y in zip(a, b, strict=True)):.3f}")
             print(f"{len(results)} results in {elapsed:.1f} s after the model loaded "
                   f"({load_s:.1f} s; waits above include it), dimension "
                   f"{len(results[0].output)}\n")
