@@ -5,6 +5,8 @@
 #
 # More build args: TORCH_VERSION; TORCH_INDEX_URL (default: the CPU index for BASE=cpu, PyPI for
 # BASE=cuda; e.g. https://download.pytorch.org/whl/cu126 to match an older host driver);
+# PIP_FIND_LINKS, PIP_TRUSTED_HOST, PIP_NO_INDEX (a local wheelhouse, for air-gapped builds:
+# deploy/docker/build-images.sh);
 # PYTHON_IMAGE and CUDA_IMAGE (the two base images); MINILM_VERSION.
 # BuildKit (Docker's default builder) builds only the base stage that BASE selects.
 #
@@ -39,6 +41,13 @@ FROM base-${BASE} AS runtime
 ARG BASE
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=
+# Extra wheel locations for every pip install of the build (pip's PIP_FIND_LINKS), e.g. a local
+# folder served over HTTP that holds torch's CPU wheel where download.pytorch.org is out of
+# reach, with PIP_TRUSTED_HOST naming that host when it is plain HTTP; PIP_NO_INDEX=1 installs
+# from those locations alone (a complete local wheelhouse). Empty: none.
+ARG PIP_FIND_LINKS=
+ARG PIP_TRUSTED_HOST=
+ARG PIP_NO_INDEX=
 ARG MINILM_VERSION=0.1.0
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \

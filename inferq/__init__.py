@@ -35,6 +35,8 @@ from inferq.errors import (
 from inferq.producer.aio import AsyncClient, AsyncHandle
 from inferq.producer.client import Client, Handle
 from inferq.producer.common import ClientOptions, EnqueueOptions, RequestState, Shedding
+from inferq.producer.info import CancelOutcome, RequestInfo
+from inferq.producer.presence import NoWorkerWarning
 from inferq.protocol.codec import ErrorInfo, Limits, Result, Status, Usage
 from inferq.protocol.generation import FinishReason, GenerationParams
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
@@ -47,6 +49,7 @@ __all__ = [
     "AsyncClient",
     "AsyncHandle",
     "BackendUnavailable",
+    "CancelOutcome",
     "Client",
     "ClientOptions",
     "ConfigError",
@@ -63,11 +66,13 @@ __all__ = [
     "InvalidInput",
     "Limits",
     "ModelLoadError",
+    "NoWorkerWarning",
     "PayloadTooLarge",
     "QueueFull",
     "RequestCancelled",
     "RequestError",
     "RequestFailed",
+    "RequestInfo",
     "RequestState",
     "Result",
     "ResultTimeout",

@@ -25,7 +25,13 @@ and timeouts, which follow MOVED/ASK and ride out a failover for ``failover_time
 ``cluster=True``/``False`` skips the question. A server that cannot be reached at that moment
 is taken as a single Redis (the question is asked again by the next client).
 
-Connection and timeout errors are retried with jittered exponential backoff. Every script
+Every connection has a connect timeout (5 s) and a read timeout (10 s, ``socket_timeout``;
+``INFERQ_REDIS_TIMEOUT_S``); blocking reads block for at most ``MAX_BLOCK_S`` per call. A URL
+with a bad port or database is a ``ConfigError`` at once; a peer that is not a Redis server
+(protocol error) or does not answer is a one-line ``BackendUnavailable`` naming the server.
+
+Connection errors are retried with jittered exponential backoff (a read timeout is not: it
+has already waited ``socket_timeout``). Every script
 inferq runs is safe to repeat (enqueue is idempotent on the request id, completion is
 token-checked and first-writer-wins); a claim repeated after a lost reply leaves leases that
 nobody heartbeats, which the reclaim sweep returns to the queue when they expire. When the
@@ -47,7 +53,11 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import AuthenticationWrongNumberOfArgsError, NoPermissionError
+from redis.exceptions import (
+    AuthenticationWrongNumberOfArgsError,
+    InvalidResponse,
+    NoPermissionError,
+)
 from redis.retry import Retry
 
 from inferq.errors import BackendUnavailable, ConfigError
@@ -58,12 +68,22 @@ URL_ENV = "INFERQ_REDIS_URL"
 TLS_CA_ENV = "INFERQ_TLS_CA"
 TLS_CERT_ENV = "INFERQ_TLS_CERT"
 TLS_KEY_ENV = "INFERQ_TLS_KEY"
+TIMEOUT_ENV = "INFERQ_REDIS_TIMEOUT_S"
 
 CertReqs = Literal["required", "optional", "none"]
 SCHEMES = ("redis", "rediss", "unix")
 REDACTED = "***"
 
 _QUERY_SECRET = re.compile(r"([?&]password=)[^&#]+")
+
+#: The longest a single blocking read (BLMOVE, BLPOP, XREAD BLOCK) may block in Redis. Longer
+#: waits are sliced into calls of at most this (and at most half the socket read timeout,
+#: ``ConnectionSettings.socket_timeout``), so every call returns well inside the read timeout
+#: and a hung server is detected.
+MAX_BLOCK_S = 5.0
+#: The shortest read timeout allowed: the worker's wake-ups and the async client's result
+#: inbox block for 1 s per call.
+MIN_READ_TIMEOUT_S = 2.0
 
 
 #: Every command the SDK, the worker and ``inferq stats`` send, including the ones inferq's Lua
@@ -183,7 +203,11 @@ class ConnectionSettings:
     username: str | None = None
     password: str | None = None
     socket_keepalive: bool = True
-    socket_connect_timeout: float | None = 10.0
+    socket_connect_timeout: float | None = 5.0
+    #: Read timeout of every command: a server that accepts connections but never answers
+    #: fails with ``BackendUnavailable`` instead of hanging. Blocking reads stay below it
+    #: (sliced into calls of at most ``MAX_BLOCK_S`` and half of this).
+    socket_timeout: float | None = 10.0
     #: PING a connection idle for this many seconds before reusing it (0 = never).
     health_check_interval: float = 30.0
     #: Retries of a command after a ConnectionError/TimeoutError (0 = none), with jittered
@@ -202,6 +226,7 @@ class ConnectionSettings:
         scheme = self.url.partition("://")[0] if "://" in self.url else ""
         if scheme not in SCHEMES:
             raise ConfigError(f"url must start with redis://, rediss:// or unix://, got {shown!r}")
+        _check_address(self.url, scheme, shown)
         if self.ssl_cert_reqs not in ("required", "optional", "none"):
             raise ConfigError("ssl_cert_reqs must be required, optional or none, got "
                               f"{self.ssl_cert_reqs!r}")
@@ -223,6 +248,9 @@ class ConnectionSettings:
         if self.socket_connect_timeout is not None and not self.socket_connect_timeout > 0:
             raise ConfigError("socket_connect_timeout must be > 0 or None, got "
                               f"{self.socket_connect_timeout!r}")
+        if self.socket_timeout is not None and not self.socket_timeout >= MIN_READ_TIMEOUT_S:
+            raise ConfigError(f"socket_timeout must be >= {MIN_READ_TIMEOUT_S} s (blocking reads "
+                              f"of up to 1 s must fit in it) or None, got {self.socket_timeout!r}")
         if self.health_check_interval < 0:
             raise ConfigError("health_check_interval must be >= 0, got "
                               f"{self.health_check_interval!r}")
@@ -242,6 +270,12 @@ class ConnectionSettings:
         given (not None) win over the environment."""
         env = os.environ if environ is None else environ
         given = {k: v for k, v in fields.items() if v is not None}
+        if (timeout := _env(env, TIMEOUT_ENV)) is not None and "socket_timeout" not in given:
+            try:
+                given["socket_timeout"] = float(timeout)
+            except ValueError:
+                raise ConfigError(f"{TIMEOUT_ENV} must be a number of seconds, got "
+                                  f"{timeout!r}") from None
         return cls(
             url=url_from_env(url, env),
             **{
@@ -273,6 +307,7 @@ class ConnectionSettings:
         kwargs: dict[str, Any] = {
             "socket_keepalive": self.socket_keepalive,
             "socket_connect_timeout": self.socket_connect_timeout,
+            "socket_timeout": self.socket_timeout,
             "health_check_interval": self.health_check_interval,
         }
         username = self.username if self.username is not None else username
@@ -297,7 +332,29 @@ class ConnectionSettings:
                                             base=self.retry_backoff_base_s)
 
 
+def _check_address(url: str, scheme: str, shown: str) -> None:
+    """The port is a number in 1..65535 and the database a number (redis-py would raise a bare
+    ``ValueError`` later, at the first command)."""
+    if scheme == "unix":
+        return
+    _, _, hostport, tail = _split(url)
+    host, colon, port = hostport.rpartition(":") if not hostport.endswith("]") else (
+        hostport, "", "")
+    if colon and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ConfigError(f"invalid port {port!r} in Redis URL {shown!r} "
+                          "(expected redis://host:PORT/DB, PORT a number)")
+    if colon and not host:
+        raise ConfigError(f"no host in Redis URL {shown!r}")
+    db = tail.partition("?")[0].partition("#")[0].strip("/")
+    if db and not db.isdigit():
+        raise ConfigError(f"invalid database {db!r} in Redis URL {shown!r} "
+                          "(expected redis://host:port/DB, DB a number)")
+
+
 Settings = ConnectionSettings | str | None
+#: Errors worth retrying: a dropped or refused connection. Not a read timeout (it already
+#: waited ``socket_timeout``; retrying would multiply a hung server's wait).
+RETRIED: tuple[type[redis.RedisError], ...] = (redis.ConnectionError,)
 
 
 def resolve(settings: Settings) -> ConnectionSettings:
@@ -361,7 +418,7 @@ def sync_client(settings: Settings = None, **overrides: Any) -> Any:
     ``socket_timeout``) and win over the settings."""
     s = resolve(settings)
     url, kwargs = s._kwargs()
-    kwargs["retry"] = Retry(s._backoff(), s.retries)
+    kwargs["retry"] = Retry(s._backoff(), s.retries, supported_errors=RETRIED)
     if is_cluster(s):
         from inferq.cluster import ClusterClient
 
@@ -380,7 +437,7 @@ def async_client(settings: Settings = None, *, max_connections: int | None = Non
     """
     s = resolve(settings)
     url, kwargs = s._kwargs()
-    kwargs["retry"] = AsyncRetry(s._backoff(), s.retries)
+    kwargs["retry"] = AsyncRetry(s._backoff(), s.retries, supported_errors=RETRIED)
     kwargs.update(overrides)
     if is_cluster(s):
         # One pool per node, created as needed; redis-py's cluster nodes have no blocking
@@ -413,10 +470,12 @@ def describe_error(settings: ConnectionSettings | str, exc: BaseException) -> st
             r"ssl|certificate|EOF occurred", text, re.IGNORECASE):
         hint = ("TLS handshake failed (server certificate not signed by --tls-ca, or the "
                 "server wants a client certificate: --tls-cert/--tls-key)")
+    elif isinstance(exc, InvalidResponse):
+        hint = "not a Redis server (protocol error; wrong port?)"
     elif isinstance(exc, redis.ConnectionError):
         hint = "cannot connect"
     elif isinstance(exc, redis.TimeoutError):
-        hint = "timed out"
+        hint = "no reply (timed out; is it a Redis server, and is it up?)"
     else:
         hint = "Redis error"
     # Neither redis-py nor the server echo passwords today; scrub anyway, defensively.
@@ -437,6 +496,6 @@ def wrap_connection_errors(settings: ConnectionSettings) -> Iterator[None]:
         yield
     except (redis.AuthenticationError, BackendUnavailable):
         raise
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except (redis.ConnectionError, redis.TimeoutError, InvalidResponse) as exc:
         raise BackendUnavailable(describe_error(settings, exc),
                                  url=settings.redacted_url) from exc

@@ -55,14 +55,23 @@ class ValidationError(InferqError, ValueError):
 
     code = "invalid_request"
 
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        #: The request field or option at fault (``prompt``, ``params.max_new_tokens``, ...),
+        #: when one is; None when the error concerns the whole request.
+        self.field = field
+
     @classmethod
     def from_pydantic(cls, context: str, exc: PydanticValidationError) -> ValidationError:
-        """``context`` followed by the first five field errors, each naming its field."""
+        """``context`` followed by the first five field errors, each naming its field;
+        ``field`` is the first one's."""
         parts = []
+        first = None
         for err in exc.errors()[:5]:
             where = ".".join(str(p) for p in err["loc"]) or "<root>"
+            first = first or (where if where != "<root>" else None)
             parts.append(f"{where}: {err['msg']}")
-        return cls(context + "; ".join(parts))
+        return cls(context + "; ".join(parts), field=first)
 
 
 class PayloadTooLarge(ValidationError):

@@ -12,6 +12,7 @@ themselves, so one description of the reads serves both clients: ``run`` execute
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Generator
 from dataclasses import asdict, dataclass, field
 from operator import methodcaller
@@ -21,7 +22,12 @@ import redis
 import redis.asyncio as aioredis
 
 from inferq.protocol import scores
-from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys, queues_registry
+from inferq.protocol.keys import (
+    DEFAULT_NAMESPACE,
+    QueueKeys,
+    queues_registry,
+    requested_registry,
+)
 from inferq.protocol.ops import as_str
 from inferq.protocol.settings import settings_from_hash
 
@@ -112,10 +118,23 @@ def pending_by_priority(keys: QueueKeys) -> Plan[dict[int, int]]:
     return counts
 
 
+def _number(text: str) -> Any:
+    """A published number as a number (``"16"`` -> 16, ``"0.93"`` -> 0.93); other text as is."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return value if math.isfinite(value) else text
+
+
 def _window(raw: dict[Any, Any]) -> dict[str, Any]:
-    fields: dict[str, Any] = {as_str(k): as_str(v) for k, v in raw.items()}
+    fields: dict[str, Any] = {as_str(k): _number(as_str(v)) for k, v in raw.items()}
     for name in ("reasons", "sizes"):
-        if name in fields:
+        if isinstance(fields.get(name), str):
             fields[name] = json.loads(fields[name])
     return fields
 
@@ -201,7 +220,13 @@ def sharded_queue_stats(keys: QueueKeys, *, detail: bool = True) -> Plan[QueueSt
 
 
 def known_queues(client: redis.Redis, namespace: str = DEFAULT_NAMESPACE) -> list[str]:
-    return sorted(as_str(q) for q in client.smembers(queues_registry(namespace)))
+    """Queues a worker has served, and queues producers have enqueued to (which may have no
+    worker yet)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.smembers(queues_registry(namespace))
+    pipe.smembers(requested_registry(namespace))
+    served, requested = pipe.execute()
+    return sorted({as_str(q) for q in served} | {as_str(q) for q in requested})
 
 
 def read_queue(client: redis.Redis, keys: QueueKeys) -> QueueStats:

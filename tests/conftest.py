@@ -47,7 +47,8 @@ def _no_ambient_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Settings are explicit in the tests: a developer's own INFERQ_REDIS_URL, INFERQ_TLS_* and
     INFERQ_GATEWAY_* variables must not leak in."""
     for name in list(os.environ):
-        if name.startswith(("INFERQ_GATEWAY_", "INFERQ_TLS_")) or name == "INFERQ_REDIS_URL":
+        if name.startswith(("INFERQ_GATEWAY_", "INFERQ_TLS_")) or name in (
+                "INFERQ_REDIS_URL", "INFERQ_REDIS_TIMEOUT_S"):
             monkeypatch.delenv(name)
 
 
@@ -93,8 +94,10 @@ def make_api(redis_url: str) -> Callable[..., AbstractContextManager[TestClient]
 
     @contextmanager
     def make(**overrides: Any) -> Iterator[TestClient]:
+        # Most tests play the worker themselves (no worker registers the queue): opt in to
+        # the 404 for unserved models with require_served_model=True.
         values: dict[str, Any] = {"redis_url": redis_url, "token": None, "timeout_s": 30.0,
-                                  **overrides}
+                                  "require_served_model": False, **overrides}
         with TestClient(create_app(GatewaySettings(**values))) as api:
             yield api
 
@@ -113,7 +116,7 @@ def gateway(redis_url: str) -> Iterator[str]:
     from inferq.gateway import GatewaySettings
 
     settings = GatewaySettings(redis_url=SecretStr(redis_url), token=SecretStr(TOKEN),
-                               timeout_s=120)
+                               timeout_s=120, require_served_model=False)
     with serve(settings) as url:
         yield url
 

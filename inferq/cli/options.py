@@ -19,8 +19,22 @@ from inferq.connection import (
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written, and each option's default after its help, unless the help
+    already says it, or there is none to show (None, False, absent)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (default is None or default is False or default == argparse.SUPPRESS
+                or "default" in text or action.option_strings == []
+                or isinstance(action, argparse._HelpAction | argparse._VersionAction)):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis-url", default=None,
+    parser.add_argument("--redis-url", default=None, metavar="URL",
                         help=f"Redis URL (default ${URL_ENV} or {DEFAULT_URL}); "
                              "redis://[[user]:password@]host:port/db, rediss:// for TLS")
     tls = parser.add_argument_group("TLS (rediss:// URLs)")

@@ -18,18 +18,25 @@ from inferq.stats import QueueStats, read_all
 
 
 def add_parser(sub: Subcommands) -> None:
-    s = sub.add_parser("stats", help="queue depths, in flight, workers, windows, throughput")
+    s = sub.add_parser("stats", help="queue depths, in flight, workers, windows, throughput",
+                       description="Every queue a worker has served or a producer has "
+                                   "enqueued to: pending by priority, in flight, dead-lettered, "
+                                   "live workers, throughput, and each worker's batching.")
     add_connection_options(s)
-    s.add_argument("--queue", action="append", help="task:model (default: every known queue)")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.add_argument("--watch", action="store_true", help="refresh a live table")
-    s.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    s.add_argument("--queue", action="append", metavar="TASK:MODEL",
+                   help="only this queue (repeatable; default: every known queue)")
+    s.add_argument("--json", action="store_true",
+                   help="machine-readable output (numbers as JSON numbers)")
+    s.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    s.add_argument("--interval", type=float, default=2.0, metavar="S",
+                   help="seconds between refreshes (--watch)")
     s.set_defaults(run=run)
 
 
 def format_stats(all_stats: list[QueueStats]) -> str:
     if not all_stats:
-        return "no queues yet (a queue appears once a worker has served it)"
+        return ("no queues yet (a queue appears once a worker serves it or a producer "
+                "enqueues to it)")
     lines = []
     for st in all_stats:
         lines.append(f"queue {st.queue}")
@@ -39,9 +46,13 @@ def format_stats(all_stats: list[QueueStats]) -> str:
                      f"dead-lettered {st.dead_lettered}")
         lines.append(f"  live workers {len(st.live_workers)}  "
                      f"throughput {st.throughput_per_s:.1f}/s (last 10 s)")
+        if not st.live_workers and st.pending:
+            lines.append(f"  NO LIVE WORKER: {st.pending} request(s) wait for one "
+                         f"(inferq worker --task {st.queue.partition(':')[0]} "
+                         f"--model {st.queue.partition(':')[2]})")
         if st.counters:
-            lines.append("  totals " + "  ".join(f"{k}={v}" for k, v in sorted(
-                st.counters.items())))
+            totals = "  ".join(f"{k}={v}" for k, v in sorted(st.counters.items()))
+            lines.append(f"  totals (since the queue was created) {totals}")
         for worker, w in sorted(st.windows.items()):
             lines.append(format_window(worker, w))
     return "\n".join(lines)
@@ -51,8 +62,8 @@ def format_window(worker: str, w: dict[str, Any]) -> str:
     if w.get("mode") == "continuous":
         return format_generation(worker, w)
     return (
-        f"  worker {worker}: window {float(w.get('window_ms', 0)):.1f} ms, "
-        f"target batch {w.get('target_batch_size', '?')}, "
+        f"  worker {worker}: window now {float(w.get('window_ms', 0)):.1f} ms "
+        f"(gathers ~{w.get('target_batch_size', '?')} at the current arrival rate), "
         f"mean batch {float(w.get('mean_batch_size', 0)):.1f} "
         f"(max {w.get('max_batch_size', 0)}), batches {w.get('batches', 0)}, "
         f"padding efficiency {float(w.get('padding_efficiency', 1)):.2f}, "

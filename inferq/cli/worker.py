@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
+import socket
+import time
 from typing import Any
 
 from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
+from inferq.connection import ConnectionSettings, sync_client, wrap_connection_errors
 from inferq.errors import ConfigError
 from inferq.logs import set_context as set_log_context
 from inferq.protocol.generation import GENERATE_TASK
@@ -31,29 +35,43 @@ CONTINUOUS_FLAGS = ("max_slots", "kv_cache_mb", "max_prefill_tokens", "stream_in
 
 
 def add_parser(sub: Subcommands) -> None:
-    w = sub.add_parser("worker", help="run a worker that serves one model",
-                       argument_default=argparse.SUPPRESS)
+    w = sub.add_parser(
+        "worker", help="run a worker that serves one model (needs inferq[worker])",
+        argument_default=argparse.SUPPRESS,
+        description="Serve the queue TASK:NAME: claim requests in batches, run them through "
+                    "the model, write each result. Checks Redis and the model's source before "
+                    "loading it; stops cleanly on SIGTERM/Ctrl-C (finishes the batch in hand, "
+                    "gives unstarted claims back).")
     add_connection_options(w)
-    w.add_argument("--model", required=True,
-                   help="NAME=PATH_OR_HUB_ID, or a known NAME (minilm, smollm2, echo, sleep)")
-    w.add_argument("--task", default="embed", help="embed (default), generate or score")
-    w.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    w.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
-    w.add_argument("--lease-ms", type=int)
-    w.add_argument("--result-ttl-s", type=float)
-    w.add_argument("--worker-id")
-    w.add_argument("--metrics-port", type=int,
+    w.add_argument("--model", required=True, metavar="NAME[=PATH_OR_HUB_ID]",
+                   help="NAME=PATH_OR_HUB_ID (a local folder, or a Hugging Face hub id), or a "
+                        "known NAME: minilm, smollm2, echo, sleep")
+    w.add_argument("--task", default="embed", choices=["embed", "generate", "score"],
+                   help="the queue's task (default: embed)")
+    w.add_argument("--device", choices=["auto", "cpu", "cuda"],
+                   help="where the model runs (default: auto, CUDA when available)")
+    w.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"],
+                   help="weights' precision (default: auto, fp16/bf16 on CUDA, fp32 on CPU)")
+    w.add_argument("--lease-ms", type=int, metavar="MS",
+                   help="a claim's lease; a dead worker's requests return to the queue after "
+                        "it (default: 30000)")
+    w.add_argument("--result-ttl-s", type=float, metavar="S",
+                   help="how long results stay readable (default: 3600)")
+    w.add_argument("--worker-id", metavar="ID",
+                   help="name in stats, logs and metrics (default: host-pid-random)")
+    w.add_argument("--metrics-port", type=int, metavar="PORT",
                    default=int(os.environ["INFERQ_METRICS_PORT"])
                    if os.environ.get("INFERQ_METRICS_PORT") else None,
                    help="serve Prometheus /metrics and /healthz on this port (0: any free one)")
-    w.add_argument("--torch-threads", type=int, default=None,
+    w.add_argument("--torch-threads", type=int, default=None, metavar="N",
                    help="torch intra-op threads on the CPU (default: torch's choice)")
     window = w.add_argument_group("window worker (embed, score, generate --batching request)")
-    window.add_argument("--max-batch-size", type=int, help="rows per batch")
-    window.add_argument("--max-batch-tokens", type=int,
-                        help="padded-token budget per batch (0 = no budget)")
-    window.add_argument("--max-wait-ms", type=float,
-                        help="upper bound of the adaptive batch window")
+    window.add_argument("--max-batch-size", type=int, metavar="N",
+                        help="rows per batch (default: 32)")
+    window.add_argument("--max-batch-tokens", type=int, metavar="N",
+                        help="padded-token budget per batch (0 = no budget; default: none)")
+    window.add_argument("--max-wait-ms", type=float, metavar="MS",
+                        help="upper bound of the adaptive batch window (default: 20)")
     g = w.add_argument_group("continuous worker (generate)")
     g.add_argument("--batching", choices=["continuous", "request"],
                    help="generate: join and leave the batch at every decode step "
@@ -98,6 +116,53 @@ def refuse_foreign_flags(args: argparse.Namespace, builtin: bool, continuous: bo
                           "adaptive windows")
 
 
+def check_server(settings: ConnectionSettings) -> None:
+    """One PING: a wrong URL, a server that is down, hung or not Redis fails in seconds, with
+    the reason, before minutes of model loading."""
+    client = sync_client(settings)
+    try:
+        with wrap_connection_errors(settings):
+            client.ping()
+    finally:
+        client.close()
+
+
+def check_metrics_port(port: int | None) -> None:
+    """``--metrics-port`` taken by another process: say so now, not after the model load."""
+    if not port:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError as exc:
+            reason = ("already in use" if exc.errno == errno.EADDRINUSE
+                      else exc.strerror or str(exc))
+            raise ConfigError(f"--metrics-port {port}: {reason} (choose another port, or 0 for "
+                              "any free one)") from None
+
+
+def quiet_progress_bars() -> None:
+    """transformers draws a "Loading weights" bar on stderr; in a log file (not a terminal) it
+    lands between the log lines twice (0 % and 100 %). The log says what is loading instead."""
+    import sys
+
+    if sys.stderr.isatty():
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+
+
+def check_source(spec: Any) -> None:
+    from inferq.worker.models.registry import check_source as check
+
+    check(spec)
+
+
 def run(args: argparse.Namespace) -> int:
     from inferq.worker.core.config import WorkerConfig
     from inferq.worker.models.registry import BUILTIN_PREFIX, parse_model_arg
@@ -122,12 +187,21 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.torch_threads)
     log.info("connecting to %s%s", config.connection.redacted_url,
              f" (CA {config.tls_ca})" if config.tls_ca else "")
+    # Everything that can be checked in a second is checked before the (slow) model load.
+    check_server(config.connection)
+    check_metrics_port(args.metrics_port)
+    check_source(spec)
+    quiet_progress_bars()
+    log.info("loading model %s (%s) for %s on device %s...", spec.name, spec.source,
+             config.task, config.device)
+    started = time.monotonic()
     if continuous:
         from inferq.worker.generate.settings import GenerationSettings
         from inferq.worker.generate.worker import GenerationWorker
         from inferq.worker.models.registry import load_causal_lm
 
         lm = load_causal_lm(spec, device=config.device, dtype=config.dtype)
+        log.info("loaded model %s in %.1f s", spec.name, time.monotonic() - started)
         try:
             asyncio.run(GenerationWorker(config, lm, GenerationSettings(
                 **given(args, CONTINUOUS_FLAGS))).run())
@@ -138,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
     from inferq.worker.window.worker import Worker
 
     model = load_model(spec, config.task, device=config.device, dtype=config.dtype)
+    log.info("loaded model %s in %.1f s", spec.name, time.monotonic() - started)
     try:
         asyncio.run(Worker(config, model).run())
     finally:

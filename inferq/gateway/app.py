@@ -13,7 +13,7 @@ from fastapi import Depends, FastAPI
 import inferq
 from inferq.gateway import errors
 from inferq.gateway.auth import bearer_auth
-from inferq.gateway.routes import completions, health, native, openai_compat
+from inferq.gateway.routes import completions, health, models, native, openai_compat
 from inferq.gateway.settings import GatewaySettings
 from inferq.gateway.state import GatewayState
 from inferq.producer.aio import AsyncClient
@@ -31,6 +31,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                                 max_queue_depth=settings.max_queue_depth,
                                 max_connections=settings.max_connections)
         client = AsyncClient(settings.redis_url.get_secret_value(), options=options)
+        client.presence.warn = False  # a model no worker serves is a 404 here, not a warning
         app.state.gateway = GatewayState(settings=settings, client=client)
         log.info("inferq gateway: redis %s, auth %s", settings.redacted_redis_url,
                  "bearer token" if settings.token is not None else "OFF")
@@ -49,4 +50,5 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(openai_compat.router, dependencies=authenticated)
     app.include_router(completions.router, dependencies=authenticated)
     app.include_router(native.router, dependencies=authenticated)
+    app.include_router(models.router, dependencies=authenticated)
     return app

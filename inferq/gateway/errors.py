@@ -3,7 +3,10 @@
 
 - ``ValidationError`` and body/header/query validation: 422, ``invalid_request`` (or
   ``payload_too_large``), ``param`` names the field.
-- ``QueueFull``: 429 with ``Retry-After`` (seconds), ``queue_full``.
+- ``QueueFull``: 429 with ``Retry-After``: the queue's own estimate (``QueueFull.retry_after_s``,
+  when the excess drains at the recent completion rate), rounded up, at least
+  ``INFERQ_GATEWAY_RETRY_AFTER_S``; ``queue_full``.
+- A model no worker has ever served: 404 ``model_not_found`` (``model_not_found``).
 - ``DeadlineExceeded``: 504 ``deadline_exceeded``; ``ResultTimeout``: 504 ``result_timeout``.
 - ``RequestCancelled``: 409 ``cancelled``.
 - ``RequestFailed``: 502 with the worker's code (``model_error``, ``max_attempts``, ...), but
@@ -15,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -76,8 +80,9 @@ def from_inferq(exc: InferqError, *, retry_after_s: int = 1,
     request_id = exc.result.id if isinstance(exc, RequestError) else None
     kw: dict[str, Any] = {"param": param, "request_id": request_id}
     if isinstance(exc, QueueFull):
+        wait = max(retry_after_s, math.ceil(exc.retry_after_s))
         return ApiError(429, "rate_limit_error", exc.code, exc.message,
-                        headers={"Retry-After": str(retry_after_s)}, **kw)
+                        headers={"Retry-After": str(wait)}, **kw)
     if isinstance(exc, DeadlineExceeded | ResultTimeout):
         return ApiError(504, "timeout_error", exc.code, exc.message, **kw)
     if isinstance(exc, RequestCancelled):
@@ -93,6 +98,15 @@ def from_inferq(exc: InferqError, *, retry_after_s: int = 1,
         return unavailable(exc)
     log.error("unexpected inferq error: %s", exc, exc_info=exc)
     return ApiError(500, "server_error", exc.code, "internal error", **kw)
+
+
+def model_not_found(model: str, task: str | None) -> ApiError:
+    """OpenAI's answer for an unknown model (its clients do not retry a 404)."""
+    served = f" for task {task!r}" if task else ""
+    return ApiError(404, INVALID, "model_not_found",
+                    f"The model {model!r} does not exist or no worker has ever served it"
+                    f"{served}; GET /v1/models lists the served models "
+                    "(start one with: inferq worker --model ...)", param="model")
 
 
 def unavailable(exc: Exception) -> ApiError:

@@ -7,7 +7,8 @@
 | ``INFERQ_GATEWAY_TIMEOUT_S`` | 60 | how long a call waits for results by default |
 | ``INFERQ_GATEWAY_MAX_TIMEOUT_S`` | 600 | the largest wait a caller may ask for |
 | ``INFERQ_GATEWAY_MAX_QUEUE_DEPTH`` | 1000000 | back-pressure: 429 beyond this many pending |
-| ``INFERQ_GATEWAY_RETRY_AFTER_S`` | 1 | ``Retry-After`` sent with a 429 |
+| ``INFERQ_GATEWAY_RETRY_AFTER_S`` | 1 | least ``Retry-After`` of a 429 |
+| ``INFERQ_GATEWAY_REQUIRE_SERVED_MODEL`` | true | 404 for a model no worker served |
 | ``INFERQ_GATEWAY_MAX_EMBEDDING_INPUTS`` | 2048 | inputs per ``/v1/embeddings`` call (OpenAI's) |
 | ``INFERQ_GATEWAY_READY_MODEL`` / ``_READY_TASK`` | ``minilm`` / ``embed`` | ``/readyz`` default |
 
@@ -46,6 +47,9 @@ class GatewaySettings(BaseSettings):
     namespace: Name = DEFAULT_NAMESPACE
     max_queue_depth: Annotated[int, Field(ge=0)] = 1_000_000
     retry_after_s: Annotated[int, Field(ge=1)] = 1
+    #: 404 ``model_not_found`` for a model that no worker has ever served (not in the queue
+    #: registry), instead of queueing it; false queues it anyway (workers may start later).
+    require_served_model: bool = True
     max_embedding_inputs: Annotated[int, Field(ge=1)] = 2048
     #: Connections of the gateway's Redis pool (awaited results share one per queue).
     max_connections: Annotated[int, Field(ge=4)] = 64

@@ -11,7 +11,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from inferq.gateway.errors import ApiError
+from inferq.gateway.errors import ApiError, model_not_found
+from inferq.gateway.served import ServedQueues
 from inferq.gateway.settings import GatewaySettings
 from inferq.producer.aio import AsyncClient, AsyncHandle
 
@@ -25,9 +26,19 @@ class GatewayState:
     #: A wait on a request this gateway did not enqueue (a repeated ``id``) blocks one pooled
     #: connection in ``BLMOVE``; bounding those waits keeps the pool free for everything else.
     blocking_waits: asyncio.Semaphore = field(init=False)
+    #: The queues some worker has served (404 ``model_not_found`` for others).
+    served: ServedQueues = field(init=False)
 
     def __post_init__(self) -> None:
         self.blocking_waits = asyncio.Semaphore(max(1, self.settings.max_connections // 4))
+        self.served = ServedQueues(self.settings.namespace)
+
+    async def require_served(self, task: str, model: str) -> None:
+        """404 ``model_not_found`` unless a worker has served ``task:model`` (when
+        ``require_served_model``)."""
+        if self.settings.require_served_model and not await self.served.served(
+                self.client.redis, task, model):
+            raise model_not_found(model, task)
 
     def timeout(self, asked: float | None, param: str) -> float:
         """The caller's wait (seconds), else the default; above the maximum is a 422."""

@@ -12,8 +12,8 @@ import redis.asyncio as aioredis
 
 from inferq import connection
 from inferq.connection import ConnectionSettings, wrap_connection_errors
-from inferq.errors import ResultTimeout
-from inferq.producer import common
+from inferq.errors import ResultTimeout, ValidationError
+from inferq.producer import common, info, waits
 from inferq.producer.common import (
     BLOCKING_DEFAULTS,
     ClientOptions,
@@ -21,6 +21,8 @@ from inferq.producer.common import (
     RequestState,
 )
 from inferq.producer.inbox import ResultInbox
+from inferq.producer.info import CancelOutcome, RequestInfo
+from inferq.producer.presence import WorkerPresence
 from inferq.producer.streaming import follow
 from inferq.protocol import ops
 from inferq.protocol.codec import Result
@@ -51,9 +53,13 @@ class AsyncHandle:
             raw: Any = await self._client.inbox(self.keys).wait(self.id, timeout)
         else:
             key = self.keys.result(self.id)
+            raw = None
             with wrap_connection_errors(self._client.connection):
-                raw = await self._client.redis.blmove(key, key, common.block_timeout(timeout),
-                                                      "LEFT", "LEFT")
+                for block in waits.slices(timeout, self._client.connection.socket_timeout):
+                    raw = await self._client.redis.blmove(
+                        key, key, block, "LEFT", "LEFT")  # type: ignore[arg-type]
+                    if raw is not None:
+                        break
         result = common.parse_result(raw, self._client.options)
         if result is None:
             raise ResultTimeout(f"no result for request {self.id} within {timeout} s")
@@ -82,12 +88,21 @@ class AsyncHandle:
             state, raw = await pipe.execute()
         return common.state_of(state, raw, self._client.options)
 
-    async def cancel(self) -> bool:
+    async def cancel(self) -> CancelOutcome:
         keys, args = ops.cancel_call(self.keys, self.id,
                                      int(self._client.options.result_ttl_s * 1000))
         with wrap_connection_errors(self._client.connection):
             outcome = await self._client.scripts["cancel"](keys=keys, args=args)
-        return bool(outcome in (b"cancelled", "cancelled"))
+        return CancelOutcome.parse(outcome)
+
+    async def info(self) -> RequestInfo:
+        """State, attempts, owner and timings (one read-only round trip); see ``RequestInfo``."""
+        pipe = self._client.redis.pipeline(transaction=False)
+        for command in info.commands(self.keys, self.id):
+            command(pipe)
+        with wrap_connection_errors(self._client.connection):
+            replies = await pipe.execute()
+        return info.parse(self.id, replies, self._client.options)
 
     def __repr__(self) -> str:
         return f"AsyncHandle(id={self.id!r}, queue={self.keys.queue!r}, outcome={self.outcome!r})"
@@ -107,6 +122,8 @@ class AsyncClient:
             **{**BLOCKING_DEFAULTS, **redis_kwargs})
         self.scripts = ops.register(self.redis)
         self.client_id = uuid.uuid4().hex
+        #: Warns (``NoWorkerWarning``) when a queue enqueued to has no live worker.
+        self.presence = WorkerPresence(self.options.namespace)
         self._inboxes: dict[QueueKeys, ResultInbox] = {}
         self._settings = common.SettingsCache(self.options.settings_ttl_s)
 
@@ -139,23 +156,31 @@ class AsyncClient:
                                                 [(p.keys, [p.item])], self.options)
         reply = ops.parse_enqueue(raw)
         common.check_full(reply, p, self.options)
+        with wrap_connection_errors(self.connection):
+            await self.presence.check_async(self.redis, [p.keys])
         return AsyncHandle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
 
-    async def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]],
-                           **defaults: Any) -> list[AsyncHandle]:
+    async def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], *,
+                           atomic: bool = False, **defaults: Any) -> list[AsyncHandle]:
+        """See ``Client.enqueue_many`` (``atomic``: all or none)."""
         prepared = await self._route(common.prepare_many(requests, defaults, self.options,
                                                          reply_to=self.client_id))
         groups = common.group_by_queue(prepared)
+        if atomic:
+            common.check_atomic(groups)
         with wrap_connection_errors(self.connection):
             replies = await common.enqueue_async(
                 self.redis, self.scripts["enqueue"],
                 [(keys, [prepared[i].item for i in indices]) for keys, indices in groups.items()],
-                self.options)
-        return common.collect_handles(
+                self.options, atomic)
+        handles = common.collect_handles(
             prepared, groups, replies, self.options,
             lambda keys, request_id, outcome: AsyncHandle(self, keys, request_id, outcome,
                                                           via_inbox=True),
         )
+        with wrap_connection_errors(self.connection):
+            await self.presence.check_async(self.redis, groups)
+        return handles
 
     async def find(self, request_id: str, *, model: str, task: str = "embed") -> AsyncHandle:
         """``handle``, after reading the queue's settings (cached): right on a sharded queue."""

@@ -11,14 +11,16 @@ import redis
 
 from inferq import connection
 from inferq.connection import ConnectionSettings, wrap_connection_errors
-from inferq.errors import ResultTimeout
-from inferq.producer import common
+from inferq.errors import ResultTimeout, ValidationError
+from inferq.producer import common, info, waits
 from inferq.producer.common import (
     BLOCKING_DEFAULTS,
     ClientOptions,
     EnqueueOptions,
     RequestState,
 )
+from inferq.producer.info import CancelOutcome, RequestInfo
+from inferq.producer.presence import WorkerPresence
 from inferq.producer.streaming import follow
 from inferq.protocol import ops
 from inferq.protocol.codec import Result
@@ -47,9 +49,12 @@ class Handle:
         ``RequestCancelled`` or ``DeadlineExceeded`` (and ``BackendUnavailable``).
         """
         key = self.keys.result(self.id)
+        raw = None
         with wrap_connection_errors(self._client.connection):
-            raw = self._client.redis.blmove(key, key, common.block_timeout(timeout),
-                                            "LEFT", "LEFT")
+            for block in waits.slices(timeout, self._client.connection.socket_timeout):
+                raw = self._client.redis.blmove(key, key, block, "LEFT", "LEFT")  # type: ignore[arg-type]
+                if raw is not None:
+                    break
         result = common.parse_result(raw, self._client.options)
         if result is None:
             raise ResultTimeout(f"no result for request {self.id} within {timeout} s")
@@ -85,13 +90,23 @@ class Handle:
             state, raw = pipe.execute()
         return common.state_of(state, raw, self._client.options)
 
-    def cancel(self) -> bool:
-        """Cancel if not finished. True when this call cancelled it."""
+    def cancel(self) -> CancelOutcome:
+        """Cancel if not finished. The outcome is truthy only when this call cancelled it;
+        ``DONE`` when it had already finished, ``UNKNOWN`` when there is no such request."""
         keys, args = ops.cancel_call(self.keys, self.id,
                                      int(self._client.options.result_ttl_s * 1000))
         with wrap_connection_errors(self._client.connection):
             outcome = self._client.scripts["cancel"](keys=keys, args=args)
-        return bool(outcome in (b"cancelled", "cancelled"))
+        return CancelOutcome.parse(outcome)
+
+    def info(self) -> RequestInfo:
+        """State, attempts, owner and timings (one read-only round trip); see ``RequestInfo``."""
+        pipe = self._client.redis.pipeline(transaction=False)
+        for command in info.commands(self.keys, self.id):
+            command(pipe)
+        with wrap_connection_errors(self._client.connection):
+            replies = pipe.execute()
+        return info.parse(self.id, replies, self._client.options)
 
     def __repr__(self) -> str:
         return f"Handle(id={self.id!r}, queue={self.keys.queue!r}, outcome={self.outcome!r})"
@@ -123,6 +138,8 @@ class Client:
 
     def _route(self, prepared: list[common.Prepared]) -> list[common.Prepared]:
         return [common.route(p, self.queue_settings(p.keys), self.options) for p in prepared]
+        #: Warns (``NoWorkerWarning``) when a queue enqueued to has no live worker.
+        self.presence = WorkerPresence(self.options.namespace)
 
     def enqueue(self, prompt: str = "", **request: Unpack[EnqueueOptions]) -> Handle:
         """Queue one request and return its ``Handle``. Keyword arguments (``EnqueueOptions``):
@@ -143,27 +160,36 @@ class Client:
                                          [(p.keys, [p.item])], self.options)
         reply = ops.parse_enqueue(raw)
         common.check_full(reply, p, self.options)
+        with wrap_connection_errors(self.connection):
+            self.presence.check(self.redis, [p.keys])
         return Handle(self, p.keys, p.item.id, reply.outcomes[0])
 
-    def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]],
-                     **defaults: Any) -> list[Handle]:
+    def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], *,
+                     atomic: bool = False, **defaults: Any) -> list[Handle]:
         """Enqueue many requests in one round trip (one script call per queue, pipelined).
 
         Each request is a prompt or a mapping of ``enqueue`` keyword arguments; ``defaults``
         (e.g. ``model=``) apply to all. Raises ``QueueFull`` if any was refused; its
-        ``accepted`` attribute lists the handles that did get in.
+        ``accepted`` attribute lists the handles that did get in. ``atomic=True``: all or
+        none, in one script call; if back-pressure would refuse any, none is queued (every
+        request must then go to one queue shard: ``ValidationError`` otherwise).
         """
         prepared = self._route(common.prepare_many(requests, defaults, self.options))
         groups = common.group_by_queue(prepared)
+        if atomic:
+            common.check_atomic(groups)
         with wrap_connection_errors(self.connection):
             replies = common.enqueue_sync(
                 self.redis, self.scripts["enqueue"],
                 [(keys, [prepared[i].item for i in indices]) for keys, indices in groups.items()],
-                self.options)
-        return common.collect_handles(
+                self.options, atomic)
+        handles = common.collect_handles(
             prepared, groups, replies, self.options,
             lambda keys, request_id, outcome: Handle(self, keys, request_id, outcome),
         )
+        with wrap_connection_errors(self.connection):
+            self.presence.check(self.redis, groups)
+        return handles
 
     def handle(self, request_id: str, *, model: str, task: str = "embed") -> Handle:
         """A handle for a request enqueued elsewhere (another process, an earlier run). On a

@@ -34,9 +34,9 @@ from inferq.protocol.generation import check_task_params
 from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys, shard_of
 from inferq.protocol.settings import QueueSettings, settings_from_hash
 
-#: ``Handle.result`` blocks in Redis for as long as the caller asks, so the socket must not time
-#: out first (redis-py's default is 5 s); keepalive detects a dead peer instead.
-BLOCKING_DEFAULTS: dict[str, Any] = {"socket_timeout": None, "socket_keepalive": True}
+#: Blocking reads are sliced (``inferq.producer.waits``) to stay under the read timeout
+#: (``ConnectionSettings.socket_timeout``); keepalive also detects a dead peer.
+BLOCKING_DEFAULTS: dict[str, Any] = {"socket_keepalive": True}
 
 
 class EnqueueOptions(TypedDict, total=False):
@@ -251,7 +251,7 @@ def prepare_many(
         except TypeError as exc:  # an unknown keyword in the mapping
             raise ValidationError(f"request #{index}: {exc}") from exc
         except ValidationError as exc:
-            raise type(exc)(f"request #{index}: {exc.message}") from exc
+            raise type(exc)(f"request #{index}: {exc.message}", field=exc.field) from exc
     return prepared
 
 
@@ -354,16 +354,25 @@ def collect_handles(
 EnqueueGroup = tuple[QueueKeys, Sequence[ops.EnqueueItem]]
 
 
-def _calls(script: Any, groups: Sequence[EnqueueGroup]) -> list[cluster.ScriptCall]:
-    return [(script, *ops.enqueue_call(keys, items)) for keys, items in groups]
+def _calls(script: Any, groups: Sequence[EnqueueGroup],
+           atomic: bool = False) -> list[cluster.ScriptCall]:
+    return [(script, *ops.enqueue_call(keys, items, atomic=atomic)) for keys, items in groups]
+
+
+def check_atomic(groups: Mapping[QueueKeys, Any]) -> None:
+    """All-or-none is one script call: it needs every request in one queue shard."""
+    if len(groups) > 1:
+        raise ValidationError(
+            f"atomic enqueue_many needs every request in one queue shard (one Redis slot), "
+            f"got {len(groups)}: {sorted(k.tag for k in groups)}", field="atomic")
 
 
 def enqueue_sync(client: Any, script: Any, groups: Sequence[EnqueueGroup],
-                 options: ClientOptions) -> list[Any]:
+                 options: ClientOptions, atomic: bool = False) -> list[Any]:
     """The enqueue script's raw replies, one per group: one EVALSHA for one group, else one
     pipelined round trip (per node on a cluster); with ``options.durability``, each node's
     calls are followed by WAITAOF/WAIT on the same connection."""
-    calls = _calls(script, groups)
+    calls = _calls(script, groups, atomic)
     if options.durability is not None:
         return cluster.run_durable(client, calls, options.durability,
                                    options.durability_timeout_s)
@@ -374,9 +383,9 @@ def enqueue_sync(client: Any, script: Any, groups: Sequence[EnqueueGroup],
 
 
 async def enqueue_async(client: Any, script: Any, groups: Sequence[EnqueueGroup],
-                        options: ClientOptions) -> list[Any]:
+                        options: ClientOptions, atomic: bool = False) -> list[Any]:
     """``enqueue_sync`` on an asyncio client."""
-    calls = _calls(script, groups)
+    calls = _calls(script, groups, atomic)
     if options.durability is not None:
         return await cluster.run_durable_async(client, calls, options.durability,
                                                options.durability_timeout_s)

@@ -130,6 +130,9 @@ class Result(BaseModel):
     batch_size: int | None = None
     #: Tokens the model saw for this request (after truncation), when the task tokenizes.
     input_tokens: int | None = None
+    #: True when the input was longer than the model takes and was cut to its maximum length
+    #: (``embed``: refuse instead with ``params={"truncate": False}``).
+    truncated: bool | None = None
     enqueued_ms: int | None = None
     started_ms: int | None = None
     finished_ms: int | None = None
@@ -261,6 +264,11 @@ def build_request(prompt: object, *, messages: object = None, **fields: object) 
                 f"{type(messages).__name__}")
         fields["messages"] = list(messages)
     try:
-        return RequestPayload.model_validate(fields)
+        payload = RequestPayload.model_validate(fields)
     except PydanticValidationError as exc:
         raise ValidationError.from_pydantic("invalid request: ", exc) from exc
+    if payload.messages is None and not payload.prompt.strip():
+        # As OpenAI's API: an empty input is a mistake, not a request for a zero vector.
+        raise ValidationError("prompt is empty or only whitespace: give some text (or "
+                              "messages, for generate)", field="prompt")
+    return payload

@@ -24,7 +24,14 @@ DEFAULT_NAMESPACE = "inferq"
 
 #: Registry of queue names (a plain set, outside any queue's slot) for ``inferq stats``.
 def queues_registry(namespace: str = DEFAULT_NAMESPACE) -> str:
+    """Set of the queues (``task:model``) some worker has served (each adds its own)."""
     return f"{namespace}:queues"
+
+
+def requested_registry(namespace: str = DEFAULT_NAMESPACE) -> str:
+    """Set of the queues producers have enqueued to (``inferq stats`` lists them too, so a
+    queue with requests and no worker shows)."""
+    return f"{namespace}:queues:requested"
 
 
 def check_name(kind: str, value: str) -> str:

@@ -35,12 +35,15 @@ class EnqueueItem:
     depth_limit: int = 0
 
 
-def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem]) -> Call:
+def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem], *, atomic: bool = False) -> Call:
+    """``atomic``: all or none (if the queue would shed any new item, it sheds them all)."""
     args: list[bytes | str | int] = [keys.prefix]
     for item in items:
         args += [item.id, item.band, item.payload,
                  "" if item.deadline_ms is None else item.deadline_ms, item.max_attempts,
                  item.reply_to or "", item.depth_limit]
+    if atomic:
+        args.append("atomic")
     return [keys.pending, keys.seq, keys.wake, keys.stats], args
 
 

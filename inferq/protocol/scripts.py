@@ -82,7 +82,9 @@ ENQUEUE = _PRELUDE + r"""
 -- KEYS: 1 pending, 2 seq, 3 wake, 4 stats
 -- ARGV: 1 prefix, then per request 7 values: id, priority band, payload,
 --       relative deadline ms or '', max attempts, reply inbox or '',
---       depth limit for this request's priority (0 = unbounded)
+--       depth limit for this request's priority (0 = unbounded); then, optionally, one
+--       last value 'atomic': all or none, if any new request would be refused (shed), every
+--       new request is refused and nothing is written
 -- Returns {depth, {outcome per request}, retry_after_ms}; each outcome is
 -- 'queued', 'pending', 'inflight', 'delayed', 'done' (a repeated id) or 'full' (shed:
 -- the queue is at the depth limit of that priority). retry_after_ms estimates when the
@@ -92,7 +94,25 @@ local prefix = ARGV[1]
 local now = now_ms()
 local depth = redis.call('ZCARD', pending)
 local out, queued, worst_excess = {}, 0, 0
-for i = 2, #ARGV, 7 do
+local n = #ARGV
+local refuse_all = false
+if (n - 1) % 7 == 1 and ARGV[n] == 'atomic' then
+  n = n - 1
+  local d = depth
+  for i = 2, n, 7 do  -- read-only pass: would any new request be shed?
+    local limit = tonumber(ARGV[i + 6])
+    if not redis.call('HGET', prefix .. 'req:' .. ARGV[i], 'st')
+        and redis.call('EXISTS', prefix .. 'result:' .. ARGV[i]) == 0 then
+      if limit > 0 and d >= limit then
+        refuse_all = true
+        worst_excess = math.max(worst_excess, d - limit + 1)
+      else
+        d = d + 1
+      end
+    end
+  end
+end
+for i = 2, n, 7 do
   local id = ARGV[i]
   local rkey = prefix .. 'req:' .. id
   local limit = tonumber(ARGV[i + 6])
@@ -101,9 +121,9 @@ for i = 2, #ARGV, 7 do
     out[#out + 1] = state
   elseif redis.call('EXISTS', prefix .. 'result:' .. id) == 1 then
     out[#out + 1] = 'done'
-  elseif limit > 0 and depth >= limit then
+  elseif refuse_all or (limit > 0 and depth >= limit) then
     out[#out + 1] = 'full'
-    worst_excess = math.max(worst_excess, depth - limit + 1)
+    if limit > 0 then worst_excess = math.max(worst_excess, depth - limit + 1) end
   else
     local score = num(tonumber(ARGV[i + 1]) + redis.call('INCR', seqkey))
     redis.call('ZADD', pending, score, id)

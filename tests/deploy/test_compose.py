@@ -383,8 +383,8 @@ def test_inferq_services_talk_to_the_redis_service() -> None:
             url = service.get("environment", {}).get("INFERQ_REDIS_URL")
             assert url, f"{name} has no INFERQ_REDIS_URL (used by `exec ... inferq stats`)"
             args = parse_cli(argv_of(service["command"]))
-            # The gateway reads INFERQ_REDIS_URL only; the others also take --redis-url.
-            redis_url = getattr(args, "redis_url", url)
+            # --redis-url, when a command line gives it, must agree with INFERQ_REDIS_URL.
+            redis_url = getattr(args, "redis_url", None) or url
             assert redis_url == url, f"{name}: --redis-url and INFERQ_REDIS_URL differ"
             parsed = urlparse(url)
             assert parsed.scheme == "redis"

@@ -25,7 +25,17 @@ def test_demo_runs_on_its_own_embedded_server(tmp_path: Path) -> None:
     out = done.stdout
     assert "started " in out and "AOF in" in out  # it started its own server
     assert "10 results in" in out and "dimension 384" in out
+    assert "worker ready: model loaded in" in out  # the load is shown, not silent
+    assert "batch size prio  wait ms" in out  # rows by batch, then priority
     assert "batch statistics of the demo worker" in out and "mean batch" in out
+    assert out.count("mean batch") == 1  # the worker's statistics once, not twice
+    assert "totals include earlier demo runs" not in out
+    again = subprocess.run(
+        [sys.executable, "-m", "inferq", "demo", "--requests", "2", "--data-dir", str(data)],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "totals include earlier demo runs" in again.stdout  # the AOF kept the first run
     assert (data / "server.log").exists()
     assert any(p.name.startswith("appendonly") for p in data.iterdir())  # AOF persistence
 
@@ -35,14 +45,19 @@ def test_enqueue_and_stats_commands(redis_url: str,
     worker = start_worker("--model", "echo", "--max-wait-ms", "2")
     cmd = [sys.executable, "-m", "inferq", "enqueue", "hello there", "--model", "echo",
            "--priority", "3", "--redis-url", redis_url, "--timeout", "60"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=120,
+                          check=False)
     assert done.returncode == 0, done.stderr
     assert '"output": "hello there"' in done.stdout and '"status": "ok"' in done.stdout
+    short = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert short.returncode == 0, short.stderr
+    first, second = short.stdout.splitlines()  # a two-line summary by default
+    assert first == '"hello there"' and second.startswith("ok: id ")
     stats = subprocess.run([sys.executable, "-m", "inferq", "stats", "--redis-url", redis_url],
                            capture_output=True, text=True, timeout=60, check=False)
     assert stats.returncode == 0, stats.stderr
     assert "queue embed:echo" in stats.stdout and "live workers 1" in stats.stdout
-    assert "totals ok=1" in stats.stdout
+    assert "totals (since the queue was created) ok=2" in stats.stdout
     bad = subprocess.run([*cmd[:5], "--model", "echo", "--priority", "1000", "--redis-url",
                           redis_url], capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "invalid_request" in bad.stderr and "priority" in bad.stderr

@@ -124,3 +124,24 @@ def test_a_bad_model_path_fails_with_a_clear_error(tmp_path: Path, redis_url: st
     assert worker.proc.wait(timeout=120) == 2
     worker.stop()
     assert "model_load_failed" in worker.log
+
+
+def test_a_long_input_is_truncated_and_says_so_or_refused_on_request(
+        minilm_worker: tuple[str, WorkerProcess]) -> None:
+    url, _ = minilm_worker
+    long_text = " ".join(WORDS * 40)  # ~800 words, far over MiniLM's 256 tokens
+    with inferq.Client(url) as client:
+        cut = client.enqueue(long_text, model="minilm").result(timeout=120)
+        assert cut.ok and cut.truncated is True and cut.input_tokens == 256
+        # The same embedding as the model given the first 256 tokens (what truncation keeps).
+        (reference,) = direct_embedding([long_text])
+        assert max(abs(a - b) for a, b in zip(cut.output, reference, strict=True)) < 1e-4
+        short = client.enqueue("a short sentence", model="minilm").result(timeout=120)
+        assert short.ok and short.truncated is None
+        with pytest.raises(inferq.RequestFailed) as refused:
+            client.enqueue(long_text, model="minilm",
+                           params={"truncate": False}).result(timeout=120)
+        assert refused.value.error_code == "invalid_input"
+        assert "longer than the model's maximum of 256 tokens" in refused.value.message
+        fits = client.enqueue("fits", model="minilm", params={"truncate": False})
+        assert fits.result(timeout=120).ok

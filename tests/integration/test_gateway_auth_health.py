@@ -42,7 +42,8 @@ def test_openapi_lists_the_routes(api: TestClient) -> None:
     schema = api.get("/openapi.json").json()
     paths = schema["paths"]
     assert set(paths) == {"/healthz", "/readyz", "/v1/embeddings", "/v1/completions",
-                          "/v1/chat/completions", "/v1/requests", "/v1/requests/{request_id}"}
+                          "/v1/chat/completions", "/v1/requests", "/v1/requests/{request_id}",
+                          "/v1/models", "/v1/models/{model}"}
     assert set(paths["/v1/requests/{request_id}"]) == {"get", "delete"}
     assert set(paths["/v1/completions"]) == set(paths["/v1/chat/completions"]) == {"post"}
     assert "HTTPBearer" in schema["components"]["securitySchemes"]

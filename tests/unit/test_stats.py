@@ -28,7 +28,7 @@ async def test_sync_and_async_clients_read_the_same_stats() -> None:
     assert stats.pending_by_priority == {9: 2, 0: 1, -5: 3} and stats.pending == 6
     assert (stats.inflight, stats.dead_lettered, stats.live_workers) == (1, 1, ["live"])
     assert stats.counters == {"ok": 4, "failed": 1}
-    assert stats.windows == {"live": {"window_ms": "2.5", "reasons": {"full": 3}}}
+    assert stats.windows == {"live": {"window_ms": 2.5, "reasons": {"full": 3}}}  # numbers
     aio = fakeredis.FakeAsyncRedis(server=server)
     assert await run_async(aio, queue_stats(KEYS)) == stats
     gauges = await run_async(aio, queue_stats(KEYS, detail=False))

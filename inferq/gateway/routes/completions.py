@@ -84,6 +84,7 @@ async def enqueue(state: GatewayState, body: ChatCompletionRequest | CompletionR
         messages: list[Mapping[str, str]] | None = [m.model_dump() for m in body.messages]
     else:
         prompt, messages = body.prompt, None
+    await state.require_served(GENERATE_TASK, body.model)
     return await state.client.enqueue(
         prompt, messages=messages, model=body.model, task=GENERATE_TASK,
         priority=body.priority if body.priority is not None else (priority or 0),

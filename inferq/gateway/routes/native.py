@@ -90,6 +90,7 @@ async def create_request(body: CreateRequest, state: State, response: Response,
     ``wait=true``: 200 and the result, or the error that the result stands for (a 504 on
     timeout leaves the request queued: read it later by id)."""
     timeout = state.timeout(timeout_s, "timeout_s")
+    await state.require_served(body.task, body.model)
     handle = await state.client.enqueue(
         body.prompt, model=body.model, task=body.task,
         priority=body.priority if body.priority is not None else (x_priority or 0),

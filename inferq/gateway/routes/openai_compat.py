@@ -77,6 +77,7 @@ async def create_embeddings(body: EmbeddingsRequest, state: State,
     timeout = state.timeout(x_timeout_s, "X-Timeout-S")
     priority = body.priority if body.priority is not None else (x_priority or 0)
     deadline_s = body.deadline_s if body.deadline_s is not None else x_deadline_s
+    await state.require_served("embed", body.model)
     try:
         handles = await state.client.enqueue_many(
             texts, model=body.model, task="embed", priority=priority, deadline_s=deadline_s)

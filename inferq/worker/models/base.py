@@ -18,6 +18,8 @@ class ModelInput:
 
     tokens: int
     data: Any
+    #: The input was longer than the model takes and was cut (the result says ``truncated``).
+    truncated: bool = False
 
 
 class BatchModel(ABC):

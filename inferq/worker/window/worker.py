@@ -289,7 +289,8 @@ class Worker(QueueWorker[Job]):
         finished_ms = self.link.now_ms()
         completions = [
             completion(self.config, job, outcome, batch_size=len(batch.jobs),
-                       input_tokens=job.tokens, finished_ms=finished_ms,
+                       input_tokens=job.tokens, truncated=job.input.truncated or None,
+                       finished_ms=finished_ms,
                        compute_ms=round(elapsed * 1e3, 3))
             for job, outcome in zip(batch.jobs, outcomes, strict=True)
         ]

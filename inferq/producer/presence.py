@@ -1,0 +1,99 @@
+"""Is anyone serving this queue? The producer's early warning for a model or task that no
+worker serves (a typo, a worker not started yet), instead of a silent wait.
+
+After an enqueue, the clients check the queue's live workers (the ``workers`` sorted set,
+scored by liveness deadlines that the heartbeat renews, on Redis's clock) and warn with a
+``NoWorkerWarning`` (``warnings``) when there is none. The request stays queued: durable
+queues may wait for workers that start later, and it is served as soon as one does. The same
+round trip adds the queue to the set of requested queues (``requested_registry``), so
+``inferq stats`` lists queues that have requests and no worker. One check per queue every
+``CHECK_EVERY_S`` at most: one pipelined round trip (TIME, ZRANGE, SADD), not one per
+enqueue.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterable
+from operator import methodcaller
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from inferq.protocol.keys import QueueKeys, requested_registry
+
+CHECK_EVERY_S = 5.0
+
+
+class NoWorkerWarning(UserWarning):
+    """No live worker serves the queue a request was just added to; it waits there until one
+    starts (see ``inferq.producer.presence``)."""
+
+
+class WorkerPresence:
+    """Per-client cache of "does this queue have a live worker", refreshed at most every
+    ``every_s`` seconds per queue."""
+
+    def __init__(self, namespace: str, every_s: float = CHECK_EVERY_S, *,
+                 warn: bool = True) -> None:
+        self.namespace = namespace
+        self.every_s = every_s
+        #: False: check and register, but do not warn (the gateway answers 404 instead).
+        self.warn = warn
+        self._checked: dict[str, float] = {}
+
+    def due(self, queues: Iterable[QueueKeys]) -> list[QueueKeys]:
+        now = time.monotonic()
+        out = []
+        for keys in queues:
+            if now - self._checked.get(keys.queue, -1e18) >= self.every_s:
+                self._checked[keys.queue] = now
+                out.append(keys)
+        return out
+
+    def _commands(self, queues: list[QueueKeys]) -> list[methodcaller]:
+        commands = [methodcaller("time")]
+        for keys in queues:
+            commands.append(methodcaller("zrange", keys.workers, -1, -1, withscores=True))
+            commands.append(methodcaller("sadd", requested_registry(self.namespace), keys.queue))
+        return commands
+
+    def _settle(self, queues: list[QueueKeys], replies: list[Any]) -> list[str]:
+        seconds, micros = replies[0]
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        idle = []
+        for i, keys in enumerate(queues):
+            top = replies[1 + 2 * i]
+            if not top or float(top[0][1]) < now_ms:
+                idle.append(keys.queue)
+                if self.warn:
+                    warnings.warn(no_worker_message(keys.queue), NoWorkerWarning, stacklevel=4)
+        return idle
+
+    def check(self, client: redis.Redis, queues: Iterable[QueueKeys]) -> list[str]:
+        """The due queues' checks in one round trip; warns for, and returns, those without a
+        live worker."""
+        due = self.due(queues)
+        if not due:
+            return []
+        pipe = client.pipeline(transaction=False)
+        for command in self._commands(due):
+            command(pipe)
+        return self._settle(due, pipe.execute())
+
+    async def check_async(self, client: aioredis.Redis, queues: Iterable[QueueKeys]) -> list[str]:
+        due = self.due(queues)
+        if not due:
+            return []
+        pipe = client.pipeline(transaction=False)
+        for command in self._commands(due):
+            command(pipe)
+        return self._settle(due, await pipe.execute())
+
+
+def no_worker_message(queue: str) -> str:
+    task, _, model = queue.partition(":")
+    return (f"no live worker serves queue {queue}: the request stays queued and runs once a "
+            f"worker starts (inferq worker --task {task} --model {model.partition('#')[0]})")
