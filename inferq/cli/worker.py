@@ -12,19 +12,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
 from inferq.errors import ConfigError
 from inferq.logs import set_context as set_log_context
 from inferq.protocol.generation import GENERATE_TASK
 
+if TYPE_CHECKING:
+    from inferq.worker.core.lifecycle import QueueWorker
+
 log = logging.getLogger("inferq.worker")
 
 #: ``WorkerConfig`` fields set by flags of the same name, when given.
-CONFIG_FLAGS = ("device", "dtype", "lease_ms", "result_ttl_s", "worker_id")
+CONFIG_FLAGS = ("device", "dtype", "lease_ms", "heartbeat_ms", "drain_timeout_s",
+                "result_ttl_s", "worker_id")
 WINDOW_FLAGS = ("max_batch_size", "max_batch_tokens", "max_wait_ms")
 #: ``GenerationSettings`` fields set by flags of the same name, when given.
 CONTINUOUS_FLAGS = ("max_slots", "kv_cache_mb", "max_prefill_tokens", "stream_interval_ms")
@@ -39,7 +45,15 @@ def add_parser(sub: Subcommands) -> None:
     w.add_argument("--task", default="embed", help="embed (default), generate or score")
     w.add_argument("--device", choices=["auto", "cpu", "cuda"])
     w.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"])
-    w.add_argument("--lease-ms", type=int)
+    w.add_argument("--lease-ms", type=int,
+                   help="a request's lease: a worker that stops renewing it (killed, frozen) "
+                        "loses it this long after its last heartbeat (default 2000)")
+    w.add_argument("--heartbeat-ms", type=int,
+                   help="how often the heartbeat thread renews the leases (default lease / 4)")
+    w.add_argument("--drain-timeout-s", type=float,
+                   help="after SIGTERM: time to finish the work in hand before the rest is "
+                        "abandoned to its leases (default 30); the process is forced out 5 s "
+                        "after that")
     w.add_argument("--result-ttl-s", type=float)
     w.add_argument("--worker-id")
     w.add_argument("--metrics-port", type=int,
@@ -128,18 +142,31 @@ def run(args: argparse.Namespace) -> int:
         from inferq.worker.models.registry import load_causal_lm
 
         lm = load_causal_lm(spec, device=config.device, dtype=config.dtype)
+        worker: QueueWorker[Any] = GenerationWorker(config, lm, GenerationSettings(
+            **given(args, CONTINUOUS_FLAGS)))
         try:
-            asyncio.run(GenerationWorker(config, lm, GenerationSettings(
-                **given(args, CONTINUOUS_FLAGS))).run())
+            code = asyncio.run(worker.run())
         finally:
             lm.close()
-        return 0
+        return finish(worker, code)
     from inferq.worker.models.registry import load_model
     from inferq.worker.window.worker import Worker
 
     model = load_model(spec, config.task, device=config.device, dtype=config.dtype)
+    worker = Worker(config, model)
     try:
-        asyncio.run(Worker(config, model).run())
+        code = asyncio.run(worker.run())
     finally:
         model.close()
-    return 0
+    return finish(worker, code)
+
+
+def finish(worker: QueueWorker[Any], code: int) -> int:
+    """The exit code; a worker that abandoned a forward at its drain timeout exits at once
+    (the interpreter would otherwise wait for the model thread at exit)."""
+    if worker.abandoned:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+    return code

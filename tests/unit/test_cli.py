@@ -45,11 +45,13 @@ def test_given_flags_reach_the_config_and_the_rest_keep_its_defaults(
     configs: list[Any] = []
 
     class Recorder:
+        abandoned = False
+
         def __init__(self, config: Any, model: Any) -> None:
             configs.append(config)
 
-        async def run(self) -> None:
-            pass
+        async def run(self) -> int:
+            return 0
 
     monkeypatch.setattr("inferq.worker.window.worker.Worker", Recorder)
     assert main(["worker", "--redis-url", NOWHERE, "--model", "echo", "--max-wait-ms", "5",

@@ -12,7 +12,6 @@ waiting claims back at once, and finishes the generations in hand.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -116,13 +115,16 @@ class GenerationWorker(QueueWorker[Generation]):
         finally:
             await self._release_generations(self.steps.take_waiting(_unstarted))
             self.steps.stop()
-            await asyncio.to_thread(self.steps.join)
+            await asyncio.wait({asyncio.ensure_future(asyncio.to_thread(self.steps.join))},
+                               timeout=self.config.drain_timeout_s)
             await self._release_generations(self.steps.take_waiting())
             await cancel(waker)
             await asyncio.sleep(0)  # callbacks the model thread scheduled last
             self.publisher.stop()
-            with contextlib.suppress(Exception):
-                await publisher
+            # The publisher writes what the last steps produced (retried for at most a lease).
+            await asyncio.wait({publisher}, timeout=self.config.lease_ms / 1e3 + 1)
+            if not await cancel(publisher):
+                log.warning("the stream publisher did not stop")
 
     # ---------------------------------------------------------------------------- claiming
 
