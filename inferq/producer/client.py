@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from operator import methodcaller
 from types import TracebackType
@@ -19,6 +21,7 @@ from inferq.producer.common import (
     EnqueueOptions,
     RequestState,
 )
+from inferq.producer.inbox import SyncResultInbox
 from inferq.producer.streaming import follow
 from inferq.protocol import ops
 from inferq.protocol.codec import Result
@@ -28,12 +31,17 @@ from inferq.protocol.keys import QueueKeys
 class Handle:
     """A queued request. Cheap to create from an id with ``Client.handle``."""
 
-    def __init__(self, client: Client, keys: QueueKeys, request_id: str, outcome: str) -> None:
+    def __init__(self, client: Client, keys: QueueKeys, request_id: str, outcome: str, *,
+                 via_inbox: bool = False) -> None:
         self._client = client
         self.keys = keys
         self.id = request_id
         #: What enqueue found: ``queued``, or ``pending``/``inflight``/``done`` for a repeated id.
         self.outcome = outcome
+        # Requests this client enqueued announce their result in its inbox (one listener
+        # thread for all waiting threads); a handle made from a bare id, or for a duplicate
+        # id enqueued by someone else, blocks on the result key.
+        self._via_inbox = via_inbox and outcome == "queued"
 
     @property
     def duplicate(self) -> bool:
@@ -45,10 +53,16 @@ class Handle:
         ``timeout`` None waits forever. Raises ``ResultTimeout``, ``RequestFailed``,
         ``RequestCancelled`` or ``DeadlineExceeded`` (and ``BackendUnavailable``).
         """
-        key = self.keys.result(self.id)
-        with wrap_connection_errors(self._client.connection):
-            raw = self._client.redis.blmove(key, key, common.block_timeout(timeout),
-                                            "LEFT", "LEFT")
+        raw: Any
+        if self._via_inbox:
+            if timeout is not None:
+                common.block_timeout(timeout)  # validates
+            raw = self._client.inbox(self.keys).wait(self.id, timeout)
+        else:
+            key = self.keys.result(self.id)
+            with wrap_connection_errors(self._client.connection):
+                raw = self._client.redis.blmove(key, key, common.block_timeout(timeout),
+                                                "LEFT", "LEFT")
         result = common.parse_result(raw, self._client.options)
         if result is None:
             raise ResultTimeout(f"no result for request {self.id} within {timeout} s")
@@ -96,6 +110,18 @@ class Handle:
         return f"Handle(id={self.id!r}, queue={self.keys.queue!r}, outcome={self.outcome!r})"
 
 
+def blocking_pool_client(client: redis.Redis, max_connections: int) -> redis.Redis:
+    """``client`` (configured by ``connection.sync_client``) on a ``BlockingConnectionPool``
+    of ``max_connections`` with the same connection settings: threads beyond that wait for a
+    free connection instead of failing with ``MaxConnectionsError``."""
+    pool = client.connection_pool
+    blocking = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
+        connection_class=pool.connection_class, max_connections=max_connections, timeout=None,
+        **pool.connection_kwargs)
+    client.connection_pool.disconnect()
+    return redis.Redis(connection_pool=blocking)
+
+
 class Client:
     """``Client(url).enqueue("text", model="minilm")`` then ``handle.result(timeout=30)``."""
 
@@ -106,9 +132,22 @@ class Client:
         self.connection = connection.resolve(url)
         self.url = self.connection.url
         self.options = options or ClientOptions()
-        self.redis: redis.Redis = connection.sync_client(
-            self.connection, **{**BLOCKING_DEFAULTS, **redis_kwargs})
+        # A blocking pool: more concurrent calls than connections wait for one instead of
+        # failing. Waiting for results holds no connection (see ``SyncResultInbox``).
+        self.redis: redis.Redis = blocking_pool_client(
+            connection.sync_client(self.connection, **{**BLOCKING_DEFAULTS, **redis_kwargs}),
+            self.options.max_connections)
         self.scripts = ops.register(self.redis)
+        self.client_id = uuid.uuid4().hex
+        self._inboxes: dict[QueueKeys, SyncResultInbox] = {}
+        self._inbox_lock = threading.Lock()
+
+    def inbox(self, keys: QueueKeys) -> SyncResultInbox:
+        with self._inbox_lock:
+            box = self._inboxes.get(keys)
+            if box is None:
+                box = self._inboxes[keys] = SyncResultInbox(self.redis, keys, self.client_id)
+            return box
 
     def enqueue(self, prompt: str = "", **request: Unpack[EnqueueOptions]) -> Handle:
         """Queue one request and return its ``Handle``. Keyword arguments (``EnqueueOptions``):
@@ -123,12 +162,12 @@ class Client:
         * ``messages``: ``generate`` chat input, ``[{"role", "content"}]`` (empty prompt).
 
         Raises ``ValidationError``, ``QueueFull`` or ``BackendUnavailable``."""
-        p = common.prepare(prompt, request, self.options)
+        p = common.prepare(prompt, request, self.options, reply_to=self.client_id)
         keys, args = ops.enqueue_call(p.keys, [p.item])
         with wrap_connection_errors(self.connection):
             reply = ops.parse_enqueue(self.scripts["enqueue"](keys=keys, args=args))
         common.check_full(reply, p, self.options)
-        return Handle(self, p.keys, p.item.id, reply.outcomes[0])
+        return Handle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
 
     def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]],
                      **defaults: Any) -> list[Handle]:
@@ -138,7 +177,8 @@ class Client:
         (e.g. ``model=``) apply to all. Raises ``QueueFull`` if any was refused; its
         ``accepted`` attribute lists the handles that did get in.
         """
-        prepared = common.prepare_many(requests, defaults, self.options)
+        prepared = common.prepare_many(requests, defaults, self.options,
+                                       reply_to=self.client_id)
         groups = common.group_by_queue(prepared)
         pipe = self.redis.pipeline(transaction=False)
         for keys, indices in groups.items():
@@ -148,7 +188,8 @@ class Client:
             replies = pipe.execute()
         return common.collect_handles(
             prepared, groups, replies, self.options,
-            lambda keys, request_id, outcome: Handle(self, keys, request_id, outcome),
+            lambda keys, request_id, outcome: Handle(self, keys, request_id, outcome,
+                                                     via_inbox=True),
         )
 
     def handle(self, request_id: str, *, model: str, task: str = "embed") -> Handle:
@@ -157,7 +198,12 @@ class Client:
                       request_id, "unknown")
 
     def close(self) -> None:
+        with self._inbox_lock:
+            boxes = list(self._inboxes.values())
+        for box in boxes:
+            box.close()
         self.redis.close()
+        self.redis.connection_pool.disconnect()
 
     def __enter__(self) -> Client:
         return self
