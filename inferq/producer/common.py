@@ -95,8 +95,7 @@ class ClientOptions:
     shedding: Shedding = Shedding()
     result_ttl_s: float = 3600.0
     limits: Limits = DEFAULT_LIMITS
-    #: Connections of a client's pool (``Client`` and ``AsyncClient``); more concurrent calls
-    #: wait for a free one.
+    #: Connections of an ``AsyncClient``'s pool; more concurrent calls wait for a free one.
     max_connections: int = 32
 
     def __post_init__(self) -> None:
