@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 
 import pytest
 
 from inferq.cli import worker as worker_cli
 from inferq.cli.main import build_parser
 from inferq.errors import ConfigError
+from inferq.protocol.codec import build_request
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.lifecycle import StopWatchdog, cancel, run_together
+from inferq.worker.models.builtin import SleepModel
 
 
 def make_config(**kw: object) -> WorkerConfig:
@@ -92,3 +95,15 @@ def test_the_watchdog_fires_only_when_the_stop_overruns() -> None:
     in_time.arm(0.2, "stop")
     in_time.disarm()
     assert not in_time.fired.wait(0.4)
+
+
+def test_the_sleep_model_records_what_it_starts_to_run(tmp_path: Path) -> None:
+    model = SleepModel.from_options({"batch_ms": "0", "record": str(tmp_path)})
+    inputs = model.prepare([build_request("a b", model="m", id="1", task="embed"),
+                            build_request("c", model="m", id="2", task="embed")])
+    assert model.forward([i for i in inputs if not isinstance(i, Exception)]) == ["a b", "c"]
+    model.close()
+    (ran,) = tmp_path.glob("*.ran")
+    assert ran.read_text() == "a b\nc\n"
+    with pytest.raises(ConfigError, match="record="):
+        SleepModel(record=str(tmp_path / "missing"))
