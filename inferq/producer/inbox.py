@@ -198,7 +198,8 @@ class SyncResultInbox:
             self._waiters.setdefault(request_id, []).append(slot)
             self._since.setdefault(request_id, time.monotonic())
             arrived = request_id in self._arrived
-            if self._thread is None and not self._closed:
+            # (A listener that is not alive: this process is a fork of the one that ran it.)
+            if (self._thread is None or not self._thread.is_alive()) and not self._closed:
                 self._thread = threading.Thread(target=self._listen, daemon=True,
                                                 name=f"inferq-inbox-{self._keys.queue}")
                 self._thread.start()

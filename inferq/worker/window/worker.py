@@ -78,6 +78,8 @@ class Worker(QueueWorker[Job]):
         self._completions: set[asyncio.Task[None]] = set()
         self._unpublished = False
         self._next_retry_s: float | None = None
+        #: Suspects lead the queue: claim one at a time (see ``_isolate_suspects``).
+        self._suspects_ahead = False
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -217,9 +219,12 @@ class Worker(QueueWorker[Job]):
 
     async def _claim(self, max_count: int) -> list[Job]:
         """Claim up to ``max_count`` requests, keeping at most one suspect in hand (see
-        ``_isolate_suspects``); none while one already waits to run."""
+        ``_isolate_suspects``); none while one already waits to run, and one at a time while
+        suspects lead the queue."""
         if any(map(is_suspect, self._carry)):
             return []
+        if self._suspects_ahead:
+            max_count = 1
         reply, jobs, failures = await self._claim_prepared(max_count)
         self._next_retry_s = (None if reply.next_retry_ms is None
                               else max(reply.next_retry_ms / 1e3, 0.001))
@@ -234,8 +239,10 @@ class Worker(QueueWorker[Job]):
         forward. A window holding many of them (a dead worker's whole batch, reclaimed) would
         run them one after another here; instead this worker keeps one and gives the others
         back at once (attempt not counted), so every live worker takes one and the fleet
-        isolates them in parallel."""
+        isolates them in parallel. Until a claim brings no suspect, it then claims one request
+        at a time (no window of suspects claimed, decoded and given back at every round)."""
         suspects = [job for job in jobs if is_suspect(job)]
+        self._suspects_ahead = len(suspects) > 1 or (self._suspects_ahead and bool(suspects))
         if len(suspects) <= 1:
             return jobs
         extra = suspects[1:]
