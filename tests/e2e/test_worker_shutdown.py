@@ -67,3 +67,19 @@ def test_a_worker_whose_redis_stops_answering_still_exits_within_the_bound(
                 assert "drain timeout (1 s) passed" in worker.log
         finally:
             worker.stop()
+
+
+def test_a_second_sigterm_exits_at_once(
+        redis_url: str, start_worker: Callable[..., WorkerProcess]) -> None:
+    client = inferq.Client(redis_url)
+    client.enqueue("long", model="slow")
+    worker = start_worker("--model", "slow=builtin:sleep?batch_ms=120000",
+                          "--drain-timeout-s", "600", "--worker-id", "impatient",
+                          env={"INFERQ_LOG_LEVEL": "DEBUG"})
+    wait_until(lambda: "running 1 requests" in worker.log, 60, "the 2-minute forward to start")
+    worker.proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: "stopping: no new claims" in worker.log, 30, "the first stop")
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.proc.wait(timeout=BOUND_S) == EXIT_FORCED  # far before the drain timeout
+    assert "second SIGTERM: exiting now" in worker.log
+    client.close()
