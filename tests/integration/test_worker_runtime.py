@@ -7,16 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
 
 import inferq
 from inferq.protocol import ops
+from inferq.protocol.keys import QueueKeys
 from inferq.worker.core.lifecycle import EXIT_FAILED, EXIT_OK
 from inferq.worker.models.builtin import EchoModel, SleepModel
 from inferq.worker.window.worker import Worker
+from tests.support.generation import MODEL, gen_config
 from tests.support.window_worker import KEYS, config, run_worker, stop
+
+if TYPE_CHECKING:  # torch loads slowly: imported when used
+    from inferq.worker.models.lm import CausalLM
 
 
 async def test_a_forward_three_leases_long_is_not_reclaimed_with_the_default_heartbeat(
@@ -114,3 +120,23 @@ async def test_a_clean_stop_exits_zero(redis_url: str) -> None:
     worker.request_stop()
     assert await asyncio.wait_for(task, 30) == EXIT_OK
     assert not worker.abandoned
+
+
+async def test_a_generate_worker_whose_publisher_dies_cannot_go_on(
+        redis_url: str, r: redis.Redis, lm: CausalLM, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferq.worker.generate.publisher import StreamPublisher
+    from inferq.worker.generate.worker import GenerationWorker
+
+    async def broken_run(self: StreamPublisher) -> None:
+        raise RuntimeError("publisher broke")
+
+    monkeypatch.setattr(StreamPublisher, "run", broken_run)
+    caplog.set_level(logging.INFO, logger="inferq.worker")
+    worker = GenerationWorker(gen_config(redis_url, worker_id="gen-broken"), lm)
+    code = await asyncio.wait_for(worker.run(install_signal_handlers=False), 30)
+    assert code == EXIT_FAILED
+    assert ("worker gen-broken cannot go on: RuntimeError: the stream publisher ended: "
+            "RuntimeError: publisher broke") in caplog.text
+    assert not worker.heartbeat.is_alive()
+    assert r.zscore(QueueKeys.for_model("generate", MODEL).workers, "gen-broken") is None
