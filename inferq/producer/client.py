@@ -198,8 +198,11 @@ class Client:
                       request_id, "unknown")
 
     def close(self) -> None:
+        """Stop the inbox listeners and close the connections. As with redis-py, a closed
+        client still works: a later call reconnects (and a later wait starts a listener)."""
         with self._inbox_lock:
             boxes = list(self._inboxes.values())
+            self._inboxes.clear()
         for box in boxes:
             box.close()
         self.redis.close()

@@ -97,3 +97,14 @@ def test_a_sync_wait_times_out_and_a_late_waiter_gets_a_result_popped_earlier(
         # A handle built from a bare id (another process) blocks on the result key instead.
         assert client.handle(handles[3].id, model="t").result(timeout=5).output == "r3"
         assert r.llen(KEYS.inbox(client.client_id)) == 0  # everything was taken off the inbox
+
+
+def test_a_closed_client_still_waits(redis_url: str) -> None:
+    client = inferq.Client(redis_url)
+    with pytest.raises(inferq.ResultTimeout):
+        client.enqueue("first", model="t").result(timeout=0.1)  # starts a listener
+    handle = client.enqueue("after close", model="t")
+    client.close()
+    with worker_in_a_thread(redis_url):
+        assert handle.result(timeout=30).output == "after close"
+    client.close()
