@@ -1,22 +1,31 @@
 """Scenario ``chaos``: real worker processes against a real server with AOF, while faults are
 injected.
 
-    python -m benchmarks chaos            # the long run: 20,000 requests, 4 workers, 32 kills
+    python -m benchmarks chaos            # the long run: 100,000 requests, 4 workers,
+                                          # 100 kills, 10 stops, 3 Redis restarts (~4 min)
     python -m benchmarks chaos --quick    # 3,000 requests, 3 workers, 5 kills (~20 s)
     python -m benchmarks chaos --short --out DIR   # the test suite's run (1,200 requests,
                                                     # 2 workers, 3 kills, ~10 s)
 
-Faults, on a schedule spread over the run: SIGKILL of a random worker (a new one is started in
-its place), one SIGSTOP of a worker for longer than its lease (then SIGCONT), one restart of
-the Redis server, plus poison requests (the model raises on them) and requests whose deadline
-passes in the queue. The report counts every outcome and, above all, LOST requests: accepted
-by enqueue but neither answered nor still queued at the end. It must be 0.
+Faults, on a schedule spread over the run: SIGKILLs of a random worker (a new one is started
+in its place), SIGSTOPs of a worker for 2.5 leases (then SIGCONT), restarts of the Redis
+server, plus poison requests (the model raises on them) and requests whose deadline passes in
+the queue. The workers run with the default lease unless ``--lease-ms`` is given. The report
+counts every outcome and, above all, LOST requests: accepted by enqueue but neither answered
+nor still queued at the end. It must be 0.
+
+The sleep model records every request it starts to run (``record=``), so the report also
+counts INNOCENT dead letters: requests dead-lettered although no worker ever ran them. And it
+measures recovery: for each request a killed worker held, from the SIGKILL until another
+worker claimed it again (the ``started_ms`` of its final result), p50/p99/max.
 
 ``<out>/chaos.json`` holds the counts under ``report`` (``submitted``, ``completed``,
-``failed``, ``dead_lettered``, ``expired``, ``still_pending``, ``lost``, ``duplicate_results``,
-``unexpected_failures``, ``executed_more_than_once``, ``kills``, ``stops``, ``redis_restarts``,
-...) and the run's settings under ``report.config``; the command exits 1 when a request was
-lost or a result delivered twice. ``--quick`` and ``--short`` runs leave RESULTS.md alone.
+``failed``, ``dead_lettered``, ``innocent_dead_letters``, ``expired``, ``still_pending``,
+``lost``, ``duplicate_results``, ``unexpected_failures``, ``executed_more_than_once``,
+``kills``, ``stops``, ``redis_restarts``, ``recovery_p50_ms``/``p99``/``max``, ...) and the
+run's settings under ``report.config``; the command exits 1 when a request was lost, a result
+delivered twice or an innocent request dead-lettered. ``--quick`` and ``--short`` runs leave
+RESULTS.md alone.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from benchmarks.stack import WorkerProc, now_ms, sleep_model, spawn_worker
 from inferq.embedded import EmbeddedServer
 from inferq.protocol.codec import decode_result
 from inferq.protocol.keys import QueueKeys
+from inferq.worker.core.config import DEFAULT_LEASE_MS
 
 MODEL = "chaos"
 POISON = "POISON"
@@ -50,11 +60,14 @@ KEYS = QueueKeys.for_model("embed", MODEL)
 
 @dataclass(frozen=True)
 class ChaosConfig:
-    requests: int = 20_000
+    requests: int = 100_000
     workers: int = 4
-    rate_per_s: float = 400.0
-    kills: int = 32
-    lease_ms: int = 1_500
+    rate_per_s: float = 450.0
+    kills: int = 100
+    stops: int = 10
+    restarts: int = 3
+    #: None: the workers' default lease.
+    lease_ms: int | None = None
     batch_ms: float = 15.0
     item_ms: float = 0.3
     poison_share: float = 0.01
@@ -66,9 +79,14 @@ class ChaosConfig:
     def duration_s(self) -> float:
         return self.requests / self.rate_per_s
 
+    @property
+    def effective_lease_ms(self) -> int:
+        return self.lease_ms if self.lease_ms is not None else DEFAULT_LEASE_MS
 
-QUICK = ChaosConfig(requests=3_000, workers=3, rate_per_s=300.0, kills=5)
-SHORT = ChaosConfig(requests=1_200, workers=2, rate_per_s=240.0, kills=3, lease_ms=1_000,
+
+QUICK = ChaosConfig(requests=3_000, workers=3, rate_per_s=300.0, kills=5, stops=1, restarts=1,
+                    result_timeout_s=60.0)
+SHORT = ChaosConfig(requests=1_200, workers=2, rate_per_s=240.0, kills=3, stops=1, restarts=1,
                     result_timeout_s=30.0)
 
 
@@ -87,6 +105,8 @@ class Report:
     completed: int = 0
     failed: int = 0
     dead_lettered: int = 0
+    #: Dead-lettered although no worker ever started to run them (must be 0).
+    innocent_dead_letters: int = 0
     expired: int = 0
     still_pending: int = 0
     answered_but_not_delivered: int = 0
@@ -99,7 +119,10 @@ class Report:
     kills: int = 0
     stops: int = 0
     redis_restarts: int = 0
+    #: Per request a killed worker held: SIGKILL to its claim by another worker.
     recovery_ms: list[float] = field(default_factory=list)
+    #: Per kill: SIGKILL to the last result of the requests the killed worker held.
+    recovery_done_ms: list[float] = field(default_factory=list)
     throughput: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
 
@@ -113,6 +136,7 @@ class Report:
         data = asdict(self)
         data["recovery_p50_ms"] = self.recovery(0.5)
         data["recovery_p99_ms"] = self.recovery(0.99)
+        data["recovery_max_ms"] = max(self.recovery_ms) if self.recovery_ms else None
         return data
 
 
@@ -131,12 +155,26 @@ class Fleet:
         self.started += 1
         worker_id = f"chaos-{self.started}"
         spec = sleep_model(MODEL, self.config.batch_ms, self.config.item_ms)
+        lease = [] if self.config.lease_ms is None else ["--lease-ms", str(self.config.lease_ms)]
         self.workers[worker_id] = spawn_worker(
-            self.cleanup, self.url, model_arg=f"{spec}&fail_on={POISON}", worker_id=worker_id,
-            log_dir=self.log_dir,
-            flags=["--lease-ms", str(self.config.lease_ms), "--max-batch-size", "32",
-                   "--max-wait-ms", "5"])
+            self.cleanup, self.url,
+            model_arg=f"{spec}&fail_on={POISON}&record={self.ran_dir}", worker_id=worker_id,
+            log_dir=self.log_dir, flags=[*lease, "--max-batch-size", "32", "--max-wait-ms", "5"])
         return worker_id
+
+    @property
+    def ran_dir(self) -> Path:
+        """Where the workers' models record the requests they started to run."""
+        path = self.log_dir / "ran"
+        path.mkdir(exist_ok=True)
+        return path
+
+    def ran(self) -> set[str]:
+        """The ids of every request some worker started to run."""
+        ids: set[str] = set()
+        for path in self.ran_dir.glob("*.ran"):
+            ids |= {line.split()[-1] for line in path.read_text().splitlines() if line}
+        return ids
 
     def kill(self, worker_id: str) -> None:
         process = self.workers.pop(worker_id).child.process
@@ -144,7 +182,9 @@ class Fleet:
         process.wait()
 
     def send(self, worker_id: str, signum: int) -> None:
-        self.workers[worker_id].child.process.send_signal(signum)
+        worker = self.workers.get(worker_id)
+        if worker is not None:  # a stopped worker may have been killed meanwhile
+            worker.child.process.send_signal(signum)
 
 
 def _held_by(r: redis.Redis, worker_id: str) -> list[str]:
@@ -161,20 +201,31 @@ def _held_by(r: redis.Redis, worker_id: str) -> list[str]:
 
 async def _inject_faults(config: ChaosConfig, fleet: Fleet, server: EmbeddedServer,
                          faults: list[Fault], done: asyncio.Event) -> None:
-    """SIGKILLs spread over the run, one SIGSTOP past the lease at 1/3, one Redis restart
-    at 2/3 of the way."""
+    """SIGKILLs, SIGSTOPs (each resumed 2.5 leases later, while the schedule goes on) and Redis
+    restarts, each kind spread evenly over 90 % of the run."""
     rng = random.Random(config.seed + 1)
     r = redis.Redis.from_url(server.url)
     start = time.monotonic()
     span = config.duration_s * 0.9
-    kill_times = [span * (i + 1) / (config.kills + 1) for i in range(config.kills)]
-    events = [(t, "kill") for t in kill_times] + [(span / 3, "stop"), (span * 2 / 3, "restart")]
+
+    def spread(n: int, offset: float) -> list[float]:
+        return [span * (i + offset) / n for i in range(n)]
+
+    events = ([(t, "kill") for t in spread(config.kills, 0.5)]
+              + [(t, "stop") for t in spread(config.stops, 0.3)]
+              + [(t, "restart") for t in spread(config.restarts, 0.7)])
+    resumes: list[asyncio.Task[None]] = []
+
+    async def resume_later(victim: str) -> None:
+        await asyncio.sleep(config.effective_lease_ms / 1e3 * 2.5)
+        fleet.send(victim, signal.SIGCONT)
+
     for at, kind in sorted(events):
         delay = start + at - time.monotonic()
         if delay > 0:
             try:
                 await asyncio.wait_for(done.wait(), delay)
-                return
+                break
             except TimeoutError:
                 pass
         try:
@@ -192,8 +243,7 @@ async def _inject_faults(config: ChaosConfig, fleet: Fleet, server: EmbeddedServ
             held = _held_by(r, victim)
             fleet.send(victim, signal.SIGSTOP)
             faults.append(Fault("stop", now, victim, held))
-            await asyncio.sleep(config.lease_ms / 1e3 * 2.5)
-            fleet.send(victim, signal.SIGCONT)
+            resumes.append(asyncio.create_task(resume_later(victim)))
         elif kind == "restart":
             r.close()
             server.stop()  # SIGTERM: the AOF is flushed; everything accepted survives
@@ -201,6 +251,7 @@ async def _inject_faults(config: ChaosConfig, fleet: Fleet, server: EmbeddedServ
             await asyncio.sleep(0.5)
             await asyncio.to_thread(server.start)
             r = redis.Redis.from_url(server.url)
+    await asyncio.gather(*resumes)
     r.close()
 
 
@@ -297,7 +348,7 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
         report.submitted = asyncio.run(main())
         report.wall_s = time.monotonic() - started
         r = redis.Redis.from_url(server.url)
-        _tally(report, r, results, kinds, faults)
+        _tally(report, r, results, kinds, faults, fleet.ran())
         r.close()
     finally:
         cleanup.close()  # the workers (resumed if stopped), then the server
@@ -305,7 +356,7 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
 
 
 def _tally(report: Report, r: redis.Redis, results: dict[str, inferq.Result | None],
-           kinds: dict[str, str], faults: list[Fault]) -> None:
+           kinds: dict[str, str], faults: list[Fault], ran_ids: set[str]) -> None:
     statuses: Counter[str] = Counter()
     for request_id, result in results.items():
         if result is None:
@@ -345,11 +396,22 @@ def _tally(report: Report, r: redis.Redis, results: dict[str, inferq.Result | No
     report.kills = sum(1 for f in faults if f.kind == "kill")
     report.stops = sum(1 for f in faults if f.kind == "stop")
     report.redis_restarts = sum(1 for f in faults if f.kind == "restart")
+    ran = ran_ids
+    report.innocent_dead_letters = sum(
+        1 for i, res in results.items() if res is not None and res.status.value == "dead"
+        and i not in ran)
     for fault in faults:
-        held = [results.get(i) for i in fault.held]
-        done = [res.finished_ms for res in held if res is not None and res.finished_ms]
-        if fault.kind == "kill" and done:
-            report.recovery_ms.append(float(max(done) - fault.at_ms))
+        if fault.kind != "kill":
+            continue
+        held = [res for i in fault.held if (res := results.get(i)) is not None]
+        # Claimed again after the kill (a request the victim finished just before is not).
+        again = [res.started_ms for res in held
+                 if res.started_ms is not None and res.started_ms >= fault.at_ms]
+        report.recovery_ms += [float(t - fault.at_ms) for t in again]
+        done = [res.finished_ms for res in held if res.finished_ms is not None
+                and res.started_ms is not None and res.started_ms >= fault.at_ms]
+        if done:
+            report.recovery_done_ms.append(float(max(done) - fault.at_ms))
     report.throughput = _phase_throughput(results, faults)
 
 
@@ -360,6 +422,8 @@ def render(report: Mapping[str, Any]) -> str:
     rows = [
         ("submitted", report["submitted"]), ("completed (ok)", report["completed"]),
         ("failed", report["failed"]), ("dead-lettered (poison)", report["dead_lettered"]),
+        ("innocent dead letters: dead-lettered but never ran (must be 0)",
+         report["innocent_dead_letters"]),
         ("expired", report["expired"]), ("still pending at the end", report["still_pending"]),
         ("answered in Redis but not delivered to the waiting producer (must be 0)",
          report["answered_but_not_delivered"]),
@@ -371,20 +435,23 @@ def render(report: Mapping[str, Any]) -> str:
         ("duplicate results delivered (must be 0)", report["duplicate_results"]),
         ("SIGKILLs / SIGSTOPs / Redis restarts",
          f"{report['kills']} / {report['stops']} / {report['redis_restarts']}"),
-        ("recovery after a kill p50 / p99 (lease "
-         f"{c['lease_ms']} ms)", f"{rec50:.0f} / {rec99:.0f} ms" if rec50 is not None else "-"),
+        ("recovery: SIGKILL to re-claim p50 / p99 / max (lease "
+         f"{c['lease_ms'] or 'default'} ms)",
+         f"{rec50:.0f} / {rec99:.0f} / {report['recovery_max_ms']:.0f} ms"
+         if rec50 is not None else "-"),
         ("throughput before / during / after faults (req/s)",
          " / ".join(f"{throughput.get(k, 0):.0f}" for k in ("before", "during", "after"))),
         ("wall time", f"{report['wall_s']:.1f} s"),
     ]
     lines = [f"- Setup: {c['requests']} requests at {c['rate_per_s']:.0f}/s, {c['workers']} "
              f"worker processes (built-in sleep model {c['batch_ms']} ms/batch + "
-             f"{c['item_ms']} ms/item), lease {c['lease_ms']} ms, {c['poison_share']:.0%} poison "
+             f"{c['item_ms']} ms/item), lease {c['lease_ms'] or 'default'} ms, "
+             f"{c['poison_share']:.0%} poison "
              f"(max_attempts 2), {c['expiring_share']:.0%} with a 1 ms deadline; AOF on "
              "(appendfsync everysec); the Redis restart is a SIGTERM (AOF flushed) then a start.",
              "", markdown_table(["measure", "value"], [[name, str(v)] for name, v in rows]),
-             "", "Recovery is measured per kill: from the SIGKILL to the last result of the "
-              "requests the killed worker held (their leases must expire first)."]
+             "", "Recovery is measured per request the killed worker held: from the SIGKILL "
+              "until another worker claimed it (its lease must expire and be swept first)."]
     return "\n".join(lines)
 
 
@@ -393,7 +460,7 @@ def render(report: Mapping[str, Any]) -> str:
 
 class Chaos(Scenario[ChaosConfig]):
     name = "chaos"
-    title = "crashes, pauses, a Redis restart, poison, expiry"
+    title = "crashes, pauses, Redis restarts, poison, expiry"
     quick_help = "3,000 requests, 3 workers, 5 kills (~20 s); not recorded in RESULTS.md"
     config = ChaosConfig
     trials = None
@@ -401,14 +468,22 @@ class Chaos(Scenario[ChaosConfig]):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--short", action="store_true",
                             help="the test suite's run: 1,200 requests at 240/s, 2 workers, 3 "
-                                 "kills, lease 1 s (~10 s); not recorded in RESULTS.md")
+                                 "kills, the default lease (~10 s); not recorded in RESULTS.md")
         parser.add_argument("--requests", type=positive_int, help="override the request count")
         parser.add_argument("--workers", type=positive_int, help="override the worker count")
         parser.add_argument("--kills", type=int, help="override the number of SIGKILLs")
+        parser.add_argument("--stops", type=int, help="override the number of SIGSTOPs")
+        parser.add_argument("--restarts", type=int,
+                            help="override the number of Redis restarts")
+        parser.add_argument("--rate", type=float, dest="rate_per_s",
+                            help="override the enqueue rate (requests/s)")
+        parser.add_argument("--lease-ms", type=positive_int,
+                            help="the workers' --lease-ms (default: the worker's default)")
 
     def configure(self, args: argparse.Namespace) -> ChaosConfig:
         base = SHORT if args.short else QUICK if args.quick else ChaosConfig()
-        return replace(base, **{k: v for k in ("requests", "workers", "kills")
+        return replace(base, **{k: v for k in ("requests", "workers", "kills", "stops",
+                                                "restarts", "rate_per_s", "lease_ms")
                                 if (v := getattr(args, k)) is not None})
 
     def records(self, args: argparse.Namespace) -> bool:
@@ -423,7 +498,8 @@ class Chaos(Scenario[ChaosConfig]):
 
     def exit_code(self, report: Mapping[str, Any]) -> int:
         counts = report["report"]
-        return 0 if counts["lost"] == 0 and counts["duplicate_results"] == 0 else 1
+        clean = (counts["lost"], counts["duplicate_results"], counts["innocent_dead_letters"])
+        return 0 if clean == (0, 0, 0) else 1
 
 
 SCENARIO = Chaos()

@@ -3,7 +3,7 @@
 Exit 0 while a worker of this container holds a live heartbeat in Redis, else exit 1. A worker's
 default id starts with the host name, which Docker sets to the container id, so "this
 container" is a live worker whose id starts with ``<hostname>-``. The heartbeat thread renews
-the entry every lease/3 and it lapses after one lease, so "unhealthy" means: the model is still
+the entry every lease/4 and it lapses after three of those, so "unhealthy" means: the model is still
 loading, Redis is unreachable from here, or the heartbeat has stopped. A worker started with an
 explicit ``--worker-id`` must keep that prefix for this check to see it.
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import logging
 import os
 import socket
+import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
 from inferq.connection import ConnectionSettings, sync_client, wrap_connection_errors
@@ -25,10 +27,14 @@ from inferq.errors import ConfigError
 from inferq.logs import set_context as set_log_context
 from inferq.protocol.generation import GENERATE_TASK
 
+if TYPE_CHECKING:
+    from inferq.worker.core.lifecycle import QueueWorker
+
 log = logging.getLogger("inferq.worker")
 
 #: ``WorkerConfig`` fields set by flags of the same name, when given.
-CONFIG_FLAGS = ("device", "dtype", "lease_ms", "result_ttl_s", "worker_id")
+CONFIG_FLAGS = ("device", "dtype", "lease_ms", "heartbeat_ms", "drain_timeout_s",
+                "result_ttl_s", "worker_id")
 WINDOW_FLAGS = ("max_batch_size", "max_batch_tokens", "max_wait_ms")
 #: ``GenerationSettings`` fields set by flags of the same name, when given.
 CONTINUOUS_FLAGS = ("max_slots", "kv_cache_mb", "max_prefill_tokens", "stream_interval_ms")
@@ -53,8 +59,14 @@ def add_parser(sub: Subcommands) -> None:
     w.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"],
                    help="weights' precision (default: auto, fp16/bf16 on CUDA, fp32 on CPU)")
     w.add_argument("--lease-ms", type=int, metavar="MS",
-                   help="a claim's lease; a dead worker's requests return to the queue after "
-                        "it (default: 30000)")
+                   help="a request's lease: a worker that stops renewing it (killed, frozen) "
+                        "loses it this long after its last heartbeat (default: 2000)")
+    w.add_argument("--heartbeat-ms", type=int, metavar="MS",
+                   help="how often the heartbeat thread renews the leases (default: lease / 4)")
+    w.add_argument("--drain-timeout-s", type=float, metavar="S",
+                   help="after SIGTERM: time to finish the work in hand before the rest is "
+                        "abandoned to its leases (default: 30); the process is forced out 5 s "
+                        "after that")
     w.add_argument("--result-ttl-s", type=float, metavar="S",
                    help="how long results stay readable (default: 3600)")
     w.add_argument("--worker-id", metavar="ID",
@@ -202,19 +214,32 @@ def run(args: argparse.Namespace) -> int:
 
         lm = load_causal_lm(spec, device=config.device, dtype=config.dtype)
         log.info("loaded model %s in %.1f s", spec.name, time.monotonic() - started)
+        worker: QueueWorker[Any] = GenerationWorker(config, lm, GenerationSettings(
+            **given(args, CONTINUOUS_FLAGS)))
         try:
-            asyncio.run(GenerationWorker(config, lm, GenerationSettings(
-                **given(args, CONTINUOUS_FLAGS))).run())
+            code = asyncio.run(worker.run())
         finally:
             lm.close()
-        return 0
+        return finish(worker, code)
     from inferq.worker.models.registry import load_model
     from inferq.worker.window.worker import Worker
 
     model = load_model(spec, config.task, device=config.device, dtype=config.dtype)
     log.info("loaded model %s in %.1f s", spec.name, time.monotonic() - started)
+    worker = Worker(config, model)
     try:
-        asyncio.run(Worker(config, model).run())
+        code = asyncio.run(worker.run())
     finally:
         model.close()
-    return 0
+    return finish(worker, code)
+
+
+def finish(worker: QueueWorker[Any], code: int) -> int:
+    """The exit code; a worker that abandoned a forward at its drain timeout exits at once
+    (the interpreter would otherwise wait for the model thread at exit)."""
+    if worker.abandoned:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+    return code

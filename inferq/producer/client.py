@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from operator import methodcaller
 from types import TracebackType
@@ -19,6 +21,7 @@ from inferq.producer.common import (
     EnqueueOptions,
     RequestState,
 )
+from inferq.producer.inbox import SyncResultInbox
 from inferq.producer.info import CancelOutcome, RequestInfo
 from inferq.producer.presence import WorkerPresence
 from inferq.producer.streaming import follow
@@ -31,12 +34,17 @@ from inferq.protocol.settings import QueueSettings
 class Handle:
     """A queued request. Cheap to create from an id with ``Client.handle``."""
 
-    def __init__(self, client: Client, keys: QueueKeys, request_id: str, outcome: str) -> None:
+    def __init__(self, client: Client, keys: QueueKeys, request_id: str, outcome: str, *,
+                 via_inbox: bool = False) -> None:
         self._client = client
         self.keys = keys
         self.id = request_id
         #: What enqueue found: ``queued``, or ``pending``/``inflight``/``done`` for a repeated id.
         self.outcome = outcome
+        # Requests this client enqueued announce their result in its inbox (one listener
+        # thread for all waiting threads); a handle made from a bare id, or for a duplicate
+        # id enqueued by someone else, blocks on the result key.
+        self._via_inbox = via_inbox and outcome == "queued"
 
     @property
     def duplicate(self) -> bool:
@@ -48,13 +56,18 @@ class Handle:
         ``timeout`` None waits forever. Raises ``ResultTimeout``, ``RequestFailed``,
         ``RequestCancelled`` or ``DeadlineExceeded`` (and ``BackendUnavailable``).
         """
-        key = self.keys.result(self.id)
-        raw = None
-        with wrap_connection_errors(self._client.connection):
-            for block in waits.slices(timeout, self._client.connection.socket_timeout):
-                raw = self._client.redis.blmove(key, key, block, "LEFT", "LEFT")  # type: ignore[arg-type]
-                if raw is not None:
-                    break
+        raw: Any = None
+        if self._via_inbox:
+            if timeout is not None:
+                common.block_timeout(timeout)  # validates
+            raw = self._client.inbox(self.keys).wait(self.id, timeout)
+        else:
+            key = self.keys.result(self.id)
+            with wrap_connection_errors(self._client.connection):
+                for block in waits.slices(timeout, self._client.connection.socket_timeout):
+                    raw = self._client.redis.blmove(key, key, block, "LEFT", "LEFT")  # type: ignore[arg-type]
+                    if raw is not None:
+                        break
         result = common.parse_result(raw, self._client.options)
         if result is None:
             raise ResultTimeout(f"no result for request {self.id} within {timeout} s")
@@ -112,6 +125,20 @@ class Handle:
         return f"Handle(id={self.id!r}, queue={self.keys.queue!r}, outcome={self.outcome!r})"
 
 
+def blocking_pool_client(client: Any, max_connections: int) -> Any:
+    """``client`` (configured by ``connection.sync_client``) on a ``BlockingConnectionPool``
+    of ``max_connections`` with the same connection settings: threads beyond that wait for a
+    free connection instead of failing with ``MaxConnectionsError``."""
+    if not isinstance(client, redis.Redis):  # a cluster client: a pool per node, unbounded
+        return client
+    pool = client.connection_pool
+    blocking = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
+        connection_class=pool.connection_class, max_connections=max_connections, timeout=None,
+        **pool.connection_kwargs)
+    client.connection_pool.disconnect()
+    return redis.Redis(connection_pool=blocking)
+
+
 class Client:
     """``Client(url).enqueue("text", model="minilm")`` then ``handle.result(timeout=30)``."""
 
@@ -122,10 +149,25 @@ class Client:
         self.connection = connection.resolve(url)
         self.url = self.connection.url
         self.options = options or ClientOptions()
-        self.redis: redis.Redis = connection.sync_client(
-            self.connection, **{**BLOCKING_DEFAULTS, **redis_kwargs})
+        # A blocking pool: more concurrent calls than connections wait for one instead of
+        # failing. Waiting for results holds no connection (see ``SyncResultInbox``).
+        self.redis: redis.Redis = blocking_pool_client(
+            connection.sync_client(self.connection, **{**BLOCKING_DEFAULTS, **redis_kwargs}),
+            self.options.max_connections)
         self.scripts = ops.register(self.redis)
         self._settings = common.SettingsCache(self.options.settings_ttl_s)
+        #: Warns (``NoWorkerWarning``) when a queue enqueued to has no live worker.
+        self.presence = WorkerPresence(self.options.namespace)
+        self.client_id = uuid.uuid4().hex
+        self._inboxes: dict[QueueKeys, SyncResultInbox] = {}
+        self._inbox_lock = threading.Lock()
+
+    def inbox(self, keys: QueueKeys) -> SyncResultInbox:
+        with self._inbox_lock:
+            box = self._inboxes.get(keys)
+            if box is None:
+                box = self._inboxes[keys] = SyncResultInbox(self.redis, keys, self.client_id)
+            return box
 
     def queue_settings(self, keys: QueueKeys) -> QueueSettings:
         """The queue's settings (shards, depth limit), cached ``options.settings_ttl_s``."""
@@ -138,8 +180,6 @@ class Client:
 
     def _route(self, prepared: list[common.Prepared]) -> list[common.Prepared]:
         return [common.route(p, self.queue_settings(p.keys), self.options) for p in prepared]
-        #: Warns (``NoWorkerWarning``) when a queue enqueued to has no live worker.
-        self.presence = WorkerPresence(self.options.namespace)
 
     def enqueue(self, prompt: str = "", **request: Unpack[EnqueueOptions]) -> Handle:
         """Queue one request and return its ``Handle``. Keyword arguments (``EnqueueOptions``):
@@ -154,7 +194,8 @@ class Client:
         * ``messages``: ``generate`` chat input, ``[{"role", "content"}]`` (empty prompt).
 
         Raises ``ValidationError``, ``QueueFull`` or ``BackendUnavailable``."""
-        (p,) = self._route([common.prepare(prompt, request, self.options)])
+        (p,) = self._route([common.prepare(prompt, request, self.options,
+                                           reply_to=self.client_id)])
         with wrap_connection_errors(self.connection):
             (raw,) = common.enqueue_sync(self.redis, self.scripts["enqueue"],
                                          [(p.keys, [p.item])], self.options)
@@ -162,7 +203,7 @@ class Client:
         common.check_full(reply, p, self.options)
         with wrap_connection_errors(self.connection):
             self.presence.check(self.redis, [p.keys])
-        return Handle(self, p.keys, p.item.id, reply.outcomes[0])
+        return Handle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
 
     def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], *,
                      atomic: bool = False, **defaults: Any) -> list[Handle]:
@@ -174,7 +215,8 @@ class Client:
         none, in one script call; if back-pressure would refuse any, none is queued (every
         request must then go to one queue shard: ``ValidationError`` otherwise).
         """
-        prepared = self._route(common.prepare_many(requests, defaults, self.options))
+        prepared = self._route(common.prepare_many(requests, defaults, self.options,
+                                                   reply_to=self.client_id))
         groups = common.group_by_queue(prepared)
         if atomic:
             common.check_atomic(groups)
@@ -185,7 +227,8 @@ class Client:
                 self.options, atomic)
         handles = common.collect_handles(
             prepared, groups, replies, self.options,
-            lambda keys, request_id, outcome: Handle(self, keys, request_id, outcome),
+            lambda keys, request_id, outcome: Handle(self, keys, request_id, outcome,
+                                                     via_inbox=True),
         )
         with wrap_connection_errors(self.connection):
             self.presence.check(self.redis, groups)
@@ -199,7 +242,16 @@ class Client:
         return Handle(self, keys.for_shard(shard_of(request_id, shards)), request_id, "unknown")
 
     def close(self) -> None:
+        """Stop the inbox listeners and close the connections. As with redis-py, a closed
+        client still works: a later call reconnects (and a later wait starts a listener)."""
+        with self._inbox_lock:
+            boxes = list(self._inboxes.values())
+            self._inboxes.clear()
+        for box in boxes:
+            box.close()
         self.redis.close()
+        if isinstance(self.redis, redis.Redis):
+            self.redis.connection_pool.disconnect()
 
     def __enter__(self) -> Client:
         return self

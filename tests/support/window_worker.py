@@ -21,10 +21,10 @@ def config(url: str, **kw: Any) -> WorkerConfig:
     return WorkerConfig(**base)
 
 
-async def run_worker(worker: Worker) -> asyncio.Task[None]:
+async def run_worker(worker: Worker) -> asyncio.Task[int]:
     return asyncio.create_task(worker.run(install_signal_handlers=False))
 
 
-async def stop(worker: Worker, task: asyncio.Task[None]) -> None:
+async def stop(worker: Worker, task: asyncio.Task[int]) -> None:
     worker.request_stop()
     await asyncio.wait_for(task, timeout=30)

@@ -51,11 +51,13 @@ def test_given_flags_reach_the_config_and_the_rest_keep_its_defaults(
     configs: list[Any] = []
 
     class Recorder:
+        abandoned = False
+
         def __init__(self, config: Any, model: Any) -> None:
             configs.append(config)
 
-        async def run(self) -> None:
-            pass
+        async def run(self) -> int:
+            return 0
 
     monkeypatch.setattr("inferq.worker.window.worker.Worker", Recorder)
     monkeypatch.setattr("inferq.cli.worker.check_server", lambda settings: None)  # no server

@@ -14,6 +14,10 @@ from inferq.errors import ConfigError
 from inferq.protocol.codec import DEFAULT_LIMITS, Limits
 from inferq.protocol.keys import DEFAULT_NAMESPACE, NAME_RE
 
+#: The default lease (``--lease-ms``) and drain timeout (``--drain-timeout-s``).
+DEFAULT_LEASE_MS = 2_000
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 
@@ -35,8 +39,15 @@ class WorkerConfig:
     max_wait_ms: float = 20.0
     device: Device = "auto"
     dtype: DType = "auto"
-    lease_ms: int = 30_000
+    #: A request's lease: a worker that stops renewing it (killed, frozen, cut off) loses the
+    #: request this long after its last renewal, and another worker runs it. The heartbeat
+    #: thread renews every lease the worker holds each ``heartbeat_s`` (lease / 4), whatever
+    #: the model and the event loop are doing, so a long batch does not need a long lease.
+    lease_ms: int = DEFAULT_LEASE_MS
     heartbeat_ms: int | None = None
+    #: After SIGTERM: how long the worker may take to finish the work in hand before it gives
+    #: the rest back and stops; a watchdog force-exits it ``STOP_GRACE_S`` after that.
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     result_ttl_s: float = 3600.0
     dead_letter_cap: int = 10_000
     retry_base_ms: float = 250.0
@@ -72,6 +83,8 @@ class WorkerConfig:
             raise bad("lease_ms", "must be >= 200")
         if self.heartbeat_ms is not None and not 0 < self.heartbeat_ms < self.lease_ms:
             raise bad("heartbeat_ms", "must be > 0 and < lease_ms")
+        if not 0 < self.drain_timeout_s <= 3600:
+            raise bad("drain_timeout_s", "must be in (0, 3600]")
         if not self.result_ttl_s > 0:
             raise bad("result_ttl_s", "must be > 0")
         if self.dead_letter_cap < 1:
@@ -89,8 +102,15 @@ class WorkerConfig:
 
     @property
     def heartbeat_s(self) -> float:
-        """Leases are extended three times per lease period unless set explicitly."""
-        return (self.heartbeat_ms if self.heartbeat_ms is not None else self.lease_ms / 3) / 1e3
+        """Leases are extended four times per lease period unless set explicitly."""
+        return (self.heartbeat_ms if self.heartbeat_ms is not None else self.lease_ms / 4) / 1e3
+
+    @property
+    def reclaim_s(self) -> float:
+        """How often a live worker sweeps expired leases (of any worker) back to the queue:
+        lease / 8, so a dead worker's requests are free at most lease * 1.125 after its last
+        heartbeat."""
+        return self.lease_ms / 8e3
 
     @property
     def result_ttl_ms(self) -> int:

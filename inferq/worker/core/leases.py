@@ -10,6 +10,8 @@ import logging
 import threading
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from inferq import connection
 from inferq.connection import ConnectionSettings
@@ -56,10 +58,21 @@ class LeaseBook:
 
 
 class Heartbeat(threading.Thread):
+    """Renews every lease in the book each ``interval_s`` (lease / 4 by default) and marks the
+    worker alive. It owns its connection and needs neither the event loop nor the model
+    thread, so a forward much longer than the lease, or a loop busy for seconds, keeps its
+    leases. A failed beat is retried at once with a short backoff (capped at the interval):
+    a lease survives as long as one beat in a lease period gets through."""
+
     def __init__(self, settings: ConnectionSettings | str, keys: QueueKeys, worker_id: str,
                  book: LeaseBook, *, lease_ms: int, interval_s: float) -> None:
         super().__init__(name="inferq-heartbeat", daemon=True)
-        self._redis = connection.sync_client(settings, socket_timeout=max(5.0, lease_ms / 1e3))
+        # A beat that hangs must not outlive the lease it renews: bounded well below it.
+        timeout = max(0.5, lease_ms / 2e3)
+        # No retries inside redis-py: ``run`` retries on its own schedule.
+        self._redis = connection.sync_client(settings, socket_timeout=timeout,
+                                             socket_connect_timeout=timeout,
+                                             retry=Retry(NoBackoff(), 0))
         self._script = self._redis.register_script(scripts.HEARTBEAT)
         self._keys = keys
         self._worker_id = worker_id
@@ -67,6 +80,8 @@ class Heartbeat(threading.Thread):
         self._lease_ms = lease_ms
         self._interval_s = interval_s
         self._halt = threading.Event()
+        #: Beats that got through (tests and ``/healthz`` read it).
+        self.beats = 0
 
     def beat(self) -> list[str]:
         keys, args = ops.heartbeat_call(
@@ -74,6 +89,7 @@ class Heartbeat(threading.Thread):
             liveness_ms=int(self._interval_s * 3000), leases=self._book.snapshot(),
         )
         lost = ops.parse_ids(self._script(keys=keys, args=args))
+        self.beats += 1
         if lost:
             log.warning("lost %d leases (reclaimed by another worker or cancelled)", len(lost),
                         extra={"request_ids": lost[:20]})
@@ -81,18 +97,34 @@ class Heartbeat(threading.Thread):
         return lost
 
     def run(self) -> None:
-        while not self._halt.wait(self._interval_s):
+        delay = self._interval_s
+        failures = 0
+        while not self._halt.wait(delay):
             try:
                 self.beat()
-            except redis.RedisError as exc:
-                log.warning("heartbeat failed: %s", exc)
+            except Exception as exc:
+                failures += 1
+                if failures == 1 or failures % 20 == 0:
+                    log.warning("heartbeat failed (%d in a row): %s: %s", failures,
+                                type(exc).__name__, exc)
+                delay = min(self._interval_s, 0.05 * 2 ** min(failures - 1, 6))
+                continue
+            if failures:
+                log.info("heartbeat back after %d failures", failures)
+            failures = 0
+            delay = self._interval_s
 
-    def stop(self) -> None:
-        """Stop beating and mark the worker gone at once (instead of when liveness lapses)."""
+    def stop(self, *, deregister: bool = True) -> None:
+        """Stop beating and mark the worker gone at once (instead of when liveness lapses).
+        Bounded: a beat in flight ends within its socket timeout. Idempotent."""
+        if self._halt.is_set():
+            return
         self._halt.set()
-        self.join(timeout=5)
-        try:
-            self._redis.zrem(self._keys.workers, self._worker_id)
-        except redis.RedisError as exc:
-            log.warning("could not deregister the worker: %s", exc)
+        if self.is_alive():
+            self.join(timeout=max(1.0, self._lease_ms / 1e3))
+        if deregister:
+            try:
+                self._redis.zrem(self._keys.workers, self._worker_id)
+            except redis.RedisError as exc:
+                log.warning("could not deregister the worker: %s", exc)
         self._redis.close()

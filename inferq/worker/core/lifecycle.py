@@ -2,6 +2,14 @@
 ``/metrics`` and ``/healthz``, registers the queue, starts the heartbeat thread, reclaims
 expired leases once and starts the maintenance task; then the worker's ``_serve`` runs until a
 stop is requested (SIGTERM/SIGINT, ``request_stop``) and drains; last, everything is closed.
+
+Stopping is bounded whatever Redis or redis-py do (a server that stops answering, a
+cancellation swallowed mid-call): the drain gets ``drain_timeout_s``, after which the work in
+hand is abandoned (its leases expire and it runs elsewhere); no cancelled task is awaited
+without a time limit; and a watchdog thread force-exits the process (code ``EXIT_FORCED``)
+``STOP_GRACE_S`` after the drain timeout if it is still alive. A ``_serve`` that fails (an
+unexpected error) is a worker that cannot make progress: it logs "cannot go on", stops its
+heartbeat at once (it must not look alive while serving nothing) and exits ``EXIT_FAILED``.
 """
 
 from __future__ import annotations
@@ -9,14 +17,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import sys
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from http.server import ThreadingHTTPServer
 from typing import Any, Generic, TypeVar
-
-from redis.exceptions import RedisError
 
 from inferq import connection
 from inferq.protocol import ops
@@ -28,9 +37,20 @@ from inferq.worker.core.metrics import serve as serve_metrics
 from inferq.worker.core.queue_link import QueueLink
 from inferq.worker.core.results import Claim, decode_claims
 from inferq.worker.core.stats import WorkerStats
-from inferq.worker.core.wake import WakeWaiter
+from inferq.worker.core.wake import BLOCK_S, WakeWaiter
 
 log = logging.getLogger("inferq.worker")
+
+#: Exit codes of ``run``: stopped as asked; could not go on (``_serve`` failed); forced out by
+#: the stop watchdog (the stop overran its bound).
+EXIT_OK, EXIT_FAILED, EXIT_FORCED = 0, 1, 3
+#: After the drain timeout: time left for the close (stats, connections) before the watchdog
+#: force-exits the process.
+STOP_GRACE_S = 5.0
+#: How long a cancelled task is waited for before it is left behind.
+CANCEL_WAIT_S = 1.0
+#: Read timeout of the worker's connections (the wake-up BLPOP blocks BLOCK_S more).
+SOCKET_TIMEOUT_S = 10.0
 
 T = TypeVar("T")  # what a worker prepares from a claim: a ``Job``, a ``Generation``
 
@@ -59,21 +79,37 @@ class QueueWorker(ABC, Generic[T]):
         self._pools = [self._prepare_pool]
         self._clients: list[Any] = []
         self._stopping: asyncio.Event | None = None
+        #: Set when a stop's drain timeout passed with work still in hand.
+        self.abandoned = False
+        self.watchdog = StopWatchdog(config.worker_id, hard_exit=False)
 
     def request_stop(self) -> None:
         if self._stopping is not None and not self._stopping.is_set():
-            log.info("stopping: no new claims; finishing %s", self.finishing)
+            log.info("stopping: no new claims; finishing %s (drain timeout %g s)",
+                     self.finishing, self.config.drain_timeout_s)
+            self.watchdog.arm(self.config.drain_timeout_s + STOP_GRACE_S, "stop")
             self._stopping.set()
 
-    async def run(self, *, install_signal_handlers: bool = True) -> None:
+    def _on_signal(self, signum: int) -> None:
+        if self._stopping is not None and self._stopping.is_set():
+            log.warning("second %s: exiting now", signal.Signals(signum).name)
+            self.watchdog.exit_now()
+        self.request_stop()
+
+    async def run(self, *, install_signal_handlers: bool = True) -> int:
+        """Serve until stopped; the exit code (``EXIT_OK`` or ``EXIT_FAILED``). With
+        ``install_signal_handlers`` (the ``inferq worker`` process) SIGTERM/SIGINT stop it and
+        the watchdog may end the process; without (a worker inside another program), the
+        watchdog only logs."""
         self._stopping = asyncio.Event()
+        self.watchdog = StopWatchdog(self.config.worker_id, hard_exit=install_signal_handlers)
         self.redis = self._connect()
         self.link.attach(self.redis, ops.register(self.redis))
         self._wake = WakeWaiter(self._connect(), *self._wake_keys())
         if install_signal_handlers:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.request_stop)
+                loop.add_signal_handler(sig, self._on_signal, sig)
         await self.link.check_server()
         if self.config.metrics_port is not None:
             self.metrics_server = serve_metrics(self.metrics, self.health,
@@ -81,35 +117,79 @@ class QueueWorker(ABC, Generic[T]):
             log.info("metrics and /healthz on port %d", self.metrics_server.server_address[1])
         await self._start()
         await self.link.register_queue()
-        heartbeat = Heartbeat(self.config.connection, self.keys, self.config.worker_id,
-                              self.book, lease_ms=self.config.lease_ms,
-                              interval_s=self.config.heartbeat_s)
-        heartbeat.beat()
-        heartbeat.start()
+        self.heartbeat = Heartbeat(self.config.connection, self.keys, self.config.worker_id,
+                                   self.book, lease_ms=self.config.lease_ms,
+                                   interval_s=self.config.heartbeat_s)
+        self.heartbeat.beat()
+        self.heartbeat.start()
         await self.link.reclaim()
-        log.info("worker %s serving %s %s", self.config.worker_id, self.keys.queue,
-                 self._describe())
+        log.info("worker %s serving %s %s (lease %d ms, heartbeat %g ms, reclaim every %g ms)",
+                 self.config.worker_id, self.keys.queue, self._describe(),
+                 self.config.lease_ms, self.config.heartbeat_s * 1e3,
+                 self.config.reclaim_s * 1e3)
         maintenance = asyncio.create_task(self.link.maintain(
-            self.health, self.device, upkeep=self._upkeep, detail=self._health_detail))
+            self.health, self.device, upkeep=self._upkeep, detail=self._health_detail,
+            stop=self._stopping))
+        code = EXIT_OK
         try:
-            await self._serve()
+            reason = await self._serve_bounded()
+            if reason is not None:
+                code = EXIT_FAILED
+                log.error("worker %s cannot go on: %s", self.config.worker_id, reason)
+                self.watchdog.arm(STOP_GRACE_S, "close after a failure")
+                self.heartbeat.stop()  # not alive for ``inferq stats`` while serving nothing
         finally:
+            self._stopping.set()
             await cancel(maintenance)
-            heartbeat.stop()
-            with contextlib.suppress(RedisError):
-                await self._publish_stats()
-            await self._wake.close()
+            self.heartbeat.stop()
+            await bounded(self._publish_stats(), 2.0, "final stats")
+            await bounded(self._wake.close(), CANCEL_WAIT_S, "wake-up wait")
             for client in self._clients:
-                await client.aclose()
+                await bounded(client.aclose(), CANCEL_WAIT_S, "connection close")
             for pool in self._pools:
-                pool.shutdown(wait=True)
+                # A forward abandoned at the drain timeout may still run: not waited for.
+                pool.shutdown(wait=not self.abandoned, cancel_futures=True)
             if self.metrics_server is not None:
                 self.metrics_server.shutdown()
             log.info("worker %s stopped after %s", self.config.worker_id, self._summary())
+            if not self.watchdog.hard_exit:
+                self.watchdog.disarm()  # a process of its own stays watched until it exits
+        return code
+
+    async def _serve_bounded(self) -> str | None:
+        """``_serve`` until it ends, or until a stop's drain timeout passes (then it is
+        cancelled and, if the cancellation does not land, left behind). None, or why the worker
+        cannot go on."""
+        assert self._stopping is not None
+        serve = asyncio.create_task(self._serve(), name="inferq-serve")
+        stop = asyncio.create_task(self._stopping.wait())
+        try:
+            await asyncio.wait({serve, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not serve.done():
+                await asyncio.wait({serve}, timeout=self.config.drain_timeout_s)
+            if not serve.done():
+                self.abandoned = True
+                log.warning("drain timeout (%g s) passed: abandoning the work in hand; its "
+                            "leases expire and it runs on another worker",
+                            self.config.drain_timeout_s)
+                await cancel(serve)
+                return None
+        finally:
+            stop.cancel()
+        if serve.cancelled():
+            return None
+        exc = serve.exception()
+        if exc is not None:
+            log.error("serving failed", exc_info=exc)
+            return f"{type(exc).__name__}: {exc}"
+        if not self._stopping.is_set():
+            return "the serve loop ended without a stop"
+        return None
 
     def _connect(self) -> Any:
         """A connection of this worker's, closed when it stops."""
-        client = connection.async_client(self.config.connection)
+        client = connection.async_client(self.config.connection,
+                                         socket_timeout=SOCKET_TIMEOUT_S + BLOCK_S)
         self._clients.append(client)
         return client
 
@@ -177,8 +257,85 @@ class QueueWorker(ABC, Generic[T]):
         return {"batches": self.stats.batches}
 
 
-async def cancel(task: asyncio.Task[Any]) -> None:
-    """Cancel ``task`` and wait until it is done."""
+async def cancel(task: asyncio.Future[Any], timeout: float = CANCEL_WAIT_S) -> bool:
+    """Cancel ``task`` and wait for it at most ``timeout`` seconds (a cancellation swallowed
+    inside redis-py must not hang the caller); whether it ended."""
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        log.warning("%s did not end within %g s of its cancellation; left behind",
+                    task.get_name() if isinstance(task, asyncio.Task) else "a task", timeout)
+        return False
+    if not task.cancelled():
+        task.exception()  # retrieved: an error while cancelling is not reported twice
+    return True
+
+
+async def run_together(*steps: Awaitable[Any]) -> None:
+    """Run ``steps`` concurrently until all end; the first to fail cancels the others (each
+    waited for at most ``CANCEL_WAIT_S``) and its error is raised, so no loop keeps running
+    alone after its partner died."""
+    tasks = [asyncio.ensure_future(step) for step in steps]
+    try:
+        done, running = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+        if failed:
+            for task in running:
+                await cancel(task)
+            raise failed[0].exception()  # type: ignore[misc]
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+
+
+async def bounded(step: Awaitable[Any], timeout: float, what: str) -> None:
+    """Run one close step for at most ``timeout`` seconds; errors are logged, not raised."""
+    task = asyncio.ensure_future(step)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        log.warning("%s took longer than %g s; skipped", what, timeout)
+        await cancel(task)
+    elif not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("%s failed: %s: %s", what, type(exc).__name__, exc)
+
+
+class StopWatchdog:
+    """Ends the process when a stop overruns its bound: a thread, so it fires even if every
+    task on the event loop is stuck. Armed once (the earliest deadline wins)."""
+
+    def __init__(self, worker_id: str, *, hard_exit: bool) -> None:
+        self.worker_id = worker_id
+        self.hard_exit = hard_exit
+        self.fired = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._deadline_s: float | None = None
+
+    def arm(self, bound_s: float, why: str) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._watch, args=(bound_s, why),
+                                        name="inferq-stop-watchdog", daemon=True)
+        self._thread.start()
+
+    def _watch(self, bound_s: float, why: str) -> None:
+        if self._done.wait(bound_s):
+            return
+        self.fired.set()
+        log.error("worker %s did not finish its %s within %g s: forcing the exit (code %d)",
+                  self.worker_id, why, bound_s, EXIT_FORCED)
+        if self.hard_exit:
+            self.exit_now()
+
+    def disarm(self) -> None:
+        """The stop finished in time (a worker inside another program: the process goes on)."""
+        self._done.set()
+
+    def exit_now(self) -> None:
+        if not self.hard_exit:
+            return
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(EXIT_FORCED)

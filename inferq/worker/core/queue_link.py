@@ -11,6 +11,7 @@ requests are reclaimed by the queue and run again elsewhere, so giving up loses 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -188,17 +189,25 @@ class QueueLink:
 
     async def maintain(self, health: HealthState, device: str, *,
                        upkeep: Callable[[tuple[int, int]], Awaitable[None]],
-                       detail: Callable[[], Mapping[str, Any]]) -> None:
-        """Until cancelled, every lease_ms / 4 (0.25..2 s): reclaim expired leases,
-        ``upkeep(reclaimed)`` (the worker's stats), sample the queue gauges, and mark the
-        worker healthy with ``detail()``, or degraded while Redis fails."""
-        interval = min(max(self.config.lease_ms / 4e3, 0.25), 2.0)
+                       detail: Callable[[], Mapping[str, Any]], stop: asyncio.Event) -> None:
+        """Until ``stop`` is set: every ``reclaim_s`` (lease / 8) reclaim expired leases; after
+        a reclaim that moved something, and at least every second, ``upkeep(reclaimed)`` (the
+        worker's stats), sample the queue gauges, and mark the worker healthy with
+        ``detail()``, or degraded while Redis fails."""
+        interval = self.config.reclaim_s
         backoff = RedisBackoff("maintenance")
-        while True:
-            await asyncio.sleep(interval)
+        next_upkeep = 0.0
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+            if stop.is_set():
+                return
             try:
-                await upkeep(await self.reclaim())
-                await self.metrics.sample_queue(self.redis, self.keys, device)
+                reclaimed = await self.reclaim()
+                if any(reclaimed) or self.clock() >= next_upkeep:
+                    next_upkeep = self.clock() + 1.0
+                    await upkeep(reclaimed)
+                    await self.metrics.sample_queue(self.redis, self.keys, device)
                 backoff.succeeded()
                 health.ok(worker=self.config.worker_id, queue=self.keys.queue,
                           leases=len(self.book), **detail())

@@ -44,12 +44,16 @@ class WakeWaiter:
         key, element = popped
         return _text(key), _text(element)
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 1.0) -> None:
+        """Cancel the BLPOP in flight and wait at most ``timeout`` for it (a cancellation that
+        redis-py swallows must not hang the stop)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
-            self._task = None
+            task, self._task = self._task, None
+            task.cancel()
+            await asyncio.wait({task}, timeout=timeout)
+            if task.done() and not task.cancelled():
+                with contextlib.suppress(BaseException):
+                    task.exception()
 
 
 def _text(value: str | bytes) -> str:

@@ -12,7 +12,6 @@ waiting claims back at once, and finishes the generations in hand.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -62,6 +61,7 @@ class GenerationWorker(QueueWorker[Generation]):
         self._maybe_pending = True
         self._wakes = 0
         self._retry_at: float | None = None
+        self._helpers: tuple[asyncio.Task[None], ...] = ()
         # Cancellations first: BLPOP serves its lists in order, and the wake list of a busy
         # queue is never empty.
         self._cancels_key = self.keys.cancels(config.worker_id)
@@ -109,20 +109,26 @@ class GenerationWorker(QueueWorker[Generation]):
 
     async def _serve(self) -> None:
         self.steps.start()
-        waker = asyncio.create_task(self._wake_loop())
-        publisher = asyncio.create_task(self.publisher.run())
+        waker = asyncio.create_task(self._wake_loop(), name="wake loop")
+        publisher = asyncio.create_task(self.publisher.run(), name="stream publisher")
+        self._helpers = (waker, publisher)
+        for helper in self._helpers:  # one that dies wakes the claim loop, which fails
+            helper.add_done_callback(lambda _: self._nudge.set())
         try:
             await self._claim_loop()
         finally:
             await self._release_generations(self.steps.take_waiting(_unstarted))
             self.steps.stop()
-            await asyncio.to_thread(self.steps.join)
+            await asyncio.wait({asyncio.ensure_future(asyncio.to_thread(self.steps.join))},
+                               timeout=self.config.drain_timeout_s)
             await self._release_generations(self.steps.take_waiting())
             await cancel(waker)
             await asyncio.sleep(0)  # callbacks the model thread scheduled last
             self.publisher.stop()
-            with contextlib.suppress(Exception):
-                await publisher
+            # The publisher writes what the last steps produced (retried for at most a lease).
+            await asyncio.wait({publisher}, timeout=self.config.lease_ms / 1e3 + 1)
+            if not await cancel(publisher):
+                log.warning("the stream publisher did not stop")
 
     # ---------------------------------------------------------------------------- claiming
 
@@ -133,6 +139,7 @@ class GenerationWorker(QueueWorker[Generation]):
         backoff = RedisBackoff("generation claims")
         while not self._stopping.is_set():
             self._nudge.clear()
+            self._check_helpers()
             await self._expire_waiting()
             free = self.steps.capacity()
             if free > 0 and self._maybe_pending:
@@ -147,6 +154,16 @@ class GenerationWorker(QueueWorker[Generation]):
             if self._retry_at is not None and self.clock() >= self._retry_at:
                 self._retry_at = None
                 self._maybe_pending = True
+
+    def _check_helpers(self) -> None:
+        """Claiming without the wake loop or the publisher would serve nothing: their end
+        (an unexpected error) ends the worker ("cannot go on")."""
+        assert self._stopping is not None
+        for helper in self._helpers:
+            if helper.done() and not self._stopping.is_set():
+                exc = None if helper.cancelled() else helper.exception()
+                raise RuntimeError(f"the {helper.get_name()} ended"
+                                   + (f": {type(exc).__name__}: {exc}" if exc else ""))
 
     async def _wake_loop(self) -> None:
         """Block on this worker's cancel list and the queue's wake list (enqueue pushes a token

@@ -3,13 +3,18 @@
 
 Both take ``fail_on=MARKER``: a request whose prompt contains the marker makes the forward
 raise, as a poison request would (for chaos and failure-handling tests, with real processes).
+``sleep`` also takes ``record=DIR``: before each forward it appends the batch's prompts, one a
+line, to ``DIR/<pid>.ran`` (flushed), so a test can tell which requests really started to run,
+even on a worker killed mid-forward.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from inferq.errors import ConfigError, InferqError
 from inferq.protocol.codec import RequestPayload
@@ -54,27 +59,42 @@ class EchoModel(BatchModel):
 
 class SleepModel(EchoModel):
     def __init__(self, batch_ms: float = 50.0, item_ms: float = 0.0,
-                 fail_on: str | None = None) -> None:
+                 fail_on: str | None = None, record: str | None = None) -> None:
         super().__init__(fail_on)
         if batch_ms < 0 or item_ms < 0:
             raise ConfigError(f"sleep model times must be >= 0, got {batch_ms=} {item_ms=}")
+        if record is not None and not Path(record).is_dir():
+            raise ConfigError(f"sleep model record= must be an existing folder, got {record!r}")
         self.batch_s = batch_ms / 1e3
         self.item_s = item_ms / 1e3
+        self.record = record
+        self._ran: IO[str] | None = None
         self.model_id = f"builtin-sleep-{batch_ms:g}-{item_ms:g}"
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SleepModel:
-        unknown = set(options) - {"batch_ms", "item_ms", "fail_on"}
+        unknown = set(options) - {"batch_ms", "item_ms", "fail_on", "record"}
         if unknown:
             raise ConfigError(f"unknown sleep model option(s) {sorted(unknown)}; "
-                              "known: batch_ms, item_ms, fail_on")
+                              "known: batch_ms, item_ms, fail_on, record")
         try:
-            times = {k: float(v) for k, v in options.items() if k != "fail_on"}
+            times = {k: float(v) for k, v in options.items() if k not in ("fail_on", "record")}
         except ValueError as exc:
             raise ConfigError(f"sleep model options must be numbers: {exc}") from exc
-        return cls(**times, fail_on=options.get("fail_on"))
+        return cls(**times, fail_on=options.get("fail_on"), record=options.get("record"))
 
     def forward(self, batch: Sequence[ModelInput]) -> list[Any]:
+        if self.record is not None:
+            if self._ran is None:
+                self._ran = open(Path(self.record) / f"{os.getpid()}.ran", "a")  # noqa: SIM115
+            self._ran.write("".join(f"{item.data}\n" for item in batch))
+            self._ran.flush()
         time.sleep(self.batch_s + self.item_s * len(batch))
         self._check(batch)
         return [item.data for item in batch]
+
+    def close(self) -> None:
+        if self._ran is not None:
+            self._ran.close()
+            self._ran = None
+        super().close()

@@ -15,6 +15,8 @@ class WindowStats(WorkerStats):
     real_tokens: int = 0
     padded_tokens: int = 0
     sizes: Counter[int] = field(default_factory=Counter)
+    #: Suspects given back so that other workers isolate them in parallel.
+    suspects_shared: int = 0
 
     def record(self, batch: Batch, forward_s: float) -> None:
         self.record_batch(len(batch.jobs), forward_s)
@@ -27,4 +29,5 @@ class WindowStats(WorkerStats):
         efficiency = self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
         return {**self.fields(), "requests": str(self.batched),
                 "padding_efficiency": f"{efficiency:.4f}",
+                "suspects_shared": str(self.suspects_shared),
                 "sizes": json.dumps({str(k): v for k, v in sorted(self.sizes.items())})}

@@ -31,7 +31,7 @@ from inferq.protocol.codec import RequestPayload
 from inferq.worker.core.backoff import RedisBackoff
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.failures import Failure, free_device_cache
-from inferq.worker.core.lifecycle import QueueWorker
+from inferq.worker.core.lifecycle import QueueWorker, run_together
 from inferq.worker.core.results import Claim, completion, expired, failed_completion
 from inferq.worker.core.wake import wait_any
 from inferq.worker.models.base import BatchModel, ModelInput
@@ -43,6 +43,11 @@ from inferq.worker.window.policy import ReleaseReason, WindowConfig, WindowPolic
 from inferq.worker.window.stats import WindowStats
 
 log = logging.getLogger("inferq.worker")
+
+
+def is_suspect(job: Job) -> bool:
+    """A request that ran before (its worker died or its run failed) runs alone."""
+    return job.claimed.attempt >= 2
 
 
 def _job_tokens(job: Job) -> int:
@@ -73,6 +78,8 @@ class Worker(QueueWorker[Job]):
         self._completions: set[asyncio.Task[None]] = set()
         self._unpublished = False
         self._next_retry_s: float | None = None
+        #: Suspects lead the queue: claim one at a time (see ``_isolate_suspects``).
+        self._suspects_ahead = False
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -92,7 +99,7 @@ class Worker(QueueWorker[Job]):
         self._device_idle.set()
         self._ready: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
         try:
-            await asyncio.gather(self._collect_loop(), self._execute_loop())
+            await run_together(self._collect_loop(), self._execute_loop())
         finally:
             if self._completions:
                 await asyncio.gather(*self._completions, return_exceptions=True)
@@ -136,7 +143,9 @@ class Worker(QueueWorker[Job]):
                 continue
             budget = self.memory.budget(max(job.tokens for job in jobs))
             tokens = fill_tokens(jobs, _job_tokens)
-            full = len(jobs) >= cfg.max_batch_size or (budget is not None and tokens >= budget)
+            # A suspect in hand runs alone next, as soon as the device is free: no wait.
+            full = (len(jobs) >= cfg.max_batch_size or (budget is not None and tokens >= budget)
+                    or any(map(is_suspect, jobs)))
             if not self._device_idle.is_set():
                 # The model is busy: collecting more costs no latency. Wake on new work or
                 # when the device frees up.
@@ -173,6 +182,8 @@ class Worker(QueueWorker[Job]):
         if higher == 0:
             return False
         newer = await self._claim(min(higher, len(jobs)))
+        if not newer:  # taken by another worker, or not claimable now: decide as before
+            return False
         ranked = sorted(jobs + newer, key=lambda j: (-j.payload.priority, j.claimed.enqueued_ms))
         keep = ranked[:len(jobs)]
         displaced = ranked[len(jobs):]
@@ -184,7 +195,7 @@ class Worker(QueueWorker[Job]):
 
     def _release_batch(self, jobs: list[Job], budget: int | None,
                        reason: ReleaseReason) -> Batch:
-        suspect = next((job for job in jobs if job.claimed.attempt >= 2), None)
+        suspect = next((job for job in jobs if is_suspect(job)), None)
         if suspect is not None:
             # Its previous attempt crashed a worker or failed: it runs alone, so it cannot
             # burn other requests' attempts.
@@ -207,13 +218,37 @@ class Worker(QueueWorker[Job]):
         return True
 
     async def _claim(self, max_count: int) -> list[Job]:
+        """Claim up to ``max_count`` requests, keeping at most one suspect in hand (see
+        ``_isolate_suspects``); none while one already waits to run, and one at a time while
+        suspects lead the queue."""
+        if any(map(is_suspect, self._carry)):
+            return []
+        if self._suspects_ahead:
+            max_count = 1
         reply, jobs, failures = await self._claim_prepared(max_count)
         self._next_retry_s = (None if reply.next_retry_ms is None
                               else max(reply.next_retry_ms / 1e3, 0.001))
         await self._complete(failures)
+        jobs = await self._isolate_suspects(jobs)
         for job in jobs:
             self.policy.record_arrivals(job.arrival, 1)
         return jobs
+
+    async def _isolate_suspects(self, jobs: list[Job]) -> list[Job]:
+        """Suspects (requests whose earlier run may have killed a worker) run alone, one per
+        forward. A window holding many of them (a dead worker's whole batch, reclaimed) would
+        run them one after another here; instead this worker keeps one and gives the others
+        back at once (attempt not counted), so every live worker takes one and the fleet
+        isolates them in parallel. Until a claim brings no suspect, it then claims one request
+        at a time (no window of suspects claimed, decoded and given back at every round)."""
+        suspects = [job for job in jobs if is_suspect(job)]
+        self._suspects_ahead = len(suspects) > 1 or (self._suspects_ahead and bool(suspects))
+        if len(suspects) <= 1:
+            return jobs
+        extra = suspects[1:]
+        await self._release(extra, why="suspects isolated across workers")
+        self.stats.suspects_shared += len(extra)
+        return [job for job in jobs if job not in extra]
 
     def _prepare(self, claims: list[Claim], now_ms: int
                  ) -> tuple[list[Job], list[ops.Completion]]:
