@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Annotated, Any, Literal
 
 import msgpack
@@ -235,6 +236,42 @@ def encode_result(result: Result, limits: Limits = DEFAULT_LIMITS) -> bytes:
         raise PayloadTooLarge(
             f"result of {len(data)} bytes exceeds the {limits.max_result_bytes}-byte limit"
         )
+    return data
+
+
+#: ``Result``'s fields in declaration order: the order ``encode_result`` writes them in.
+RESULT_FIELDS: tuple[str, ...] = tuple(Result.model_fields)
+
+
+def _plain(value: Any) -> Any:
+    """A result field's value as ``Result.model_dump`` gives it (nested models as maps, enums
+    as their string values: msgpack writes a ``StrEnum`` member as its value anyway)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="python", exclude_none=True)
+    if isinstance(value, Enum):
+        return value.value
+    return value
+
+
+def encode_result_fields(fields: Mapping[str, Any], limits: Limits = DEFAULT_LIMITS,
+                         packer: msgpack.Packer | None = None) -> bytes:
+    """``encode_result(Result(**fields))`` without building the model: the same bytes for the
+    worker's own fields (str, int, float, enums, ``ErrorInfo``, ``Usage``, an output of
+    msgpack types). Unknown fields are dropped and None fields left out, as there.
+
+    Raises whatever ``encode_result(Result(**fields))`` would not, for an output msgpack
+    cannot carry as it is (``TypeError``, ``ValueError``, ``OverflowError``): the caller then
+    takes that path, which converts what pydantic converts and fails what it fails."""
+    body: dict[str, Any] = {"v": WIRE_VERSION}
+    for name in RESULT_FIELDS[1:]:
+        value = fields.get(name)
+        if value is not None:
+            body[name] = value if name == "output" else _plain(value)
+    data: bytes = (packer.pack(body) if packer is not None
+                   else msgpack.packb(body, use_bin_type=True))
+    if len(data) > limits.max_result_bytes:
+        raise PayloadTooLarge(
+            f"result of {len(data)} bytes exceeds the {limits.max_result_bytes}-byte limit")
     return data
 
 

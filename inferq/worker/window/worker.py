@@ -32,7 +32,7 @@ from inferq.worker.core.backoff import RedisBackoff
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.failures import Failure, free_device_cache
 from inferq.worker.core.lifecycle import QueueWorker
-from inferq.worker.core.results import Claim, completion, expired, failed_completion
+from inferq.worker.core.results import Claim, batch_completions, expired, failed_completion
 from inferq.worker.core.wake import wait_any
 from inferq.worker.models.base import BatchModel, ModelInput
 from inferq.worker.window.batch import Batch, Job
@@ -287,12 +287,10 @@ class Worker(QueueWorker[Job]):
 
     async def _finish(self, batch: Batch, outcomes: list[Any], elapsed: float) -> None:
         finished_ms = self.link.now_ms()
-        completions = [
-            completion(self.config, job, outcome, batch_size=len(batch.jobs),
-                       input_tokens=job.tokens, finished_ms=finished_ms,
-                       compute_ms=round(elapsed * 1e3, 3))
-            for job, outcome in zip(batch.jobs, outcomes, strict=True)
-        ]
+        completions = batch_completions(self.config, batch.jobs, outcomes,
+                                        [job.input.tokens for job in batch.jobs],
+                                        finished_ms=finished_ms,
+                                        compute_ms=round(elapsed * 1e3, 3))
         await self._complete(completions)
         for job, done in zip(batch.jobs, completions, strict=True):
             if done.status != "retry":
