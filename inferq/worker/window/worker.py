@@ -292,9 +292,9 @@ class Worker(QueueWorker[Job]):
                                         finished_ms=finished_ms,
                                         compute_ms=round(elapsed * 1e3, 3))
         await self._complete(completions)
-        for job, done in zip(batch.jobs, completions, strict=True):
-            if done.status != "retry":
-                self.metrics.observe_latency(job, finished_ms)
+        self.metrics.observe_latencies(
+            (job for job, done in zip(batch.jobs, completions, strict=True)
+             if done.status != "retry"), finished_ms)
         log.debug("batch %d: %d requests, %.1f ms, released by %s", batch.id, len(batch.jobs),
                   elapsed * 1e3, batch.reason.value)
 
