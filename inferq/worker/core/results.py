@@ -21,7 +21,7 @@ from inferq.protocol.codec import (
     RequestPayload,
     Result,
     Status,
-    decode_request,
+    decode_requests,
     encode_result,
     encode_result_fields,
 )
@@ -58,9 +58,11 @@ def decode_claims(config: WorkerConfig, claimed: Sequence[ops.Claimed], now_ms: 
     (each fails alone)."""
     valid: list[tuple[ops.Claimed, RequestPayload]] = []
     failures: list[ops.Completion] = []
-    for c in claimed:
+    decoded = decode_requests([c.payload for c in claimed], config.limits)
+    for c, payload in zip(claimed, decoded, strict=True):
         try:
-            payload = decode_request(c.payload, config.limits)
+            if isinstance(payload, InferqError):
+                raise payload
             if payload.id != c.id:
                 raise InvalidInput(f"payload id {payload.id!r} does not match {c.id!r}")
             if (payload.task, payload.model) != (config.task, config.model_name):
