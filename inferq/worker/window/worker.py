@@ -244,6 +244,7 @@ class Worker(QueueWorker[Job]):
     async def _execute_loop(self) -> None:
         assert self._stopping is not None
         loop = asyncio.get_running_loop()
+        waiting_since: float | None = None  # a forward ended with claimed requests waiting
         while True:
             self._device_idle.set()
             batch = await self._ready.get()
@@ -256,8 +257,12 @@ class Worker(QueueWorker[Job]):
             inputs = [job.input for job in batch.jobs]
             log.debug("batch %d: running %d requests", batch.id, len(batch.jobs))
             started = self.clock()
+            if waiting_since is not None:
+                self.stats.record_handoff(started - waiting_since)
             outcomes = await loop.run_in_executor(self._forward_pool, self._forward, inputs)
-            elapsed = self.clock() - started
+            ended = self.clock()
+            elapsed = ended - started
+            waiting_since = ended if self._carry else None
             self._device_idle.set()
             if not any(isinstance(o, Failure) for o in outcomes):
                 self.policy.observe_batch(len(batch.jobs), elapsed)
