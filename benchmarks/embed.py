@@ -220,14 +220,26 @@ def _window_delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[s
     delta: dict[str, Any] = {}
     for name in ("batches", "requests", "failed", "refused"):
         delta[name] = int(after.get(name, 0)) - int(before.get(name, 0))
-    delta["forward_s"] = round(float(after.get("forward_s", 0)) -
-                               float(before.get("forward_s", 0)), 4)
+    for name in ("forward_s", "handoff_s"):
+        delta[name] = round(float(after.get(name, 0)) - float(before.get(name, 0)), 6)
+    delta["handoffs"] = int(after.get("handoffs", 0)) - int(before.get("handoffs", 0))
+    if delta["handoffs"]:
+        # Model idle between a forward and the next while claimed requests waited: the
+        # next window was decoded and tokenized during the forward; this is what remains.
+        delta["handoff_ms_mean"] = round(delta["handoff_s"] / delta["handoffs"] * 1e3, 3)
     for name in ("reasons", "sizes"):
         a, b = Counter(after.get(name, {})), Counter(before.get(name, {}))
         delta[name] = {k: v for k, v in sorted((a - b).items())}
     if delta["batches"]:
         delta["mean_batch_size"] = round(delta["requests"] / delta["batches"], 3)
     return delta
+
+
+def _handoff(delta: Mapping[str, Any]) -> str:
+    if not delta.get("handoffs"):
+        return ""
+    return (f"model idle between batches with work waiting {delta['handoff_ms_mean']:.2f} ms "
+            f"x {delta['handoffs']}; ")
 
 
 def run_stack_trial(url: str, worker: WorkerProc, variant: str, texts: Sequence[str],
@@ -286,7 +298,8 @@ def run_stack_trial(url: str, worker: WorkerProc, variant: str, texts: Sequence[
         f"(enqueue {enqueue_seconds:.2f} s); batch mean {trial.mean_batch_size_per_batch:.1f}, "
         f"{trial.batches} batches; model busy {trial.busy_fraction:.0%}, "
         f"forward-only {trial.forward_throughput:.1f} req/s; "
-        f"p50 total {trial.total_ms['p50']:.0f} ms; other load {load_str(trial.other_load)}")
+        f"{_handoff(trial.window_delta)}p50 total {trial.total_ms['p50']:.0f} ms; "
+        f"other load {load_str(trial.other_load)}")
     return trial
 
 

@@ -11,15 +11,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
+import msgpack
+
 from inferq.errors import DeadlineExceeded, InferqError, InvalidInput
 from inferq.protocol import ops
 from inferq.protocol.codec import (
+    WIRE_VERSION,
     ErrorInfo,
     RequestPayload,
     Result,
     Status,
-    decode_request,
+    decode_requests,
     encode_result,
+    encode_result_fields,
 )
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.failures import Failure
@@ -54,9 +58,11 @@ def decode_claims(config: WorkerConfig, claimed: Sequence[ops.Claimed], now_ms: 
     (each fails alone)."""
     valid: list[tuple[ops.Claimed, RequestPayload]] = []
     failures: list[ops.Completion] = []
-    for c in claimed:
+    decoded = decode_requests([c.payload for c in claimed], config.limits)
+    for c, payload in zip(claimed, decoded, strict=True):
         try:
-            payload = decode_request(c.payload, config.limits)
+            if isinstance(payload, InferqError):
+                raise payload
             if payload.id != c.id:
                 raise InvalidInput(f"payload id {payload.id!r} does not match {c.id!r}")
             if (payload.task, payload.model) != (config.task, config.model_name):
@@ -75,8 +81,8 @@ def decode_claims(config: WorkerConfig, claimed: Sequence[ops.Claimed], now_ms: 
 def completion(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) -> ops.Completion:
     """The completion of a request that ran: ``outcome`` is its output, or its ``Failure``
     (sent back for a retry while attempts remain; else dead if retryable, failed if not).
-    ``fields`` are the result's other fields (timings, sizes). An output too large to store
-    becomes a failed result."""
+    ``fields`` are the result's other fields (timings, sizes). An output too large to store,
+    or one msgpack cannot carry, becomes a failed result."""
     c = claim.claimed
     if isinstance(outcome, Failure):
         if outcome.retryable and c.attempt < claim.payload.max_attempts:
@@ -89,28 +95,75 @@ def completion(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) 
         id=c.id, task=config.task, model=config.model_name, worker=config.worker_id,
         attempts=c.attempt, enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms, **fields)
     try:
-        data = encode_result(Result(status=status, **body, **common), config.limits)
-    except InferqError as exc:
-        status = Status.FAILED
-        data = encode_result(Result(status=status, error=ErrorInfo(code=exc.code,
-                                                                   message=exc.message),
-                                    **common), config.limits)
+        data = encode_result_fields({"status": status, **body, **common}, config.limits)
+    except (InferqError, TypeError, ValueError, OverflowError):
+        status, data = _encode_checked(config, status, body, common)
     return ops.Completion(c.id, c.token, status.value, data)
+
+
+def _encode_checked(config: WorkerConfig, status: Status, body: dict[str, Any],
+                    common: dict[str, Any]) -> tuple[Status, bytes]:
+    """The result through the model (``Result``, then ``encode_result``): what pydantic
+    converts is converted, and an output that cannot be stored becomes a failed result."""
+    try:
+        return status, encode_result(Result(status=status, **body, **common), config.limits)
+    except InferqError as exc:
+        error = ErrorInfo(code=exc.code, message=exc.message)
+        return Status.FAILED, encode_result(Result(status=Status.FAILED, error=error, **common),
+                                            config.limits)
+
+
+def batch_completions(config: WorkerConfig, claims: Sequence[Claim], outcomes: Sequence[Any],
+                      input_tokens: Sequence[int], *, finished_ms: int,
+                      compute_ms: float,
+                      truncated: Sequence[bool] | None = None) -> list[ops.Completion]:
+    """``completion`` for each request of a batch that ran together, in one pass: the fields
+    they share are made once, every result map is packed by one packer, and no ``Result`` model
+    is built for a plain output (a failure, a None output, or an output msgpack cannot carry
+    as it is goes through ``completion``)."""
+    packer = msgpack.Packer(use_bin_type=True)
+    limit = config.limits.max_result_bytes
+    task, model, worker = config.task, config.model_name, config.worker_id
+    size = len(claims)
+    out: list[ops.Completion] = []
+    cuts = truncated if truncated is not None else [False] * size
+    for claim, outcome, tokens, cut in zip(claims, outcomes, input_tokens, cuts, strict=True):
+        c = claim.claimed
+        if outcome is not None and not isinstance(outcome, Failure):
+            # Result's field order (RESULT_FIELDS), None fields left out: encode_result's bytes.
+            body = {"v": WIRE_VERSION, "id": c.id, "status": "ok", "output": outcome,
+                    "task": task, "model": model, "worker": worker, "attempts": c.attempt,
+                    "batch_size": size, "input_tokens": tokens}
+            if cut:
+                body["truncated"] = True
+            body.update(enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms,
+                        finished_ms=finished_ms, compute_ms=compute_ms)
+            try:
+                data = packer.pack(body)
+            except (TypeError, ValueError, OverflowError):
+                packer = msgpack.Packer(use_bin_type=True)
+            else:
+                if len(data) <= limit:
+                    out.append(ops.Completion(c.id, c.token, "ok", data))
+                    continue
+        out.append(completion(config, claim, outcome, batch_size=size, input_tokens=tokens,
+                              truncated=cut or None, finished_ms=finished_ms,
+                              compute_ms=compute_ms))
+    return out
 
 
 def failed_completion(config: WorkerConfig, claimed: ops.Claimed, error: InferqError,
                       now_ms: int, status: Status = Status.FAILED) -> ops.Completion:
     """A request answered without reaching the model: malformed payload, invalid input, or a
     deadline that passed while it waited in the worker (``expired``)."""
-    result = Result(
-        id=claimed.id, status=status,
-        error=ErrorInfo(code=error.code, message=error.message[:2000]),
-        task=config.task, model=config.model_name, worker=config.worker_id,
-        attempts=claimed.attempt, enqueued_ms=claimed.enqueued_ms, started_ms=now_ms,
-        finished_ms=now_ms,
-    )
-    return ops.Completion(claimed.id, claimed.token, status.value,
-                          encode_result(result, config.limits))
+    data = encode_result_fields({
+        "id": claimed.id, "status": status,
+        "error": ErrorInfo(code=error.code, message=error.message[:2000]),
+        "task": config.task, "model": config.model_name, "worker": config.worker_id,
+        "attempts": claimed.attempt, "enqueued_ms": claimed.enqueued_ms, "started_ms": now_ms,
+        "finished_ms": now_ms,
+    }, config.limits)
+    return ops.Completion(claimed.id, claimed.token, status.value, data)
 
 
 def expired(config: WorkerConfig, claims: Sequence[Claim], now_ms: int) -> list[ops.Completion]:

@@ -37,11 +37,12 @@ class WorkerStats:
               written: Sequence[bool], cancelled: Collection[str] = ()) -> None:
         """``written``: what the server did with each completion; a refused one in
         ``cancelled`` was cancelled by its producer (not a lost lease)."""
+        tally: Counter[tuple[str, bool]] = Counter()
         for completion, ok in zip(completions, written, strict=True):
             if not ok and completion.id in cancelled:
                 self.cancelled += 1
                 continue
-            metrics.observe_outcome(completion.status, ok)
+            tally[completion.status, ok] += 1
             if not ok:
                 self.refused += 1
                 log.warning("completion of %s refused: lease lost or request cancelled",
@@ -52,6 +53,8 @@ class WorkerStats:
                 self.completed += 1
             else:
                 self.failed += 1
+        for (status, ok), n in tally.items():
+            metrics.observe_outcome(status, ok, n)
 
     def record_batch(self, size: int, forward_s: float) -> None:
         self.batches += 1

@@ -32,7 +32,7 @@ from inferq.worker.core.backoff import RedisBackoff
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.failures import Failure, free_device_cache
 from inferq.worker.core.lifecycle import QueueWorker, run_together
-from inferq.worker.core.results import Claim, completion, expired, failed_completion
+from inferq.worker.core.results import Claim, batch_completions, expired, failed_completion
 from inferq.worker.core.wake import wait_any
 from inferq.worker.models.base import BatchModel, ModelInput
 from inferq.worker.window.batch import Batch, Job
@@ -279,6 +279,7 @@ class Worker(QueueWorker[Job]):
     async def _execute_loop(self) -> None:
         assert self._stopping is not None
         loop = asyncio.get_running_loop()
+        waiting_since: float | None = None  # a forward ended with claimed requests waiting
         while True:
             self._device_idle.set()
             batch = await self._ready.get()
@@ -291,8 +292,12 @@ class Worker(QueueWorker[Job]):
             inputs = [job.input for job in batch.jobs]
             log.debug("batch %d: running %d requests", batch.id, len(batch.jobs))
             started = self.clock()
+            if waiting_since is not None:
+                self.stats.record_handoff(started - waiting_since)
             outcomes = await loop.run_in_executor(self._forward_pool, self._forward, inputs)
-            elapsed = self.clock() - started
+            ended = self.clock()
+            elapsed = ended - started
+            waiting_since = ended if self._carry else None
             self._device_idle.set()
             if not any(isinstance(o, Failure) for o in outcomes):
                 self.policy.observe_batch(len(batch.jobs), elapsed)
@@ -322,17 +327,15 @@ class Worker(QueueWorker[Job]):
 
     async def _finish(self, batch: Batch, outcomes: list[Any], elapsed: float) -> None:
         finished_ms = self.link.now_ms()
-        completions = [
-            completion(self.config, job, outcome, batch_size=len(batch.jobs),
-                       input_tokens=job.tokens, truncated=job.input.truncated or None,
-                       finished_ms=finished_ms,
-                       compute_ms=round(elapsed * 1e3, 3))
-            for job, outcome in zip(batch.jobs, outcomes, strict=True)
-        ]
+        completions = batch_completions(self.config, batch.jobs, outcomes,
+                                        [job.input.tokens for job in batch.jobs],
+                                        finished_ms=finished_ms,
+                                        compute_ms=round(elapsed * 1e3, 3),
+                                        truncated=[job.input.truncated for job in batch.jobs])
         await self._complete(completions)
-        for job, done in zip(batch.jobs, completions, strict=True):
-            if done.status != "retry":
-                self.metrics.observe_latency(job, finished_ms)
+        self.metrics.observe_latencies(
+            (job for job, done in zip(batch.jobs, completions, strict=True)
+             if done.status != "retry"), finished_ms)
         log.debug("batch %d: %d requests, %.1f ms, released by %s", batch.id, len(batch.jobs),
                   elapsed * 1e3, batch.reason.value)
 

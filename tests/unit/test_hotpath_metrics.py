@@ -1,0 +1,79 @@
+"""Batched metric updates of the worker's hot path count exactly what one update per request
+counts."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Histogram
+
+from inferq.protocol import ops
+from inferq.protocol.codec import RequestPayload
+from inferq.worker.core.metrics import LATENCY_BUCKETS, WorkerMetrics, observe_many
+from inferq.worker.core.results import Claim
+from inferq.worker.core.stats import WorkerStats
+
+
+def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for metric in registry.collect() for s in metric.samples
+            if not s.name.endswith("_created")}
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.one_of(st.floats(0, 200, allow_nan=False),
+                                 st.sampled_from(LATENCY_BUCKETS)), max_size=50))
+def test_observe_many_counts_what_observe_counts(values: list[float]) -> None:
+    one, many = CollectorRegistry(), CollectorRegistry()
+    h1 = Histogram("h", "h", ["q"], buckets=LATENCY_BUCKETS, registry=one).labels("x")
+    h2 = Histogram("h", "h", ["q"], buckets=LATENCY_BUCKETS, registry=many).labels("x")
+    for value in values:
+        h1.observe(value)
+    observe_many(h2, values)
+    a, b = _samples(one), _samples(many)
+    assert a.keys() == b.keys()
+    for key, value in a.items():
+        if key[0] == "h_sum":
+            assert math.isclose(value, b[key], rel_tol=1e-12, abs_tol=1e-12)
+        else:
+            assert value == b[key], key
+
+
+def _claim(i: int, priority: int, enqueued_ms: int, claimed_ms: int) -> Claim:
+    claimed = ops.Claimed(f"r{i}", b"", "t", 1, enqueued_ms, None)
+    payload = RequestPayload(id=f"r{i}", task="embed", model="m", prompt="", priority=priority)
+    return Claim(claimed, payload, 0.0, None, claimed_ms)
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(-2, 2), st.integers(0, 90_000),
+                               st.integers(0, 5_000)), max_size=30),
+       finished=st.integers(0, 200_000))
+def test_observe_latencies_matches_observe_latency(rows: list[tuple[int, int, int]],
+                                                   finished: int) -> None:
+    claims = [_claim(i, p, e, e + c) for i, (p, e, c) in enumerate(rows)]
+    one, many = WorkerMetrics("embed:m", "w"), WorkerMetrics("embed:m", "w")
+    for claim in claims:
+        one.observe_latency(claim, finished)
+    many.observe_latencies(claims, finished)
+    a, b = _samples(one.registry), _samples(many.registry)
+    assert a.keys() == b.keys()
+    for key, value in a.items():
+        assert math.isclose(value, b[key], rel_tol=1e-9, abs_tol=1e-9), key
+
+
+@given(outcomes=st.lists(st.tuples(st.sampled_from(["ok", "failed", "dead", "expired",
+                                                     "retry"]), st.booleans()), max_size=30))
+def test_stats_count_tallies_per_status(outcomes: list[tuple[str, bool]]) -> None:
+    metrics, stats = WorkerMetrics("embed:m", "w"), WorkerStats()
+    completions = [ops.Completion(f"r{i}", "t", status, b"") for i, (status, _) in
+                   enumerate(outcomes)]
+    stats.count(metrics, completions, [ok for _, ok in outcomes])
+    expected = WorkerMetrics("embed:m", "w")
+    for status, ok in outcomes:
+        expected.observe_outcome(status, ok)
+    assert _samples(metrics.registry) == _samples(expected.registry)
+    assert stats.completed == sum(1 for s, ok in outcomes if ok and s == "ok")
+    assert stats.refused == sum(1 for _, ok in outcomes if not ok)
