@@ -9,6 +9,7 @@
 | ``INFERQ_GATEWAY_MAX_QUEUE_DEPTH`` | 1000000 | back-pressure: 429 beyond this many pending |
 | ``INFERQ_GATEWAY_RETRY_AFTER_S`` | 1 | ``Retry-After`` sent with a 429 |
 | ``INFERQ_GATEWAY_MAX_EMBEDDING_INPUTS`` | 2048 | inputs per ``/v1/embeddings`` call (OpenAI's) |
+| ``INFERQ_GATEWAY_COALESCE`` | true | one ``enqueue_many`` per loop turn for concurrent calls |
 | ``INFERQ_GATEWAY_READY_MODEL`` / ``_READY_TASK`` | ``minilm`` / ``embed`` | ``/readyz`` default |
 
 The Redis URL and the token are ``SecretStr``: neither appears in a repr or a log line; log
@@ -49,6 +50,8 @@ class GatewaySettings(BaseSettings):
     max_embedding_inputs: Annotated[int, Field(ge=1)] = 2048
     #: Connections of the gateway's Redis pool (awaited results share one per queue).
     max_connections: Annotated[int, Field(ge=4)] = 64
+    #: Concurrent ``/v1/embeddings`` calls share one Redis round trip per event-loop turn.
+    coalesce: bool = True
     ready_model: Name = "minilm"
     ready_task: Name = "embed"
     #: ``/readyz`` gives up on Redis after this long (the SDK's sockets never time out).

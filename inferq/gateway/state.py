@@ -7,10 +7,11 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
+from inferq.gateway.coalesce import Coalescer
 from inferq.gateway.errors import ApiError
 from inferq.gateway.settings import GatewaySettings
 from inferq.producer.aio import AsyncClient, AsyncHandle
@@ -25,9 +26,18 @@ class GatewayState:
     #: A wait on a request this gateway did not enqueue (a repeated ``id``) blocks one pooled
     #: connection in ``BLMOVE``; bounding those waits keeps the pool free for everything else.
     blocking_waits: asyncio.Semaphore = field(init=False)
+    #: Enqueues of concurrent embedding calls, sent as one ``enqueue_many`` per loop turn.
+    coalescer: Coalescer = field(init=False)
 
     def __post_init__(self) -> None:
         self.blocking_waits = asyncio.Semaphore(max(1, self.settings.max_connections // 4))
+        self.coalescer = Coalescer(self.client)
+
+    async def enqueue_many(self, prompts: list[str], **fields: Any) -> list[AsyncHandle]:
+        """Through the coalescer unless ``INFERQ_GATEWAY_COALESCE=false``."""
+        if self.settings.coalesce:
+            return await self.coalescer.enqueue_many(prompts, **fields)
+        return await self.client.enqueue_many(prompts, **fields)
 
     def timeout(self, asked: float | None, param: str) -> float:
         """The caller's wait (seconds), else the default; above the maximum is a 422."""
