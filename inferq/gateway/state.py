@@ -50,7 +50,8 @@ class GatewayState:
         return asked
 
 
-def get_state(request: Request) -> GatewayState:
+async def get_state(request: Request) -> GatewayState:
+    # async: FastAPI runs a plain ``def`` dependency on its thread pool, a thread hop per call.
     state = request.app.state.gateway
     assert isinstance(state, GatewayState), "the gateway's lifespan did not run"
     return state

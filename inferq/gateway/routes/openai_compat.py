@@ -21,7 +21,7 @@ from inferq.gateway.routes.common import (
     wait_all,
 )
 from inferq.gateway.schemas import ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse
-from inferq.gateway.state import State, cancel_quietly
+from inferq.gateway.state import GatewayState, State, cancel_quietly
 
 router = APIRouter(tags=["openai"])
 
@@ -40,9 +40,12 @@ def encode_base64(vector: list[float]) -> str:
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
 
 
+_NUMBER_TYPES = frozenset({float, int})
+
+
 def as_vector(output: Any, index: int, model: str) -> list[float]:
-    if (isinstance(output, list) and output
-            and all(type(x) is float or type(x) is int for x in output)):
+    # ``set(map(type, ...))`` runs in C: a per-element generator cost ~0.3 ms per vector.
+    if isinstance(output, list) and output and set(map(type, output)) <= _NUMBER_TYPES:
         return output
     raise ApiError(502, "upstream_error", "invalid_output",
                    f"model {model!r} returned a {type(output).__name__} for input {index}, "
@@ -58,6 +61,14 @@ async def create_embeddings(body: EmbeddingsRequest, state: State,
                             x_timeout_s: TimeoutHeader = None) -> Response:
     """Queues every input (task ``embed``) in one round trip and waits for all of them. If one
     fails or the wait times out, the others are cancelled and the call fails as a whole."""
+    return await embeddings_response(state, body, x_priority, x_deadline_s, x_timeout_s)
+
+
+async def embeddings_response(state: GatewayState, body: EmbeddingsRequest,
+                              x_priority: int | None = None, x_deadline_s: float | None = None,
+                              x_timeout_s: float | None = None) -> Response:
+    """The work of ``POST /v1/embeddings``, shared by the route and the gateway's fast path
+    (``inferq.gateway.fastpath``): raises ``ApiError`` or an ``InferqError`` on failure."""
     settings = state.settings
     texts = [body.input] if isinstance(body.input, str) else body.input
     if len(texts) > settings.max_embedding_inputs:
