@@ -1,5 +1,6 @@
 """Scenario ``overhead``: what the queue itself costs, with the built-in ``echo`` model (no
-compute), side by side with ``arq`` and ``rq`` on the same Redis server.
+compute), side by side with BullMQ's Python port, SAQ, ``arq`` and ``rq`` on the same Redis
+server.
 
     python -m benchmarks overhead            # 50,000 requests per pass x 3 trials (~10 min)
     python -m benchmarks overhead --quick    # smoke test (~1 min)
@@ -20,6 +21,10 @@ Every pass records the CPU seconds of each process (producer, workers, server) a
 commands it caused (``INFO commandstats`` deltas, inner script commands included), per request.
 
 Baselines, one worker process each, in the same Redis server (their own database numbers):
+BullMQ's Python port (``Queue.addBulk``; ``bullmq.Worker`` at concurrency 100 with a pooled
+``redis.asyncio`` client, ``benchmarks/peer_workers.py``) and SAQ (``python -m saq`` at
+concurrency 100; one ``enqueue`` per job, 50 in a ``gather``: it has no bulk enqueue), timed
+from the first enqueue to the last job's own finish time;
 arq's standard worker (``arq benchmarks.baselines.ArqSettings``) with its defaults
 (``max_jobs=10, poll_delay=0.5``) and tuned for throughput (``max_jobs=100,
 poll_delay=0.01``), and rq's standard ``rq worker`` (a forked work horse per job) and its
@@ -51,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from benchmarks import baselines, charts
+from benchmarks import baselines, charts, peer_workers
 from benchmarks.framework import ByMode, Run, Scenario, int_list, noise_of, positive_int
 from benchmarks.harness import (
     BenchmarkFailed,
@@ -91,7 +96,6 @@ if TYPE_CHECKING:
 
 TARGET_RATIO = 10.0
 TARGET_ONE_WORKER = 20_000.0
-ARQ_DB, RQ_DB = 1, 2
 ARQ_TUNED = {"max_jobs": 100, "poll_delay": 0.01}
 ARQ_ENQUEUE_CONCURRENCY = 50
 POLL_S = 0.01
@@ -102,7 +106,13 @@ BASELINES = {
                          f"poll_delay {ARQ_TUNED['poll_delay']} s)"),
     "rq": ("rq", "rq, standard `rq worker` (forks a work horse per job)"),
     "rq-simple": ("rq", "rq, `rq worker -w rq.worker.SimpleWorker` (no fork)"),
+    "bullmq": ("bullmq", f"BullMQ (Python port), concurrency {peer_workers.CONCURRENCY}, "
+                         "pooled redis-py connection"),
+    "saq": ("saq", f"SAQ, concurrency {peer_workers.CONCURRENCY}"),
 }
+ARQ_DB, RQ_DB, BULLMQ_DB, SAQ_DB = 1, 2, 3, 4
+PEER_ENQUEUE_CONCURRENCY = 50
+BULLMQ_BULK = 1000
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,7 @@ class OverheadConfig:
     arq_jobs: int
     rq_jobs: int
     rq_fork_jobs: int
+    peer_jobs: int
     baselines: tuple[str, ...]
     timeout_s: float = 300.0
 
@@ -409,6 +420,135 @@ def rq_pass(cleanup: Cleanup, url: str, variant: str, jobs: int, log_dir: Path,
                             max(_ts(e) for e in ended), failed_jobs, extra)
 
 
+def _peer_env(db_url: str) -> dict[str, str]:
+    return {**os.environ, peer_workers.URL_ENV: db_url, peer_workers.QUEUE_ENV: "bench",
+            peer_workers.CONCURRENCY_ENV: str(peer_workers.CONCURRENCY),
+            "PYTHONUNBUFFERED": "1"}
+
+
+def bullmq_pass(cleanup: Cleanup, url: str, jobs: int, log_dir: Path, server: int | None,
+                timeout_s: float) -> dict[str, Any]:
+    """BullMQ's Python port: ``Queue.addBulk`` in chunks of ``BULLMQ_BULK`` (its bulk API),
+    the worker (``benchmarks.peer_workers``) with a pooled connection and concurrency 100;
+    timed from the first add to the last job's ``finishedOn``."""
+    import redis.asyncio as aioredis
+    from bullmq import Queue
+
+    db_url = _db_url(url, BULLMQ_DB)
+    client = redis.Redis.from_url(db_url)
+    client.flushdb()
+    child = cleanup.spawn("bullmq", [sys.executable, "-m", "benchmarks.peer_workers", "bullmq"],
+                          log_path=log_dir / "bullmq.log", env=_peer_env(db_url))
+    try:
+        _wait_for("bullmq start", lambda: "ready" in child.log_tail(), child.alive,
+                  child.log_tail, 60)
+
+        async def go(n: int, measure: bool) -> tuple[list[Any], float, dict[str, Any]]:
+            conn = aioredis.Redis.from_url(db_url, decode_responses=True)
+            queue = Queue("bench", {"connection": conn})
+            try:
+                done_before = await queue.getJobCountByTypes("completed", "failed")
+                probe = queue_probe(server, [child.process.pid])
+                before = redis_snapshot(client)
+                probe.start()
+                t0 = time.time()
+                added: list[Any] = []
+                for start in range(0, n, BULLMQ_BULK):
+                    added += await queue.addBulk([
+                        {"name": "noop", "data": {"i": i}}
+                        for i in range(start, min(n, start + BULLMQ_BULK))])
+                polls = 0
+                deadline = time.monotonic() + timeout_s
+                while await queue.getJobCountByTypes("completed", "failed") - done_before < n:
+                    polls += 1
+                    if not child.alive() or time.monotonic() > deadline:
+                        raise BenchmarkFailed(f"bullmq: jobs not done\n{child.log_tail()}")
+                    await asyncio.sleep(POLL_S)
+                cpu = probe.stop()
+                after = redis_snapshot(client)
+                jobs_done = await queue.getJobs(["completed", "failed"])
+                mine = {str(j.id) for j in added}
+                times = [(j.processedOn, j.finishedOn, j.failedReason)
+                         for j in jobs_done if str(j.id) in mine]
+                extra = {"cpu": cpu, "redis": redis_delta(before, after, n,
+                                                          own={"evalsha": polls + 1})}
+                return times, t0, extra if measure else {}
+            finally:
+                await queue.close()
+
+        asyncio.run(go(20, measure=False))  # warm-up
+        times, t0, extra = asyncio.run(go(jobs, measure=True))
+    finally:
+        stop_child(child)
+        client.flushdb()
+        client.close()
+    if len(times) < jobs:
+        raise BenchmarkFailed(f"bullmq: only {len(times)} of {jobs} jobs have finish times")
+    failed = sum(1 for _, _, reason in times if reason)
+    return _baseline_result("bullmq", jobs, t0, min(p for p, _, _ in times) / 1e3,
+                            max(f for _, f, _ in times) / 1e3, failed, extra)
+
+
+def saq_pass(cleanup: Cleanup, url: str, jobs: int, log_dir: Path, server: int | None,
+             timeout_s: float) -> dict[str, Any]:
+    """SAQ: ``Queue.enqueue`` one job at a time (SAQ has no bulk enqueue), 50 in a
+    ``gather`` as for arq; its standard worker (``python -m saq``) at concurrency 100; timed
+    from the first enqueue to the last job's ``completed``."""
+    from saq import Queue
+
+    db_url = _db_url(url, SAQ_DB)
+    client = redis.Redis.from_url(db_url)
+    client.flushdb()
+    child = cleanup.spawn("saq", [sys.executable, "-m", "saq",
+                                  "benchmarks.peer_workers.saq_settings"],
+                          log_path=log_dir / "saq.log", env=_peer_env(db_url))
+    try:
+        # No readiness signal to wait for: the warm-up below waits for SAQ's first jobs.
+        async def go(n: int, measure: bool) -> tuple[list[Any], float, dict[str, Any]]:
+            queue = Queue.from_url(db_url, name="bench")
+            await queue.connect()
+            try:
+                probe = queue_probe(server, [child.process.pid])
+                before = redis_snapshot(client)
+                probe.start()
+                t0 = time.time()
+                enqueued: list[Any] = []
+                for start in range(0, n, PEER_ENQUEUE_CONCURRENCY):
+                    batch = await asyncio.gather(*(
+                        queue.enqueue("saq_noop", i=i)
+                        for i in range(start, min(n, start + PEER_ENQUEUE_CONCURRENCY))))
+                    enqueued += [j for j in batch if j is not None]
+                polls = 0
+                deadline = time.monotonic() + timeout_s
+                while await queue.count("incomplete"):
+                    polls += 1
+                    if not child.alive() or time.monotonic() > deadline:
+                        raise BenchmarkFailed(f"saq: jobs not done\n{child.log_tail()}")
+                    await asyncio.sleep(POLL_S)
+                cpu = probe.stop()
+                after = redis_snapshot(client)
+                done = await queue.jobs([j.key for j in enqueued])
+                times = [(j.started, j.completed, j.status.value) for j in done
+                         if j is not None]
+                extra = {"cpu": cpu, "redis": redis_delta(before, after, n,
+                                                          own={"zcard": polls + 1})}
+                return times, t0, extra if measure else {}
+            finally:
+                await queue.disconnect()
+
+        asyncio.run(go(20, measure=False))  # warm-up
+        times, t0, extra = asyncio.run(go(jobs, measure=True))
+    finally:
+        stop_child(child)
+        client.flushdb()
+        client.close()
+    if len(times) < jobs:
+        raise BenchmarkFailed(f"saq: only {len(times)} of {jobs} jobs have finish times")
+    failed = sum(1 for _, _, status in times if status != "complete")
+    return _baseline_result("saq", jobs, t0, min(s for s, _, _ in times) / 1e3,
+                            max(c for _, c, _ in times) / 1e3, failed, extra)
+
+
 def _baseline_result(variant: str, jobs: int, t0: float, first_start: float, end: float,
                      failed: int, extra: Mapping[str, Any]) -> dict[str, Any]:
     cpu = extra["cpu"]
@@ -633,7 +773,9 @@ def results_markdown(r: Mapping[str, Any]) -> str:
     waiting = ("one task per handle awaiting `result()`" if not c["waiters"] else
                f"{c['waiters']} coroutines awaiting `result()` in enqueue order")
     aof = "with AOF (`appendfsync everysec`)" if c["aof"] else "**without AOF** (`--no-aof`)"
-    return f"""- Workload: inferq {c['requests']} no-op requests per pass (the built-in `echo` model; workers `--max-batch-size {c['max_batch_size']} --max-wait-ms {c['max_wait_ms']:g} --max-batch-tokens 0`), `AsyncClient.enqueue_many` in chunks of {c['chunk']}, {waiting}; baselines: one no-op job per request ({c['arq_jobs']} arq jobs, a quarter of that for arq's defaults; {c['rq_jobs']} rq SimpleWorker jobs, {c['rq_fork_jobs']} for the forking rq worker); {c['trials']} trial(s), variants rotated per trial; median (min..max) over trials. One Redis server {aof} for everything.{skipped}
+    return f"""- Workload: inferq {c['requests']} no-op requests per pass (the built-in `echo` model; workers `--max-batch-size {c['max_batch_size']} --max-wait-ms {c['max_wait_ms']:g} --max-batch-tokens 0`), `AsyncClient.enqueue_many` in chunks of {c['chunk']}, {waiting}; baselines: one no-op job per request ({c['arq_jobs']} arq jobs, a quarter of that for arq's defaults; {c['rq_jobs']} rq SimpleWorker jobs, {c['rq_fork_jobs']} for the forking rq worker; {c['peer_jobs']} BullMQ and SAQ jobs); {c['trials']} trial(s), variants rotated per trial; median (min..max) over trials. One Redis server {aof} for everything.{skipped}
+
+{PEERS_SETUP}
 
 {table}
 
@@ -647,6 +789,14 @@ Redis commands per request, inferq with one worker (medians over trials):
 
 {cmd_table}
 """  # noqa: E501
+
+
+PEERS_SETUP = f"""How each peer is set up, as an expert user of it would (from its documentation and source):
+
+- **BullMQ** (the official Python port): jobs added with `Queue.addBulk`, {BULLMQ_BULK} per call (its bulk API, one script call per job in one pipeline); the worker (`benchmarks/peer_workers.py`, the port has no CLI) is `bullmq.Worker(..., {{"connection": pooled, "concurrency": {peer_workers.CONCURRENCY}}})` where `pooled` is a `redis.asyncio.Redis` with a connection pool. Given a URL instead, BullMQ opens a single-connection client, on which the {peer_workers.CONCURRENCY} jobs in flight serialise their round trips (about 1,000 jobs/s on this machine, whatever the concurrency). Jobs are kept on completion (the default), their `processedOn`/`finishedOn` give the times.
+- **SAQ**: its own worker (`python -m saq benchmarks.peer_workers.saq_settings`) at `concurrency` {peer_workers.CONCURRENCY} (default 10); SAQ has no bulk enqueue, so jobs are enqueued {PEER_ENQUEUE_CONCURRENCY} at a time in an `asyncio.gather` (as for arq); its job records give `started`/`completed`.
+- **arq**: tuned as `max_jobs` {ARQ_TUNED['max_jobs']}, `poll_delay` {ARQ_TUNED['poll_delay']} s (its defaults poll every 0.5 s with 10 jobs in flight); **rq**: one job at a time by design, `SimpleWorker` avoids its fork per job.
+- A job is a no-op in all of them; the same Redis server (own database numbers) serves everyone."""  # noqa: E501
 
 
 def cpu_reading(r: Mapping[str, Any]) -> str:
@@ -681,7 +831,7 @@ def cpu_reading(r: Mapping[str, Any]) -> str:
 
 class Overhead(Scenario[OverheadConfig]):
     name = "overhead"
-    title = "queue cost with a no-op model, vs arq and rq"
+    title = "queue cost with a no-op model, vs BullMQ, SAQ, arq and rq"
     quick_help = "10,000 requests, few baseline jobs, 1 trial (~1 min)"
     config = OverheadConfig
     plots = staticmethod(draw_plots)
@@ -707,6 +857,8 @@ class Overhead(Scenario[OverheadConfig]):
                             help="jobs per rq SimpleWorker pass (default %(default)s)")
         parser.add_argument("--rq-fork-jobs", type=positive_int, default=ByMode(600, 150),
                             help="jobs per forking rq worker pass (default %(default)s)")
+        parser.add_argument("--peer-jobs", type=positive_int, default=ByMode(5_000, 1_000),
+                            help="jobs per BullMQ and per SAQ pass (default %(default)s)")
         parser.add_argument("--baselines", type=_baselines, default=tuple(BASELINES),
                             help=f"baselines to run, comma-separated, or 'none' (default "
                                  f"{','.join(BASELINES)}; skipped when not installed)")
@@ -715,7 +867,8 @@ class Overhead(Scenario[OverheadConfig]):
     def measure(self, run: Run[OverheadConfig]) -> dict[str, Any]:
         cfg = run.cfg
         server, url = run.server(appendonly=cfg.aof)
-        run.machine["versions"].update(arq=version("arq"), rq=version("rq"))
+        run.machine["versions"].update(arq=version("arq"), rq=version("rq"),
+                                       bullmq=version("bullmq"), saq=version("saq"))
         spid = server.pid
         skipped = {b: f"{BASELINES[b][0]} is not installed" for b in cfg.baselines
                    if not available(BASELINES[b][0])}
@@ -742,6 +895,11 @@ class Overhead(Scenario[OverheadConfig]):
                     e2e = inferq_e2e_pass(url, fleet, cfg, f"{tag}e", spid)
                     drain = inferq_drain_pass(run.cleanup, url, fleet, cfg, f"{tag}d", spid)
                     trials[variant].append({"e2e": e2e, "drain": drain})
+                    continue
+                if variant in ("bullmq", "saq"):
+                    peer_pass = bullmq_pass if variant == "bullmq" else saq_pass
+                    trials[variant].append(peer_pass(run.cleanup, url, cfg.peer_jobs,
+                                                     run.log_dir, spid, cfg.timeout_s))
                     continue
                 if variant.startswith("arq"):
                     # arq's defaults make ~200 jobs/s: a quarter keeps the pass short.

@@ -177,10 +177,11 @@ def check_source(spec: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from inferq.worker.core.config import WorkerConfig
-    from inferq.worker.models.registry import BUILTIN_PREFIX, parse_model_arg
+    from inferq.worker.models.registry import BUILTIN_PREFIX, PYTHON_PREFIX, parse_model_arg
 
     spec = parse_model_arg(args.model)
-    builtin = spec.source.startswith(BUILTIN_PREFIX)
+    # A built-in model or your own class (python:...) is served in adaptive windows.
+    builtin = spec.source.startswith((BUILTIN_PREFIX, PYTHON_PREFIX))
     continuous = (args.task == GENERATE_TASK and not builtin
                   and vars(args).get("batching", "continuous") == "continuous")
     refuse_foreign_flags(args, builtin, continuous)

@@ -46,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=["critical", "error", "warning", "info", "debug"],
                         help="default: info")
     parser.add_argument("--root-path", default="", help="when served behind a path prefix")
+    parser.add_argument("--workers", type=_positive, default=1,
+                        help="gateway processes sharing the port (uvicorn workers, each with "
+                             "its own event loop and Redis pool); use more than 1 when one "
+                             "gateway process is CPU-bound (default 1)")
     return parser
 
 
@@ -62,9 +66,23 @@ def serve(argv: list[str] | None = None) -> int:
     except (ConfigError, PydanticValidationError) as exc:
         print(f"inferq gateway: invalid settings: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(create_app(settings), host=args.host, port=args.port,
-                log_level=args.log_level, root_path=args.root_path)
+    if args.workers == 1:
+        uvicorn.run(create_app(settings), host=args.host, port=args.port,
+                    log_level=args.log_level, root_path=args.root_path)
+        return 0
+    # Several processes: uvicorn imports the factory in each (settings from the environment,
+    # checked once above), and a supervisor restarts a worker process that dies.
+    uvicorn.run("inferq.gateway.app:create_app", factory=True, workers=args.workers,
+                host=args.host, port=args.port, log_level=args.log_level,
+                root_path=args.root_path)
     return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from fastapi import Depends, FastAPI
 import inferq
 from inferq.gateway import errors
 from inferq.gateway.auth import bearer_auth
+from inferq.gateway.fastpath import EmbeddingsFastPath
 from inferq.gateway.routes import completions, health, models, native, openai_compat
 from inferq.gateway.settings import GatewaySettings
 from inferq.gateway.state import GatewayState
@@ -45,6 +46,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                               "completions and chat completions (streamed as server-sent "
                               "events), and inferq's native request API.")
     errors.install(app, retry_after_s=settings.retry_after_s)
+    if settings.fast_path:
+        app.add_middleware(EmbeddingsFastPath, token=settings.token.get_secret_value()
+                           if settings.token is not None else None)
     authenticated = [Depends(bearer_auth(settings.token))]
     app.include_router(health.router)
     app.include_router(openai_compat.router, dependencies=authenticated)

@@ -10,6 +10,8 @@
 | ``INFERQ_GATEWAY_RETRY_AFTER_S`` | 1 | least ``Retry-After`` of a 429 |
 | ``INFERQ_GATEWAY_REQUIRE_SERVED_MODEL`` | true | 404 for a model no worker served |
 | ``INFERQ_GATEWAY_MAX_EMBEDDING_INPUTS`` | 2048 | inputs per ``/v1/embeddings`` call (OpenAI's) |
+| ``INFERQ_GATEWAY_COALESCE`` | true | one ``enqueue_many`` per loop turn for concurrent calls |
+| ``INFERQ_GATEWAY_FAST_PATH`` | true | serve plain ``/v1/embeddings`` calls outside FastAPI |
 | ``INFERQ_GATEWAY_READY_MODEL`` / ``_READY_TASK`` | ``minilm`` / ``embed`` | ``/readyz`` default |
 
 The Redis URL and the token are ``SecretStr``: neither appears in a repr or a log line; log
@@ -53,6 +55,10 @@ class GatewaySettings(BaseSettings):
     max_embedding_inputs: Annotated[int, Field(ge=1)] = 2048
     #: Connections of the gateway's Redis pool (awaited results share one per queue).
     max_connections: Annotated[int, Field(ge=4)] = 64
+    #: Concurrent ``/v1/embeddings`` calls share one Redis round trip per event-loop turn.
+    coalesce: bool = True
+    #: Plain ``/v1/embeddings`` calls skip FastAPI's per-request machinery (``fastpath``).
+    fast_path: bool = True
     ready_model: Name = "minilm"
     ready_task: Name = "embed"
     #: ``/readyz`` gives up on Redis after this long (the SDK's sockets never time out).

@@ -7,10 +7,11 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
+from inferq.gateway.coalesce import Coalescer
 from inferq.gateway.errors import ApiError, model_not_found
 from inferq.gateway.served import ServedQueues
 from inferq.gateway.settings import GatewaySettings
@@ -28,10 +29,13 @@ class GatewayState:
     blocking_waits: asyncio.Semaphore = field(init=False)
     #: The queues some worker has served (404 ``model_not_found`` for others).
     served: ServedQueues = field(init=False)
+    #: Enqueues of concurrent embedding calls, sent as one ``enqueue_many`` per loop turn.
+    coalescer: Coalescer = field(init=False)
 
     def __post_init__(self) -> None:
         self.blocking_waits = asyncio.Semaphore(max(1, self.settings.max_connections // 4))
         self.served = ServedQueues(self.settings.namespace)
+        self.coalescer = Coalescer(self.client)
 
     async def require_served(self, task: str, model: str) -> None:
         """404 ``model_not_found`` unless a worker has served ``task:model`` (when
@@ -39,6 +43,12 @@ class GatewayState:
         if self.settings.require_served_model and not await self.served.served(
                 self.client.redis, task, model):
             raise model_not_found(model, task)
+
+    async def enqueue_many(self, prompts: list[str], **fields: Any) -> list[AsyncHandle]:
+        """Through the coalescer unless ``INFERQ_GATEWAY_COALESCE=false``."""
+        if self.settings.coalesce:
+            return await self.coalescer.enqueue_many(prompts, **fields)
+        return await self.client.enqueue_many(prompts, **fields)
 
     def timeout(self, asked: float | None, param: str) -> float:
         """The caller's wait (seconds), else the default; above the maximum is a 422."""
@@ -51,7 +61,8 @@ class GatewayState:
         return asked
 
 
-def get_state(request: Request) -> GatewayState:
+async def get_state(request: Request) -> GatewayState:
+    # async: FastAPI runs a plain ``def`` dependency on its thread pool, a thread hop per call.
     state = request.app.state.gateway
     assert isinstance(state, GatewayState), "the gateway's lifespan did not run"
     return state

