@@ -88,8 +88,9 @@ ACL_COMMANDS: tuple[str, ...] = (
     "smembers", "hgetall", "zcount",
     # connection health checks; SELECT only for a database other than 0
     "ping", "select",
-    # cluster mode: the detection (INFO cluster) and redis-py's slot map (CLUSTER SLOTS)
-    "info", "cluster|slots",
+    # cluster mode: the detection (INFO cluster), redis-py's slot map (CLUSTER SLOTS) and
+    # its command table (COMMAND, read once to find each command's keys)
+    "info", "cluster|slots", "command",
     # ClientOptions(durability="replica"): WAIT after enqueue. durability="fsync" needs
     # +waitaof too, which servers before 7.2 do not know (ACL SETUSER refuses it there)
     "wait",

@@ -292,3 +292,29 @@ def test_the_gateway_serves_a_cluster(redis_cluster: LocalCluster, cluster_url: 
         for request_id in ids:
             found = api.get(f"/v1/requests/{request_id}?model={model}").json()
             assert found["status"] == "ok"
+
+
+def test_passwords_and_acl_users_work_unchanged_on_a_cluster(tmp_path: Path) -> None:
+    from inferq.connection import acl_rules
+
+    binary, reason = cluster_binary()
+    if binary is None:
+        pytest.skip(f"no server with cluster mode: {reason}")
+    with LocalCluster(tmp_path / "secure", masters=3, binary=binary,
+                      password="s3cret") as secure:
+        for node in secure.masters:
+            with node.client() as admin:
+                admin.execute_command("ACL", "SETUSER", "producer", "reset", "on", ">pw",
+                                      *acl_rules())
+        keys = QueueKeys.for_model("embed", "echo")
+        port = next(n for n in secure.masters if n is not secure.master_for(keys.pending)).port
+        for userinfo in (":s3cret", "producer:pw"):
+            url = f"redis://{userinfo}@127.0.0.1:{port}/0"
+            with inferq.Client(url) as client:
+                assert isinstance(client.redis, ClusterClient)
+                handle = client.enqueue("x", model="echo", id=f"via-{userinfo[:3]}")
+                assert handle.status() is inferq.RequestState.PENDING
+            with connection.sync_client(url) as direct:
+                assert f"via-{userinfo[:3]}" in serve(direct, keys)
+        with pytest.raises(redis.AuthenticationError):
+            inferq.Client(f"redis://:wrong@127.0.0.1:{port}/0").enqueue("x", model="echo")
