@@ -47,7 +47,15 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import AuthenticationWrongNumberOfArgsError, NoPermissionError
+from redis.exceptions import (
+    AuthenticationWrongNumberOfArgsError,
+    ClusterDownError,
+    MasterDownError,
+    NoPermissionError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.retry import Retry
 
 from inferq.errors import BackendUnavailable, ConfigError
@@ -62,6 +70,9 @@ TLS_KEY_ENV = "INFERQ_TLS_KEY"
 CertReqs = Literal["required", "optional", "none"]
 SCHEMES = ("redis", "rediss", "unix")
 REDACTED = "***"
+
+#: A cluster that still has no master for a slot once ``failover_timeout_s`` has passed.
+CLUSTER_UNAVAILABLE = (ClusterDownError, MasterDownError, TryAgainError, SlotNotCoveredError)
 
 _QUERY_SECRET = re.compile(r"([?&]password=)[^&#]+")
 
@@ -418,6 +429,10 @@ def describe_error(settings: ConnectionSettings | str, exc: BaseException) -> st
         hint = "cannot connect"
     elif isinstance(exc, redis.TimeoutError):
         hint = "timed out"
+    elif isinstance(exc, CLUSTER_UNAVAILABLE):
+        hint = "the Redis Cluster has no master for the slot (failover or resharding)"
+    elif isinstance(exc, RedisClusterException):
+        hint = "cannot connect to any node of the Redis Cluster"
     else:
         hint = "Redis error"
     # Neither redis-py nor the server echo passwords today; scrub anyway, defensively.
@@ -438,6 +453,11 @@ def wrap_connection_errors(settings: ConnectionSettings) -> Iterator[None]:
         yield
     except (redis.AuthenticationError, BackendUnavailable):
         raise
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except (redis.ConnectionError, redis.TimeoutError, *CLUSTER_UNAVAILABLE) as exc:
+        raise BackendUnavailable(describe_error(settings, exc),
+                                 url=settings.redacted_url) from exc
+    except RedisClusterException as exc:  # no node of the cluster answers
+        if "cannot be connected" not in str(exc):
+            raise
         raise BackendUnavailable(describe_error(settings, exc),
                                  url=settings.redacted_url) from exc
