@@ -55,8 +55,13 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import (
     AuthenticationWrongNumberOfArgsError,
+    ClusterDownError,
     InvalidResponse,
+    MasterDownError,
     NoPermissionError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
 )
 from redis.retry import Retry
 
@@ -73,6 +78,9 @@ TIMEOUT_ENV = "INFERQ_REDIS_TIMEOUT_S"
 CertReqs = Literal["required", "optional", "none"]
 SCHEMES = ("redis", "rediss", "unix")
 REDACTED = "***"
+
+#: A cluster that still has no master for a slot once ``failover_timeout_s`` has passed.
+CLUSTER_UNAVAILABLE = (ClusterDownError, MasterDownError, TryAgainError, SlotNotCoveredError)
 
 _QUERY_SECRET = re.compile(r"([?&]password=)[^&#]+")
 
@@ -108,8 +116,9 @@ ACL_COMMANDS: tuple[str, ...] = (
     "smembers", "hgetall", "zcount",
     # connection health checks; SELECT only for a database other than 0
     "ping", "select",
-    # cluster mode: the detection (INFO cluster) and redis-py's slot map (CLUSTER SLOTS)
-    "info", "cluster|slots",
+    # cluster mode: the detection (INFO cluster), redis-py's slot map (CLUSTER SLOTS) and
+    # its command table (COMMAND, read once to find each command's keys)
+    "info", "cluster|slots", "command",
     # ClientOptions(durability="replica"): WAIT after enqueue. durability="fsync" needs
     # +waitaof too, which servers before 7.2 do not know (ACL SETUSER refuses it there)
     "wait",
@@ -476,6 +485,10 @@ def describe_error(settings: ConnectionSettings | str, exc: BaseException) -> st
         hint = "cannot connect"
     elif isinstance(exc, redis.TimeoutError):
         hint = "no reply (timed out; is it a Redis server, and is it up?)"
+    elif isinstance(exc, CLUSTER_UNAVAILABLE):
+        hint = "the Redis Cluster has no master for the slot (failover or resharding)"
+    elif isinstance(exc, RedisClusterException):
+        hint = "cannot connect to any node of the Redis Cluster"
     else:
         hint = "Redis error"
     # Neither redis-py nor the server echo passwords today; scrub anyway, defensively.
@@ -496,6 +509,12 @@ def wrap_connection_errors(settings: ConnectionSettings) -> Iterator[None]:
         yield
     except (redis.AuthenticationError, BackendUnavailable):
         raise
-    except (redis.ConnectionError, redis.TimeoutError, InvalidResponse) as exc:
+    except (redis.ConnectionError, redis.TimeoutError, InvalidResponse,
+            *CLUSTER_UNAVAILABLE) as exc:
+        raise BackendUnavailable(describe_error(settings, exc),
+                                 url=settings.redacted_url) from exc
+    except RedisClusterException as exc:  # no node of the cluster answers
+        if "cannot be connected" not in str(exc):
+            raise
         raise BackendUnavailable(describe_error(settings, exc),
                                  url=settings.redacted_url) from exc

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from inferq import connection
 from inferq.connection import ConnectionSettings, wrap_connection_errors
-from inferq.errors import ResultTimeout, ValidationError
+from inferq.errors import ResultTimeout
 from inferq.producer import common, info, waits
 from inferq.producer.common import (
     BLOCKING_DEFAULTS,

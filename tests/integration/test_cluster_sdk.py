@@ -292,3 +292,54 @@ def test_the_gateway_serves_a_cluster(redis_cluster: LocalCluster, cluster_url: 
         for request_id in ids:
             found = api.get(f"/v1/requests/{request_id}?model={model}").json()
             assert found["status"] == "ok"
+
+
+def test_passwords_and_acl_users_work_unchanged_on_a_cluster(tmp_path: Path) -> None:
+    from inferq.connection import acl_rules
+
+    binary, reason = cluster_binary()
+    if binary is None:
+        pytest.skip(f"no server with cluster mode: {reason}")
+    with LocalCluster(tmp_path / "secure", masters=3, binary=binary,
+                      password="s3cret") as secure:
+        for node in secure.masters:
+            with node.client() as admin:
+                admin.execute_command("ACL", "SETUSER", "producer", "reset", "on", ">pw",
+                                      *acl_rules())
+        keys = QueueKeys.for_model("embed", "echo")
+        port = next(n for n in secure.masters if n is not secure.master_for(keys.pending)).port
+        for userinfo in (":s3cret", "producer:pw"):
+            url = f"redis://{userinfo}@127.0.0.1:{port}/0"
+            with inferq.Client(url) as client:
+                assert isinstance(client.redis, ClusterClient)
+                handle = client.enqueue("x", model="echo", id=f"via-{userinfo[:3]}")
+                assert handle.status() is inferq.RequestState.PENDING
+            with connection.sync_client(url) as direct:
+                assert f"via-{userinfo[:3]}" in serve(direct, keys)
+        with pytest.raises(redis.AuthenticationError):
+            inferq.Client(f"redis://:wrong@127.0.0.1:{port}/0").enqueue("x", model="echo")
+
+
+def test_tls_works_unchanged_on_a_cluster(tmp_path: Path) -> None:
+    from tests.support.servers import tls_capable_binary
+
+    trustme = pytest.importorskip("trustme", reason="pip install 'inferq[test]' for trustme")
+    binary, reason = tls_capable_binary()
+    if binary is None or cluster_binary(binary)[0] is None:
+        pytest.skip(f"no server with TLS and cluster mode here: {reason}")
+    ca = trustme.CA()
+    ca.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(
+        str(tmp_path / "server.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    tls = (str(tmp_path / "server.pem"), str(tmp_path / "ca.pem"))
+    with LocalCluster(tmp_path / "tls", masters=3, binary=binary, tls=tls) as secure:
+        keys = QueueKeys.for_model("embed", "echo")
+        port = next(n for n in secure.masters if n is not secure.master_for(keys.pending)).port
+        settings = inferq.ConnectionSettings(f"rediss://127.0.0.1:{port}/0",
+                                             ssl_ca_certs=tls[1])
+        with inferq.Client(settings) as client:
+            assert isinstance(client.redis, ClusterClient)
+            many = client.enqueue_many([f"t{i}" for i in range(6)], model="echo")
+            with connection.sync_client(settings) as direct:
+                assert sorted(serve(direct, keys)) == sorted(h.id for h in many)
+            assert [h.result(timeout=5).output for h in many] == [h.id for h in many]

@@ -79,6 +79,11 @@ class ClusterNode:
     appendonly: bool = False
     appendfsync: str = "everysec"
     node_timeout_ms: int = 1000
+    #: ``requirepass`` (and ``masterauth``, so replicas can sync) on every node.
+    password: str | None = None
+    #: TLS only: (server PEM with key, CA PEM); the node then listens on ``port`` over TLS
+    #: alone, and the cluster bus and replication use TLS too.
+    tls: tuple[str, str] | None = None
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -91,10 +96,21 @@ class ClusterNode:
 
     def client(self, **kwargs: object) -> redis.Redis:
         return redis.Redis(port=self.port, socket_connect_timeout=1.0, socket_timeout=5.0,
-                           decode_responses=True, **kwargs)  # type: ignore[arg-type]
+                           decode_responses=True, password=self.password,
+                           **self._tls_kwargs(), **kwargs)  # type: ignore[arg-type]
+
+    def _tls_kwargs(self) -> dict[str, object]:
+        if self.tls is None:
+            return {}
+        return {"ssl": True, "ssl_ca_certs": self.tls[1], "ssl_check_hostname": False}
 
     def command(self) -> list[str]:
-        return [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+        listen = (["--port", "0", "--tls-port", str(self.port), "--tls-cluster", "yes",
+                   "--tls-replication", "yes", "--tls-cert-file", self.tls[0],
+                   "--tls-key-file", self.tls[0], "--tls-ca-cert-file", self.tls[1],
+                   "--tls-auth-clients", "no"]
+                  if self.tls else ["--port", str(self.port)])
+        return [self.binary, *listen, "--bind", "127.0.0.1",
                 "--dir", str(self.data_dir.resolve()), "--save", "",
                 "--appendonly", "yes" if self.appendonly else "no",
                 "--appendfsync", self.appendfsync,
@@ -103,7 +119,9 @@ class ClusterNode:
                 # a replica of a killed master takes over however stale its link was
                 "--cluster-replica-validity-factor", "0",
                 "--maxmemory-policy", "noeviction",
-                "--logfile", "server.log", "--daemonize", "no"]
+                "--logfile", "server.log", "--daemonize", "no",
+                *(("--requirepass", self.password, "--masterauth", self.password)
+                  if self.password else ())]
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -166,13 +184,16 @@ class LocalCluster:
 
     def __init__(self, base_dir: Path, *, masters: int = 3, replicas: int = 0,
                  binary: str | None = None, appendonly: bool = False,
-                 appendfsync: str = "everysec", node_timeout_ms: int = 1000) -> None:
+                 appendfsync: str = "everysec", node_timeout_ms: int = 1000,
+                 password: str | None = None, tls: tuple[str, str] | None = None) -> None:
         self.binary = binary or find_server_binary()
         self.masters = [ClusterNode(base_dir, self.binary, appendonly=appendonly,
-                                    appendfsync=appendfsync, node_timeout_ms=node_timeout_ms)
+                                    appendfsync=appendfsync, node_timeout_ms=node_timeout_ms,
+                                    password=password, tls=tls)
                         for _ in range(masters)]
         self.replicas = [ClusterNode(base_dir, self.binary, appendonly=appendonly,
-                                     appendfsync=appendfsync, node_timeout_ms=node_timeout_ms)
+                                     appendfsync=appendfsync, node_timeout_ms=node_timeout_ms,
+                                     password=password, tls=tls)
                          for _ in range(masters * replicas)]
         self.replicas_per_master = replicas
 

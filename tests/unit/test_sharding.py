@@ -125,3 +125,21 @@ async def test_stats_gauges_and_readiness_sum_every_shard_the_queue_ever_had() -
     await metrics.sample_queue(aio, keys, "cpu")
     assert metrics.inflight.labels(keys.queue)._value.get() == 1
     assert metrics.queue_depth.labels(keys.queue, "5")._value.get() == 5
+
+
+def test_a_cluster_without_a_master_for_the_slot_is_backend_unavailable() -> None:
+    from redis.exceptions import ClusterDownError, RedisClusterException
+
+    from inferq.connection import wrap_connection_errors
+
+    settings = ConnectionSettings("redis://:pw@127.0.0.1:7001/0")
+    with pytest.raises(inferq.BackendUnavailable, match="no master for the slot") as down, \
+            wrap_connection_errors(settings):
+        raise ClusterDownError("The cluster is down")
+    assert "pw" not in str(down.value)
+    with pytest.raises(inferq.BackendUnavailable, match="any node"), \
+            wrap_connection_errors(settings):
+        raise RedisClusterException("Redis Cluster cannot be connected. Please provide ...")
+    with pytest.raises(RedisClusterException, match="blocked"), \
+            wrap_connection_errors(settings):
+        raise RedisClusterException("ERROR: Calling pipelined function x is blocked")
