@@ -45,8 +45,10 @@ def reference(data: bytes, limits: Limits) -> RequestPayload | ValidationError:
 
 
 def _base(prompt: str) -> dict[str, Any]:
-    payload = build_request(prompt, id=uuid.uuid4().hex, task="embed", model="t")
+    # The prompt is set on the wire: the SDK refuses an empty one, a raw producer may not.
+    payload = build_request("x", id=uuid.uuid4().hex, task="embed", model="t")
     decoded: dict[str, Any] = msgpack.unpackb(encode_request(payload, LIMITS))
+    decoded["prompt"] = prompt
     return decoded
 
 
