@@ -401,8 +401,8 @@ def is_cluster(settings: Settings = None) -> bool:
                                     "retry": Retry(s._backoff(), 0)})
     try:
         enabled = int(probe.info("cluster").get("cluster_enabled", 0)) == 1
-    except (redis.ConnectionError, redis.TimeoutError, NoPermissionError):
-        return False
+    except (redis.ConnectionError, redis.TimeoutError, NoPermissionError, InvalidResponse):
+        return False  # not a (reachable) Redis: the client made next says so in one line
     except redis.ResponseError:  # a proxy or a server without INFO sections
         enabled = False
     finally:

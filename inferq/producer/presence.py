@@ -54,9 +54,12 @@ class WorkerPresence:
         return out
 
     def _commands(self, queues: list[QueueKeys]) -> list[methodcaller]:
-        commands = [methodcaller("time")]
+        # TIME as a raw command: redis-py's cluster pipelines refuse their ``time()`` method.
+        commands = [methodcaller("execute_command", "TIME")]
         for keys in queues:
-            commands.append(methodcaller("zrange", keys.workers, -1, -1, withscores=True))
+            # Workers register on shard 0 of a queue, whatever shard this request went to.
+            commands.append(methodcaller("zrange", keys.for_shard(0).workers, -1, -1,
+                                         withscores=True))
             commands.append(methodcaller("sadd", requested_registry(self.namespace), keys.queue))
         return commands
 
