@@ -45,6 +45,10 @@ image() {
     chroot "$dir" /usr/bin/env DEBIAN_FRONTEND=noninteractive sh -c \
         "apt-get update -q && apt-get install -y -q --no-install-recommends $packages \
          && apt-get clean && rm -rf /var/lib/apt/lists/*"
+    if [ -n "${ENTRYPOINT_SCRIPT:-}" ]; then
+        printf '%s\n' "$ENTRYPOINT_SCRIPT" > "$dir/usr/local/bin/docker-entrypoint.sh"
+        chmod 755 "$dir/usr/local/bin/docker-entrypoint.sh"
+    fi
     local changes=()
     for change in "$@"; do changes+=(--change "$change"); done
     tar -C "$dir" -c . | docker import "${changes[@]}" - "$tag"
@@ -56,10 +60,18 @@ image() {
 image "$PYTHON_IMAGE" "python3 python3-venv python3-pip ca-certificates" \
     'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     'ENV LANG=C.UTF-8' 'CMD ["python3"]'
-# Redis 7 (bookworm ships 7.0): redis-server and redis-cli on PATH, data in /data.
+# Redis 7 (bookworm ships 7.0): redis-server and redis-cli on PATH, data in /data. As the
+# official image, redis-server runs with --protected-mode no: connections through a published
+# port come from the bridge, not loopback, and protected mode would refuse them (compose binds
+# the port to 127.0.0.1 only).
+ENTRYPOINT_SCRIPT='#!/bin/sh
+if [ "${1#-}" != "$1" ]; then set -- redis-server "$@"; fi
+if [ "$1" = redis-server ]; then set -- "$@" --protected-mode no; fi
+exec "$@"' \
 image "$REDIS_IMAGE" "redis-server redis-tools" \
     'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-    'WORKDIR /data' 'EXPOSE 6379' 'CMD ["redis-server"]'
+    'WORKDIR /data' 'EXPOSE 6379' 'ENTRYPOINT ["/usr/local/bin/docker-entrypoint.sh"]' \
+    'CMD ["redis-server"]'
 # Prometheus from Debian's package, with the official image's entrypoint and storage path.
 image "$PROMETHEUS_IMAGE" "prometheus" \
     'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \

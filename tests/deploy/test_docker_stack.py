@@ -122,7 +122,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     "deploy/docker/build-inferq-image.sh")
     ports = {"INFERQ_REDIS_PORT": free_port(), "INFERQ_GATEWAY_PORT": free_port(),
              "INFERQ_PROMETHEUS_PORT": free_port()}
-    env = {**os.environ, **{k: str(v) for k, v in ports.items()}, "INFERQ_DEVICE": "cpu"}
+    # vfs (the storage driver that runs everywhere) copies an image per container: creating
+    # one takes longer than compose v1's 60 s HTTP timeout on a busy host.
+    env = {**os.environ, **{k: str(v) for k, v in ports.items()}, "INFERQ_DEVICE": "cpu",
+           "COMPOSE_HTTP_TIMEOUT": "900", "DOCKER_CLIENT_TIMEOUT": "900"}
     s = Stack(_compose_command(tmp_path_factory.mktemp("compose")), env,
               f"redis://127.0.0.1:{ports['INFERQ_REDIS_PORT']}/0",
               f"http://127.0.0.1:{ports['INFERQ_GATEWAY_PORT']}",

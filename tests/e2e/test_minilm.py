@@ -123,7 +123,10 @@ def test_a_bad_model_path_fails_with_a_clear_error(tmp_path: Path, redis_url: st
                            log_dir=tmp_path)
     assert worker.proc.wait(timeout=120) == 2
     worker.stop()
-    assert "model_load_failed" in worker.log
+    # Checked before the model loads, in one line that says what is wrong with the path.
+    assert worker.log.splitlines()[-1] == (
+        f"inferq: error [invalid_config]: --model x={tmp_path / 'missing'}: no such folder")
+    assert "Traceback" not in worker.log and "loading model" not in worker.log
 
 
 def test_a_long_input_is_truncated_and_says_so_or_refused_on_request(

@@ -53,7 +53,8 @@ async def test_async_client_keeps_its_blocking_pool(password_server: SecureServe
         pool = client.redis.connection_pool
         assert isinstance(pool, aioredis.BlockingConnectionPool)
         assert pool.max_connections == 7 and pool.timeout is None
-        assert pool.connection_kwargs["socket_timeout"] is None  # results block in Redis
+        # A read timeout (a hung server fails instead of hanging); waits block in slices below it.
+        assert pool.connection_kwargs["socket_timeout"] == 10.0
         assert await client.redis.ping()
 
 
