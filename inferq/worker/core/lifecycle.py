@@ -120,18 +120,19 @@ class QueueWorker(ABC, Generic[T]):
         self.heartbeat = Heartbeat(self.config.connection, self.keys, self.config.worker_id,
                                    self.book, lease_ms=self.config.lease_ms,
                                    interval_s=self.config.heartbeat_s)
-        self.heartbeat.beat()
+        await asyncio.to_thread(self.heartbeat.first_beat)
         self.heartbeat.start()
-        await self.link.reclaim()
-        log.info("worker %s serving %s %s (lease %d ms, heartbeat %g ms, reclaim every %g ms)",
-                 self.config.worker_id, self.keys.queue, self._describe(),
-                 self.config.lease_ms, self.config.heartbeat_s * 1e3,
-                 self.config.reclaim_s * 1e3)
-        maintenance = asyncio.create_task(self.link.maintain(
-            self.health, self.device, upkeep=self._upkeep, detail=self._health_detail,
-            stop=self._stopping))
+        maintenance: asyncio.Task[None] | None = None
         code = EXIT_OK
         try:
+            await self.link.reclaim()
+            log.info("worker %s serving %s %s (lease %d ms, heartbeat %g ms, reclaim every "
+                     "%g ms)", self.config.worker_id, self.keys.queue, self._describe(),
+                     self.config.lease_ms, self.config.heartbeat_s * 1e3,
+                     self.config.reclaim_s * 1e3)
+            maintenance = asyncio.create_task(self.link.maintain(
+                self.health, self.device, upkeep=self._upkeep, detail=self._health_detail,
+                stop=self._stopping))
             reason = await self._serve_bounded()
             if reason is not None:
                 code = EXIT_FAILED
@@ -140,7 +141,8 @@ class QueueWorker(ABC, Generic[T]):
                 self.heartbeat.stop()  # not alive for ``inferq stats`` while serving nothing
         finally:
             self._stopping.set()
-            await cancel(maintenance)
+            if maintenance is not None:
+                await cancel(maintenance)
             self.heartbeat.stop()
             await bounded(self._publish_stats(), 2.0, "final stats")
             await bounded(self._wake.close(), CANCEL_WAIT_S, "wake-up wait")
