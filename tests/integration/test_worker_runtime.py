@@ -143,3 +143,22 @@ async def test_a_generate_worker_whose_publisher_dies_cannot_go_on(
             "RuntimeError: publisher broke") in caplog.text
     assert not worker.heartbeat.is_alive()
     assert r.zscore(QueueKeys.for_model("generate", MODEL).workers, "gen-broken") is None
+
+
+async def test_a_worker_whose_maintenance_dies_cannot_go_on(
+        redis_url: str, r: redis.Redis, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without its maintenance, a worker would serve on but never reclaim or report health.
+    worker = Worker(config(redis_url, lease_ms=400, worker_id="unmaintained"), EchoModel())
+
+    async def broken_upkeep(reclaimed: tuple[int, int]) -> None:
+        raise KeyError("stats")
+
+    monkeypatch.setattr(worker, "_upkeep", broken_upkeep)
+    caplog.set_level(logging.INFO, logger="inferq.worker")
+    code = await asyncio.wait_for(worker.run(install_signal_handlers=False), 30)
+    assert code == EXIT_FAILED
+    assert ("worker unmaintained cannot go on: the maintenance loop ended: KeyError: 'stats'"
+            in caplog.text)
+    assert not worker.heartbeat.is_alive()
+    assert r.zscore(KEYS.workers, "unmaintained") is None
