@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -16,6 +18,7 @@ import inferq
 from inferq.protocol import ops
 from inferq.protocol.keys import QueueKeys
 from inferq.worker.core.lifecycle import EXIT_FAILED, EXIT_OK
+from inferq.worker.models.base import ModelInput
 from inferq.worker.models.builtin import EchoModel, SleepModel
 from inferq.worker.window.worker import Worker
 from tests.support.generation import MODEL, gen_config
@@ -162,3 +165,31 @@ async def test_a_worker_whose_maintenance_dies_cannot_go_on(
             in caplog.text)
     assert not worker.heartbeat.is_alive()
     assert r.zscore(KEYS.workers, "unmaintained") is None
+
+
+class SpinningModel(EchoModel):
+    """A forward that holds the GIL in pure Python for ``spin_s`` (a GIL-bound model)."""
+
+    def __init__(self, spin_s: float) -> None:
+        super().__init__()
+        self.spin_s = spin_s
+
+    def forward(self, batch: Sequence[ModelInput]) -> list[Any]:
+        end = time.perf_counter() + self.spin_s
+        n = 0
+        while time.perf_counter() < end:
+            n += 1
+        return super().forward(batch)
+
+
+async def test_a_gil_bound_forward_three_leases_long_keeps_its_leases(
+        redis_url: str, r: redis.Redis, aclient: inferq.AsyncClient) -> None:
+    # Python hands the GIL over every few milliseconds, so the heartbeat thread still beats.
+    worker = Worker(config(redis_url, lease_ms=400, worker_id="spinner"), SpinningModel(1.2))
+    task = await run_worker(worker)
+    handles = await aclient.enqueue_many(["a", "b"], model="t")
+    results = [await h.result(timeout=30) for h in handles]
+    await stop(worker, task)
+    assert all(res.attempts == 1 and res.worker == "spinner" for res in results)
+    assert r.hget(KEYS.stats, "reclaimed") is None
+    assert worker.stats.refused == 0
