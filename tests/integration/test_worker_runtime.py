@@ -56,7 +56,8 @@ async def _inflight(r: redis.Redis, n: int) -> None:
 
 
 def make_suspects(r: redis.Redis, url: str, n: int) -> list[str]:
-    """``n`` requests claimed by a worker that is about to die (its leases far from expiry)."""
+    """``n`` requests claimed and started by a worker that is about to die (its leases far
+    from expiry)."""
     client = inferq.Client(url)
     ids = [h.id for h in client.enqueue_many([f"s{i}" for i in range(n)], model="t")]
     client.close()
@@ -64,6 +65,10 @@ def make_suspects(r: redis.Redis, url: str, n: int) -> list[str]:
     keys, args = ops.claim_call(KEYS, "dead-worker", 600_000, n, 60_000)
     claimed = ops.parse_claim(scripts["claim"](keys=keys, args=args)).claimed
     assert len(claimed) == n
+    start_call = getattr(ops, "start_call", None)
+    if start_call is not None:  # attempts count runs: the dead worker had started them
+        keys, args = start_call(KEYS, [(c.id, c.token) for c in claimed])
+        scripts["start"](keys=keys, args=args)
     return ids
 
 
