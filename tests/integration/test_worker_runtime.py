@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -16,6 +18,7 @@ import inferq
 from inferq.protocol import ops
 from inferq.protocol.keys import QueueKeys
 from inferq.worker.core.lifecycle import EXIT_FAILED, EXIT_OK
+from inferq.worker.models.base import ModelInput
 from inferq.worker.models.builtin import EchoModel, SleepModel
 from inferq.worker.window.worker import Worker
 from tests.support.generation import MODEL, gen_config
@@ -44,7 +47,7 @@ async def test_a_forward_three_leases_long_is_not_reclaimed_with_the_default_hea
     assert all(res.attempts == 1 for res in results)
     assert r.hget(KEYS.stats, "reclaimed") is None
     assert slow.stats.refused == 0
-    assert slow.heartbeat.beats >= 10  # it beat all along the forward
+    assert slow.heartbeat.beats >= 5  # it beat all along the forward (every 100 ms)
 
 
 async def _inflight(r: redis.Redis, n: int) -> None:
@@ -53,16 +56,19 @@ async def _inflight(r: redis.Redis, n: int) -> None:
 
 
 def make_suspects(r: redis.Redis, url: str, n: int) -> list[str]:
-    """``n`` requests a dead worker had claimed, with their leases expired: their next claim is
-    their second attempt."""
+    """``n`` requests claimed and started by a worker that is about to die (its leases far
+    from expiry)."""
     client = inferq.Client(url)
     ids = [h.id for h in client.enqueue_many([f"s{i}" for i in range(n)], model="t")]
     client.close()
     scripts = ops.register(r)
-    keys, args = ops.claim_call(KEYS, "dead-worker", 60_000, n, 60_000)
+    keys, args = ops.claim_call(KEYS, "dead-worker", 600_000, n, 60_000)
     claimed = ops.parse_claim(scripts["claim"](keys=keys, args=args)).claimed
     assert len(claimed) == n
-    r.zadd(KEYS.inflight, {i: 0 for i in ids})  # the dead worker's leases ran out
+    start_call = getattr(ops, "start_call", None)
+    if start_call is not None:  # attempts count runs: the dead worker had started them
+        keys, args = start_call(KEYS, [(c.id, c.token) for c in claimed])
+        scripts["start"](keys=keys, args=args)
     return ids
 
 
@@ -73,6 +79,11 @@ async def test_suspects_are_isolated_in_parallel_across_workers(
                              max_batch_size=16), SleepModel(batch_ms=150))
                for i in range(3)]
     tasks = [await run_worker(w) for w in workers]
+    while r.zcard(KEYS.workers) < 3:  # all three up and idle
+        await asyncio.sleep(0.01)
+    # The dead worker's leases run out: the next sweep returns all nine, each now a suspect
+    # (its next run is its second attempt).
+    r.zadd(KEYS.inflight, {i: 0 for i in ids})
     handles = [aclient.handle(i, model="t") for i in ids]
     results = [await h.result(timeout=30) for h in handles]
     for worker, task in zip(workers, tasks, strict=True):
@@ -140,3 +151,50 @@ async def test_a_generate_worker_whose_publisher_dies_cannot_go_on(
             "RuntimeError: publisher broke") in caplog.text
     assert not worker.heartbeat.is_alive()
     assert r.zscore(QueueKeys.for_model("generate", MODEL).workers, "gen-broken") is None
+
+
+async def test_a_worker_whose_maintenance_dies_cannot_go_on(
+        redis_url: str, r: redis.Redis, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without its maintenance, a worker would serve on but never reclaim or report health.
+    worker = Worker(config(redis_url, lease_ms=400, worker_id="unmaintained"), EchoModel())
+
+    async def broken_upkeep(reclaimed: tuple[int, int]) -> None:
+        raise KeyError("stats")
+
+    monkeypatch.setattr(worker, "_upkeep", broken_upkeep)
+    caplog.set_level(logging.INFO, logger="inferq.worker")
+    code = await asyncio.wait_for(worker.run(install_signal_handlers=False), 30)
+    assert code == EXIT_FAILED
+    assert ("worker unmaintained cannot go on: the maintenance loop ended: KeyError: 'stats'"
+            in caplog.text)
+    assert not worker.heartbeat.is_alive()
+    assert r.zscore(KEYS.workers, "unmaintained") is None
+
+
+class SpinningModel(EchoModel):
+    """A forward that holds the GIL in pure Python for ``spin_s`` (a GIL-bound model)."""
+
+    def __init__(self, spin_s: float) -> None:
+        super().__init__()
+        self.spin_s = spin_s
+
+    def forward(self, batch: Sequence[ModelInput]) -> list[Any]:
+        end = time.perf_counter() + self.spin_s
+        n = 0
+        while time.perf_counter() < end:
+            n += 1
+        return super().forward(batch)
+
+
+async def test_a_gil_bound_forward_three_leases_long_keeps_its_leases(
+        redis_url: str, r: redis.Redis, aclient: inferq.AsyncClient) -> None:
+    # Python hands the GIL over every few milliseconds, so the heartbeat thread still beats.
+    worker = Worker(config(redis_url, lease_ms=400, worker_id="spinner"), SpinningModel(1.2))
+    task = await run_worker(worker)
+    handles = await aclient.enqueue_many(["a", "b"], model="t")
+    results = [await h.result(timeout=30) for h in handles]
+    await stop(worker, task)
+    assert all(res.attempts == 1 and res.worker == "spinner" for res in results)
+    assert r.hget(KEYS.stats, "reclaimed") is None
+    assert worker.stats.refused == 0

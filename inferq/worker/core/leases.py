@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import redis
 from redis.backoff import NoBackoff
@@ -95,6 +96,21 @@ class Heartbeat(threading.Thread):
                         extra={"request_ids": lost[:20]})
             self._book.mark_lost(lost)
         return lost
+
+    def first_beat(self) -> None:
+        """The beat that registers the worker, before it claims anything: retried with backoff
+        through Redis errors for one lease (at least 5 s), then the last error is raised."""
+        give_up = time.monotonic() + max(5.0, self._lease_ms / 1e3)
+        delay = 0.05
+        while True:
+            try:
+                self.beat()
+                return
+            except redis.RedisError:
+                if time.monotonic() + delay > give_up:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     def run(self) -> None:
         delay = self._interval_s

@@ -120,19 +120,20 @@ class QueueWorker(ABC, Generic[T]):
         self.heartbeat = Heartbeat(self.config.connection, self.keys, self.config.worker_id,
                                    self.book, lease_ms=self.config.lease_ms,
                                    interval_s=self.config.heartbeat_s)
-        self.heartbeat.beat()
+        await asyncio.to_thread(self.heartbeat.first_beat)
         self.heartbeat.start()
-        await self.link.reclaim()
-        log.info("worker %s serving %s %s (lease %d ms, heartbeat %g ms, reclaim every %g ms)",
-                 self.config.worker_id, self.keys.queue, self._describe(),
-                 self.config.lease_ms, self.config.heartbeat_s * 1e3,
-                 self.config.reclaim_s * 1e3)
-        maintenance = asyncio.create_task(self.link.maintain(
-            self.health, self.device, upkeep=self._upkeep, detail=self._health_detail,
-            stop=self._stopping))
+        maintenance: asyncio.Task[None] | None = None
         code = EXIT_OK
         try:
-            reason = await self._serve_bounded()
+            await self.link.reclaim()
+            log.info("worker %s serving %s %s (lease %d ms, heartbeat %g ms, reclaim every "
+                     "%g ms)", self.config.worker_id, self.keys.queue, self._describe(),
+                     self.config.lease_ms, self.config.heartbeat_s * 1e3,
+                     self.config.reclaim_s * 1e3)
+            maintenance = asyncio.create_task(self.link.maintain(
+                self.health, self.device, upkeep=self._upkeep, detail=self._health_detail,
+                stop=self._stopping))
+            reason = await self._serve_bounded(maintenance)
             if reason is not None:
                 code = EXIT_FAILED
                 log.error("worker %s cannot go on: %s", self.config.worker_id, reason)
@@ -140,7 +141,8 @@ class QueueWorker(ABC, Generic[T]):
                 self.heartbeat.stop()  # not alive for ``inferq stats`` while serving nothing
         finally:
             self._stopping.set()
-            await cancel(maintenance)
+            if maintenance is not None:
+                await cancel(maintenance)
             self.heartbeat.stop()
             await bounded(self._publish_stats(), 2.0, "final stats")
             await bounded(self._wake.close(), CANCEL_WAIT_S, "wake-up wait")
@@ -156,15 +158,21 @@ class QueueWorker(ABC, Generic[T]):
                 self.watchdog.disarm()  # a process of its own stays watched until it exits
         return code
 
-    async def _serve_bounded(self) -> str | None:
+    async def _serve_bounded(self, maintenance: asyncio.Task[None]) -> str | None:
         """``_serve`` until it ends, or until a stop's drain timeout passes (then it is
         cancelled and, if the cancellation does not land, left behind). None, or why the worker
-        cannot go on."""
+        cannot go on (``_serve`` failed, or the maintenance task that reclaims died)."""
         assert self._stopping is not None
         serve = asyncio.create_task(self._serve(), name="inferq-serve")
         stop = asyncio.create_task(self._stopping.wait())
         try:
-            await asyncio.wait({serve, stop}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({serve, stop, maintenance}, return_when=asyncio.FIRST_COMPLETED)
+            if maintenance.done() and not self._stopping.is_set():
+                exc = None if maintenance.cancelled() else maintenance.exception()
+                log.error("maintenance failed", exc_info=exc)
+                await cancel(serve)
+                return "the maintenance loop ended" + (
+                    f": {type(exc).__name__}: {exc}" if exc is not None else "")
             if not serve.done():
                 await asyncio.wait({serve}, timeout=self.config.drain_timeout_s)
             if not serve.done():
