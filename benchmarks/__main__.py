@@ -16,8 +16,8 @@ from typing import Any
 from benchmarks.framework import Scenario
 
 #: Every scenario, in the order ``--help`` lists them.
-SCENARIOS = ("embed", "embed-load", "generate", "engines", "overhead", "scaleout", "priority",
-             "chaos")
+SCENARIOS = ("embed", "embed-load", "generate", "engines", "overhead", "serve", "scaleout",
+             "priority", "chaos")
 
 
 def scenario(name: str) -> Scenario[Any]:
