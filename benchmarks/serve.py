@@ -10,6 +10,9 @@ Variants, on one corpus (deterministic ~33-token sentences), one input per reque
   server process, ``fast_queue``);
 * ``gateway-N``: inferq's HTTP gateway (``python -m inferq.gateway --workers N``) in front of
   one default worker (``inferq worker --model minilm``) and the embedded server (AOF on);
+* ``gateway-plain``: one gateway process with its fast path and coalescing off
+  (``INFERQ_GATEWAY_FAST_PATH=false INFERQ_GATEWAY_COALESCE=false``): the gateway as it was,
+  to show what they cut from its CPU per request (``--no-plain-gateway`` skips it);
 * ``sdk``: the same worker through the SDK (``AsyncClient.enqueue`` + ``result``) from this
   process, no HTTP.
 
@@ -74,6 +77,9 @@ TARGET_RATIO = 1.2
 CORPUS_SEED = 11
 MODEL = "minilm"
 EQUAL_ATOL = 1e-5
+#: The gateway as it was before this scenario's work on it: FastAPI for every call, one
+#: enqueue per call.
+PLAIN = "gateway-plain"
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ class ServeConfig:
     limit_batch_sizes: tuple[int, ...]
     limit_texts: int
     skip_litserve: bool
+    plain_gateway: bool
     timeout_s: float = 300.0
 
 
@@ -373,6 +380,9 @@ class Serve(Scenario[ServeConfig]):
                             help="bare-model batch sizes (default 8,16,32)")
         parser.add_argument("--limit-texts", type=positive_int, default=ByMode(512, 128),
                             help="texts per bare-model pass (default %(default)s)")
+        parser.add_argument("--no-plain-gateway", dest="plain_gateway", action="store_false",
+                            help="skip the gateway without its fast path and coalescing (the "
+                                 "'before' of the gateway's CPU per request)")
         parser.add_argument("--skip-litserve", action="store_true",
                             help="run without LitServe (when it is not installed)")
 
@@ -398,17 +408,23 @@ class Serve(Scenario[ServeConfig]):
             variants.append(Variant("litserve", f"LitServe {version('litserve')} (batch "
                                     f"{cfg.litserve_batch}, {cfg.litserve_timeout_ms:g} ms)",
                                     port, {"server": child.process.pid}))
-        for count in cfg.gateway_workers:
+        gateways = [(f"gateway-{n}", n, f"inferq gateway, {n} process{'es' if n > 1 else ''}",
+                     {}) for n in cfg.gateway_workers]
+        if cfg.plain_gateway:
+            gateways.append((PLAIN, 1, "inferq gateway, 1 process, no fast path, no coalescing "
+                             "(before)", {"INFERQ_GATEWAY_FAST_PATH": "false",
+                                          "INFERQ_GATEWAY_COALESCE": "false"}))
+        for name, count, label, extra_env in gateways:
             port = free_port()
-            child = spawn_server(run.cleanup, f"gateway-{count}", [
+            child = spawn_server(run.cleanup, name, [
                 sys.executable, "-m", "inferq.gateway", "--port", str(port), "--workers",
                 str(count), "--log-level", "warning"], run.log_dir,
-                env={"INFERQ_REDIS_URL": url, "INFERQ_GATEWAY_READY_MODEL": MODEL})
+                env={"INFERQ_REDIS_URL": url, "INFERQ_GATEWAY_READY_MODEL": MODEL,
+                     **extra_env})
             wait_http(child, f"http://127.0.0.1:{port}/healthz")
-            variants.append(Variant(f"gateway-{count}", f"inferq gateway, {count} process"
-                                    f"{'es' if count > 1 else ''}", port,
-                                    {"server": child.process.pid,
-                                     "worker": worker.pid, "redis": server.pid}))
+            variants.append(Variant(name, label, port, {"server": child.process.pid,
+                                                        "worker": worker.pid,
+                                                        "redis": server.pid}))
         variants.append(Variant("sdk", "inferq SDK (`AsyncClient`, no HTTP)", None,
                                 {"worker": worker.pid, "redis": server.pid}))
         wait_registered(url, [worker])
@@ -480,7 +496,7 @@ def figures(cfg: ServeConfig, variants: Sequence[Variant],
         out[v.name] = s
     report: dict[str, Any] = {"variants": out, "limit": dict(limit),
                               "equality": dict(equality), "noise": noise_of(loads)}
-    gateways = [v.name for v in variants if v.name.startswith("gateway")]
+    gateways = [v.name for v in variants if v.name.startswith("gateway") and v.name != PLAIN]
     if "litserve" in trials and gateways:
         best = max(gateways, key=lambda g: out[g]["closed"]["throughput"]["median"] or 0.0)
         ratio = summary([g["closed"]["throughput"] / lit["closed"]["throughput"]
@@ -537,6 +553,14 @@ def results_markdown(r: Mapping[str, Any]) -> str:
              [f"{target['best_gateway']} / LitServe, closed-loop p99", _f(target["p99_ratio"], 2),
               "<= 1.0", ""]]) + f"\n\nEvery gateway / LitServe: {per}.\n"
     limits = ", ".join(f"bs {bs}: {rate:.1f}" for bs, rate in lim["per_batch_size"].items())
+    cut = ""
+    if PLAIN in v and "gateway-1" in v:
+        before = v[PLAIN]["closed"]["cpu_us"].get("server", {})
+        after = v["gateway-1"]["closed"]["cpu_us"].get("server", {})
+        if before.get("median") and after.get("median"):
+            cut = (f"\n\nThe gateway's own CPU per request (closed loop, one process): "
+                   f"{_f(before)} us without its fast path and coalescing, {_f(after)} us with "
+                   f"them ({after['median'] / before['median']:.2f}x).")
     return f"""- Workload: one sentence per request (13..45 words, ~33 tokens, seed {CORPUS_SEED}); closed loop: {c['clients']} clients, {c['requests']} answers per pass; open loop: Poisson arrivals at {', '.join(f'{x:.0%}' for x in c['loads'])} of each variant's own closed-loop capacity, {c['open_requests']} requests each, latency from the scheduled arrival; {c['trials']} trial(s), variants rotated per trial; median (min..max).
 - Same computation everywhere (MiniLM, truncation 256, mean pooling, L2 norm, float32 CPU): max |difference| to the worker's vectors on {eq['texts']} texts: {eq_text} (must be <= {eq['atol']:g}).
 - Limit: the bare model in process, {limits} req/s: best {lim['limit']:.1f} at batch {lim['best_batch_size']}.
@@ -550,7 +574,7 @@ Open loop:
 
 {open_table}
 
-{verdict_text}"""  # noqa: E501
+{verdict_text}{cut}"""  # noqa: E501
 
 
 SCENARIO = Serve()
