@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -384,7 +385,7 @@ class Serve(Scenario[ServeConfig]):
                             help="skip the gateway without its fast path and coalescing (the "
                                  "'before' of the gateway's CPU per request)")
         parser.add_argument("--skip-litserve", action="store_true",
-                            help="run without LitServe (when it is not installed)")
+                            help="run without LitServe (also when it is not installed)")
 
     def measure(self, run: Run[ServeConfig]) -> dict[str, Any]:
         cfg = run.cfg
@@ -398,7 +399,10 @@ class Serve(Scenario[ServeConfig]):
         worker = spawn_worker(run.cleanup, url, model_arg=MODEL, worker_id="bench-serve-0",
                               log_dir=run.log_dir, flags=["--device", "cpu"])
         variants: list[Variant] = []
-        if not cfg.skip_litserve:
+        skip_litserve = cfg.skip_litserve or importlib.util.find_spec("litserve") is None
+        if skip_litserve and not cfg.skip_litserve:
+            say("LitServe is not installed (pip install -e '.[bench]'): running without it")
+        if not skip_litserve:
             port = free_port()
             child = spawn_server(run.cleanup, "litserve", [
                 sys.executable, "-m", "benchmarks.serve_litserve", "--port", str(port),
