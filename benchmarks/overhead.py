@@ -2,7 +2,7 @@
 compute), side by side with BullMQ's Python port, SAQ, ``arq`` and ``rq`` on the same Redis
 server.
 
-    python -m benchmarks overhead            # 50,000 requests per pass x 3 trials (~10 min)
+    python -m benchmarks overhead            # 50,000 requests per pass x 3 trials (~12 min)
     python -m benchmarks overhead --quick    # smoke test (~1 min)
 
 inferq variants: 1, 2 and 4 ``python -m inferq worker --model echo-wN=builtin:echo`` processes
