@@ -176,3 +176,15 @@ def test_a_value_that_is_not_a_model_input_counts_as_one_token() -> None:
 
     [item] = Plain().prepare([RequestPayload(id="a", task="embed", model="t", prompt="xyz")])
     assert item == ModelInput(1, "xyzxyz")
+
+
+def test_your_model_is_served_in_adaptive_windows_even_for_generate(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from inferq.cli.main import main
+    from inferq.embedded import free_port
+
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"
+    spec = "m=python:examples.linear_classifier:LinearClassifier"
+    assert main(["worker", "--redis-url", nowhere, "--model", spec, "--task", "generate",
+                 "--max-slots", "4"]) == 2
+    assert "batches adaptive windows" in capsys.readouterr().err
