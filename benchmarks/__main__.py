@@ -16,8 +16,8 @@ from typing import Any
 from benchmarks.framework import Scenario
 
 #: Every scenario, in the order ``--help`` lists them.
-SCENARIOS = ("embed", "embed-load", "generate", "engines", "overhead", "scaleout", "priority",
-             "chaos", "cluster", "durability")
+SCENARIOS = ("embed", "embed-load", "generate", "engines", "overhead", "serve", "scaleout",
+             "priority", "chaos", "cluster", "durability")
 
 
 def scenario(name: str) -> Scenario[Any]:

@@ -2,7 +2,7 @@
 compute), side by side with BullMQ's Python port, SAQ, ``arq`` and ``rq`` on the same Redis
 server.
 
-    python -m benchmarks overhead            # 50,000 requests per pass x 3 trials (~10 min)
+    python -m benchmarks overhead            # 50,000 requests per pass x 3 trials (~12 min)
     python -m benchmarks overhead --quick    # smoke test (~1 min)
 
 inferq variants: 1, 2 and 4 ``python -m inferq worker --model echo-wN=builtin:echo`` processes
@@ -108,6 +108,8 @@ BASELINES = {
     "rq-simple": ("rq", "rq, `rq worker -w rq.worker.SimpleWorker` (no fork)"),
     "bullmq": ("bullmq", f"BullMQ (Python port), concurrency {peer_workers.CONCURRENCY}, "
                          "pooled redis-py connection"),
+    "bullmq-url": ("bullmq", f"BullMQ (Python port), concurrency {peer_workers.CONCURRENCY}, "
+                             "given a URL (its default single connection)"),
     "saq": ("saq", f"SAQ, concurrency {peer_workers.CONCURRENCY}"),
 }
 ARQ_DB, RQ_DB, BULLMQ_DB, SAQ_DB = 1, 2, 3, 4
@@ -420,14 +422,14 @@ def rq_pass(cleanup: Cleanup, url: str, variant: str, jobs: int, log_dir: Path,
                             max(_ts(e) for e in ended), failed_jobs, extra)
 
 
-def _peer_env(db_url: str) -> dict[str, str]:
+def _peer_env(db_url: str, pooled: bool = True) -> dict[str, str]:
     return {**os.environ, peer_workers.URL_ENV: db_url, peer_workers.QUEUE_ENV: "bench",
             peer_workers.CONCURRENCY_ENV: str(peer_workers.CONCURRENCY),
-            "PYTHONUNBUFFERED": "1"}
+            peer_workers.POOL_ENV: "1" if pooled else "0", "PYTHONUNBUFFERED": "1"}
 
 
 def bullmq_pass(cleanup: Cleanup, url: str, jobs: int, log_dir: Path, server: int | None,
-                timeout_s: float) -> dict[str, Any]:
+                timeout_s: float, *, pooled: bool) -> dict[str, Any]:
     """BullMQ's Python port: ``Queue.addBulk`` in chunks of ``BULLMQ_BULK`` (its bulk API),
     the worker (``benchmarks.peer_workers``) with a pooled connection and concurrency 100;
     timed from the first add to the last job's ``finishedOn``."""
@@ -437,8 +439,9 @@ def bullmq_pass(cleanup: Cleanup, url: str, jobs: int, log_dir: Path, server: in
     db_url = _db_url(url, BULLMQ_DB)
     client = redis.Redis.from_url(db_url)
     client.flushdb()
-    child = cleanup.spawn("bullmq", [sys.executable, "-m", "benchmarks.peer_workers", "bullmq"],
-                          log_path=log_dir / "bullmq.log", env=_peer_env(db_url))
+    variant = "bullmq" if pooled else "bullmq-url"
+    child = cleanup.spawn(variant, [sys.executable, "-m", "benchmarks.peer_workers", "bullmq"],
+                          log_path=log_dir / f"{variant}.log", env=_peer_env(db_url, pooled))
     try:
         _wait_for("bullmq start", lambda: "ready" in child.log_tail(), child.alive,
                   child.log_tail, 60)
@@ -483,9 +486,9 @@ def bullmq_pass(cleanup: Cleanup, url: str, jobs: int, log_dir: Path, server: in
         client.flushdb()
         client.close()
     if len(times) < jobs:
-        raise BenchmarkFailed(f"bullmq: only {len(times)} of {jobs} jobs have finish times")
+        raise BenchmarkFailed(f"{variant}: only {len(times)} of {jobs} jobs have finish times")
     failed = sum(1 for _, _, reason in times if reason)
-    return _baseline_result("bullmq", jobs, t0, min(p for p, _, _ in times) / 1e3,
+    return _baseline_result(variant, jobs, t0, min(p for p, _, _ in times) / 1e3,
                             max(f for _, f, _ in times) / 1e3, failed, extra)
 
 
@@ -793,7 +796,7 @@ Redis commands per request, inferq with one worker (medians over trials):
 
 PEERS_SETUP = f"""How each peer is set up, as an expert user of it would (from its documentation and source):
 
-- **BullMQ** (the official Python port): jobs added with `Queue.addBulk`, {BULLMQ_BULK} per call (its bulk API, one script call per job in one pipeline); the worker (`benchmarks/peer_workers.py`, the port has no CLI) is `bullmq.Worker(..., {{"connection": pooled, "concurrency": {peer_workers.CONCURRENCY}}})` where `pooled` is a `redis.asyncio.Redis` with a connection pool. Given a URL instead, BullMQ opens a single-connection client, on which the {peer_workers.CONCURRENCY} jobs in flight serialise their round trips (about 1,000 jobs/s on this machine, whatever the concurrency). Jobs are kept on completion (the default), their `processedOn`/`finishedOn` give the times.
+- **BullMQ** (the official Python port): jobs added with `Queue.addBulk`, {BULLMQ_BULK} per call (its bulk API, one script call per job in one pipeline); the worker (`benchmarks/peer_workers.py`, the port has no CLI) is `bullmq.Worker(..., {{"connection": pooled, "concurrency": {peer_workers.CONCURRENCY}}})` where `pooled` is a `redis.asyncio.Redis` with a connection pool. Given a URL instead (the `bullmq-url` row), BullMQ opens a single-connection client, on which the {peer_workers.CONCURRENCY} jobs in flight serialise their round trips. Jobs are kept on completion (the default), their `processedOn`/`finishedOn` give the times.
 - **SAQ**: its own worker (`python -m saq benchmarks.peer_workers.saq_settings`) at `concurrency` {peer_workers.CONCURRENCY} (default 10); SAQ has no bulk enqueue, so jobs are enqueued {PEER_ENQUEUE_CONCURRENCY} at a time in an `asyncio.gather` (as for arq); its job records give `started`/`completed`.
 - **arq**: tuned as `max_jobs` {ARQ_TUNED['max_jobs']}, `poll_delay` {ARQ_TUNED['poll_delay']} s (its defaults poll every 0.5 s with 10 jobs in flight); **rq**: one job at a time by design, `SimpleWorker` avoids its fork per job.
 - A job is a no-op in all of them; the same Redis server (own database numbers) serves everyone."""  # noqa: E501
@@ -896,10 +899,14 @@ class Overhead(Scenario[OverheadConfig]):
                     drain = inferq_drain_pass(run.cleanup, url, fleet, cfg, f"{tag}d", spid)
                     trials[variant].append({"e2e": e2e, "drain": drain})
                     continue
-                if variant in ("bullmq", "saq"):
-                    peer_pass = bullmq_pass if variant == "bullmq" else saq_pass
-                    trials[variant].append(peer_pass(run.cleanup, url, cfg.peer_jobs,
-                                                     run.log_dir, spid, cfg.timeout_s))
+                if variant.startswith("bullmq"):
+                    trials[variant].append(bullmq_pass(
+                        run.cleanup, url, cfg.peer_jobs, run.log_dir, spid, cfg.timeout_s,
+                        pooled=variant == "bullmq"))
+                    continue
+                if variant == "saq":
+                    trials[variant].append(saq_pass(run.cleanup, url, cfg.peer_jobs,
+                                                    run.log_dir, spid, cfg.timeout_s))
                     continue
                 if variant.startswith("arq"):
                     # arq's defaults make ~200 jobs/s: a quarter keeps the pass short.

@@ -145,3 +145,46 @@ def test_a_module_in_the_current_folder_is_importable(tmp_path: Path,
     [item] = model.prepare([RequestPayload(id="a", task="triple", model="t3", prompt="ab")])
     assert isinstance(item, ModelInput)
     assert model.forward([item]) == ["ababab"]
+
+
+@pytest.mark.parametrize("error", [inferq.InvalidInput("no"), ValueError("no"),
+                                   TypeError("no"), KeyError("no"), IndexError("no")])
+def test_what_prepare_one_raises_fails_that_request_with_invalid_input(
+        error: Exception) -> None:
+    class Picky(Model):
+        def prepare_one(self, payload: RequestPayload) -> ModelInput:
+            if payload.prompt == "bad":
+                raise error
+            return ModelInput(1, payload.prompt)
+
+        def forward(self, batch: Sequence[ModelInput]) -> list[Any]:
+            return [item.data for item in batch]
+
+    got = Picky().prepare([RequestPayload(id=i, task="embed", model="t", prompt=p)
+                           for i, p in (("a", "ok"), ("b", "bad"))])
+    assert isinstance(got[0], ModelInput)
+    assert isinstance(got[1], inferq.InvalidInput) and got[1].code == "invalid_input"
+
+
+def test_a_value_that_is_not_a_model_input_counts_as_one_token() -> None:
+    class Plain(Model):
+        def prepare_one(self, payload: RequestPayload) -> Any:
+            return payload.prompt * 2
+
+        def forward(self, batch: Sequence[ModelInput]) -> list[Any]:
+            return [item.data for item in batch]
+
+    [item] = Plain().prepare([RequestPayload(id="a", task="embed", model="t", prompt="xyz")])
+    assert item == ModelInput(1, "xyzxyz")
+
+
+def test_your_model_is_served_in_adaptive_windows_even_for_generate(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from inferq.cli.main import main
+    from inferq.embedded import free_port
+
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"
+    spec = "m=python:examples.linear_classifier:LinearClassifier"
+    assert main(["worker", "--redis-url", nowhere, "--model", spec, "--task", "generate",
+                 "--max-slots", "4"]) == 2
+    assert "batches adaptive windows" in capsys.readouterr().err
