@@ -34,6 +34,8 @@ from inferq.worker.core.config import WorkerConfig
 from inferq.worker.models.builtin import EchoModel
 from inferq.worker.window.worker import Worker
 
+STOP_TIMEOUT_S = 30.0
+
 
 def fill(url: str, model: str, n: int, chunk: int = 1000) -> None:
     with inferq.Client(url) as client:
@@ -52,14 +54,25 @@ async def drain(url: str, model: str, n: int, max_batch_size: int,
     worker = Worker(config, EchoModel())
 
     async def watch() -> None:
-        while worker.stats.completed < n:
+        seen, since = -1, time.monotonic()
+        while worker.stats.completed < n and time.monotonic() - since < STOP_TIMEOUT_S:
+            if worker.stats.completed != seen:
+                seen, since = worker.stats.completed, time.monotonic()
             await asyncio.sleep(0.005)
-        worker.request_stop()
+        if worker.stats.completed >= n:
+            worker.request_stop()
+            await asyncio.sleep(STOP_TIMEOUT_S)
+        print(f"stuck for {STOP_TIMEOUT_S:.0f} s: {worker.stats}; the tasks:", flush=True)
+        for task in asyncio.all_tasks():
+            task.print_stack()
+        raise SystemExit(1)
 
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if profiler is not None:
         profiler.enable()
-    await asyncio.gather(worker.run(install_signal_handlers=False), watch())
+    watcher = asyncio.create_task(watch())
+    await worker.run(install_signal_handlers=False)
+    watcher.cancel()
     if profiler is not None:
         profiler.disable()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0

@@ -77,3 +77,24 @@ def test_stats_count_tallies_per_status(outcomes: list[tuple[str, bool]]) -> Non
     assert _samples(metrics.registry) == _samples(expected.registry)
     assert stats.completed == sum(1 for s, ok in outcomes if ok and s == "ok")
     assert stats.refused == sum(1 for _, ok in outcomes if not ok)
+
+
+@settings(max_examples=300, deadline=None)
+@given(times=st.lists(st.floats(-5, 50, allow_nan=False), max_size=40),
+       start=st.sampled_from(["fresh", "restored", "running"]),
+       tau=st.floats(0.01, 10))
+def test_recording_a_window_of_arrivals_equals_recording_each(times: list[float], start: str,
+                                                              tau: float) -> None:
+    from inferq.worker.window.policy import ArrivalRate
+
+    one, each = ArrivalRate(tau), ArrivalRate(tau)
+    for est in (one, each):
+        if start == "restored":  # rate kept, clock not: as ``from_state`` leaves it
+            est._level, est._weight = 3.0, 0.5
+        elif start == "running":
+            est.record(-10.0)
+            est.record(-9.0)
+    for t in times:
+        one.record(t)
+    each.record_each(times)
+    assert (one._last, one._level, one._weight) == (each._last, each._level, each._weight)

@@ -54,7 +54,7 @@ testable with a fake clock.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -305,6 +305,27 @@ class ArrivalRate:
         self._advance(t)
         self._level += count / self._tau
 
+    def record_each(self, times: Iterable[float]) -> None:
+        """``record(t)`` for each of ``times``, in order, in one call (a claimed window's
+        arrivals): the same arithmetic, without three calls per arrival."""
+        tau, last, level, weight = self._tau, self._last, self._level, self._weight
+        exp, expm1 = math.exp, math.expm1
+        for t in times:
+            if last is None:  # fresh or restored: this arrival (re)starts the clock
+                fresh = weight == 0.0
+                last = t
+                if fresh:
+                    continue
+            else:
+                dt = t - last
+                if dt > 0.0:
+                    e = exp(-dt / tau)
+                    level *= e
+                    weight = weight * e - expm1(-dt / tau)
+                    last = t
+            level += 1 / tau
+        self._last, self._level, self._weight = last, level, weight
+
     def rate(self, now: float) -> float:
         """Estimated arrivals per second at ``now``."""
         if self._last is None:
@@ -435,6 +456,10 @@ class WindowPolicy:
     def record_arrivals(self, t: float, count: int = 1) -> None:
         """Feed ``count`` arrivals at time ``t`` to the arrival-rate estimate."""
         self._arrivals.record(t, count)
+
+    def record_each_arrival(self, times: Iterable[float]) -> None:
+        """One arrival at each of ``times``, in order (``record_arrivals(t, 1)`` for each)."""
+        self._arrivals.record_each(times)
 
     def _cost_coefficients(self) -> tuple[float, float]:
         """(a, b) for the pay rule; optimistic (0, max_wait_s) until fitted."""

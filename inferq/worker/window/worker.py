@@ -230,8 +230,7 @@ class Worker(QueueWorker[Job]):
                               else max(reply.next_retry_ms / 1e3, 0.001))
         await self._complete(failures)
         jobs = await self._isolate_suspects(jobs)
-        for job in jobs:
-            self.policy.record_arrivals(job.arrival, 1)
+        self.policy.record_each_arrival([job.arrival for job in jobs])
         return jobs
 
     async def _isolate_suspects(self, jobs: list[Job]) -> list[Job]:
@@ -265,7 +264,8 @@ class Worker(QueueWorker[Job]):
             if isinstance(prepared, InferqError):
                 failures.append(failed_completion(self.config, claim.claimed, prepared, now_ms))
             else:
-                jobs.append(Job.of(claim, input=prepared))
+                jobs.append(Job(claim.claimed, claim.payload, claim.arrival, claim.deadline,
+                                claim.claimed_ms, prepared))
         return jobs, failures
 
     def _prepare_one(self, payload: RequestPayload) -> ModelInput | InferqError:
