@@ -83,6 +83,12 @@ class QueueKeys:
         return self.prefix + "inflight"
 
     @property
+    def started(self) -> str:
+        """Set of in-flight ids whose current claim has started running (the START script):
+        an expired lease counts an attempt only for these."""
+        return self.prefix + "started"
+
+    @property
     def seq(self) -> str:
         return self.prefix + "seq"
 

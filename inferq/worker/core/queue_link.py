@@ -71,10 +71,48 @@ class QueueLink:
         reply = ops.parse_claim(await self.scripts["claim"](keys=keys, args=args))
         if reply.expired:  # answered expired by the script, past their deadline
             self.metrics.count_expired(reply.expired)
+        self.note_damage(reply.corrupt, reply.garbage)
         self.clock_offset_s = reply.now_ms / 1e3 - self.clock()
         for claimed in reply.claimed:
             self.book.add(claimed.id, claimed.token)
         return reply
+
+    def note_damage(self, corrupt: Sequence[tuple[str, str]], garbage: Sequence[str]) -> None:
+        """Log and count what a script found damaged: requests it answered
+        ``corrupt_request``, and raw keys it dropped as garbage."""
+        q = self.keys.queue
+        for request_id, why in corrupt:
+            log.error("request %s answered corrupt_request: %s", request_id, why,
+                      extra={"request_id": request_id})
+        if corrupt:
+            self.metrics.corrupt.labels(q).inc(len(corrupt))
+            self.metrics.requests.labels(q, "failed").inc(len(corrupt))
+        for key in garbage:
+            log.error("dropped garbage key %s: nothing ties it to a request", key,
+                      extra={"key": key})
+        if garbage:
+            self.metrics.garbage.labels(q).inc(len(garbage))
+
+    async def start(self, leases: Sequence[tuple[str, str]]) -> set[str] | None:
+        """START: mark these claims as running, right before the model runs them (from now
+        on a lost lease costs each of them an attempt). Returns the ids whose lease was lost
+        (they must not run; their leases leave the book), or None when Redis stayed down for
+        as long as the leases last (the worker gave up; nothing was counted, the requests
+        will be reclaimed unchanged). Retried through Redis errors like a completion."""
+        if not leases:
+            return set()
+        keys, args = ops.start_call(self.keys, leases)
+        start = self.scripts["start"]
+        reply = await self.until_leases_expire(
+            lambda: start(keys=keys, args=args), what="start",
+            request_ids=[request_id for request_id, _ in leases])
+        if reply is None:
+            return None
+        lost = ops.parse_ids(reply)
+        if lost:
+            log.warning("%d claims lost their lease before they could start", len(lost))
+            self.book.mark_lost(lost)
+        return set(lost)
 
     async def until_leases_expire(self, write: Callable[[], Awaitable[T]], *, what: str,
                                   request_ids: Sequence[str] = ()) -> T | None:
@@ -166,11 +204,14 @@ class QueueLink:
         """Expired leases of any worker back to pending (or dead); (requeued, dead)."""
         keys, args = ops.reclaim_call(self.keys, RECLAIM_BATCH, self.config.result_ttl_ms,
                                       self.config.dead_letter_cap)
-        requeued, dead = ops.parse_reclaim(await self.scripts["reclaim"](keys=keys, args=args))
+        reply = ops.parse_reclaim(await self.scripts["reclaim"](keys=keys, args=args))
+        requeued, dead = reply.counts
         self.metrics.reclaims.labels(self.keys.queue).inc(requeued)
         self.metrics.dead_letters.labels(self.keys.queue).inc(dead)
+        self.note_damage(reply.corrupt, reply.garbage)
         if requeued or dead:
-            log.warning("reclaimed %d expired leases (%d dead-lettered)", requeued + dead, dead)
+            log.warning("reclaimed %d expired leases: %d never started (attempts unchanged), "
+                        "%d dead-lettered", requeued + dead, reply.unstarted, dead)
         return requeued, dead
 
     async def publish_stats(self, fields: Mapping[str, str], *,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
-from inferq.errors import DeadlineExceeded, InferqError, InvalidInput
+from inferq.errors import CorruptRequest, DeadlineExceeded, InferqError, InvalidInput
 from inferq.protocol import ops
 from inferq.protocol.codec import (
     ErrorInfo,
@@ -51,7 +51,8 @@ def decode_claims(config: WorkerConfig, claimed: Sequence[ops.Claimed], now_ms: 
                   clock: Callable[[], float]) -> tuple[list[Claim], list[ops.Completion]]:
     """Decode and check claimed payloads: the valid ones (times put on ``clock``), and a
     failed completion for each malformed one or one that belongs to another request or queue
-    (each fails alone)."""
+    (each fails alone: whatever a payload makes the decoder raise, never its neighbours or the
+    worker)."""
     valid: list[tuple[ops.Claimed, RequestPayload]] = []
     failures: list[ops.Completion] = []
     for c in claimed:
@@ -64,6 +65,11 @@ def decode_claims(config: WorkerConfig, claimed: Sequence[ops.Claimed], now_ms: 
                                    f"{config.task}:{config.model_name}")
         except InferqError as exc:
             failures.append(failed_completion(config, c, exc, now_ms))
+            continue
+        except Exception as exc:  # a damaged payload fails alone
+            failures.append(failed_completion(
+                config, c, CorruptRequest(f"cannot decode the stored payload: "
+                                          f"{type(exc).__name__}: {exc}"), now_ms))
             continue
         valid.append((c, payload))
     offset_s = now_ms / 1e3 - clock()  # Redis' clock minus ours

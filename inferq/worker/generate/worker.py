@@ -180,8 +180,13 @@ class GenerationWorker(QueueWorker[Generation]):
             # Pending is empty; the wake list says when it is not (a token that arrived while
             # this claim was in flight keeps the flag set).
             self._maybe_pending = False
-        self.steps.submit(generations)
         await self._complete(failures)
+        # START right before they join the running batch (they are admitted at the next step
+        # boundary: only as many are claimed as there will be free slots).
+        lost = await self.link.start([(g.id, claim_of(g).claimed.token) for g in generations])
+        if lost is None:
+            return  # Redis down for a whole lease: the requests are reclaimed unchanged
+        self.steps.submit([g for g in generations if g.id not in lost])
 
     def _prepare(self, claims: list[Claim], now_ms: int
                  ) -> tuple[list[Generation], list[ops.Completion]]:

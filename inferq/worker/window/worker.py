@@ -253,6 +253,8 @@ class Worker(QueueWorker[Job]):
                 await self._release(batch.jobs)
                 continue
             self._device_idle.clear()
+            if not await self._start_batch(batch):
+                continue
             inputs = [job.input for job in batch.jobs]
             log.debug("batch %d: running %d requests", batch.id, len(batch.jobs))
             started = self.clock()
@@ -272,6 +274,17 @@ class Worker(QueueWorker[Job]):
             task = asyncio.create_task(self._finish(batch, outcomes, elapsed))
             self._completions.add(task)
             task.add_done_callback(self._completions.discard)
+
+    async def _start_batch(self, batch: Batch) -> bool:
+        """START the batch right before its forward (from now on a lost lease costs each
+        request an attempt); requests whose lease was lost meanwhile leave it. False when
+        nothing is left to run."""
+        lost = await self.link.start([(job.id, job.claimed.token) for job in batch.jobs])
+        if lost is None:
+            return False  # Redis down for a whole lease: the requests are reclaimed unchanged
+        if lost:
+            batch.jobs = [job for job in batch.jobs if job.id not in lost]
+        return bool(batch.jobs)
 
     def _forward(self, inputs: Sequence[ModelInput]) -> list[Any]:
         """On the model thread: the forward pass, bisected on errors and out of memory."""
