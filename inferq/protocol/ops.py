@@ -1,5 +1,24 @@
 """Arguments for, and replies of, the Lua scripts: shared by the sync SDK, the async SDK and the
-worker so that each script has exactly one Python description."""
+worker so that each script has exactly one Python description.
+
+The scripts (``scripts.py`` holds each one's KEYS/ARGV header), in a request's life:
+
+* ``enqueue``: idempotent on the id, priority-aware back-pressure; one sequence block, one
+  ``ZADD`` and one ``HSET`` per request.
+* ``peek``: read-only head of one shard (and whether a retry is due), so a worker of a sharded
+  queue claims only the best priority present across shards.
+* ``claim``: promotes due retries, then moves up to N checked requests (at most a given score)
+  to ``inflight`` with a fresh lease token; answers expired and damaged ones; counts no attempt.
+* ``start``: right before the model runs them, marks claims as running (token-checked): from
+  then on a lost lease costs an attempt.
+* ``heartbeat``: extends the leases whose token matches; marks the worker alive.
+* ``complete``: token-checked, first writer wins; results, retries, dead letters; deletes the
+  request hash; stats and reply inboxes once per call.
+* ``reclaim``: expired leases back to pending (attempt counted only if started) or dead.
+* ``release``: claims that did not run back to pending at once (undoes a ``start``).
+* ``cancel``, ``stream``, ``stream_end``: cancellation and a generation's text stream.
+
+Every script checks the fields it acts on before its first write (see ``scripts``)."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ import redis
 import inferq
 from inferq.protocol import ops
 from inferq.protocol.codec import Status
+from inferq.stats import read_queue
 from inferq.worker.models.builtin import EchoModel
 from inferq.worker.window.worker import Worker
 from tests.support.window_worker import KEYS, config, run_worker, stop
@@ -151,7 +152,9 @@ def claim_as_dead_worker(r: redis.Redis, *, start: bool) -> None:
 
 @pytest.mark.parametrize("name", list(CASES))
 async def test_a_damaged_request_fails_alone(name: str, redis_url: str, r: redis.Redis,
-                                             client: inferq.Client) -> None:
+                                             client: inferq.Client,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("ERROR", logger="inferq.worker")
     case = CASES[name]
     neighbours = [client.enqueue(f"n{i}", model="t", id=f"n{i}") for i in range(3)]
     bad = client.enqueue("x", model="t", id=BAD)
@@ -174,7 +177,9 @@ async def test_a_damaged_request_fails_alone(name: str, redis_url: str, r: redis
         else:
             # the ghost sorts first (pending, delayed) or is met by the start-up reclaim
             # (inflight): by the time the neighbours are answered it has been dropped
-            assert int(r.hget(KEYS.stats, "garbage") or 0) == case.garbage
+            assert read_queue(r, KEYS).counters["garbage"] == case.garbage  # inferq stats
+            assert worker.metrics.garbage.labels(KEYS.queue)._value.get() == case.garbage
+            assert "dropped garbage key " + KEYS.request("ghost") in caplog.text
         # the worker is still serving
         later = client.enqueue("later", model="t")
         assert (await asyncio.to_thread(later.result, 20)).output == "later"
@@ -185,7 +190,8 @@ async def test_a_damaged_request_fails_alone(name: str, redis_url: str, r: redis
     assert r.zcard(KEYS.pending) == r.zcard(KEYS.inflight) == r.zcard(KEYS.delayed) == 0
     assert r.scard(KEYS.started) == 0
     if case.outcome is not None and case.outcome[1] == "corrupt_request":
-        assert int(r.hget(KEYS.stats, "corrupt") or 0) == 1
+        assert read_queue(r, KEYS).counters["corrupt"] == 1
+        assert worker.metrics.corrupt.labels(KEYS.queue)._value.get() == 1
 
 
 async def check_outcome(handle: inferq.Handle, outcome: tuple[str, str | None]) -> None:
