@@ -140,13 +140,14 @@ def peek_call(keys: QueueKeys) -> Call:
 class Peek:
     #: The lowest pending score (best priority, oldest), or None when pending is empty.
     head: int | None
-    #: A delayed retry is due (the next claim promotes it).
-    retry_due: bool
+    #: Milliseconds until the shard's next delayed retry is due (0: due now), or None.
+    next_retry_ms: int | None
 
 
 def parse_peek(reply: Any) -> Peek:
     head = as_str(reply[0])
-    return Peek(int(float(head)) if head else None, int(reply[1]) > 0)
+    due = int(reply[1])
+    return Peek(int(float(head)) if head else None, None if due < 0 else due)
 
 
 def start_call(keys: QueueKeys, leases: Iterable[tuple[str, str]]) -> Call:

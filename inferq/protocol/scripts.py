@@ -356,14 +356,16 @@ return {num(now), out, expired, next_due, corrupt, garbage}
 
 PEEK = r"""
 -- KEYS: 1 pending, 2 delayed
--- Read-only: {lowest pending score or '', 1 when a delayed retry is due else 0}. A sharded
--- worker peeks at every shard before a claim round, to claim only the best priority present.
+-- Read-only: {lowest pending score or '', ms until the next delayed retry is due or -1}. A
+-- worker of a sharded queue peeks at every shard before a claim round, to claim only the best
+-- priority present.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', string.format('%.0f', now),
-  'LIMIT', 0, 1)
-return {head[2] or '', #due}
+local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+local due = -1
+if first[2] then due = math.max(tonumber(first[2]) - now, 0) end
+return {head[2] or '', due}
 """
 
 START = r"""

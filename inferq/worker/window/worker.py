@@ -73,6 +73,7 @@ class Worker(QueueWorker[Job]):
         self._completions: set[asyncio.Task[None]] = set()
         self._unpublished = False
         self._next_retry_s: float | None = None
+        self._wake_lists = [self.keys.wake]
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -208,6 +209,10 @@ class Worker(QueueWorker[Job]):
 
     async def _claim(self, max_count: int) -> list[Job]:
         reply, jobs, failures = await self._claim_prepared(max_count)
+        wakes = [keys.wake for keys in self.link.shard_keys]
+        if wakes != self._wake_lists:  # a sharded queue: idle, wake on any shard's enqueue
+            self._wake_lists = wakes
+            self._wake.set_keys(wakes)
         self._next_retry_s = (None if reply.next_retry_ms is None
                               else max(reply.next_retry_ms / 1e3, 0.001))
         await self._complete(failures)
