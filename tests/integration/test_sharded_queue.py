@@ -135,3 +135,18 @@ async def test_lowering_the_shard_count_on_a_live_queue_still_serves_old_shards(
         await stop(worker, task)
     for keys in KEYS.shards(3):
         assert r.zcard(keys.pending) == r.zcard(keys.inflight) == 0
+
+
+async def test_raising_the_shard_count_on_a_live_queue_is_followed(
+        redis_url: str, r: redis.Redis) -> None:
+    worker = Worker(config(redis_url), EchoModel())
+    task = await run_worker(worker)
+    try:
+        assert await asyncio.to_thread(wait_result, r, enqueue(r, "one", 1), "one") == "one"
+        set_shards(r, 3, 3)  # the worker reads the queue's settings again within a second
+        later = ids_in_shard(2, 3, "x-", 2)
+        placed = {i: enqueue(r, i, 3) for i in later}
+        for i, keys in placed.items():
+            assert await asyncio.to_thread(wait_result, r, keys, i) == i
+    finally:
+        await stop(worker, task)
