@@ -317,7 +317,7 @@ for i, id in ipairs(ids) do
   checked[i] = {check(fields(prefix .. 'req:' .. id, unpack(FIELDS)))}
 end
 local out, expired, leases = {}, 0, {}
-local deadline = num(now + lease)
+local deadline, now_s = num(now + lease), num(now)
 for i, id in ipairs(ids) do
   local kind, r = checked[i][1], checked[i][2]
   local rkey = prefix .. 'req:' .. id
@@ -328,8 +328,8 @@ for i, id in ipairs(ids) do
     expired = expired + 1
   elseif kind == 'ok' then
     local attempt = r.a + 1
-    local token = owner .. '/' .. attempt .. '/' .. num(now)
-    redis.call('HSET', rkey, 'st', 'inflight', 'o', owner, 't', token, 'cl', num(now))
+    local token = owner .. '/' .. attempt .. '/' .. now_s
+    redis.call('HSET', rkey, 'st', 'inflight', 'o', owner, 't', token, 'cl', now_s)
     leases[#leases + 1] = deadline
     leases[#leases + 1] = id
     out[#out + 1] = {id, r.p, token, attempt, num(r.eq), r.dl and num(r.dl) or ''}
