@@ -150,3 +150,34 @@ async def test_raising_the_shard_count_on_a_live_queue_is_followed(
             assert await asyncio.to_thread(wait_result, r, keys, i) == i
     finally:
         await stop(worker, task)
+
+
+async def test_a_generate_worker_serves_every_shard_and_streams_from_it(
+        redis_url: str, r: redis.Redis, gen_worker: Any) -> None:
+    from tests.support.generation import MODEL
+
+    gen = QueueKeys.for_model("generate", MODEL)
+    r.hset(gen.config, mapping={"shards": 2, "shards_seen": 2})
+    scripts = ops.register(r)
+    placed: dict[str, QueueKeys] = {}
+    for i in range(6):
+        request_id = f"g{i}"
+        keys = gen.for_shard(shard_of(request_id, 2))
+        payload = encode_request(build_request(
+            "hello world", id=request_id, task="generate", model=MODEL,
+            params={"max_new_tokens": 4}))
+        call_keys, args = ops.enqueue_call(
+            keys, [ops.EnqueueItem(request_id, scores.band(0), payload, None, 3)])
+        scripts["enqueue"](keys=call_keys, args=args)
+        placed[request_id] = keys
+    assert {keys.shard for keys in placed.values()} == {0, 1}
+    await gen_worker(max_slots=4)
+    for request_id, keys in placed.items():
+        key = keys.result(request_id)
+        raw = await asyncio.to_thread(r.blmove, key, key, 60)
+        assert raw is not None and decode_result(raw).ok
+        # the text went to the request's own shard's stream, ended by the end marker
+        entries = r.xrange(keys.stream(request_id))
+        assert entries and entries[-1][1] == {b"e": b"1"}
+    for keys in gen.shards(2):
+        assert r.zcard(keys.pending) == r.zcard(keys.inflight) == 0
