@@ -102,8 +102,8 @@ ACL_COMMANDS: tuple[str, ...] = (
     # scripts: EVALSHA; redis-py loads a missing one with SCRIPT LOAD (pipelines: SCRIPT EXISTS)
     "evalsha", "script|load", "script|exists",
     # called inside the scripts
-    "time", "exists", "del", "incr", "pexpire",
-    "hget", "hmget", "hset", "hdel", "hincrby",
+    "time", "exists", "del", "incr", "incrby", "pexpire",
+    "hget", "hmget", "hset", "hdel", "hincrby", "sismember", "srem",
     "rpush", "ltrim", "llen",
     "zadd", "zrem", "zcard", "zrange", "zrangebyscore", "zpopmin", "zremrangebyscore",
     "zremrangebyrank", "xadd",

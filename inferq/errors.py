@@ -5,7 +5,8 @@ The hierarchy::
 
     InferqError                 internal
     ├── ValidationError         invalid_request       (also a ValueError)
-    │   └── PayloadTooLarge     payload_too_large
+    │   ├── PayloadTooLarge     payload_too_large
+    │   └── CorruptRequest      corrupt_request       (a stored request found damaged)
     ├── ConfigError             invalid_config        (also a ValueError)
     │   └── UnknownModel        unknown_model
     ├── ModelLoadError          model_load_failed
@@ -78,6 +79,13 @@ class PayloadTooLarge(ValidationError):
     """A prompt, params, payload or result is over its ``inferq.Limits`` size."""
 
     code = "payload_too_large"
+
+
+class CorruptRequest(ValidationError):
+    """A stored request whose fields or payload are damaged (written by hand, a buggy producer
+    with Redis access): it is answered with this code and never runs."""
+
+    code = "corrupt_request"
 
 
 class ConfigError(InferqError, ValueError):

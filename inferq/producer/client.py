@@ -190,7 +190,8 @@ class Client:
         * ``id``: idempotency key (default random): an existing id returns that request;
         * ``params``: task parameters; ``generate`` takes ``max_new_tokens``,
           ``temperature``, ``top_p``, ``top_k``, ``seed`` and ``stop``;
-        * ``max_attempts``: lease expiries before it is dead-lettered (default 3);
+        * ``max_attempts``: runs allowed (default 3); a run counts when a worker starts it,
+          not when it claims it; after the last failed or lost run it is dead-lettered;
         * ``messages``: ``generate`` chat input, ``[{"role", "content"}]`` (empty prompt).
 
         Raises ``ValidationError``, ``QueueFull`` or ``BackendUnavailable``."""

@@ -65,6 +65,8 @@ class RequestPayload(BaseModel):
     priority: Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX, strict=True)] = 0
     params: dict[str, ParamValue] = Field(default_factory=dict)
     deadline_s: Annotated[float, Field(strict=True, le=MAX_DEADLINE_S)] | None = None
+    #: Runs allowed: a run counts when a worker starts the request on its model (not when it
+    #: claims it); after the last failed or lost run the request is dead-lettered.
     max_attempts: Annotated[int, Field(ge=1, le=100, strict=True)] = 3
     #: Chat input for the ``generate`` task, rendered with the model's chat template; the
     #: prompt is then empty. Absent (None) from payloads that do not use it.

@@ -3,10 +3,18 @@
 All keys of one queue *shard* share one hash tag, so each Lua script touches a single cluster
 slot. Shard 0 keeps the original layout, tag ``{task:model}``; shard k > 0 of a queue split into
 S shards uses ``{task:model#k}``, so the shards hash to different slots and can sit on different
-Redis Cluster masters. Per-request keys (``req:<id>``, ``result:<id>``, ``stream:<id>``,
-``inbox:<client>``) are built inside the scripts from ``prefix`` because their ids are only known
-there; they carry the same hash tag as the shard's declared keys, so they are always in the
-same slot as the script's declared keys.
+Redis Cluster masters. No script touches two shards: a worker calls each script once per shard.
+
+Every script declares in KEYS the shard-wide keys it touches (``pending``, ``inflight``,
+``started``, ``delayed``, ``dead``, ``wake``, ``stats``, ``seq``, ``workers``); the first
+declared key always names the shard's slot. Per-request keys (``req:<id>``, ``result:<id>``,
+``stream:<id>``, ``inbox:<client>``, ``cancels:<worker>``) are built inside the scripts from the
+``prefix`` argument, because a script learns which ids it acts on only while it runs (the head
+of ``pending``, the expired members of ``inflight``). They are not declared, and need not be:
+Redis Cluster hashes only the text between the first ``{`` and the next ``}``, and every such
+key is ``prefix`` + a suffix, with ``prefix`` ending in ``{<tag>}:``, so it hashes to exactly
+the slot of the declared keys (built from the same ``prefix``). Ids and client names cannot
+change this: they come after the tag.
 
 Queue-level settings (the shard count, depth limits) live in one hash, ``config``, on shard 0.
 """
@@ -88,6 +96,12 @@ class QueueKeys:
     @property
     def inflight(self) -> str:
         return self.prefix + "inflight"
+
+    @property
+    def started(self) -> str:
+        """Set of in-flight ids whose current claim has started running (the START script):
+        an expired lease counts an attempt only for these."""
+        return self.prefix + "started"
 
     @property
     def seq(self) -> str:

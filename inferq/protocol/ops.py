@@ -1,10 +1,29 @@
 """Arguments for, and replies of, the Lua scripts: shared by the sync SDK, the async SDK and the
-worker so that each script has exactly one Python description."""
+worker so that each script has exactly one Python description.
+
+The scripts (``scripts.py`` holds each one's KEYS/ARGV header), in a request's life:
+
+* ``enqueue``: idempotent on the id, priority-aware back-pressure; one sequence block, one
+  ``ZADD`` and one ``HSET`` per request.
+* ``peek``: read-only head of one shard (and whether a retry is due), so a worker of a sharded
+  queue claims only the best priority present across shards.
+* ``claim``: promotes due retries, then moves up to N checked requests (at most a given score)
+  to ``inflight`` with a fresh lease token; answers expired and damaged ones; counts no attempt.
+* ``start``: right before the model runs them, marks claims as running (token-checked): from
+  then on a lost lease costs an attempt.
+* ``heartbeat``: extends the leases whose token matches; marks the worker alive.
+* ``complete``: token-checked, first writer wins; results, retries, dead letters; deletes the
+  request hash; stats and reply inboxes once per call.
+* ``reclaim``: expired leases back to pending (attempt counted only if started) or dead.
+* ``release``: claims that did not run back to pending at once (undoes a ``start``).
+* ``cancel``, ``stream``, ``stream_end``: cancellation and a generation's text stream.
+
+Every script checks the fields it acts on before its first write (see ``scripts``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from inferq.protocol import scripts
@@ -64,6 +83,8 @@ class Claimed:
     id: str
     payload: bytes
     token: str
+    #: The number this run will have once it starts: 1 + the runs that ended before (failed
+    #: and retried, or lost with their worker). 2 or more: it ran before, so it runs alone.
     attempt: int
     enqueued_ms: int
     deadline_ms: int | None
@@ -76,12 +97,24 @@ class ClaimReply:
     expired: int
     #: Milliseconds until the next delayed retry is due, or None when none waits.
     next_retry_ms: int | None
+    #: Damaged requests the script answered ``corrupt_request``: (id, what was wrong).
+    corrupt: list[tuple[str, str]] = field(default_factory=list)
+    #: Raw keys the script dropped as garbage (nothing tied them to a request).
+    garbage: list[str] = field(default_factory=list)
 
 
 def claim_call(keys: QueueKeys, owner: str, lease_ms: int, max_count: int,
-               result_ttl_ms: int) -> Call:
+               result_ttl_ms: int, max_score: int | None = None) -> Call:
+    """``max_score``: take only pending requests scored at most this (one priority band of a
+    sharded queue, see ``scores.band``); None takes the head whatever its priority."""
     return ([keys.pending, keys.inflight, keys.stats, keys.delayed, keys.wake],
-            [keys.prefix, owner, lease_ms, max_count, result_ttl_ms])
+            [keys.prefix, owner, lease_ms, max_count, result_ttl_ms,
+             "" if max_score is None else max_score])
+
+
+def _pairs(flat: Any) -> list[tuple[str, str]]:
+    items = [as_str(x) for x in flat]
+    return list(zip(items[::2], items[1::2], strict=True))
 
 
 def parse_claim(reply: Any) -> ClaimReply:
@@ -98,7 +131,33 @@ def parse_claim(reply: Any) -> ClaimReply:
     ]
     next_due = int(reply[3])
     return ClaimReply(now_ms=int(reply[0]), claimed=claimed, expired=int(reply[2]),
-                      next_retry_ms=None if next_due < 0 else next_due)
+                      next_retry_ms=None if next_due < 0 else next_due,
+                      corrupt=_pairs(reply[4]), garbage=[as_str(k) for k in reply[5]])
+
+
+def peek_call(keys: QueueKeys) -> Call:
+    return [keys.pending, keys.delayed], []
+
+
+@dataclass(frozen=True, slots=True)
+class Peek:
+    #: The lowest pending score (best priority, oldest), or None when pending is empty.
+    head: int | None
+    #: Milliseconds until the shard's next delayed retry is due (0: due now), or None.
+    next_retry_ms: int | None
+
+
+def parse_peek(reply: Any) -> Peek:
+    head = as_str(reply[0])
+    due = int(reply[1])
+    return Peek(int(float(head)) if head else None, None if due < 0 else due)
+
+
+def start_call(keys: QueueKeys, leases: Iterable[tuple[str, str]]) -> Call:
+    args: list[bytes | str | int] = [keys.prefix]
+    for request_id, token in leases:
+        args += [request_id, token]
+    return [keys.started], args
 
 
 def heartbeat_call(keys: QueueKeys, worker_id: str, lease_ms: int, liveness_ms: int,
@@ -128,7 +187,7 @@ def complete_call(keys: QueueKeys, result_ttl_ms: int, dead_cap: int,
     args: list[bytes | str | int] = [keys.prefix, result_ttl_ms, dead_cap]
     for item in items:
         args += [item.id, item.token, item.status, item.body, item.retry_delay_ms]
-    return [keys.inflight, keys.stats, keys.delayed, keys.dead, keys.wake], args
+    return [keys.inflight, keys.stats, keys.delayed, keys.dead, keys.wake, keys.started], args
 
 
 def parse_complete(reply: Any) -> list[bool]:
@@ -136,24 +195,40 @@ def parse_complete(reply: Any) -> list[bool]:
 
 
 def reclaim_call(keys: QueueKeys, max_count: int, result_ttl_ms: int, dead_cap: int) -> Call:
-    return ([keys.inflight, keys.pending, keys.dead, keys.wake, keys.stats],
+    return ([keys.inflight, keys.pending, keys.dead, keys.wake, keys.stats, keys.started],
             [keys.prefix, max_count, result_ttl_ms, dead_cap])
 
 
-def parse_reclaim(reply: Any) -> tuple[int, int]:
-    """(requeued, dead-lettered)."""
-    return int(reply[0]), int(reply[1])
+@dataclass(frozen=True, slots=True)
+class ReclaimReply:
+    #: Back to pending (of which ``unstarted`` never ran: their attempts are unchanged).
+    requeued: int
+    #: Dead-lettered: their last allowed attempt was lost with its worker.
+    dead: int
+    corrupt: list[tuple[str, str]] = field(default_factory=list)
+    garbage: list[str] = field(default_factory=list)
+    unstarted: int = 0
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """(requeued, dead)."""
+        return self.requeued, self.dead
+
+
+def parse_reclaim(reply: Any) -> ReclaimReply:
+    return ReclaimReply(int(reply[0]), int(reply[1]), _pairs(reply[2]),
+                        [as_str(k) for k in reply[3]], int(reply[4]))
 
 
 def release_call(keys: QueueKeys, leases: Iterable[tuple[str, str]]) -> Call:
     args: list[bytes | str | int] = [keys.prefix]
     for request_id, token in leases:
         args += [request_id, token]
-    return [keys.inflight, keys.pending, keys.wake], args
+    return [keys.inflight, keys.pending, keys.wake, keys.started], args
 
 
 def cancel_call(keys: QueueKeys, request_id: str, result_ttl_ms: int) -> Call:
-    return ([keys.pending, keys.inflight, keys.stats, keys.delayed],
+    return ([keys.pending, keys.inflight, keys.stats, keys.delayed, keys.started],
             [keys.prefix, request_id, result_ttl_ms])
 
 

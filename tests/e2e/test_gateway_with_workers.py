@@ -8,8 +8,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import redis
 from fastapi.testclient import TestClient
 
+from inferq.protocol.keys import QueueKeys
 from tests.support.gateway import state_of
 from tests.support.processes import WorkerProcess, wait_until
 
@@ -76,7 +78,7 @@ def test_a_repeated_id_returns_the_existing_request(api: TestClient,
 
 
 def test_a_dead_lettered_request_reads_dead_and_waits_as_502(
-        api: TestClient, start_worker: StartWorker) -> None:
+        api: TestClient, start_worker: StartWorker, r: redis.Redis) -> None:
     """A worker dies holding the request's only attempt; the next worker's reclaim sweep
     dead-letters it (``max_attempts``): GET says so, a wait maps it to 502."""
     sleepy = "sleep=builtin:sleep?batch_ms=60000"
@@ -85,6 +87,9 @@ def test_a_dead_lettered_request_reads_dead_and_waits_as_502(
     assert created.status_code == 202
     first = start_worker("--model", sleepy, "--lease-ms", "1000")
     wait_until(lambda: state_of(api, "doomed", "sleep") == "running", what="claimed")
+    # its model started it (a claim that never ran would cost no attempt)
+    started = QueueKeys.for_model("embed", "sleep").started
+    wait_until(lambda: r.sismember(started, "doomed"), what="started")
     first.proc.kill()
     first.proc.wait()
     time.sleep(1.2)  # the lease runs out

@@ -38,6 +38,11 @@ class Scripts:
             KEYS, TTL_MS, 100, [ops.Completion(claimed.id, claimed.token, status.value, body)])
         return ops.parse_complete(self.s["complete"](keys=keys, args=args))[0]
 
+    def start(self, claimed: list[ops.Claimed]) -> list[str]:
+        """START: the model is about to run these (their attempt now counts)."""
+        keys, args = ops.start_call(KEYS, [(c.id, c.token) for c in claimed])
+        return ops.parse_ids(self.s["start"](keys=keys, args=args))
+
     def heartbeat(self, worker: str, leases: list[tuple[str, str]],
                   lease_ms: int = 30_000) -> list[str]:
         keys, args = ops.heartbeat_call(KEYS, worker, lease_ms, 10_000, leases)
@@ -45,7 +50,7 @@ class Scripts:
 
     def reclaim(self, dead_cap: int = 100) -> tuple[int, int]:
         keys, args = ops.reclaim_call(KEYS, 100, TTL_MS, dead_cap)
-        return ops.parse_reclaim(self.s["reclaim"](keys=keys, args=args))
+        return ops.parse_reclaim(self.s["reclaim"](keys=keys, args=args)).counts
 
     def release(self, leases: list[tuple[str, str]]) -> int:
         keys, args = ops.release_call(KEYS, leases)
@@ -190,11 +195,14 @@ def test_claim_records_owner_token_attempt_and_lease(client: inferq.Client,
     enqueue(client, "x", id="r1")
     reply = scripts.claim("worker-a", 5, lease_ms=10_000)
     (claimed,) = reply.claimed
-    assert (claimed.id, claimed.attempt, claimed.token) == ("r1", 1, "worker-a/1")
+    assert (claimed.id, claimed.attempt) == ("r1", 1)
+    assert claimed.token == f"worker-a/1/{reply.now_ms}"
     assert msgpack.unpackb(claimed.payload)["prompt"] == "x"
     state = {k.decode(): v.decode() for k, v in scripts.r.hgetall(KEYS.request("r1")).items()
              if k != b"p"}
-    assert state["st"] == "inflight" and state["o"] == "worker-a" and state["a"] == "1"
+    # the claim counts no attempt: START does, when the model is about to run it
+    assert state["st"] == "inflight" and state["o"] == "worker-a" and state["a"] == "0"
+    assert state["t"] == claimed.token
     lease_deadline = scripts.r.zscore(KEYS.inflight, "r1")
     assert lease_deadline == pytest.approx(reply.now_ms + 10_000)
     assert scripts.claim("worker-b", 5).claimed == []
@@ -229,10 +237,12 @@ def test_zombie_completion_after_takeover_is_refused(client: inferq.Client,
                                                      scripts: Scripts) -> None:
     handle = enqueue(client, "x", id="r1")
     zombie = scripts.claim("a", 1).claimed[0]
+    assert scripts.start([zombie]) == []
     scripts.expire_all_leases()
     assert scripts.reclaim() == (1, 0)
     survivor = scripts.claim("b", 1).claimed[0]
-    assert survivor.attempt == 2 and survivor.token == "b/2"
+    assert survivor.attempt == 2 and survivor.token.startswith("b/2/")
+    assert scripts.start([zombie]) == ["r1"]  # the zombie cannot start it either
     assert not scripts.complete(zombie, output="zombie")
     assert scripts.heartbeat("a", [("r1", zombie.token)]) == ["r1"]
     assert scripts.complete(survivor, output="survivor")
@@ -255,7 +265,8 @@ def test_reclaim_dead_letters_after_max_attempts_with_an_error_result(
         client: inferq.Client, scripts: Scripts) -> None:
     handle = enqueue(client, "poison", id="r1", max_attempts=2)
     for _ in range(2):
-        assert scripts.claim("a", 1).claimed
+        claimed = scripts.claim("a", 1).claimed
+        assert scripts.start(claimed) == []
         scripts.expire_all_leases()
         scripts.reclaim()
     assert scripts.r.zscore(KEYS.dead, "r1") is not None
@@ -270,7 +281,7 @@ def test_reclaim_dead_letters_after_max_attempts_with_an_error_result(
 def test_dead_letter_set_is_capped(client: inferq.Client, scripts: Scripts) -> None:
     for i in range(5):
         enqueue(client, "p", id=f"r{i}", max_attempts=1)
-    scripts.claim("a", 5)
+    scripts.start(scripts.claim("a", 5).claimed)
     scripts.expire_all_leases()
     assert scripts.reclaim(dead_cap=3) == (0, 5)
     assert scripts.r.zcard(KEYS.dead) == 3
@@ -410,5 +421,45 @@ def test_a_request_hash_without_payload_is_answered_not_dropped(
     assert scripts.claim("w", 5).claimed == []
     with pytest.raises(inferq.RequestFailed) as info:
         handle.result(timeout=1)
-    assert info.value.error_code == "invalid_request"
+    assert info.value.error_code == "corrupt_request"
     assert scripts.r.exists(KEYS.request("damaged")) == 0
+
+
+def test_a_claim_that_never_started_keeps_its_attempts_through_any_number_of_reclaims(
+        client: inferq.Client, scripts: Scripts) -> None:
+    handle = enqueue(client, "innocent", id="r1", max_attempts=2)
+    for _ in range(5):  # five workers die with it claimed in their window, never run
+        (claimed,) = scripts.claim("a", 1).claimed
+        assert claimed.attempt == 1
+        scripts.expire_all_leases()
+        assert scripts.reclaim() == (1, 0)
+    assert scripts.r.hget(KEYS.request("r1"), "a") == b"0"
+    assert scripts.r.zscore(KEYS.dead, "r1") is None
+    (claimed,) = scripts.claim("b", 1).claimed
+    assert scripts.start([claimed]) == []
+    assert scripts.complete(claimed, output="fine")
+    assert handle.result(timeout=1).output == "fine"
+
+
+def test_a_started_claim_lost_with_its_worker_counts_and_runs_alone_next(
+        client: inferq.Client, scripts: Scripts) -> None:
+    enqueue(client, "suspect", id="r1", max_attempts=3)
+    (claimed,) = scripts.claim("a", 1).claimed
+    scripts.start([claimed])
+    assert scripts.r.sismember(KEYS.started, "r1")
+    scripts.expire_all_leases()
+    assert scripts.reclaim() == (1, 0)
+    assert not scripts.r.sismember(KEYS.started, "r1")
+    (again,) = scripts.claim("b", 1).claimed
+    # attempt 2: the window worker runs a request that ran before alone (``_release_batch``)
+    assert again.attempt == 2
+    assert scripts.r.hget(KEYS.request("r1"), "a") == b"1"
+
+
+def test_release_undoes_a_start(client: inferq.Client, scripts: Scripts) -> None:
+    enqueue(client, "x", id="r1")
+    (claimed,) = scripts.claim("a", 1).claimed
+    scripts.start([claimed])
+    assert scripts.release([(claimed.id, claimed.token)]) == 1
+    assert scripts.r.scard(KEYS.started) == 0
+    assert scripts.claim("b", 1).claimed[0].attempt == 1

@@ -98,10 +98,12 @@ async def test_retried_request_runs_alone(redis_url: str, r: redis.Redis,
     suspect = await aclient.enqueue("suspect", model="t", priority=9)
     scripts = ops.register(r)
     keys, args = ops.claim_call(KEYS, "crashed-worker", 30_000, 1, 60_000)
-    scripts["claim"](keys=keys, args=args)
+    (claimed,) = ops.parse_claim(scripts["claim"](keys=keys, args=args)).claimed
+    keys, args = ops.start_call(KEYS, [(claimed.id, claimed.token)])
+    assert scripts["start"](keys=keys, args=args) == []  # it ran when its worker died
     r.zadd(KEYS.inflight, {suspect.id: 0})
     keys, args = ops.reclaim_call(KEYS, 10, 60_000, 100)
-    assert ops.parse_reclaim(scripts["reclaim"](keys=keys, args=args)) == (1, 0)
+    assert ops.parse_reclaim(scripts["reclaim"](keys=keys, args=args)).counts == (1, 0)
     others = await aclient.enqueue_many([f"o{i}" for i in range(6)], model="t")
     model = FaultyModel()
     worker = Worker(config(redis_url), model)

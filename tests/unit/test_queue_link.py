@@ -104,9 +104,15 @@ async def test_claim_books_the_leases_and_sets_the_redis_clock() -> None:
         assert args[1:4] == ["w1", LEASE_MS, 2]  # owner, lease, how many
         rows = [[b"d", b"payload", b"token-d", 1, 1_000, b""],
                 [b"e", b"payload", b"token-e", 2, 2_000, 9_000]]
-        return [250_000, rows, 3, -1]  # Redis time, claimed, expired, no retry due
+        # Redis time, claimed, expired, no retry due, no corrupt request, no garbage
+        return [250_000, rows, 3, -1, [], []]
 
-    link.attach(redis=None, scripts={"claim": claim})
+    class NoSettings:
+        async def hgetall(self, key: str) -> dict[bytes, bytes]:
+            assert key == link.keys.config
+            return {}  # the queue's defaults: one shard, one CLAIM call
+
+    link.attach(redis=NoSettings(), scripts={"claim": claim})
     reply = await link.claim(2)
     assert [c.id for c in reply.claimed] == ["d", "e"] and reply.claimed[1].deadline_ms == 9_000
     assert dict(book.snapshot()) == {"a": "token-a", "b": "token-b", "c": "token-c",

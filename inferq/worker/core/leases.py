@@ -27,17 +27,35 @@ class LeaseBook:
 
     def __init__(self) -> None:
         self._tokens: dict[str, str] = {}
+        #: The shard of each lease not on shard 0 (a sharded queue).
+        self._shards: dict[str, int] = {}
         self._lost: set[str] = set()
         self._lock = threading.Lock()
 
-    def add(self, request_id: str, token: str) -> None:
+    def add(self, request_id: str, token: str, shard: int = 0) -> None:
         with self._lock:
             self._tokens[request_id] = token
+            if shard:
+                self._shards[request_id] = shard
             self._lost.discard(request_id)
 
     def drop(self, request_id: str) -> None:
         with self._lock:
             self._tokens.pop(request_id, None)
+            self._shards.pop(request_id, None)
+
+    def shard(self, request_id: str) -> int:
+        with self._lock:
+            return self._shards.get(request_id, 0)
+
+    def by_shard(self) -> dict[int, list[tuple[str, str]]]:
+        """The leases grouped by queue shard (shard 0 always present)."""
+        with self._lock:
+            groups: dict[int, list[tuple[str, str]]] = {0: []}
+            for request_id, token in self._tokens.items():
+                groups.setdefault(self._shards.get(request_id, 0), []).append(
+                    (request_id, token))
+            return groups
 
     def snapshot(self) -> list[tuple[str, str]]:
         with self._lock:
@@ -46,6 +64,7 @@ class LeaseBook:
     def mark_lost(self, request_ids: list[str]) -> None:
         with self._lock:
             for request_id in request_ids:
+                self._shards.pop(request_id, None)
                 if self._tokens.pop(request_id, None) is not None:
                     self._lost.add(request_id)
 
@@ -85,11 +104,13 @@ class Heartbeat(threading.Thread):
         self.beats = 0
 
     def beat(self) -> list[str]:
-        keys, args = ops.heartbeat_call(
-            self._keys, self._worker_id, self._lease_ms,
-            liveness_ms=int(self._interval_s * 3000), leases=self._book.snapshot(),
-        )
-        lost = ops.parse_ids(self._script(keys=keys, args=args))
+        lost: list[str] = []
+        for shard, leases in sorted(self._book.by_shard().items()):
+            keys, args = ops.heartbeat_call(
+                self._keys.for_shard(shard), self._worker_id, self._lease_ms,
+                liveness_ms=int(self._interval_s * 3000), leases=leases,
+            )
+            lost += ops.parse_ids(self._script(keys=keys, args=args))
         self.beats += 1
         if lost:
             log.warning("lost %d leases (reclaimed by another worker or cancelled)", len(lost),

@@ -98,6 +98,13 @@ class WorkerMetrics:
             "inferq_priority_swaps_total",
             "Higher-priority requests swapped into a window claimed before they arrived", q,
             registry=r)
+        self.garbage = Counter("inferq_garbage_dropped_total",
+                               "Raw queue keys dropped by this worker's scripts: nothing tied "
+                               "them to a request (e.g. a pending id without its hash)", q,
+                               registry=r)
+        self.corrupt = Counter("inferq_corrupt_requests_total",
+                               "Requests answered corrupt_request: their stored fields were "
+                               "damaged", q, registry=r)
         self.refused = Counter("inferq_refused_completions_total",
                                "Completions refused (lease lost, cancelled)", q, registry=r)
         self.device_memory = Gauge("inferq_device_memory_bytes",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -21,6 +22,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from inferq.protocol import ops, scores
 from inferq.protocol.keys import QueueKeys, queues_registry
+from inferq.protocol.settings import QueueSettings, settings_from_hash
 from inferq.worker.core.backoff import RedisBackoff
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.leases import LeaseBook
@@ -34,6 +36,8 @@ RECLAIM_BATCH = 500
 WINDOW_STATS_TTL_MS = 15_000
 #: Lifetime of the persisted window tuning of a (queue, model).
 TUNING_TTL_S = 7 * 24 * 3600
+#: How often the queue's settings (its shard count) are read again.
+SETTINGS_REFRESH_S = 1.0
 
 T = TypeVar("T")
 
@@ -50,6 +54,10 @@ class QueueLink:
         self.clock_offset_s = 0.0
         self.redis: Any = None
         self.scripts: Mapping[str, Any] = {}
+        #: The queue's settings (``config`` hash), read at the first claim and about every
+        #: second after: a sharded queue is claimed from every shard it has had.
+        self.settings = QueueSettings()
+        self._settings_read_at: float | None = None
 
     def attach(self, redis: Any, scripts: Mapping[str, Any]) -> None:
         """The connection and registered scripts to use (made in the worker's event loop)."""
@@ -65,17 +73,135 @@ class QueueLink:
 
     # ------------------------------------------------------------------------------ claims
 
+    @property
+    def shard_keys(self) -> list[QueueKeys]:
+        """The keys of every shard claims are taken from (shard 0 alone by default)."""
+        return self.keys.shards(self.settings.claim_shards)
+
+    async def refresh_settings(self, *, force: bool = False) -> bool:
+        """Read the queue's settings again when they are older than SETTINGS_REFRESH_S; True
+        when the shard count to claim from changed."""
+        now = self.clock()
+        if (not force and self._settings_read_at is not None
+                and now - self._settings_read_at < SETTINGS_REFRESH_S):
+            return False
+        self._settings_read_at = now
+        before = self.settings.claim_shards
+        self.settings = settings_from_hash(await self.redis.hgetall(self.keys.config))
+        if self.settings.claim_shards != before:
+            log.info("queue %s: claiming from %d shards", self.keys.queue,
+                     self.settings.claim_shards)
+            return True
+        return False
+
     async def claim(self, max_count: int) -> ops.ClaimReply:
-        """Claim up to ``max_count`` requests; their leases go into the book."""
-        keys, args = ops.claim_call(self.keys, self.config.worker_id, self.config.lease_ms,
-                                    max_count, self.config.result_ttl_ms)
+        """Claim up to ``max_count`` requests; their leases go into the book. A queue of one
+        shard: one CLAIM call. A sharded queue: a PEEK at every shard's head first, then
+        CLAIMs of the best priority band present only, from the shards that have it, so a
+        lower priority is never taken while a higher one waits in another shard."""
+        await self.refresh_settings()
+        shards = self.settings.claim_shards
+        if shards == 1:
+            reply = await self._claim_shard(0, max_count, None)
+        else:
+            reply = await self._claim_sharded(shards, max_count)
+        self.clock_offset_s = reply.now_ms / 1e3 - self.clock()
+        return reply
+
+    async def _claim_shard(self, shard: int, max_count: int,
+                           max_score: int | None) -> ops.ClaimReply:
+        keys, args = ops.claim_call(self.keys.for_shard(shard), self.config.worker_id,
+                                    self.config.lease_ms, max_count, self.config.result_ttl_ms,
+                                    max_score)
         reply = ops.parse_claim(await self.scripts["claim"](keys=keys, args=args))
         if reply.expired:  # answered expired by the script, past their deadline
             self.metrics.count_expired(reply.expired)
-        self.clock_offset_s = reply.now_ms / 1e3 - self.clock()
+        self.note_damage(reply.corrupt, reply.garbage)
         for claimed in reply.claimed:
-            self.book.add(claimed.id, claimed.token)
+            self.book.add(claimed.id, claimed.token, shard)
         return reply
+
+    async def _claim_sharded(self, shards: int, max_count: int) -> ops.ClaimReply:
+        pipe = self.redis.pipeline(transaction=False)
+        for k in range(shards):
+            keys, args = ops.peek_call(self.keys.for_shard(k))
+            pipe.evalsha(self.scripts["peek"].sha, len(keys), *keys, *args)
+        try:
+            peeks = [ops.parse_peek(x) for x in await pipe.execute()]
+        except NoScriptError:
+            await self.scripts["peek"](keys=[self.keys.pending, self.keys.delayed], args=[])
+            return await self._claim_sharded(shards, max_count)
+        heads = [p.head for p in peeks if p.head is not None]
+        best = min((h // scores.SEQ_LIMIT for h in heads), default=None)
+        top = None if best is None else (best + 1) * scores.SEQ_LIMIT - 1
+        candidates = [k for k, p in enumerate(peeks)
+                      if (p.head is not None and p.head <= (top or 0))
+                      or p.next_retry_ms == 0]
+        now_ms = self.now_ms()
+        claimed: list[ops.Claimed] = []
+        expired = 0
+        corrupt: list[tuple[str, str]] = []
+        garbage: list[str] = []
+        retries = [p.next_retry_ms for p in peeks if p.next_retry_ms]
+        for k in candidates:
+            if len(claimed) >= max_count:
+                break
+            reply = await self._claim_shard(k, max_count - len(claimed), top)
+            now_ms = reply.now_ms
+            claimed += reply.claimed
+            expired += reply.expired
+            corrupt += reply.corrupt
+            garbage += reply.garbage
+            if reply.next_retry_ms is not None:
+                retries.append(reply.next_retry_ms)
+        return ops.ClaimReply(now_ms=now_ms, claimed=claimed, expired=expired,
+                              next_retry_ms=min(retries, default=None), corrupt=corrupt,
+                              garbage=garbage)
+
+    def _by_shard(self, request_ids: Sequence[str]) -> dict[int, list[int]]:
+        """Positions of ``request_ids`` grouped by the shard of their lease."""
+        groups: dict[int, list[int]] = {}
+        for i, request_id in enumerate(request_ids):
+            groups.setdefault(self.book.shard(request_id), []).append(i)
+        return groups
+
+    def note_damage(self, corrupt: Sequence[tuple[str, str]], garbage: Sequence[str]) -> None:
+        """Log and count what a script found damaged: requests it answered
+        ``corrupt_request``, and raw keys it dropped as garbage."""
+        q = self.keys.queue
+        for request_id, why in corrupt:
+            log.error("request %s answered corrupt_request: %s", request_id, why,
+                      extra={"request_id": request_id})
+        if corrupt:
+            self.metrics.corrupt.labels(q).inc(len(corrupt))
+            self.metrics.requests.labels(q, "failed").inc(len(corrupt))
+        for key in garbage:
+            log.error("dropped garbage key %s: nothing ties it to a request", key,
+                      extra={"key": key})
+        if garbage:
+            self.metrics.garbage.labels(q).inc(len(garbage))
+
+    async def start(self, leases: Sequence[tuple[str, str]]) -> set[str] | None:
+        """START: mark these claims as running, right before the model runs them (from now
+        on a lost lease costs each of them an attempt). Returns the ids whose lease was lost
+        (they must not run; their leases leave the book), or None when Redis stayed down for
+        as long as the leases last (the worker gave up; nothing was counted, the requests
+        will be reclaimed unchanged). Retried through Redis errors like a completion."""
+        lost: list[str] = []
+        start = self.scripts["start"]
+        for shard, positions in self._by_shard([request_id for request_id, _ in leases]).items():
+            group = [leases[i] for i in positions]
+            keys, args = ops.start_call(self.keys.for_shard(shard), group)
+            reply = await self.until_leases_expire(
+                functools.partial(start, keys=keys, args=args), what="start",
+                request_ids=[request_id for request_id, _ in group])
+            if reply is None:
+                return None
+            lost += ops.parse_ids(reply)
+        if lost:
+            log.warning("%d claims lost their lease before they could start", len(lost))
+            self.book.mark_lost(lost)
+        return set(lost)
 
     async def until_leases_expire(self, write: Callable[[], Awaitable[T]], *, what: str,
                                   request_ids: Sequence[str] = ()) -> T | None:
@@ -103,33 +229,45 @@ class QueueLink:
 
     async def complete(self, completions: Sequence[ops.Completion], *,
                        scripts: Mapping[str, Any] | None = None) -> list[bool] | None:
-        """One COMPLETE call for ``completions`` (see ``until_leases_expire``): which of them
-        were written (a refused one had lost its lease or was cancelled), or None when the
-        worker gave up. Their leases leave the book either way."""
-        keys, args = ops.complete_call(self.keys, self.config.result_ttl_ms,
-                                       self.config.dead_letter_cap, completions)
+        """One COMPLETE call for ``completions`` (one per shard of a sharded queue; see
+        ``until_leases_expire``): which of them were written (a refused one had lost its
+        lease or was cancelled), or None when the worker gave up. Their leases leave the book
+        either way."""
         complete = (scripts or self.scripts)["complete"]
-        reply = await self.until_leases_expire(
-            lambda: complete(keys=keys, args=args), what="complete",
-            request_ids=[c.id for c in completions])
-        if reply is None:
-            return None
-        for completion in completions:
-            self.book.drop(completion.id)
-        return ops.parse_complete(reply)
+        written: list[bool] = [False] * len(completions)
+        gave_up = False
+        for shard, positions in self._by_shard([c.id for c in completions]).items():
+            group = [completions[i] for i in positions]
+            keys, args = ops.complete_call(self.keys.for_shard(shard),
+                                           self.config.result_ttl_ms,
+                                           self.config.dead_letter_cap, group)
+            reply = await self.until_leases_expire(
+                functools.partial(complete, keys=keys, args=args), what="complete",
+                request_ids=[c.id for c in group])
+            if reply is None:
+                gave_up = True
+                continue
+            for i, ok in zip(positions, ops.parse_complete(reply), strict=True):
+                written[i] = ok
+            for completion in group:
+                self.book.drop(completion.id)
+        return None if gave_up else written
 
     async def release(self, leases: Sequence[tuple[str, str]], why: str = "") -> int:
         """Give claimed, unstarted requests back to pending; how many went back. On a Redis
         error their leases simply expire and they are reclaimed."""
         if not leases:
             return 0
-        keys, args = ops.release_call(self.keys, leases)
+        released = 0
         try:
-            released = int(await self.scripts["release"](keys=keys, args=args))
+            for shard, positions in self._by_shard([r for r, _ in leases]).items():
+                keys, args = ops.release_call(self.keys.for_shard(shard),
+                                              [leases[i] for i in positions])
+                released += int(await self.scripts["release"](keys=keys, args=args))
         except RedisError as exc:
             log.warning("could not give %d claims back (%s); their leases will expire and "
                         "they will be reclaimed", len(leases), exc)
-            return 0
+            return released
         finally:
             for request_id, _ in leases:
                 self.book.drop(request_id)
@@ -139,10 +277,12 @@ class QueueLink:
         return released
 
     async def pending_above(self, priority: int) -> int:
-        """Pending requests of strictly higher priority than ``priority`` (one ZCOUNT: they
-        score below its band)."""
-        return int(await self.redis.zcount(self.keys.pending, "-inf",
-                                           f"({scores.band(priority)}"))
+        """Pending requests of strictly higher priority than ``priority`` (one ZCOUNT per
+        shard: they score below its band)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for keys in self.shard_keys:
+            pipe.zcount(keys.pending, "-inf", f"({scores.band(priority)}")
+        return sum(int(n) for n in await pipe.execute())
 
     # ---------------------------------------------------------------------------- upkeep
 
@@ -164,14 +304,22 @@ class QueueLink:
         return state
 
     async def reclaim(self) -> tuple[int, int]:
-        """Expired leases of any worker back to pending (or dead); (requeued, dead)."""
-        keys, args = ops.reclaim_call(self.keys, RECLAIM_BATCH, self.config.result_ttl_ms,
-                                      self.config.dead_letter_cap)
-        requeued, dead = ops.parse_reclaim(await self.scripts["reclaim"](keys=keys, args=args))
+        """Expired leases of any worker back to pending (or dead), on every shard;
+        (requeued, dead)."""
+        requeued = dead = unstarted = 0
+        for keys in self.shard_keys:
+            call_keys, args = ops.reclaim_call(keys, RECLAIM_BATCH, self.config.result_ttl_ms,
+                                               self.config.dead_letter_cap)
+            reply = ops.parse_reclaim(await self.scripts["reclaim"](keys=call_keys, args=args))
+            requeued += reply.requeued
+            dead += reply.dead
+            unstarted += reply.unstarted
+            self.note_damage(reply.corrupt, reply.garbage)
         self.metrics.reclaims.labels(self.keys.queue).inc(requeued)
         self.metrics.dead_letters.labels(self.keys.queue).inc(dead)
         if requeued or dead:
-            log.warning("reclaimed %d expired leases (%d dead-lettered)", requeued + dead, dead)
+            log.warning("reclaimed %d expired leases: %d never started (attempts unchanged), "
+                        "%d dead-lettered", requeued + dead, unstarted, dead)
         return requeued, dead
 
     async def publish_stats(self, fields: Mapping[str, str], *,

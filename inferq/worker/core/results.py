@@ -13,7 +13,7 @@ from typing import Any, Self
 
 import msgpack
 
-from inferq.errors import DeadlineExceeded, InferqError, InvalidInput
+from inferq.errors import CorruptRequest, DeadlineExceeded, InferqError, InvalidInput
 from inferq.protocol import ops
 from inferq.protocol.codec import (
     WIRE_VERSION,
@@ -21,6 +21,7 @@ from inferq.protocol.codec import (
     RequestPayload,
     Result,
     Status,
+    decode_request,
     decode_requests,
     encode_result,
     encode_result_fields,
@@ -55,13 +56,19 @@ def decode_claims(config: WorkerConfig, claimed: Sequence[ops.Claimed], now_ms: 
                   clock: Callable[[], float]) -> tuple[list[Claim], list[ops.Completion]]:
     """Decode and check claimed payloads: the valid ones (times put on ``clock``), and a
     failed completion for each malformed one or one that belongs to another request or queue
-    (each fails alone)."""
+    (each fails alone: whatever a payload makes the decoder raise, never its neighbours or the
+    worker)."""
     valid: list[tuple[ops.Claimed, RequestPayload]] = []
     failures: list[ops.Completion] = []
-    decoded = decode_requests([c.payload for c in claimed], config.limits)
+    payloads = [c.payload for c in claimed]
+    decoded: list[RequestPayload | Exception]
+    try:
+        decoded = list(decode_requests(payloads, config.limits))
+    except Exception:  # the window path met what it did not expect: one payload at a time
+        decoded = [_decode_alone(data, config) for data in payloads]
     for c, payload in zip(claimed, decoded, strict=True):
         try:
-            if isinstance(payload, InferqError):
+            if isinstance(payload, Exception):
                 raise payload
             if payload.id != c.id:
                 raise InvalidInput(f"payload id {payload.id!r} does not match {c.id!r}")
@@ -71,11 +78,23 @@ def decode_claims(config: WorkerConfig, claimed: Sequence[ops.Claimed], now_ms: 
         except InferqError as exc:
             failures.append(failed_completion(config, c, exc, now_ms))
             continue
+        except Exception as exc:  # a damaged payload fails alone
+            failures.append(failed_completion(
+                config, c, CorruptRequest(f"cannot decode the stored payload: "
+                                          f"{type(exc).__name__}: {exc}"), now_ms))
+            continue
         valid.append((c, payload))
     offset_s = now_ms / 1e3 - clock()  # Redis' clock minus ours
     return [Claim(c, payload, c.enqueued_ms / 1e3 - offset_s,
                   None if c.deadline_ms is None else c.deadline_ms / 1e3 - offset_s, now_ms)
             for c, payload in valid], failures
+
+
+def _decode_alone(data: bytes, config: WorkerConfig) -> RequestPayload | Exception:
+    try:
+        return decode_request(data, config.limits)
+    except Exception as exc:  # returned, to fail this payload alone
+        return exc
 
 
 def completion(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) -> ops.Completion:

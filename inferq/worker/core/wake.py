@@ -26,6 +26,10 @@ class WakeWaiter:
         self._keys = list(keys)
         self._task: asyncio.Task[Any] | None = None
 
+    def set_keys(self, keys: Sequence[str]) -> None:
+        """Block on these lists from the next BLPOP on (a sharded queue's wake lists)."""
+        self._keys = list(keys)
+
     async def wait(self, timeout: float | None, *,
                    also: asyncio.Event | None = None) -> tuple[str, str] | None:
         """Wait until an element arrives (returned as ``(list key, element)``), ``also`` is

@@ -110,19 +110,32 @@ class StreamPublisher:
         deltas = [ops.StreamDelta(g.id, claim_of(g).claimed.token, claim_of(g).claimed.attempt,
                                   text) for g, text in merged.values()]
         completions = [self._result(g) for g in finished]
-        keys, config = self.link.keys, self.link.config
-        calls = [("stream", ops.stream_call(keys, config.result_ttl_ms, deltas))]
-        if completions:
-            calls.append(("complete", ops.complete_call(
-                keys, config.result_ttl_ms, config.dead_letter_cap, completions)))
-            calls.append(("stream_end", ops.stream_end_call(
-                keys, config.result_ttl_ms, [c.id for c in completions])))
+        config, book = self.link.config, self.link.book
+        # one stream (+ complete, stream_end) call per queue shard (one shard by default)
+        shards = sorted({0} | {book.shard(d.id) for d in deltas}
+                        | {book.shard(c.id) for c in completions})
+        calls: list[tuple[str, ops.Call]] = []
+        stream_at: list[int] = []
+        complete_at: list[tuple[int, list[int]]] = []  # (call index, positions in completions)
+        for shard in shards:
+            keys = self.link.keys.for_shard(shard)
+            stream_at.append(len(calls))
+            calls.append(("stream", ops.stream_call(
+                keys, config.result_ttl_ms, [d for d in deltas if book.shard(d.id) == shard])))
+            mine = [i for i, c in enumerate(completions) if book.shard(c.id) == shard]
+            if mine:
+                complete_at.append((len(calls), mine))
+                calls.append(("complete", ops.complete_call(
+                    keys, config.result_ttl_ms, config.dead_letter_cap,
+                    [completions[i] for i in mine])))
+                calls.append(("stream_end", ops.stream_end_call(
+                    keys, config.result_ttl_ms, [completions[i].id for i in mine])))
         replies = await self.link.until_leases_expire(
             lambda: self.pipeline(calls), what="publish",
             request_ids=[c.id for c in completions])
         if replies is None:
             return
-        lost = set(ops.parse_ids(replies[0]))
+        lost = {i for at in stream_at for i in ops.parse_ids(replies[at])}
         now = self.link.clock()
         for g, text in merged.values():
             claim = claim_of(g)
@@ -132,7 +145,10 @@ class StreamPublisher:
         if running_lost:
             self.steps.cancel(running_lost)
         if completions:
-            written = ops.parse_complete(replies[1])
+            written = [False] * len(completions)
+            for at, mine in complete_at:
+                for i, ok in zip(mine, ops.parse_complete(replies[at]), strict=True):
+                    written[i] = ok
             for c in completions:
                 self.link.book.drop(c.id)
             self.stats.count(self.link.metrics, completions, written, lost)

@@ -65,6 +65,7 @@ class GenerationWorker(QueueWorker[Generation]):
         # Cancellations first: BLPOP serves its lists in order, and the wake list of a busy
         # queue is never empty.
         self._cancels_key = self.keys.cancels(config.worker_id)
+        self._wake_lists = [self._cancels_key, self.keys.wake]
         log.info("generation budget: %d slots, %d KV tokens (%.0f MiB), %d prefill tokens/step",
                  self.budget.max_slots, self.budget.kv_tokens,
                  self.budget.kv_tokens * lm.kv.bytes_per_token / 2**20,
@@ -191,14 +192,23 @@ class GenerationWorker(QueueWorker[Generation]):
         """Claim up to ``free`` requests and hand them to the model thread."""
         wakes = self._wakes
         reply, generations, failures = await self._claim_prepared(free)
+        lists = [self._cancels_key, *(keys.wake for keys in self.link.shard_keys)]
+        if lists != self._wake_lists:  # a sharded queue: wake on any shard's enqueue
+            self._wake_lists = lists
+            self._wake.set_keys(lists)
         self._retry_at = (None if reply.next_retry_ms is None
                           else self.clock() + max(reply.next_retry_ms / 1e3, 0.001))
         if len(reply.claimed) < free and wakes == self._wakes:
             # Pending is empty; the wake list says when it is not (a token that arrived while
             # this claim was in flight keeps the flag set).
             self._maybe_pending = False
-        self.steps.submit(generations)
         await self._complete(failures)
+        # START right before they join the running batch (they are admitted at the next step
+        # boundary: only as many are claimed as there will be free slots).
+        lost = await self.link.start([(g.id, claim_of(g).claimed.token) for g in generations])
+        if lost is None:
+            return  # Redis down for a whole lease: the requests are reclaimed unchanged
+        self.steps.submit([g for g in generations if g.id not in lost])
 
     def _prepare(self, claims: list[Claim], now_ms: int
                  ) -> tuple[list[Generation], list[ops.Completion]]:

@@ -80,6 +80,7 @@ class Worker(QueueWorker[Job]):
         self._next_retry_s: float | None = None
         #: Suspects lead the queue: claim one at a time (see ``_isolate_suspects``).
         self._suspects_ahead = False
+        self._wake_lists = [self.keys.wake]
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -226,6 +227,10 @@ class Worker(QueueWorker[Job]):
         if self._suspects_ahead:
             max_count = 1
         reply, jobs, failures = await self._claim_prepared(max_count)
+        wakes = [keys.wake for keys in self.link.shard_keys]
+        if wakes != self._wake_lists:  # a sharded queue: idle, wake on any shard's enqueue
+            self._wake_lists = wakes
+            self._wake.set_keys(wakes)
         self._next_retry_s = (None if reply.next_retry_ms is None
                               else max(reply.next_retry_ms / 1e3, 0.001))
         await self._complete(failures)
@@ -289,6 +294,8 @@ class Worker(QueueWorker[Job]):
                 await self._release(batch.jobs)
                 continue
             self._device_idle.clear()
+            if not await self._start_batch(batch):
+                continue
             inputs = [job.input for job in batch.jobs]
             log.debug("batch %d: running %d requests", batch.id, len(batch.jobs))
             started = self.clock()
@@ -312,6 +319,17 @@ class Worker(QueueWorker[Job]):
             task = asyncio.create_task(self._finish(batch, outcomes, elapsed))
             self._completions.add(task)
             task.add_done_callback(self._completions.discard)
+
+    async def _start_batch(self, batch: Batch) -> bool:
+        """START the batch right before its forward (from now on a lost lease costs each
+        request an attempt); requests whose lease was lost meanwhile leave it. False when
+        nothing is left to run."""
+        lost = await self.link.start([(job.id, job.claimed.token) for job in batch.jobs])
+        if lost is None:
+            return False  # Redis down for a whole lease: the requests are reclaimed unchanged
+        if lost:
+            batch.jobs = [job for job in batch.jobs if job.id not in lost]
+        return bool(batch.jobs)
 
     def _forward(self, inputs: Sequence[ModelInput]) -> list[Any]:
         """On the model thread: the forward pass, bisected on errors and out of memory."""
