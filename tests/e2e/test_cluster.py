@@ -113,7 +113,6 @@ def test_workers_go_on_by_themselves_through_master_failovers(
     assert all(w.proc.poll() is None for w in workers)  # they rode it out
 
 
-@pytest.mark.xfail(strict=False, reason="needs sharded worker from r-proto")
 def test_priority_holds_across_shards_on_a_backlog(
         redis_cluster: LocalCluster, cluster_url: str,
         start_on: Callable[..., WorkerProcess]) -> None:

@@ -20,6 +20,7 @@ from typing import Any, TypeVar, cast
 
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
+from inferq import cluster
 from inferq.protocol import ops, scores
 from inferq.protocol.keys import QueueKeys, queues_registry
 from inferq.protocol.settings import QueueSettings, settings_from_hash
@@ -122,15 +123,10 @@ class QueueLink:
         return reply
 
     async def _claim_sharded(self, shards: int, max_count: int) -> ops.ClaimReply:
-        pipe = self.redis.pipeline(transaction=False)
-        for k in range(shards):
-            keys, args = ops.peek_call(self.keys.for_shard(k))
-            pipe.evalsha(self.scripts["peek"].sha, len(keys), *keys, *args)
-        try:
-            peeks = [ops.parse_peek(x) for x in await pipe.execute()]
-        except NoScriptError:
-            await self.scripts["peek"](keys=[self.keys.pending, self.keys.delayed], args=[])
-            return await self._claim_sharded(shards, max_count)
+        # One round trip (per node on a cluster); a node that lost the script gets it again.
+        calls = [(self.scripts["peek"], *ops.peek_call(self.keys.for_shard(k)))
+                 for k in range(shards)]
+        peeks = [ops.parse_peek(x) for x in await cluster.run_scripts_async(self.redis, calls)]
         heads = [p.head for p in peeks if p.head is not None]
         best = min((h // scores.SEQ_LIMIT for h in heads), default=None)
         top = None if best is None else (best + 1) * scores.SEQ_LIMIT - 1
@@ -405,7 +401,9 @@ class ScriptPipeline:
             pipe = self.client.pipeline(transaction=False)
             for i in todo:
                 name, (keys, args) = calls[i]
-                pipe.evalsha(self.scripts[name].sha, len(keys), *keys, *args)
+                # As a raw command: redis-py's cluster pipelines refuse ``evalsha``.
+                pipe.execute_command("EVALSHA", self.scripts[name].sha, len(keys), *keys,
+                                     *args)
             results = await pipe.execute(raise_on_error=False)
             missing = []
             for i, result in zip(todo, results, strict=True):

@@ -6,6 +6,10 @@ caller that stops waiting early leaves it running and picks up its answer on the
 so a blocking command is never cancelled mid-flight (which would poison the connection).
 Several lists can share the wait (a ``generate`` worker also hears cancellations): BLPOP
 serves them in the order given, and ``wait`` says which one answered.
+
+On a Redis Cluster one BLPOP may name only keys of one slot, and a sharded queue's wake lists
+sit in several; there the lists are grouped by slot, with one BLPOP outstanding per group
+(each on a pooled connection to its node), and the first to answer wins.
 """
 
 from __future__ import annotations
@@ -15,46 +19,71 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
+from redis.crc import key_slot
+
+from inferq.cluster import is_cluster_client
 
 BLOCK_S = 1.0
 
 
 class WakeWaiter:
-    def __init__(self, client: aioredis.Redis, *keys: str) -> None:
+    def __init__(self, client: Any, *keys: str) -> None:
         self._client = client
-        self._keys = list(keys)
-        self._task: asyncio.Task[Any] | None = None
+        self._cluster = is_cluster_client(client)
+        self._groups = self._group(keys)
+        #: The BLPOP in flight for each group of lists (left running between calls).
+        self._tasks: dict[tuple[str, ...], asyncio.Task[Any]] = {}
+
+    def _group(self, keys: Sequence[str]) -> list[tuple[str, ...]]:
+        if not self._cluster:
+            return [tuple(keys)]
+        by_slot: dict[int, list[str]] = {}
+        for key in keys:
+            by_slot.setdefault(key_slot(key.encode()), []).append(key)
+        return [tuple(group) for group in by_slot.values()]
 
     def set_keys(self, keys: Sequence[str]) -> None:
-        """Block on these lists from the next BLPOP on (a sharded queue's wake lists)."""
-        self._keys = list(keys)
+        """Block on these lists from the next BLPOP on (a sharded queue's wake lists); a BLPOP
+        already in flight on the old ones is still heard once."""
+        self._groups = self._group(keys)
 
     async def wait(self, timeout: float | None, *,
                    also: asyncio.Event | None = None) -> tuple[str, str] | None:
         """Wait until an element arrives (returned as ``(list key, element)``), ``also`` is
         set, or ``timeout`` passes (both: None)."""
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._client.blpop(self._keys, timeout=BLOCK_S))
+        for group in self._groups:
+            if group not in self._tasks:
+                self._tasks[group] = asyncio.ensure_future(
+                    self._client.blpop(list(group), timeout=BLOCK_S))
         if also is not None and also.is_set():
             return None
-        await wait_any(() if also is None else (also,), timeout, or_done=self._task)
-        if not self._task.done():
-            return None
-        task, self._task = self._task, None
-        popped = task.result()
-        if popped is None:
-            return None
-        key, element = popped
-        return _text(key), _text(element)
+        waiters = [] if also is None else [asyncio.ensure_future(also.wait())]
+        try:
+            await asyncio.wait([*waiters, *self._tasks.values()], timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        for group, task in list(self._tasks.items()):
+            if not task.done():
+                continue
+            del self._tasks[group]
+            popped = task.result()
+            if popped is not None:
+                key, element = popped
+                return _text(key), _text(element)
+        return None
 
     async def close(self, timeout: float = 1.0) -> None:
-        """Cancel the BLPOP in flight and wait at most ``timeout`` for it (a cancellation that
-        redis-py swallows must not hang the stop)."""
-        if self._task is not None:
-            task, self._task = self._task, None
+        """Cancel the BLPOPs in flight and wait at most ``timeout`` for them (a cancellation
+        that redis-py swallows must not hang the stop)."""
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
             task.cancel()
-            await asyncio.wait({task}, timeout=timeout)
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+        for task in tasks:
             if task.done() and not task.cancelled():
                 with contextlib.suppress(BaseException):
                     task.exception()
