@@ -63,9 +63,16 @@ def enqueue(r: redis.Redis, request_id: str, shards: int, priority: int = 0) -> 
     return keys
 
 
+def wait_raw(r: redis.Redis, key: str) -> Any:
+    for _ in range(20):  # blocks until the result is written, under redis-py's read timeout
+        raw = r.blmove(key, key, timeout=2)
+        if raw is not None:
+            return raw
+    return None
+
+
 def wait_result(r: redis.Redis, keys: QueueKeys, request_id: str) -> str:
-    key = keys.result(request_id)
-    raw = r.blmove(key, key, timeout=20)  # blocks until the result is written
+    raw = wait_raw(r, keys.result(request_id))
     assert raw is not None, f"no result for {request_id}"
     result = decode_result(raw)
     assert result.ok, result
@@ -81,8 +88,8 @@ async def test_a_sharded_queue_is_served_by_one_worker_with_nothing_lost(
     worker = Worker(config(redis_url), EchoModel())
     task = await run_worker(worker)
     try:
-        outputs = await asyncio.gather(*(
-            asyncio.to_thread(wait_result, r, placed[i], i) for i in ids))
+        # one waiting thread: the event loop's default executor stays free for the worker
+        outputs = await asyncio.to_thread(lambda: [wait_result(r, placed[i], i) for i in ids])
         assert outputs == ids
         # a request enqueued into shard 2 while the worker idles wakes it
         late = ids_in_shard(2, 3, "late-", 1)[0]
@@ -174,7 +181,7 @@ async def test_a_generate_worker_serves_every_shard_and_streams_from_it(
     await gen_worker(max_slots=4)
     for request_id, keys in placed.items():
         key = keys.result(request_id)
-        raw = await asyncio.to_thread(r.blmove, key, key, 60)
+        raw = await asyncio.to_thread(wait_raw, r, key)
         assert raw is not None and decode_result(raw).ok
         # the text went to the request's own shard's stream, ended by the end marker
         entries = r.xrange(keys.stream(request_id))
