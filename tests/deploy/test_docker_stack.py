@@ -183,10 +183,20 @@ def test_the_compose_stack_in_a_real_engine(stack: Stack) -> None:
             handles = client.enqueue_many([f"sentence {i}" for i in range(40)], model="minilm")
             assert all(h.result(timeout=300).ok for h in handles)
             time.sleep(6)
+        # Queue depth has series only while requests wait: keep a backlog until it is seen.
+        backlog: list[inferq.Handle] = []
+
+        def depth_seen() -> bool:
+            backlog.extend(client.enqueue_many([f"backlog {i}" for i in range(100)],
+                                               model="minilm", priority=-5))
+            return bool(_prom(stack, "max by (queue, priority) (inferq_queue_depth)"))
+        _wait("queue depth in Prometheus", depth_seen, 120, every=1)
+        assert all(h.result(timeout=600).ok for h in backlog)
     exprs = [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"]
              for t in p.get("targets", [])]
     assert exprs
-    empty = [e for e in exprs if not _prom(stack, e) and not any(n in e for n in NOT_THIS_STACK)]
+    empty = [e for e in exprs if not _prom(stack, e) and not any(n in e for n in NOT_THIS_STACK)
+             and "inferq_queue_depth" not in e]  # seen above, while the backlog waited
     assert not empty, f"dashboard queries without data: {empty}"
     assert len(_prom(stack, 'up{job="inferq-worker"} == 1')) == 3
 
