@@ -98,3 +98,15 @@ def test_recording_a_window_of_arrivals_equals_recording_each(times: list[float]
         one.record(t)
     each.record_each(times)
     assert (one._last, one._level, one._weight) == (each._last, each._level, each._weight)
+
+
+def test_window_stats_publish_the_handoff_between_batches() -> None:
+    from inferq.worker.window.stats import WindowStats
+
+    stats = WindowStats()
+    assert stats.as_fields()["handoffs"] == "0"
+    stats.record_handoff(0.002)
+    stats.record_handoff(0.004)
+    fields = stats.as_fields()
+    assert fields["handoffs"] == "2"
+    assert float(fields["handoff_s"]) == 0.006
