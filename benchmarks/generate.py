@@ -162,6 +162,17 @@ async def _drive(url: str, worker: WorkerProc, items: Sequence[Item], *, warmup:
                                     [worker], RESULT_TIMEOUT_S)
 
 
+def engine_pid(worker_pid: int) -> int | None:
+    """The ``--engine-process`` worker's engine process (its child spawned by
+    ``multiprocessing``; the other one is multiprocessing's resource tracker)."""
+    for children in Path(f"/proc/{worker_pid}/task").glob("*/children"):
+        for pid in children.read_text().split():
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"spawn_main" in cmdline:
+                return int(pid)
+    return None
+
+
 def _stats(results: Sequence[Any], items: Sequence[Item]) -> dict[str, Any]:
     tokens = [len(r.output["token_ids"]) for r in results]
     expected = sum(i.max_new for i in items)
@@ -195,7 +206,10 @@ def run_variant(cleanup: Cleanup, url: str, server_pid: int | None, model: str, 
                           task="generate")
     try:
         asyncio.run(_drive(url, worker, warm, warmup=True))
-        probe = CpuProbe({"worker": worker.pid, "server": server_pid, "producer": None})
+        pids = {"worker": worker.pid, "server": server_pid, "producer": None}
+        if variant == "process" and (engine := engine_pid(worker.pid)) is not None:
+            pids["engine"] = engine  # its CPU is the worker's too
+        probe = CpuProbe(pids)
         probe.start()
         results = asyncio.run(_drive(url, worker, items, warmup=False))
         cpu = probe.stop()
