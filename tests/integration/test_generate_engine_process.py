@@ -130,3 +130,38 @@ async def test_sigterm_drain_finishes_running_generations_and_stops_the_engine(
     for h in rest:
         assert r.hget(KEYS.request(h.id), "a") == b"0"
     await until(lambda: not alive(pid), what="the engine process to exit")
+
+
+async def test_a_cancel_takes_effect_at_the_engines_next_step_boundary(
+        gen_worker: Any, aclient: inferq.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The engine process is frozen (SIGSTOP) while the cancel travels through Redis to the
+    # worker and down the pipe, so what is counted below is only what the engine did after
+    # the notice reached it (its outputs from before the freeze were read meanwhile).
+    worker = await gen_worker(max_slots=2, engine_process=True, stream_interval_ms=1000)
+    handle = await aclient.enqueue("stop me", model=MODEL, task="generate",
+                                   params={"max_new_tokens": 1000, "ignore_eos": True})
+    await until(lambda: worker.running and len(worker.running[0].tokens) >= 20,
+                what="the generation to run")
+    g = worker.running[0]
+    pid = worker.steps.pid
+    assert pid is not None
+    sent = asyncio.Event()
+    real_cancel = worker.steps.cancel
+
+    def cancel(request_ids: list[str]) -> None:
+        real_cancel(request_ids)
+        sent.set()
+
+    monkeypatch.setattr(worker.steps, "cancel", cancel)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert await handle.cancel()
+        await asyncio.wait_for(sent.wait(), 30)
+        at_cancel = len(g.tokens)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await until(lambda: worker.stats.cancelled == 1, what="the generation to leave")
+    assert g.finish is inferq.FinishReason.CANCELLED
+    # The step the engine was in when frozen, and (when the notice reaches the step loop
+    # just after the next step began) one more.
+    assert len(g.tokens) - at_cancel <= 3, len(g.tokens) - at_cancel
