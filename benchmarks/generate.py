@@ -7,7 +7,9 @@ lengths uniform in 4..128 tokens, ``max_new_tokens`` uniform in 8..128, greedy w
 ``inferq worker --task generate`` process serving its own queue, run one after the other (the
 order rotates per trial) against an embedded server with AOF:
 
-* ``continuous``: iteration-level batching (the default ``generate`` worker, 16 slots);
+* ``continuous``: iteration-level batching (the ``generate`` worker, 16 slots, its step loop on
+  a thread of the worker process);
+* ``process``: the same with ``--engine-process`` (model and step loop in a child process);
 * ``request``: request-level batching, ``--batching request`` (the adaptive window worker,
   batches of up to 16 run through one padded ``generate``);
 * ``bs1``: ``--batching request --max-batch-size 1`` (each request alone);
@@ -58,9 +60,9 @@ from benchmarks.models import (
 )
 from benchmarks.stack import WorkerProc, gather_watched, spawn_worker
 
-VARIANTS = ("continuous", "request", "bs1")
-ORDERS = (("continuous", "request", "bs1"), ("bs1", "request", "continuous"),
-          ("request", "continuous", "bs1"))
+VARIANTS = ("continuous", "request", "bs1", "process")
+ORDERS = (("continuous", "process", "request", "bs1"), ("bs1", "request", "process", "continuous"),
+          ("request", "continuous", "bs1", "process"))
 MODELS = ("tiny", "smollm2")
 #: Requests and arrival rates (req/s) per model: full run, --quick run. The rates are above
 #: what request-level batching sustains on a 2-core CPU, so every variant runs saturated and
@@ -133,7 +135,9 @@ def workload(tokenizer: Any, n: int, rate: float, seed: int) -> list[Item]:
 def _worker_flags(variant: str, threads: int | None) -> list[str]:
     flags = ["--device", "cpu", *(["--torch-threads", str(threads)] if threads else [])]
     if variant == "continuous":
-        return [*flags, "--max-slots", str(SLOTS)]
+        return [*flags, "--max-slots", str(SLOTS), "--no-engine-process"]
+    if variant == "process":
+        return [*flags, "--max-slots", str(SLOTS), "--engine-process"]
     size = "1" if variant == "bs1" else str(SLOTS)
     return [*flags, "--batching", "request", "--max-batch-size", size]
 
@@ -156,6 +160,17 @@ async def _drive(url: str, worker: WorkerProc, items: Sequence[Item], *, warmup:
                 params={"max_new_tokens": item.max_new, "ignore_eos": True}))
         return await gather_watched([asyncio.ensure_future(h.result()) for h in handles],
                                     [worker], RESULT_TIMEOUT_S)
+
+
+def engine_pid(worker_pid: int) -> int | None:
+    """The ``--engine-process`` worker's engine process (its child spawned by
+    ``multiprocessing``; the other one is multiprocessing's resource tracker)."""
+    for children in Path(f"/proc/{worker_pid}/task").glob("*/children"):
+        for pid in children.read_text().split():
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"spawn_main" in cmdline:
+                return int(pid)
+    return None
 
 
 def _stats(results: Sequence[Any], items: Sequence[Item]) -> dict[str, Any]:
@@ -191,7 +206,10 @@ def run_variant(cleanup: Cleanup, url: str, server_pid: int | None, model: str, 
                           task="generate")
     try:
         asyncio.run(_drive(url, worker, warm, warmup=True))
-        probe = CpuProbe({"worker": worker.pid, "server": server_pid, "producer": None})
+        pids = {"worker": worker.pid, "server": server_pid, "producer": None}
+        if variant == "process" and (engine := engine_pid(worker.pid)) is not None:
+            pids["engine"] = engine  # its CPU is the worker's too
+        probe = CpuProbe(pids)
         probe.start()
         results = asyncio.run(_drive(url, worker, items, warmup=False))
         cpu = probe.stop()
@@ -310,7 +328,7 @@ def _ratios(entry: Mapping[str, Any]) -> dict[str, float | None]:
         return median_of(vals)
 
     ratios: dict[str, float | None] = {}
-    cb, req, bs1 = (med(x, "tokens_per_s") for x in VARIANTS)
+    cb, req, bs1, proc = (med(x, "tokens_per_s") for x in VARIANTS)
     if cb and req:
         ratios["tokens_per_s"] = cb / req
         t_cb, t_req = med("continuous", "ttft_ms", "p50"), med("request", "ttft_ms", "p50")
@@ -321,6 +339,12 @@ def _ratios(entry: Mapping[str, Any]) -> dict[str, float | None]:
     alone_tps = median_of([t["tokens_per_s"] for t in entry["engine_alone"]])
     if cb and alone_tps:
         ratios["vs_engine_alone"] = cb / alone_tps
+    if proc and req:
+        ratios["process_vs_request"] = proc / req
+    if proc and alone_tps:
+        ratios["process_vs_engine_alone"] = proc / alone_tps
+    if proc and cb:
+        ratios["process_vs_thread"] = proc / cb
     return ratios
 
 
@@ -341,7 +365,7 @@ def draw_plots(report: Mapping[str, Any], folder: Path) -> list[Path]:
     models = [m for m, e in report["models"].items() if e["variants"].get("request")]
     if not models:
         return []
-    names = [n for n in ("continuous", "request", "bs1", "engine alone")
+    names = [n for n in ("continuous", "process", "request", "bs1", "engine alone")
              if any(n in _variant_runs(report["models"][m]) for m in models)]
 
     def pct(model: str, name: str, pick: Any) -> float | None:
@@ -404,8 +428,10 @@ def results_markdown(report: Mapping[str, Any]) -> str:
         "`inferq worker --task generate` per variant, run one after the other; "
         f"{cfg['trials']} trial(s), median over trials. Worker torch threads: "
         + ", ".join(f"{m} {TORCH_THREADS[m] or 'default'}" for m in report["models"]) + ".",
-        "- Variants: **continuous** = iteration-level batching (default worker, "
-        f"`--max-slots {SLOTS}`); **request** = `--batching request --max-batch-size {SLOTS}` "
+        "- Variants: **continuous** = iteration-level batching (`--max-slots "
+        f"{SLOTS}`, step loop on a thread of the worker); **process** = the same with "
+        "`--engine-process` (model and step loop in a child process); **request** = "
+        f"`--batching request --max-batch-size {SLOTS}` "
         "(adaptive window, padded `generate`); **bs1** = `--batching request "
         "--max-batch-size 1`; **engine alone** = the continuous worker's engine on the same "
         "requests at the same arrival times, in the benchmark's process (same slots, budget "
@@ -443,6 +469,15 @@ def results_markdown(report: Mapping[str, Any]) -> str:
             verdicts.append("continuous / engine alone tokens/s = "
                             f"{ratio['vs_engine_alone']:.2f} (what serving through the queue "
                             "costs the model on this machine)")
+        if ratio.get("process_vs_engine_alone") is not None:
+            verdicts.append("process (engine in a child process) / engine alone tokens/s = "
+                            f"{ratio['process_vs_engine_alone']:.2f} (target >= 0.9)")
+        if ratio.get("process_vs_request") is not None:
+            verdicts.append(f"process / request tokens/s = {ratio['process_vs_request']:.2f}"
+                            " (target >= 1.5)")
+        if ratio.get("process_vs_thread") is not None:
+            verdicts.append("process / continuous (engine on a thread) tokens/s = "
+                            f"{ratio['process_vs_thread']:.2f}")
         if m.get("same_tokens") is not None:
             verdicts.append(f"requests whose tokens equal the continuous variant's: "
                             f"{m['same_tokens']}")

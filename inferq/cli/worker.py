@@ -37,7 +37,8 @@ CONFIG_FLAGS = ("device", "dtype", "lease_ms", "heartbeat_ms", "drain_timeout_s"
                 "result_ttl_s", "worker_id")
 WINDOW_FLAGS = ("max_batch_size", "max_batch_tokens", "max_wait_ms")
 #: ``GenerationSettings`` fields set by flags of the same name, when given.
-CONTINUOUS_FLAGS = ("max_slots", "kv_cache_mb", "max_prefill_tokens", "stream_interval_ms")
+CONTINUOUS_FLAGS = ("max_slots", "kv_cache_mb", "max_prefill_tokens", "stream_interval_ms",
+                    "engine_process")
 
 
 def add_parser(sub: Subcommands) -> None:
@@ -96,6 +97,9 @@ def add_parser(sub: Subcommands) -> None:
     g.add_argument("--max-prefill-tokens", type=int, help="prompt tokens prefilled per step")
     g.add_argument("--stream-interval-ms", type=float,
                    help="write token streams and results at most this often")
+    g.add_argument("--engine-process", action=argparse.BooleanOptionalAction,
+                   help="run the model, KV cache and step loop in a child process of their "
+                        "own (default: a thread of the worker process)")
     w.set_defaults(run=run)
 
 

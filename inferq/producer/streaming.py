@@ -1,16 +1,16 @@
 """Reading a generation's token stream: the part the sync and async handles share.
 
 A generating worker appends each decode step's new text to the request's Redis Stream
-(``inferq:{Q}:stream:<id>``: entries ``a`` attempt, ``d`` text delta; ``e`` marks the end) and
-finally writes the result. A reader follows the stream with ``XREAD BLOCK`` from the start, so
-a client that reconnects reads everything again; it stops at the end marker, or when a read
-times out and the result exists (a request cancelled before it ran, or finished by a worker
-that does not stream, has no end marker to wait for).
+(``inferq:{Q}:stream:<id>``: entries ``a`` attempt, ``d`` text delta, ``k`` the token ids
+behind it; ``e`` marks the end) and finally writes the result. A reader follows the stream
+with ``XREAD BLOCK`` from the start, so a client that reconnects reads everything again; it
+stops at the end marker, or when a read times out and the result exists (a request cancelled
+before it ran, or finished by a worker that does not stream, has no end marker to wait for).
 
-If a worker dies mid-generation and the request runs again (a new attempt), the new attempt's
-stream restarts from its first token. Generation is replayable (greedy, or seeded sampling; the
-worker derives a seed from the request id when none is given), so the reader skips the part of
-the new attempt's text it already yielded and carries on where it was.
+If a worker dies mid-generation and the request runs again (a new attempt), the new attempt
+goes on from the tokens already in the stream (the worker reads them back and prefills prompt +
+those tokens), so the stream is append-only text that never contradicts itself, whatever the
+numerics or sampling of the new attempt: the reader yields every delta as it is.
 """
 
 from __future__ import annotations
@@ -33,14 +33,11 @@ READ_COUNT = 512
 
 
 class StreamReader:
-    """Turns XREAD replies into the text deltas to yield; tracks position and attempts."""
+    """Turns XREAD replies into the text deltas to yield; tracks the position."""
 
     def __init__(self) -> None:
         self.last_id = "0-0"
         self.ended = False
-        self._attempt = 0
-        self._yielded = 0  # characters yielded so far, over all attempts
-        self._attempt_chars = 0  # characters seen in the current attempt's entries
 
     def feed(self, reply: Any) -> list[str]:
         """Deltas to yield from one ``XREAD`` reply (RESP2 list or RESP3 mapping)."""
@@ -49,18 +46,8 @@ class StreamReader:
             self.last_id = entry_id
             if "e" in fields:
                 self.ended = True
-                continue
-            attempt = int(fields.get("a", "1") or 1)
-            if attempt != self._attempt:
-                self._attempt, self._attempt_chars = attempt, 0
-            delta = fields.get("d", "")
-            start = self._attempt_chars
-            self._attempt_chars += len(delta)
-            # Text a previous attempt already produced was yielded once; skip it.
-            fresh = delta[max(0, self._yielded - start):]
-            if fresh:
-                out.append(fresh)
-                self._yielded += len(fresh)
+            elif delta := fields.get("d", ""):
+                out.append(delta)
         return out
 
 

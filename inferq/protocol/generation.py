@@ -47,7 +47,8 @@ class ChatMessage(BaseModel):
 class GenerationParams(BaseModel):
     """``params`` of a ``generate`` request. ``temperature`` 0 (the default) is greedy decoding,
     which is deterministic; with sampling, ``seed`` makes the draw reproducible (without one, the
-    worker derives a seed from the request id, so a retried request replays the same text)."""
+    worker derives a seed from the request id). A retried or reclaimed request goes on from the
+    tokens already in its stream, whatever it would draw now."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

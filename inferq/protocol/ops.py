@@ -234,18 +234,21 @@ def cancel_call(keys: QueueKeys, request_id: str, result_ttl_ms: int) -> Call:
 
 @dataclass(frozen=True, slots=True)
 class StreamDelta:
-    """One running generation's text produced by a decode step ('' checks the lease only)."""
+    """One running generation's text and token ids since the last write (neither: the call
+    checks the lease only)."""
 
     id: str
     token: str
     attempt: int
     text: str
+    token_ids: Sequence[int] = ()
 
 
 def stream_call(keys: QueueKeys, result_ttl_ms: int, items: Iterable[StreamDelta]) -> Call:
     args: list[bytes | str | int] = [keys.prefix, result_ttl_ms]
     for item in items:
-        args += [item.id, item.token, item.attempt, item.text]
+        args += [item.id, item.token, item.attempt, item.text,
+                 " ".join(map(str, item.token_ids))]
     return [keys.inflight], args
 
 

@@ -644,22 +644,26 @@ return 'cancelled'
 
 STREAM = _PRELUDE + r"""
 -- KEYS: 1 inflight (names the queue's slot; per-request keys are built from prefix)
--- ARGV: 1 prefix, 2 ttl ms, then per request 4 values: id, token, attempt, delta text
+-- ARGV: 1 prefix, 2 ttl ms, then per request 5 values: id, token, attempt, delta text,
+--       the ids of the tokens generated since the last write (decimal, space-separated)
 -- Called by a generating worker once per decode step for every request it runs. A request
 -- whose lease token still matches gets its delta appended to its stream (nothing is appended
--- for an empty delta: the call then only checks the lease). A request whose token no longer
--- matches was cancelled, finished elsewhere or reclaimed: nothing is appended, its id is
--- returned, and when its result exists an end marker is appended so readers stop waiting.
--- Stream entries: a = attempt, d = text delta; e = 1 marks the end (the result exists).
+-- when there are neither text nor tokens: the call then only checks the lease). A request
+-- whose token no longer matches was cancelled, finished elsewhere or reclaimed: nothing is
+-- appended, its id is returned, and when its result exists an end marker is appended so
+-- readers stop waiting.
+-- Stream entries: a = attempt, d = text delta, k = token ids (a retried or reclaimed
+-- generation goes on from them); e = 1 marks the end (the result exists).
 -- Returns the ids whose lease was lost.
 local prefix, ttl = ARGV[1], tonumber(ARGV[2])
 local lost = {}
-for i = 3, #ARGV, 4 do
-  local id, token, attempt, delta = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+for i = 3, #ARGV, 5 do
+  local id, token, attempt, delta, toks = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3],
+    ARGV[i + 4]
   local skey = prefix .. 'stream:' .. id
   if redis.pcall('HGET', prefix .. 'req:' .. id, 't') == token then
-    if delta ~= '' then
-      force('XADD', skey, '*', 'a', attempt, 'd', delta)
+    if delta ~= '' or toks ~= '' then
+      force('XADD', skey, '*', 'a', attempt, 'd', delta, 'k', toks)
       redis.call('PEXPIRE', skey, ttl)
     end
   else

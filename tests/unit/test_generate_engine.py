@@ -131,3 +131,23 @@ def test_stop_strings_end_the_generation(lm: CausalLM, stop_at: int) -> None:
     drive(engine, [(0, g)])
     assert g.finish is FinishReason.STOP
     assert g.detok.text == full[:full.index(stop)]
+
+
+def test_a_resumed_generation_goes_on_from_its_streamed_tokens(lm: CausalLM) -> None:
+    ids = prompts(lm, 1, seed=4)[0]
+    reference = greedy_reference(lm, ids, 30, ignore_eos=True)
+    full = lm.decode(reference)
+    engine = Engine(lm, Budget(max_slots=2, kv_tokens=1 << 20, max_prefill_tokens=4096))
+    params = GenerationParams(max_new_tokens=30, ignore_eos=True)
+    shown = lm.decode(reference[:12])
+    g = engine.new_generation("r", ids, params, streamed=reference[:12], shown=shown)
+    assert g.tokens == reference[:12] and g.prefill_tokens == len(ids) + 12
+    assert g.finish is None and g.detok.emitted == len(shown)
+    drive(engine, [(0, g)])
+    assert g.tokens == reference  # 18 more: max_new_tokens counts the streamed ones
+    assert g.detok.text == full
+    # What the new steps hand out is what comes after the text already shown.
+    assert shown + g.detok.delta(final=True) == full
+    # A stream that already holds every token: finished on arrival, nothing to run.
+    done = engine.new_generation("d", ids, params, streamed=reference, shown=full)
+    assert done.finish is FinishReason.LENGTH and done.detok.text == full

@@ -203,13 +203,16 @@ def test_default_seed_comes_from_the_request_id() -> None:
 # ------------------------------------------------------------------------ stream reader
 
 
-def test_stream_reader_yields_deltas_and_skips_a_replayed_attempt() -> None:
+def test_stream_reader_yields_every_delta_as_it_is_across_attempts() -> None:
     reader = StreamReader()
-    reply = [[b"k", [(b"1-0", {b"a": b"1", b"d": b"Hel"}), (b"2-0", {b"a": b"1", b"d": b"lo"})]]]
+    reply = [[b"k", [(b"1-0", {b"a": b"1", b"d": b"Hel", b"k": b"7 8"}),
+                     (b"2-0", {b"a": b"1", b"d": b"lo", b"k": b"9"})]]]
     assert reader.feed(reply) == ["Hel", "lo"]
-    # The worker died; attempt 2 replays the same text and goes further.
-    replay = [[b"k", [(b"3-0", {b"a": b"2", b"d": b"He"}), (b"4-0", {b"a": b"2", b"d": b"llo wo"}),
-                      (b"5-0", {b"e": b"1"})]]]
-    assert reader.feed(replay) == [" wo"]
+    # The worker died; attempt 2 goes on from the streamed tokens: its text is new text, even
+    # when it repeats what came before, and a token that shows no text yet yields nothing.
+    more = [[b"k", [(b"3-0", {b"a": b"2", b"d": b"lo", b"k": b"9"}),
+                    (b"4-0", {b"a": b"2", b"d": b"", b"k": b"10"}),
+                    (b"5-0", {b"e": b"1"})]]]
+    assert reader.feed(more) == ["lo"]
     assert reader.ended and reader.last_id == "5-0"
     assert reader.feed({"k": [["6-0", {"a": "2", "d": "!"}]]}) == ["!"]  # RESP3 shape

@@ -31,6 +31,25 @@ token for token (tested). Its price is attention over the longest running sequen
 rectangle, not pages), cheap next to the matmuls for the models and contexts served here; a
 GPU deployment with long contexts would want paged attention kernels, behind the same
 ``step`` interface.
+
+Where the loop runs. By default ``steploop.StepLoop`` runs it on a thread of the worker process,
+next to the asyncio loop that claims, streams and completes; torch releases the GIL inside its
+kernels, but every Python line of a step (scheduling, sampling, detokenizing) waits for the
+GIL while the event loop encodes Redis calls, and the other way round. The benchmark
+(``engines``) measured what that costs on this CPU: next to a busy thread the engine kept 0.75x
+of its speed, next to a busy process 0.99x. So, as vLLM's engine core does, the loop can run in
+a child process of its own (``GenerationSettings.engine_process``, ``inferq worker
+--engine-process``): ``engine_process.EngineProcess`` spawns it (``spawn``, never ``fork``: a
+CUDA context does not survive a fork), the child loads the model itself and runs ``StepLoop``
+over this ``Engine``; the worker process keeps claims, stream writes, results, leases,
+cancellation and metrics. They talk over one pipe in msgpack messages: submissions,
+cancellations and withdrawals one way; the step outputs (each running request's new token and
+text, finished requests' final text) the other way, as many steps per message as queued while
+the worker was busy. Cancellation is a message the child applies at its next step boundary,
+as the thread does. The worker notices a dead child when the pipe closes, retries what had
+started (alone and from its streamed tokens), gives back the rest and starts a new child.
+The price: a second copy of the tokenizer in the child (the worker tokenizes, the child
+detokenizes, for stop strings) and, for now, the worker process still loads the model too.
 """
 
 from __future__ import annotations
@@ -82,6 +101,9 @@ class Generation:
     #: admitted alone until one step of its own succeeds.
     failures: int = 0
     suspect: bool = False
+    #: Runs alone: no other sequence shares its steps (a request whose previous attempt may
+    #: have crashed a worker, see ``steploop``).
+    alone: bool = False
 
     @property
     def prompt_tokens(self) -> int:
@@ -137,16 +159,39 @@ class Engine:
     # ------------------------------------------------------------------------- building
 
     def new_generation(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
-                       *, priority: int = 0, order: int = 0, tag: Any = None) -> Generation:
-        """A generation ready to admit; ``max_new`` is capped by the model's context."""
+                       *, priority: int = 0, order: int = 0, tag: Any = None,
+                       alone: bool = False, streamed: Sequence[int] = (),
+                       shown: str = "") -> Generation:
+        """A generation ready to admit; ``max_new`` is capped by the model's context.
+
+        ``streamed``: the tokens a previous attempt already put in the request's stream, whose
+        text ``shown`` the producer has seen. The generation goes on from them (admission
+        prefills prompt + ``streamed``); they count towards ``max_new``, and a generation they
+        already finish (end of sequence, stop string, length) is returned finished."""
         room = self.lm.max_positions - len(prompt_ids)
         generator = None if params.greedy else make_generator(seed_for(request_id, params))
-        return Generation(
+        g = Generation(
             id=request_id, prompt_ids=prompt_ids, params=params,
             max_new=max(0, min(params.max_new_tokens, room)),
             detok=Detokenizer(self.lm.decode, prompt_ids, params.stop, backend=self.lm.backend),
-            priority=priority, order=order, generator=generator, tag=tag,
+            priority=priority, order=order, generator=generator, tag=tag, alone=alone,
         )
+        if streamed:
+            self._resume(g, streamed, shown)
+        return g
+
+    def _resume(self, g: Generation, streamed: Sequence[int], shown: str) -> None:
+        for token in streamed:
+            if g.finish is not None:
+                break
+            self._accept(g, int(token))
+        if g.finish is not None:
+            g.detok.flush()
+            g.finished_at = self.clock()
+        if not g.detok.text.startswith(shown):
+            log.warning("request %s: the text of its %d streamed tokens does not start with "
+                        "the %d characters its stream shows", g.id, len(g.tokens), len(shown))
+        g.detok.emitted = min(len(shown), len(g.detok.text))
 
     def footprint(self, rows: int, longest: int) -> int:
         return footprint(rows, longest, self.budget.max_slots)

@@ -1,6 +1,11 @@
 """The stream publisher of a ``generate`` worker: each step's new text into every running
 request's Redis Stream, and the results of finished ones.
 
+Each stream entry carries the text and the ids of the tokens generated since the previous
+one: the tokens in a stream are what its producer was shown, and a retried or reclaimed
+generation goes on from them (``streamed``, read back with one XRANGE when it is claimed) instead
+of generating again, so its stream never contradicts itself.
+
 One pipelined round trip per write (``stream``, token checked; ``complete``; ``stream_end``),
 at most once per ``stream_interval_ms``: queued steps are merged into one write, so a fast
 model is not slowed by a write per step. The ``stream`` call reports requests whose lease is
@@ -11,22 +16,33 @@ them after that and the model thread drops them at its next step boundary, freei
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from inferq.protocol import ops
 from inferq.protocol.codec import Usage
 from inferq.protocol.generation import FinishReason
-from inferq.worker.core.failures import failure_of
+from inferq.worker.core.failures import Failure, failure_of
 from inferq.worker.core.queue_link import QueueLink, ScriptPipeline
 from inferq.worker.core.results import Claim, completion
 from inferq.worker.generate.engine import Generation
 from inferq.worker.generate.stats import GenerationStats
-from inferq.worker.generate.steploop import StepLoop, StepOutput
+from inferq.worker.generate.steploop import StepOutput, Steps
 
 #: The scripts of one write, loaded on the publisher's own connection.
 PUBLISHER_SCRIPTS = ("stream", "complete", "stream_end")
+
+
+def streamed(entries: Sequence[tuple[Any, Mapping[Any, Any]]]) -> tuple[list[int], str]:
+    """The token ids and the text a stream (``XRANGE`` entries) holds."""
+    tokens: list[int] = []
+    text: list[str] = []
+    for _entry_id, fields in entries:
+        values = {ops.as_str(k): ops.as_str(v) for k, v in fields.items()}
+        tokens += [int(t) for t in values.get("k", "").split()]
+        text.append(values.get("d", ""))
+    return tokens, "".join(text)
 
 
 @dataclass(slots=True)
@@ -46,13 +62,14 @@ def claim_of(g: Generation) -> StreamClaim:
 class StreamPublisher:
     link: QueueLink
     stats: GenerationStats
-    steps: StepLoop
+    steps: Steps
     pipeline: ScriptPipeline
     interval_s: float
     max_slots: int
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _stop: bool = field(default=False, init=False)
     _failures: list[list[ops.Completion]] = field(default_factory=list, init=False)
+    _done: list[StepOutput] = field(default_factory=list, init=False)
 
     def wake(self) -> None:
         """Outputs are waiting (called on the event loop)."""
@@ -63,10 +80,19 @@ class StreamPublisher:
         self._stop = True
         self._wake.set()
 
-    def fail(self, exc: Exception, victims: Sequence[Generation]) -> None:
-        """A forward raised: every sequence of the step fails (retried with backoff while
-        attempts remain, as a crashed batch in the window worker); written in step order."""
-        failure, now_ms = failure_of(exc), self.link.now_ms()
+    def finished(self, generations: Sequence[Generation]) -> None:
+        """Generations that were finished when claimed (their stream already held every
+        token: the previous attempt died before its result was written): written with the
+        next write, as if a step had finished them."""
+        self._done.append(StepOutput([], list(generations), 0, 0, 0.0))
+        self._wake.set()
+
+    def fail(self, exc: Exception | Failure, victims: Sequence[Generation]) -> None:
+        """A forward raised (or the engine process died): every sequence of the step fails
+        (retried with backoff while attempts remain, as a crashed batch in the window
+        worker); written in step order."""
+        failure = exc if isinstance(exc, Failure) else failure_of(exc)
+        now_ms = self.link.now_ms()
         self._failures.append([completion(self.link.config, claim_of(g), failure,
                                           finished_ms=now_ms) for g in victims])
         self._wake.set()
@@ -80,6 +106,7 @@ class StreamPublisher:
         while True:
             self._wake.clear()
             outs = self.steps.take_outputs(arm=True)
+            outs, self._done = self._done + outs, []
             failures, self._failures = self._failures, []
             if not outs and not failures:
                 if self._stop:
@@ -98,17 +125,22 @@ class StreamPublisher:
             if outs:
                 await self._publish(outs)
                 for out in outs:
-                    self._record(out)
+                    if out.advanced:
+                        self._record(out)
 
     async def _publish(self, outs: list[StepOutput]) -> None:
-        merged: dict[str, tuple[Generation, str]] = {}
+        merged: dict[str, tuple[Generation, list[int], str]] = {}
         for out in outs:
-            for g, text in out.advanced:
+            for g, token, text in out.advanced:
                 prev = merged.get(g.id)
-                merged[g.id] = (g, text if prev is None else prev[1] + text)
+                if prev is None:
+                    merged[g.id] = (g, [token], text)
+                else:
+                    prev[1].append(token)
+                    merged[g.id] = (g, prev[1], prev[2] + text)
         finished = [g for out in outs for g in out.finished]
         deltas = [ops.StreamDelta(g.id, claim_of(g).claimed.token, claim_of(g).claimed.attempt,
-                                  text) for g, text in merged.values()]
+                                  text, tokens) for g, tokens, text in merged.values()]
         completions = [self._result(g) for g in finished]
         config, book = self.link.config, self.link.book
         # one stream (+ complete, stream_end) call per queue shard (one shard by default)
@@ -137,7 +169,7 @@ class StreamPublisher:
             return
         lost = {i for at in stream_at for i in ops.parse_ids(replies[at])}
         now = self.link.clock()
-        for g, text in merged.values():
+        for g, _tokens, text in merged.values():
             claim = claim_of(g)
             if text and g.id not in lost and claim.first_visible is None:
                 claim.first_visible = now

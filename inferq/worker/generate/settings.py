@@ -31,6 +31,9 @@ class GenerationSettings:
     #: thread waits for: on the 2-core CPU, 25 ms gave the tiny model ~20% more tokens/s than
     #: 10 ms (medians over 3 interleaved rounds of 2 burst runs; single runs vary by as much).
     stream_interval_ms: float = 25.0
+    #: Run the model, KV cache and step loop in a child process (``engine_process``) instead
+    #: of a thread of the worker process.
+    engine_process: bool = False
 
     def __post_init__(self) -> None:
         if self.max_slots < 1:

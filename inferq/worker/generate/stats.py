@@ -16,6 +16,8 @@ class GenerationStats(WorkerStats):
     #: Steps that admitted (prefilled) sequences besides decoding the running ones.
     admission_steps: int = 0
     oom_splits: int = 0
+    #: Times the engine process died and was started again.
+    engine_restarts: int = 0
 
     @property
     def steps(self) -> int:
@@ -38,6 +40,7 @@ class GenerationStats(WorkerStats):
             "admission_steps": str(self.admission_steps),
             "cancelled": str(self.cancelled),
             "oom_splits": str(self.oom_splits),
+            "engine_restarts": str(self.engine_restarts),
             "padding_efficiency": "1.0000",
             "window_ms": "0",
             "target_batch_size": str(running),

@@ -21,6 +21,12 @@ keep their tokens and are admitted again later, prefilling prompt + generated to
   several, or in a decode, every sequence involved becomes a suspect and is admitted again
   alone (one suspect per step, in its own prefill), so the one that fails by itself is found
   and the others continue. A sequence in ``MAX_STEP_FAILURES`` failed steps fails for good.
+
+A generation marked ``alone`` (the worker marks a request whose previous attempt ended without
+a result: its worker may have crashed on it) runs alone: while one waits, nothing new is
+admitted and the batch drains; then it runs by itself, nothing joins it until it leaves, and
+``capacity`` is 0 meanwhile (the backlog stays in Redis, for other workers). So a request that
+crashes workers cannot take other requests' attempts with it.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from inferq.worker.core.failures import free_device_cache, is_out_of_memory
 from inferq.worker.generate.engine import AdmissionFailed, Engine, Generation
+from inferq.worker.generate.scheduler import priority_order
 
 log = logging.getLogger("inferq.worker")
 
@@ -45,13 +53,36 @@ RECOVER_AFTER_STEPS = 200
 
 @dataclass(slots=True)
 class StepOutput:
-    #: Every sequence that advanced, with the text its step made visible (maybe '').
-    advanced: list[tuple[Generation, str]]
+    #: Every sequence that advanced, with its new token and the text its step made visible
+    #: (maybe '').
+    advanced: list[tuple[Generation, int, str]]
     #: The sequences that finished in this step (they have left the batch).
     finished: list[Generation]
     admitted: int
     prefill_tokens: int
     elapsed_s: float
+    #: The sequences this step admitted, and when it ended (the step loop's clock).
+    entered: list[Generation] = field(default_factory=list)
+    at: float = 0.0
+
+
+class Steps(Protocol):
+    """What the worker drives: ``StepLoop`` (a thread of the worker process) or
+    ``engine_process.EngineProcess`` (the same loop in a child process)."""
+
+    def start(self) -> None: ...
+    def submit(self, generations: Sequence[Generation]) -> None: ...
+    def cancel(self, request_ids: Sequence[str]) -> None: ...
+    def take_outputs(self, *, arm: bool) -> list[StepOutput]: ...
+    def capacity(self) -> int: ...
+    @property
+    def running(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    async def withdraw(self, predicate: Callable[[Generation], bool] | None = None
+                       ) -> list[Generation]: ...
+    def stop(self) -> None: ...
+    def join(self, timeout: float | None = None) -> None: ...
 
 
 class StepLoop:
@@ -79,6 +110,8 @@ class StepLoop:
         self._halt = False
         self._due = 0
         self._running = 0
+        #: A generation that runs alone is running (see ``_select``).
+        self._alone_running = False
         #: Step outputs not yet taken by the event loop; ``on_step`` is called only when the
         #: event loop asked to be told (``arm``), not after every step: a tiny model steps
         #: every couple of ms, and waking the event loop that often costs the model thread.
@@ -114,6 +147,8 @@ class StepLoop:
         """Slots that will be free at the next step boundary and that no claimed request
         waits for: what the event loop may claim now."""
         with self._cond:
+            if self._alone_running or any(g.alone for g in self._waiting):
+                return 0
             return self.engine.budget.max_slots - self._running + self._due - len(self._waiting)
 
     @property
@@ -121,8 +156,18 @@ class StepLoop:
         return self._running
 
     @property
+    def due(self) -> int:
+        """Sequences that reach ``max_new_tokens`` in the step in flight."""
+        return self._due
+
+    @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    async def withdraw(self, predicate: Callable[[Generation], bool] | None = None
+                       ) -> list[Generation]:
+        """``take_waiting``, as ``engine_process.EngineProcess`` offers it."""
+        return self.take_waiting(predicate)
 
     def take_waiting(self, predicate: Callable[[Generation], bool] | None = None
                      ) -> list[Generation]:
@@ -134,7 +179,8 @@ class StepLoop:
 
     def stop(self) -> None:
         """Finish the running sequences (and those back after a failed step), admit nothing
-        new, then end the thread; what still waits is for ``take_waiting``."""
+        new (a sequence back after a failed step is not new), then end the thread; what still
+        waits is for ``take_waiting``."""
         with self._cond:
             self._halt = True
             self._cond.notify()
@@ -153,6 +199,7 @@ class StepLoop:
                 for g in admitted:
                     self._waiting.remove(g)
                 idle = not engine.running and not admitted
+                self._alone_running = any(g.alone for g in (*engine.running, *admitted))
                 if idle:
                     self._running, self._due = 0, 0
                 else:
@@ -184,20 +231,21 @@ class StepLoop:
                 victims = engine.clear()
                 victims += [g for g in admitted if g not in victims]
                 with self._cond:
-                    self._running, self._due = 0, 0
+                    self._running, self._due, self._alone_running = 0, 0, False
                 self._step_failed(victims, exc)
                 continue
             for g in admitted:
                 g.suspect = False
             self._recover()
             elapsed = self._clock() - started
-            out = [(g, g.detok.delta(final=g.finish is not None)) for g in advanced]
+            out = [(g, g.tokens[-1], g.detok.delta(final=g.finish is not None))
+                   for g in advanced]
             finished = [g for g in advanced if g.finish is not None]
             with self._cond:
                 self._running, self._due = len(engine.running), 0
-                self._outputs.append(StepOutput(out, finished, len(admitted),
-                                                prefill,
-                                                elapsed))
+                self._alone_running = any(g.alone for g in engine.running)
+                self._outputs.append(StepOutput(out, finished, len(admitted), prefill,
+                                                elapsed, admitted, started + elapsed))
                 notify, self._armed = self._armed, False
             if notify:
                 self._on_step()
@@ -206,9 +254,15 @@ class StepLoop:
 
     def _select(self) -> list[Generation]:
         """(Holding the lock.) The step's admissions; a suspect is prefilled alone. Once
-        stopping, only sequences that already produced tokens (back after a failed step) are
+        stopping, only sequences that already took steps here (back after a failed step) are
         admitted: the others go back to the queue untouched."""
-        waiting = [g for g in self._waiting if g.tokens] if self._halt else self._waiting
+        waiting = [g for g in self._waiting if g.steps] if self._halt else self._waiting
+        if any(g.alone for g in self.engine.running):
+            return []
+        alone = [g for g in priority_order(waiting) if g.alone]
+        if alone:
+            # Nothing joins while the batch drains; then the first of them runs by itself.
+            return [] if self.engine.running else alone[:1]
         admitted = self.engine.select(waiting)
         suspects = [g for g in admitted if g.suspect]
         return suspects[:1] if suspects else admitted

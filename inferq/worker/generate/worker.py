@@ -22,23 +22,27 @@ from redis.exceptions import RedisError
 
 from inferq.errors import InferqError, InvalidInput
 from inferq.protocol import ops
+from inferq.protocol.codec import ErrorInfo
 from inferq.protocol.generation import parse_generation_params
 from inferq.worker.core.backoff import RedisBackoff
 from inferq.worker.core.config import WorkerConfig
+from inferq.worker.core.failures import Failure
 from inferq.worker.core.lifecycle import QueueWorker, cancel
 from inferq.worker.core.queue_link import ScriptPipeline
-from inferq.worker.core.results import Claim, expired, failed_completion
+from inferq.worker.core.results import Claim, decode_claims, expired, failed_completion
 from inferq.worker.core.wake import wait_any
 from inferq.worker.generate.engine import Engine, Generation
+from inferq.worker.generate.engine_process import EngineProcess, EngineSpec
 from inferq.worker.generate.publisher import (
     PUBLISHER_SCRIPTS,
     StreamClaim,
     StreamPublisher,
     claim_of,
+    streamed,
 )
 from inferq.worker.generate.settings import GenerationSettings
 from inferq.worker.generate.stats import GenerationStats
-from inferq.worker.generate.steploop import StepLoop
+from inferq.worker.generate.steploop import StepLoop, Steps
 from inferq.worker.models.lm import CausalLM
 
 log = logging.getLogger("inferq.worker")
@@ -47,6 +51,7 @@ log = logging.getLogger("inferq.worker")
 class GenerationWorker(QueueWorker[Generation]):
     finishing = "the generations in hand"
     stats: GenerationStats
+    publisher: StreamPublisher
 
     def __init__(self, config: WorkerConfig, lm: CausalLM,
                  settings: GenerationSettings | None = None, *,
@@ -62,6 +67,7 @@ class GenerationWorker(QueueWorker[Generation]):
         self._wakes = 0
         self._retry_at: float | None = None
         self._helpers: tuple[asyncio.Task[None], ...] = ()
+        self._tasks: set[asyncio.Future[Any]] = set()
         # Cancellations first: BLPOP serves its lists in order, and the wake list of a busy
         # queue is never empty.
         self._cancels_key = self.keys.cancels(config.worker_id)
@@ -73,6 +79,9 @@ class GenerationWorker(QueueWorker[Generation]):
 
     @property
     def running(self) -> list[Generation]:
+        steps = getattr(self, "steps", None)  # None until the worker starts
+        if isinstance(steps, EngineProcess):
+            return steps.generations
         return self.engine.running
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -83,22 +92,40 @@ class GenerationWorker(QueueWorker[Generation]):
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         self._nudge = asyncio.Event()
-        self.steps = StepLoop(
-            self.engine, is_lost=self.book.is_lost, clock=self.clock,
+        callbacks: dict[str, Any] = dict(
             on_step=lambda: loop.call_soon_threadsafe(self.publisher.wake),
             on_error=lambda exc, victims: loop.call_soon_threadsafe(
                 self._on_step_failed, exc, victims),
             on_cancelled=lambda gone: loop.call_soon_threadsafe(self._on_cancelled, gone),
             on_capacity=lambda: loop.call_soon_threadsafe(self._nudge.set),
             on_oom=lambda sequences: loop.call_soon_threadsafe(self._on_oom, sequences))
+        self.steps: Steps
+        if self.settings.engine_process:
+            self.steps = EngineProcess(
+                self._engine_spec(), is_lost=self.book.is_lost,
+                on_died=lambda why, started, unstarted: loop.call_soon_threadsafe(
+                    self._on_engine_died, why, started, unstarted), **callbacks)
+        else:
+            self.steps = StepLoop(self.engine, is_lost=self.book.is_lost, clock=self.clock,
+                                  **callbacks)
         pipeline = ScriptPipeline(self._connect(), PUBLISHER_SCRIPTS)
         await pipeline.load()
         self.publisher = StreamPublisher(self.link, self.stats, self.steps, pipeline,
                                          self.settings.stream_interval_ms / 1e3,
                                          self.budget.max_slots)
 
+    def _engine_spec(self) -> EngineSpec:
+        import torch
+
+        return EngineSpec(path=self.lm.source, device=self.lm.device,
+                          dtype=str(self.lm.dtype).removeprefix("torch."),
+                          model_id=self.lm.model_id, budget=self.budget,
+                          torch_threads=torch.get_num_threads(),
+                          log_level=logging.getLogger("inferq").getEffectiveLevel())
+
     def _describe(self) -> str:
-        return f"with continuous batching (device {self.lm.device})"
+        where = "in an engine process" if self.settings.engine_process else "in a thread"
+        return f"with continuous batching (device {self.lm.device}, model {where})"
 
     def _summary(self) -> str:
         s = self.stats
@@ -118,11 +145,11 @@ class GenerationWorker(QueueWorker[Generation]):
         try:
             await self._claim_loop()
         finally:
-            await self._release_generations(self.steps.take_waiting(_unstarted))
+            await self._release_generations(await self.steps.withdraw(_unstarted))
             self.steps.stop()
             await asyncio.wait({asyncio.ensure_future(asyncio.to_thread(self.steps.join))},
                                timeout=self.config.drain_timeout_s)
-            await self._release_generations(self.steps.take_waiting())
+            await self._release_generations(await self.steps.withdraw())
             await cancel(waker)
             await asyncio.sleep(0)  # callbacks the model thread scheduled last
             self.publisher.stop()
@@ -191,11 +218,15 @@ class GenerationWorker(QueueWorker[Generation]):
     async def _claim_free(self, free: int) -> None:
         """Claim up to ``free`` requests and hand them to the model thread."""
         wakes = self._wakes
-        reply, generations, failures = await self._claim_prepared(free)
+        reply, prepared, failures = await self._claim_prepared(free)
         lists = [self._cancels_key, *(keys.wake for keys in self.link.shard_keys)]
         if lists != self._wake_lists:  # a sharded queue: wake on any shard's enqueue
             self._wake_lists = lists
             self._wake.set_keys(lists)
+        done = [g for g in prepared if g.finish is not None]
+        generations = [g for g in prepared if g.finish is None]
+        if done:
+            self.publisher.finished(done)
         self._retry_at = (None if reply.next_retry_ms is None
                           else self.clock() + max(reply.next_retry_ms / 1e3, 0.001))
         if len(reply.claimed) < free and wakes == self._wakes:
@@ -210,9 +241,39 @@ class GenerationWorker(QueueWorker[Generation]):
             return  # Redis down for a whole lease: the requests are reclaimed unchanged
         self.steps.submit([g for g in generations if g.id not in lost])
 
-    def _prepare(self, claims: list[Claim], now_ms: int
+    async def _claim_prepared(self, max_count: int
+                              ) -> tuple[ops.ClaimReply, list[Generation], list[ops.Completion]]:
+        """As ``QueueWorker``'s, and reads back (one pipelined XRANGE per request) the
+        streams of requests that ran before, so that they go on from their streamed tokens."""
+        reply = await self.link.claim(max_count)
+        if not reply.claimed:
+            return reply, [], []
+        again = [c.id for c in reply.claimed if ran_before(c)]
+        streams: dict[str, tuple[list[int], str]] = {}
+        if again:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for request_id in again:  # the stream is in the request's shard
+                    shard = self.keys.for_shard(self.link.book.shard(request_id))
+                    pipe.xrange(shard.stream(request_id))
+                replies = await pipe.execute()
+            streams = {i: streamed(entries) for i, entries in zip(again, replies, strict=True)
+                       if entries}
+
+        def prepare() -> tuple[list[Generation], list[ops.Completion]]:
+            claims, failures = decode_claims(self.config, reply.claimed, reply.now_ms,
+                                             self.clock)
+            ready, rejected = self._prepare(claims, reply.now_ms, streams)
+            return ready, failures + rejected
+
+        ready, failures = await asyncio.get_running_loop().run_in_executor(
+            self._prepare_pool, prepare)
+        return reply, ready, failures
+
+    def _prepare(self, claims: list[Claim], now_ms: int,
+                 streams: Mapping[str, tuple[list[int], str]] | None = None
                  ) -> tuple[list[Generation], list[ops.Completion]]:
         """Validate, render and tokenize (helper thread). Bad requests fail here."""
+        streams = streams or {}
         encoded = self.lm.encode([c.payload for c in claims]) if claims else []
         generations: list[Generation] = []
         failures: list[ops.Completion] = []
@@ -224,10 +285,13 @@ class GenerationWorker(QueueWorker[Generation]):
                 if len(ids) >= self.lm.max_positions:
                     raise InvalidInput(f"the prompt has {len(ids)} tokens; the model's context "
                                        f"is {self.lm.max_positions}")
+                tokens, shown = streams.get(claim.id, ((), ""))
                 g = self.engine.new_generation(claim.id, ids, params,
                                                priority=claim.payload.priority,
                                                order=next(self._order),
-                                               tag=StreamClaim.of(claim))
+                                               tag=StreamClaim.of(claim),
+                                               alone=runs_alone(claim),
+                                               streamed=tokens, shown=shown)
                 if not self.engine.fits_alone(g):
                     raise InvalidInput(
                         f"prompt ({len(ids)} tokens) + max_new_tokens ({g.max_new}) exceed "
@@ -240,7 +304,7 @@ class GenerationWorker(QueueWorker[Generation]):
 
     async def _expire_waiting(self) -> None:
         now = self.clock()
-        overdue = self.steps.take_waiting(
+        overdue = await self.steps.withdraw(
             lambda g: (d := claim_of(g).deadline) is not None and d <= now)
         if overdue:
             await self._complete(expired(self.config, [claim_of(g) for g in overdue],
@@ -265,9 +329,31 @@ class GenerationWorker(QueueWorker[Generation]):
                      g.id, len(g.tokens))
         self._nudge.set()
 
-    def _on_step_failed(self, exc: Exception, victims: list[Generation]) -> None:
-        log.warning("generation step failed for %d requests: %s: %s", len(victims),
-                    type(exc).__name__, exc)
+    def _on_engine_died(self, why: str, started: list[Generation],
+                        unstarted: list[Generation]) -> None:
+        """The engine process is gone (the proxy starts a new one): the generations that
+        had started fail (retried while attempts remain, each alone and from its streamed
+        tokens), the others go back to the queue."""
+        log.error("engine process %s with %d generations running and %d waiting: retrying "
+                  "the running ones, giving the others back; starting a new engine process",
+                  why, len(started), len(unstarted))
+        self.stats.engine_restarts += 1
+        if started:
+            self.publisher.fail(Failure(ErrorInfo(
+                code="model_error", message=f"the engine process {why}"), True), started)
+        if unstarted:
+            self._background(self._release_generations(unstarted))
+        self._nudge.set()
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_step_failed(self, exc: Exception | Failure, victims: list[Generation]) -> None:
+        log.warning("generation step failed for %d requests: %s", len(victims),
+                    exc.error.message if isinstance(exc, Failure) else
+                    f"{type(exc).__name__}: {exc}")
         self.publisher.fail(exc, victims)
         self._nudge.set()
 
@@ -290,5 +376,17 @@ class GenerationWorker(QueueWorker[Generation]):
         m.target_batch.labels(q).set(self.engine.budget.max_slots)
 
 
+def ran_before(claimed: ops.Claimed) -> bool:
+    """Whether a claimed request may have streamed tokens already (an earlier attempt)."""
+    return claimed.attempt >= 2
+
+
+def runs_alone(claim: Claim) -> bool:
+    """A request on its second attempt or later runs alone: its previous attempt ended
+    without a result (its worker was killed, or a step failed), so it may be what crashes
+    workers, and it must not take the attempts of others with it."""
+    return ran_before(claim.claimed)
+
+
 def _unstarted(g: Generation) -> bool:
-    return not g.tokens
+    return not g.steps

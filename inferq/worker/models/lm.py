@@ -47,6 +47,8 @@ class CausalLM:
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"cannot load causal LM from {path!r}: {exc}") from exc
         self.model = model.to(device).eval()
+        #: Where it was loaded from (the generate worker's engine process loads it again).
+        self.source = path
         self.torch_device = device
         self.device = str(device)
         self.dtype = dtype

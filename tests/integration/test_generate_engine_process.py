@@ -1,0 +1,167 @@
+"""The generate worker with its engine (model, KV cache, step loop) in a child process: the same
+tokens as ``generate``, streams, cancellation, a killed engine process, a clean drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+from typing import Any
+
+import pytest
+import redis
+
+import inferq
+from inferq.protocol.keys import QueueKeys
+from inferq.worker.models.lm import CausalLM
+from tests.support.generation import MODEL, WORDS, greedy_reference
+
+KEYS = QueueKeys.for_model("generate", MODEL)
+
+
+async def until(predicate: Any, timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+async def collect(handle: inferq.AsyncHandle) -> list[Any]:
+    return [item async for item in handle.stream(timeout=120)]
+
+
+def alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead
+        return stat.read().split(") ")[1][0] != "Z"
+
+
+async def test_engine_process_tokens_equal_generate_and_streams_match(
+        gen_worker: Any, aclient: inferq.AsyncClient, lm: CausalLM, r: redis.Redis) -> None:
+    rng = random.Random(11)
+    specs = [(" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 40))),
+              rng.randint(4, 40)) for _ in range(12)]
+    worker = await gen_worker(max_slots=6, engine_process=True)
+    handles = await aclient.enqueue_many(
+        [{"prompt": p, "params": {"max_new_tokens": n}} for p, n in specs],
+        model=MODEL, task="generate")
+    streams = await asyncio.gather(*(collect(h) for h in handles))
+    for (prompt, n), items in zip(specs, streams, strict=True):
+        *deltas, result = items
+        assert isinstance(result, inferq.Result) and result.ok
+        ids = lm.tokenizer(prompt)["input_ids"]
+        assert result.output["token_ids"] == greedy_reference(lm, ids, n)
+        assert "".join(deltas) == result.output["text"]
+        assert result.usage is not None and result.usage.prompt_tokens == len(ids)
+    assert worker.stats.max_batch > 1  # they shared decode steps, in the engine process
+    assert worker.steps.pid != os.getpid()
+    generated = sum(len(items[-1].output["token_ids"]) for items in streams)
+    assert worker.stats.tokens == generated
+    await until(lambda: r.hget(KEYS.window("gen-worker"), "requests") == b"12",
+                what="the stats hash")
+    assert r.hget(KEYS.window("gen-worker"), "tokens") == str(generated).encode()
+
+
+async def test_cancel_reaches_the_engine_process_and_frees_the_slot(
+        gen_worker: Any, aclient: inferq.AsyncClient, r: redis.Redis) -> None:
+    worker = await gen_worker(max_slots=2, engine_process=True)
+    handle = await aclient.enqueue("never ending", model=MODEL, task="generate",
+                                   params={"max_new_tokens": 1000, "ignore_eos": True})
+    await until(lambda: r.xlen(KEYS.stream(handle.id)) >= 3, what="tokens")
+    assert await handle.cancel()
+    await until(lambda: worker.stats.cancelled == 1, what="the generation to leave")
+    assert not worker.running and worker.steps.capacity() == 2
+    with pytest.raises(inferq.RequestCancelled):
+        await handle.result(timeout=10)
+    after = await aclient.enqueue("next", model=MODEL, task="generate",
+                                  params={"max_new_tokens": 3})
+    assert (await after.result(timeout=30)).ok
+
+
+async def test_a_killed_engine_process_is_noticed_restarted_and_its_work_retried(
+        gen_worker: Any, aclient: inferq.AsyncClient, lm: CausalLM, r: redis.Redis,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "inferq.worker")
+    worker = await gen_worker(max_slots=4, engine_process=True, stream_interval_ms=0)
+    prompts = [f"killed engine {i}" for i in range(3)]
+    new_tokens = 500
+    handles = await aclient.enqueue_many(
+        [{"prompt": p, "params": {"max_new_tokens": new_tokens, "ignore_eos": True}}
+         for p in prompts], model=MODEL, task="generate")
+    await until(lambda: all(r.xlen(KEYS.stream(h.id)) >= 3 for h in handles),
+                what="the generations to stream")
+    pid = worker.steps.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    results = [await h.result(timeout=180) for h in handles]
+    for prompt, result in zip(prompts, results, strict=True):
+        ids = lm.tokenizer(prompt)["input_ids"]
+        # Retried (each alone, from its streamed tokens) in the new engine process.
+        assert result.attempts == 2 and result.batch_size == 1
+        assert result.output["token_ids"] == greedy_reference(lm, ids, new_tokens,
+                                                              ignore_eos=True)
+    assert worker.stats.engine_restarts == 1
+    assert worker.steps.pid != pid and alive(worker.steps.pid) and not alive(pid)
+    assert any("engine process killed by signal SIGKILL" in m for m in caplog.messages)
+    assert int(r.hget(KEYS.stats, "retried") or 0) == 3
+
+
+async def test_sigterm_drain_finishes_running_generations_and_stops_the_engine(
+        gen_worker: Any, aclient: inferq.AsyncClient, r: redis.Redis) -> None:
+    worker = await gen_worker(max_slots=1, engine_process=True, stream_interval_ms=0)
+    first = await aclient.enqueue("first", model=MODEL, task="generate",
+                                  params={"max_new_tokens": 300, "ignore_eos": True})
+    await until(lambda: r.xlen(KEYS.stream(first.id)) >= 2, what="first running")
+    rest = await aclient.enqueue_many(["a", "b"], model=MODEL, task="generate")
+    pid = worker.steps.pid
+    worker.request_stop()
+    result = await first.result(timeout=60)
+    assert result.usage is not None and result.usage.completion_tokens == 300
+    await until(lambda: r.zcard(KEYS.inflight) == 0, what="claims given back")
+    assert r.zcard(KEYS.pending) == 2
+    for h in rest:
+        assert r.hget(KEYS.request(h.id), "a") == b"0"
+    await until(lambda: not alive(pid), what="the engine process to exit")
+
+
+async def test_a_cancel_takes_effect_at_the_engines_next_step_boundary(
+        gen_worker: Any, aclient: inferq.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The engine process is frozen (SIGSTOP) while the cancel travels through Redis to the
+    # worker and down the pipe, so what is counted below is only what the engine did after
+    # the notice reached it (its outputs from before the freeze were read meanwhile).
+    worker = await gen_worker(max_slots=2, engine_process=True, stream_interval_ms=1000)
+    handle = await aclient.enqueue("stop me", model=MODEL, task="generate",
+                                   params={"max_new_tokens": 1000, "ignore_eos": True})
+    await until(lambda: worker.running and len(worker.running[0].tokens) >= 20,
+                what="the generation to run")
+    g = worker.running[0]
+    pid = worker.steps.pid
+    assert pid is not None
+    sent = asyncio.Event()
+    real_cancel = worker.steps.cancel
+
+    def cancel(request_ids: list[str]) -> None:
+        real_cancel(request_ids)
+        sent.set()
+
+    monkeypatch.setattr(worker.steps, "cancel", cancel)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert await handle.cancel()
+        await asyncio.wait_for(sent.wait(), 30)
+        at_cancel = len(g.tokens)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await until(lambda: worker.stats.cancelled == 1, what="the generation to leave")
+    assert g.finish is inferq.FinishReason.CANCELLED
+    # The step the engine was in when frozen, and (when the notice reaches the step loop
+    # just after the next step began) one more.
+    assert len(g.tokens) - at_cancel <= 3, len(g.tokens) - at_cancel
