@@ -53,8 +53,10 @@ def add_parser(sub: Subcommands) -> None:
     w.add_argument("--model", required=True, metavar="NAME[=PATH_OR_HUB_ID]",
                    help="NAME=PATH_OR_HUB_ID (a local folder, or a Hugging Face hub id), or a "
                         "known NAME: minilm, smollm2, echo, sleep")
-    w.add_argument("--task", default="embed", choices=["embed", "generate", "score"],
-                   help="the queue's task (default: embed)")
+    w.add_argument("--task", default="embed", metavar="TASK",
+                   help="the queue's task: embed, generate, score, or any task name the "
+                        "model serves (echo, sleep and python: models serve any) "
+                        "(default: embed)")
     w.add_argument("--device", choices=["auto", "cpu", "cuda"],
                    help="where the model runs (default: auto, CUDA when available)")
     w.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"],
