@@ -199,11 +199,16 @@ def utf8_size(text: str, what: str) -> int:
         raise ValidationError(f"{what} is not valid Unicode text: {exc}") from exc
 
 
+def _no_ext(code: int, data: bytes) -> Any:
+    # pydantic would read an ExtType (a namedtuple) as a list and accept it.
+    raise ValueError(f"msgpack extension type {code} is not allowed")
+
+
 def unpack(data: bytes, *, max_bytes: int) -> Any:
     if len(data) > max_bytes:
         raise PayloadTooLarge(f"message of {len(data)} bytes exceeds the {max_bytes}-byte limit")
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_no_ext)
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
             TypeError) as exc:
         raise ValidationError(f"malformed msgpack: {exc}") from exc

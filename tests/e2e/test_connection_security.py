@@ -151,7 +151,7 @@ def test_cli_worker_enqueue_and_stats_over_tls(tls: SecureServer, certs: Certs,
     worker = WorkerProcess(url, "--tls-ca", str(certs.ca), "--model", "echo",
                            "--max-wait-ms", "2", log_dir=tmp_path)
     try:
-        done = cli("enqueue", "over tls", "--model", "echo", "--redis-url", url,
+        done = cli("enqueue", "over tls", "--model", "echo", "--json", "--redis-url", url,
                    "--tls-ca", str(certs.ca), "--timeout", "60")
         assert done.returncode == 0, done.stderr + worker.log
         assert '"output": "over tls"' in done.stdout

@@ -19,7 +19,9 @@ def test_serve_from_the_environment_and_log_no_secrets(redis_url: str, tmp_path:
     port = free_port()
     log_path = tmp_path / "gateway.log"
     env = {**os.environ, "INFERQ_REDIS_URL": redis_url, "INFERQ_GATEWAY_TOKEN": TOKEN,
-           "INFERQ_GATEWAY_TIMEOUT_S": "5", "PYTHONUNBUFFERED": "1"}
+           "INFERQ_GATEWAY_TIMEOUT_S": "5", "PYTHONUNBUFFERED": "1",
+           # no worker runs here: the request is queued, not refused as model_not_found
+           "INFERQ_GATEWAY_REQUIRE_SERVED_MODEL": "false"}
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "inferq.gateway", "--host", "127.0.0.1", "--port",

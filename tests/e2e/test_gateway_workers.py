@@ -19,7 +19,9 @@ def test_workers_flag_starts_that_many_processes_on_one_port(redis_url: str,
                                                             tmp_path: Path) -> None:
     port = free_port()
     log_path = tmp_path / "gateway.log"
-    env = {**os.environ, "INFERQ_REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "INFERQ_REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1",
+           # no worker runs here: the request is queued, not refused as model_not_found
+           "INFERQ_GATEWAY_REQUIRE_SERVED_MODEL": "false"}
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "inferq", "gateway", "--port", str(port), "--workers", "2"],
