@@ -101,8 +101,8 @@ def check_source(spec: ModelSpec) -> None:
     (offline: ``HF_HUB_OFFLINE``, or the hub does not answer). Instead of a hub error about
     the id's form, or a minute of retries."""
     source = spec.source
-    if source.startswith(BUILTIN_PREFIX) or spec.name == SMOLLM2_ALIAS:
-        return  # smollm2 is converted from its package on first load
+    if source.startswith((BUILTIN_PREFIX, PYTHON_PREFIX)) or spec.name == SMOLLM2_ALIAS:
+        return  # smollm2 is converted from its package on first load; python: is imported
     path = Path(source).expanduser()
     if path.exists():
         if not path.is_dir():
