@@ -46,6 +46,19 @@ def free_port() -> int:
         return port
 
 
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """Terminate a server process (killed after 10 s) and close its stderr pipe."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    if process.stderr:
+        process.stderr.close()
+
 class EmbeddedServer:
     def __init__(self, data_dir: str | Path, *, port: int | None = None,
                  binary: str | None = None, appendonly: bool = True,
@@ -102,15 +115,7 @@ class EmbeddedServer:
     def stop(self) -> None:
         if self.process is None:
             return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self.process.stderr:
-            self.process.stderr.close()
+        stop_process(self.process)
         self.process = None
 
     def __enter__(self) -> EmbeddedServer:

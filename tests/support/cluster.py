@@ -19,7 +19,7 @@ from types import TracebackType
 
 import redis
 
-from inferq.embedded import find_server_binary
+from inferq.embedded import find_server_binary, stop_process
 
 SLOTS = 16384
 STARTUP_TIMEOUT_S = 30.0
@@ -163,15 +163,7 @@ class ClusterNode:
     def stop(self) -> None:
         if self.process is None:
             return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self.process.stderr:
-            self.process.stderr.close()
+        stop_process(self.process)
         self.process = None
 
     def node_id(self) -> str:

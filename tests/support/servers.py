@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from inferq.embedded import find_server_binary, free_port
+from inferq.embedded import find_server_binary, free_port, stop_process
 
 STARTUP_TIMEOUT_S = 15.0
 
@@ -114,15 +114,7 @@ class SecureServer:
     def stop(self) -> None:
         if self.process is None:
             return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self.process.stderr:
-            self.process.stderr.close()
+        stop_process(self.process)
         self.process = None
 
     def __enter__(self) -> SecureServer:
