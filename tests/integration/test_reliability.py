@@ -79,8 +79,9 @@ async def test_retryable_failures_retry_with_backoff_then_dead_letter(
     task = await run_worker(worker)
     flaky = await aclient.enqueue("flaky", model="t")
     assert await outcome(flaky) == ("ok", "FLAKY", 2)
-    poison = await aclient.enqueue("poison", model="t", max_attempts=3)
-    fine = await aclient.enqueue("fine", model="t")
+    # one call: both are pending together, so the first window holds both
+    poison, fine = await aclient.enqueue_many(
+        [{"prompt": "poison", "max_attempts": 3}, {"prompt": "fine"}], model="t")
     assert await outcome(poison) == ("dead", "model_error", 3)
     assert await outcome(fine) == ("ok", "FINE", 1)
     await stop(worker, task)
