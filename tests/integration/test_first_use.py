@@ -205,6 +205,19 @@ def test_atomic_enqueue_many_is_all_or_none(redis_url: str, r: redis.Redis) -> N
                            atomic=True)
 
 
+def test_atomic_enqueue_many_needs_one_shard_of_a_sharded_queue(
+        client: inferq.Client, r: redis.Redis) -> None:
+    keys = QueueKeys.for_model("embed", "m")
+    r.hset(keys.config, mapping={"shards": 3, "shards_seen": 3})
+    ids = [f"id-{i}" for i in range(12)]  # crc32 spreads these over the 3 shards
+    with pytest.raises(inferq.ValidationError) as caught:
+        client.enqueue_many([{"prompt": "x", "id": i} for i in ids], model="m", atomic=True)
+    assert caught.value.field == "atomic" and "one queue shard" in caught.value.message
+    assert all(r.zcard(k.pending) == 0 for k in keys.shards(3))  # nothing queued
+    handles = client.enqueue_many([{"prompt": "x", "id": i} for i in ids], model="m")
+    assert {h.keys.shard for h in handles} == {0, 1, 2}
+
+
 def test_validation_errors_name_their_field(client: inferq.Client, r: redis.Redis) -> None:
     with pytest.raises(inferq.ValidationError) as bad_priority:
         client.enqueue("x", model="m", priority=1000)
