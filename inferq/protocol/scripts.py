@@ -58,6 +58,18 @@ local function fields(key, ...)
   return r
 end
 local CHUNK = 1000
+-- The per-request values of a call, packed by the caller into one msgpack array (a flat run of
+-- `width` values per request: one argument instead of thousands, see ``ops.packed``): the
+-- array, or nil when it is not one of strings and numbers whose length is a multiple of width.
+local function rows(blob, width)
+  local ok, t = pcall(cmsgpack.unpack, blob or '')
+  if not ok or type(t) ~= 'table' or #t % width ~= 0 then return nil end
+  for i = 1, #t do
+    local k = type(t[i])
+    if k ~= 'string' and k ~= 'number' then return nil end
+  end
+  return t
+end
 -- one command per CHUNK elements of list (after the fixed arguments in head)
 local function bulk(cmd, key, list, opt)
   for i = 1, #list, CHUNK do
@@ -381,16 +393,17 @@ if first[2] then due = math.max(tonumber(first[2]) - now, 0) end
 return {head[2] or '', due}
 """
 
-START = r"""
+START = _PRELUDE + r"""
 -- KEYS: 1 started
--- ARGV: 1 prefix, then pairs: id, token
+-- ARGV: 1 prefix, 2 msgpack array of pairs: id, token
 -- Called by a worker right before the model runs these requests: marks each one whose lease
 -- token still matches as started (its run now counts as an attempt if its lease is lost).
 -- Returns the ids whose lease was lost (reclaimed, cancelled): the worker must not run them.
-local prefix = ARGV[1]
+local prefix, a = ARGV[1], rows(ARGV[2], 2)
+if not a then return redis.error_reply('ERR inferq start: bad arguments') end
 local ok, lost = {}, {}
-for i = 2, #ARGV, 2 do
-  local id, token = ARGV[i], ARGV[i + 1]
+for i = 1, #a, 2 do
+  local id, token = a[i], a[i + 1]
   local t = redis.pcall('HGET', prefix .. 'req:' .. id, 't')
   if t == token then ok[#ok + 1] = id else lost[#lost + 1] = id end
 end
@@ -402,17 +415,19 @@ return lost
 
 HEARTBEAT = _PRELUDE + r"""
 -- KEYS: 1 inflight, 2 workers
--- ARGV: 1 prefix, 2 worker id, 3 lease ms, 4 liveness ms, then pairs: id, token
+-- ARGV: 1 prefix, 2 worker id, 3 lease ms, 4 liveness ms, 5 msgpack array of pairs: id, token
 -- Extends every lease whose token still matches and marks the worker alive.
 -- Returns the ids whose lease was lost (reclaimed or finished elsewhere).
 local inflight, workers = KEYS[1], KEYS[2]
 local prefix, worker = ARGV[1], ARGV[2]
 local lease, liveness = tonumber(ARGV[3]), tonumber(ARGV[4])
+local a = rows(ARGV[5], 2)
+if not a then return redis.error_reply('ERR inferq heartbeat: bad arguments') end
 local now = now_ms()
 local lost, renew = {}, {}
 local deadline = num(now + lease)
-for i = 5, #ARGV, 2 do
-  local id, token = ARGV[i], ARGV[i + 1]
+for i = 1, #a, 2 do
+  local id, token = a[i], a[i + 1]
   if redis.pcall('HGET', prefix .. 'req:' .. id, 't') == token then
     renew[#renew + 1] = deadline
     renew[#renew + 1] = id
@@ -429,7 +444,7 @@ return lost
 COMPLETE = _PRELUDE + r"""
 -- KEYS: 1 inflight, 2 stats, 3 delayed, 4 dead, 5 wake, 6 started
 -- ARGV: 1 prefix, 2 result ttl ms, 3 dead-letter cap,
---       then per request 5 values: id, token, status, result body, retry delay ms
+--       4 msgpack array of 5 values per request: id, token, status, result body, retry delay ms
 -- Token-checked and first writer wins: a zombie (a worker whose lease was taken over) or a
 -- request cancelled meanwhile gets its write refused. Status 'retry' puts the request in the
 -- delayed set for the given backoff, its finished run counted in its attempts (claim promotes
@@ -440,21 +455,23 @@ COMPLETE = _PRELUDE + r"""
 local inflight, stats, delayed, dead, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local started = KEYS[6]
 local prefix, ttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local a = rows(ARGV[4], 5)
+if not a then return redis.error_reply('ERR inferq complete: bad arguments') end
 local now = now_ms()
 -- read and check
 local reads = {}
-for i = 4, #ARGV, 5 do
-  local h = fields(prefix .. 'req:' .. ARGV[i], 't', 'rt', 'a', 'eq')
-  local ok = h ~= nil and h[1] == ARGV[i + 1]
+for i = 1, #a, 5 do
+  local h = fields(prefix .. 'req:' .. a[i], 't', 'rt', 'a', 'eq')
+  local ok = h ~= nil and h[1] == a[i + 1]
   reads[#reads + 1] = {ok = ok, rt = ok and h[2] or nil, a = ok and int(h[3], 0, MAX_ATTEMPTS),
                        eq = ok and int(h[4], 0, MAXI) or nil,
-                       delay = int(ARGV[i + 4], 0, MAXI)}
+                       delay = int(a[i + 4], 0, MAXI)}
 end
 -- write
 local out, refused, counts, done, retry, deads, corrupt = {}, 0, {}, {}, {}, {}, {}
 for n, r in ipairs(reads) do
-  local i = 4 + (n - 1) * 5
-  local id, status = ARGV[i], ARGV[i + 2]
+  local i = 1 + (n - 1) * 5
+  local id, status = a[i], a[i + 2]
   local rkey = prefix .. 'req:' .. id
   if not r.ok then
     refused = refused + 1
@@ -473,7 +490,7 @@ for n, r in ipairs(reads) do
     done[#done + 1] = id
     out[n] = 1
   else
-    put_result(prefix, id, ARGV[i + 3], ttl, r.rt)
+    put_result(prefix, id, a[i + 3], ttl, r.rt)
     redis.call('DEL', rkey)
     if status == 'dead' then
       deads[#deads + 1] = num(now)
@@ -575,16 +592,17 @@ return {#requeue / 2, died, corrupt, garbage, unstarted}
 
 RELEASE = _PRELUDE + r"""
 -- KEYS: 1 inflight, 2 pending, 3 wake, 4 started
--- ARGV: 1 prefix, then pairs: id, token
+-- ARGV: 1 prefix, 2 msgpack array of pairs: id, token
 -- Gives claims that did not run back to pending at once (clean shutdown, a displaced window,
 -- a generation that never reached the model), with their original score and no attempt
 -- counted (a START is undone). A claim whose score is no longer readable is left to expire:
 -- RECLAIM answers it. Returns how many were released.
 local inflight, pending, wake, started = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local prefix = ARGV[1]
+local prefix, a = ARGV[1], rows(ARGV[2], 2)
+if not a then return redis.error_reply('ERR inferq release: bad arguments') end
 local back = {}
-for i = 2, #ARGV, 2 do
-  local id, token = ARGV[i], ARGV[i + 1]
+for i = 1, #a, 2 do
+  local id, token = a[i], a[i + 1]
   local h = fields(prefix .. 'req:' .. id, 't', 's')
   if h and h[1] == token and int(h[2], 0, MAXI) then
     back[#back + 1] = {id, h[2]}

@@ -463,3 +463,42 @@ def test_release_undoes_a_start(client: inferq.Client, scripts: Scripts) -> None
     assert scripts.release([(claimed.id, claimed.token)]) == 1
     assert scripts.r.scard(KEYS.started) == 0
     assert scripts.claim("b", 1).claimed[0].attempt == 1
+
+
+@pytest.mark.parametrize("blob", [b"", b"\xc1 not msgpack", msgpack.packb("one string"),
+                                  msgpack.packb(["id", "token", "ok"]),  # neither pairs nor 5s
+                                  msgpack.packb([["id", "token", "ok", "body", 0]])])
+def test_a_damaged_packed_argument_is_refused_before_anything_is_written(
+        client: inferq.Client, scripts: Scripts, blob: bytes) -> None:
+    """The per-request values travel as one msgpack argument (``ops.packed``): one that is not
+    a flat array of width-sized runs of strings and numbers is refused with a clear error,
+    and the request it names keeps its lease."""
+    enqueue(client, "kept")
+    [claimed] = scripts.claim("w1", 1).claimed
+    keys, args = ops.complete_call(KEYS, TTL_MS, 100, [])
+    for name, call in (("complete", (keys, [*args[:3], blob])),
+                       ("start", (ops.start_call(KEYS, [])[0], [KEYS.prefix, blob])),
+                       ("release", (ops.release_call(KEYS, [])[0], [KEYS.prefix, blob])),
+                       ("heartbeat", (ops.heartbeat_call(KEYS, "w1", 1000, 1000, [])[0],
+                                      ["", "w1", 1000, 1000, blob]))):
+        with pytest.raises(redis.ResponseError, match=f"inferq {name}: bad arguments"):
+            scripts.s[name](keys=call[0], args=call[1])
+    assert scripts.r.hget(KEYS.request(claimed.id), "t") == claimed.token.encode()
+    assert scripts.r.scard(KEYS.started) == 0
+    assert scripts.complete(claimed)  # the lease is intact
+
+
+def test_a_batch_of_completions_travels_as_one_argument(client: inferq.Client,
+                                                        scripts: Scripts) -> None:
+    for i in range(300):
+        enqueue(client, f"request {i}")
+    claimed = scripts.claim("w1", 300).claimed
+    assert scripts.start(claimed) == []
+    completions = [ops.Completion(c.id, c.token, "ok", encode_result(
+        Result(id=c.id, status=Status.OK, output="é" * i, attempts=c.attempt)))
+        for i, c in enumerate(claimed)]
+    keys, args = ops.complete_call(KEYS, TTL_MS, 100, completions)
+    assert len(args) == 4
+    assert ops.parse_complete(scripts.s["complete"](keys=keys, args=args)) == [True] * 300
+    for i, c in enumerate(claimed):
+        assert decode_result(scripts.r.lindex(KEYS.result(c.id), 0)).output == "é" * i

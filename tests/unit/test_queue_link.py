@@ -157,3 +157,18 @@ def test_times_are_put_on_the_redis_clock() -> None:
     link.clock_offset_s = 1_000.0
     assert link.to_ms(5.0) == 1_005_000
     assert link.now_ms() == 1_100_000
+
+
+def test_a_beat_that_finds_a_completing_lease_gone_does_not_call_it_lost() -> None:
+    """The heartbeat snapshots the book, then its reply may land after a COMPLETE already
+    removed some of those requests: they were finished, not lost."""
+    book = LeaseBook()
+    book.add_many([("a", "ta"), ("b", "tb"), ("c", "tc")])
+    book.completing(["a", "b"])
+    assert book.mark_lost(["a", "b", "c"]) == ["c"]
+    assert not book.is_lost("a") and book.is_lost("c")
+    book.drop_many(["a", "b"])
+    assert len(book) == 0
+    assert book.mark_lost(["a"]) == []  # dropped already: not lost either
+    book.forget_lost(["c"])
+    assert not book.any_lost()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable, Sequence
 
 import redis
 from redis.backoff import NoBackoff
@@ -23,34 +24,64 @@ log = logging.getLogger("inferq.worker")
 
 
 class LeaseBook:
-    """Thread-safe map of request id -> lease token for everything this worker has claimed."""
+    """Thread-safe map of request id -> lease token for everything this worker has claimed.
+    The worker's hot path uses the ``*_many`` forms: one lock round per window, not per id."""
 
     def __init__(self) -> None:
         self._tokens: dict[str, str] = {}
         #: The shard of each lease not on shard 0 (a sharded queue).
         self._shards: dict[str, int] = {}
         self._lost: set[str] = set()
+        #: Leases whose COMPLETE is on its way: a beat that finds them gone does not call
+        #: them lost (the completion itself may have removed them a moment earlier).
+        self._completing: set[str] = set()
         self._lock = threading.Lock()
 
     def add(self, request_id: str, token: str, shard: int = 0) -> None:
+        self.add_many([(request_id, token)], shard)
+
+    def add_many(self, leases: Iterable[tuple[str, str]], shard: int = 0) -> None:
         with self._lock:
-            self._tokens[request_id] = token
-            if shard:
-                self._shards[request_id] = shard
-            self._lost.discard(request_id)
+            for request_id, token in leases:
+                self._tokens[request_id] = token
+                if shard:
+                    self._shards[request_id] = shard
+                if self._lost:
+                    self._lost.discard(request_id)
 
     def drop(self, request_id: str) -> None:
+        self.drop_many((request_id,))
+
+    def drop_many(self, request_ids: Iterable[str]) -> None:
         with self._lock:
-            self._tokens.pop(request_id, None)
-            self._shards.pop(request_id, None)
+            tokens, shards, completing = self._tokens, self._shards, self._completing
+            for request_id in request_ids:
+                tokens.pop(request_id, None)
+                if shards:
+                    shards.pop(request_id, None)
+                if completing:
+                    completing.discard(request_id)
+
+    def completing(self, request_ids: Iterable[str]) -> None:
+        """These leases are being completed (see ``_completing``); ``drop_many`` ends it."""
+        with self._lock:
+            self._completing.update(request_ids)
 
     def shard(self, request_id: str) -> int:
         with self._lock:
             return self._shards.get(request_id, 0)
 
+    def shards_of(self, request_ids: Sequence[str]) -> list[int]:
+        with self._lock:
+            if not self._shards:
+                return [0] * len(request_ids)
+            return [self._shards.get(request_id, 0) for request_id in request_ids]
+
     def by_shard(self) -> dict[int, list[tuple[str, str]]]:
         """The leases grouped by queue shard (shard 0 always present)."""
         with self._lock:
+            if not self._shards:
+                return {0: list(self._tokens.items())}
             groups: dict[int, list[tuple[str, str]]] = {0: []}
             for request_id, token in self._tokens.items():
                 groups.setdefault(self._shards.get(request_id, 0), []).append(
@@ -61,16 +92,32 @@ class LeaseBook:
         with self._lock:
             return list(self._tokens.items())
 
-    def mark_lost(self, request_ids: list[str]) -> None:
+    def mark_lost(self, request_ids: list[str]) -> list[str]:
+        """Forget these leases as lost (reclaimed, cancelled); returns those that were: a
+        lease already dropped, or being completed, was not lost."""
+        marked: list[str] = []
         with self._lock:
             for request_id in request_ids:
+                if request_id in self._completing:
+                    continue
                 self._shards.pop(request_id, None)
                 if self._tokens.pop(request_id, None) is not None:
                     self._lost.add(request_id)
+                    marked.append(request_id)
+        return marked
 
     def is_lost(self, request_id: str) -> bool:
         with self._lock:
             return request_id in self._lost
+
+    def any_lost(self) -> bool:
+        """Whether a lease is marked lost (a cheap test before ``is_lost`` per request)."""
+        return bool(self._lost)
+
+    def forget_lost(self, request_ids: Iterable[str]) -> None:
+        """The worker let go of these lost leases' requests: no need to remember them."""
+        with self._lock:
+            self._lost.difference_update(request_ids)
 
     def __len__(self) -> int:
         with self._lock:
@@ -112,10 +159,10 @@ class Heartbeat(threading.Thread):
             )
             lost += ops.parse_ids(self._script(keys=keys, args=args))
         self.beats += 1
+        lost = self._book.mark_lost(lost)
         if lost:
             log.warning("lost %d leases (reclaimed by another worker or cancelled)", len(lost),
                         extra={"request_ids": lost[:20]})
-            self._book.mark_lost(lost)
         return lost
 
     def first_beat(self) -> None:

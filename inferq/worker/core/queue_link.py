@@ -118,8 +118,7 @@ class QueueLink:
         if reply.expired:  # answered expired by the script, past their deadline
             self.metrics.count_expired(reply.expired)
         self.note_damage(reply.corrupt, reply.garbage)
-        for claimed in reply.claimed:
-            self.book.add(claimed.id, claimed.token, shard)
+        self.book.add_many([(c.id, c.token) for c in reply.claimed], shard)
         return reply
 
     async def _claim_sharded(self, shards: int, max_count: int) -> ops.ClaimReply:
@@ -156,9 +155,12 @@ class QueueLink:
 
     def _by_shard(self, request_ids: Sequence[str]) -> dict[int, list[int]]:
         """Positions of ``request_ids`` grouped by the shard of their lease."""
+        shards = self.book.shards_of(request_ids)
+        if not any(shards):
+            return {0: list(range(len(request_ids)))}
         groups: dict[int, list[int]] = {}
-        for i, request_id in enumerate(request_ids):
-            groups.setdefault(self.book.shard(request_id), []).append(i)
+        for i, shard in enumerate(shards):
+            groups.setdefault(shard, []).append(i)
         return groups
 
     def note_damage(self, corrupt: Sequence[tuple[str, str]], garbage: Sequence[str]) -> None:
@@ -215,8 +217,7 @@ class QueueLink:
                     log.error("%s: gave up after Redis errors for as long as a lease lasts "
                               "(%s); the requests concerned (%d finished) will be reclaimed "
                               "and run again", what, exc, len(request_ids))
-                    for request_id in request_ids:
-                        self.book.drop(request_id)
+                    self.book.drop_many(request_ids)
                     return None
                 await backoff.failed(exc)
                 continue
@@ -232,6 +233,7 @@ class QueueLink:
         complete = (scripts or self.scripts)["complete"]
         written: list[bool] = [False] * len(completions)
         gave_up = False
+        self.book.completing([c.id for c in completions])
         for shard, positions in self._by_shard([c.id for c in completions]).items():
             group = [completions[i] for i in positions]
             keys, args = ops.complete_call(self.keys.for_shard(shard),
@@ -245,8 +247,7 @@ class QueueLink:
                 continue
             for i, ok in zip(positions, ops.parse_complete(reply), strict=True):
                 written[i] = ok
-            for completion in group:
-                self.book.drop(completion.id)
+            self.book.drop_many([c.id for c in group])
         return None if gave_up else written
 
     async def release(self, leases: Sequence[tuple[str, str]], why: str = "") -> int:

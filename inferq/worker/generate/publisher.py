@@ -162,6 +162,7 @@ class StreamPublisher:
                     [completions[i] for i in mine])))
                 calls.append(("stream_end", ops.stream_end_call(
                     keys, config.result_ttl_ms, [completions[i].id for i in mine])))
+        book.completing([c.id for c in completions])
         replies = await self.link.until_leases_expire(
             lambda: self.pipeline(calls), what="publish",
             request_ids=[c.id for c in completions])
@@ -181,8 +182,7 @@ class StreamPublisher:
             for at, mine in complete_at:
                 for i, ok in zip(mine, ops.parse_complete(replies[at]), strict=True):
                     written[i] = ok
-            for c in completions:
-                self.link.book.drop(c.id)
+            book.drop_many([c.id for c in completions])
             self.stats.count(self.link.metrics, completions, written, lost)
             for g, ok in zip(finished, written, strict=True):
                 if ok:

@@ -146,7 +146,11 @@ class Worker(QueueWorker[Job]):
         while True:
             if self._stopping.is_set():
                 return None
-            jobs = self._carry = [job for job in self._carry if not self.book.is_lost(job.id)]
+            if self.book.any_lost():
+                lost = {job.id for job in self._carry if self.book.is_lost(job.id)}
+                self.book.forget_lost(lost)
+                self._carry = [job for job in self._carry if job.id not in lost]
+            jobs = self._carry
             if len(jobs) < cfg.max_batch_size:
                 jobs += await self._claim(cfg.max_batch_size - len(jobs))
             if not jobs:
