@@ -73,3 +73,26 @@ def test_the_forward_of_a_weightless_lm_fails_saying_why(tiny_path: Path) -> Non
                 lambda: bare.attn_implementation):
         with pytest.raises(WeightsNotLoaded, match="model tiny has no weights in this process"):
             use()
+
+
+def test_a_weightless_worker_side_on_cuda_never_touches_the_device(tiny_path: Path) -> None:
+    # What the worker process does with an engine process on a GPU: tokenize, prepare and
+    # check generations under the stand-in budget; the real budget needs the weights.
+    from inferq.protocol.generation import GenerationParams
+    from inferq.worker.generate.engine import Engine
+    from inferq.worker.generate.settings import GenerationSettings
+
+    initialized = torch.cuda.is_initialized()  # by another test, on a GPU machine
+    cuda = CausalLM(str(tiny_path), device=torch.device("cuda"), dtype=torch.bfloat16,
+                    model_id="tiny", weights=False)
+    settings = GenerationSettings(max_slots=4, engine_process=True)
+    with pytest.raises(WeightsNotLoaded, match="sized from the memory free after the weights"):
+        settings.budget(cuda)
+    engine = Engine(cuda, settings.provisional_budget(cuda))
+    ids = cuda.encode([RequestPayload(id="a", task="generate", model="tiny", prompt="hello")])[0]
+    assert isinstance(ids, list)
+    g = engine.new_generation("a", ids, GenerationParams(max_new_tokens=8))
+    assert engine.fits_alone(g) and g.max_new == 8
+    assert GenerationSettings(kv_cache_mb=1).budget(cuda).kv_tokens == (
+        2**20 // cuda.kv.bytes_per_token)
+    assert torch.cuda.is_initialized() == initialized  # no CUDA context made here
