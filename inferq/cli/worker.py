@@ -101,7 +101,10 @@ def add_parser(sub: Subcommands) -> None:
                    help="write token streams and results at most this often")
     g.add_argument("--engine-process", action=argparse.BooleanOptionalAction,
                    help="run the model, KV cache and step loop in a child process of their "
-                        "own (default: a thread of the worker process)")
+                        "own, so the steps never wait for the GIL the Redis side holds; the "
+                        "weights load only there (this process loads the tokenizer), and the "
+                        "KV budget is sized there after them (default: a thread of the "
+                        "worker process)")
     w.set_defaults(run=run)
 
 
@@ -211,23 +214,31 @@ def run(args: argparse.Namespace) -> int:
     check_metrics_port(args.metrics_port)
     check_source(spec)
     quiet_progress_bars()
-    log.info("loading model %s (%s) for %s on device %s...", spec.name, spec.source,
-             config.task, config.device)
-    started = time.monotonic()
     if continuous:
         from inferq.worker.generate.settings import GenerationSettings
         from inferq.worker.generate.worker import GenerationWorker
         from inferq.worker.models.registry import load_causal_lm
 
-        lm = load_causal_lm(spec, device=config.device, dtype=config.dtype)
-        log.info("loaded model %s in %.1f s", spec.name, time.monotonic() - started)
-        worker: QueueWorker[Any] = GenerationWorker(config, lm, GenerationSettings(
-            **given(args, CONTINUOUS_FLAGS)))
+        settings = GenerationSettings(**given(args, CONTINUOUS_FLAGS))
+        # With an engine process the weights load there, and only there: this process needs
+        # the tokenizer and configs (prompts, context length, end-of-sequence ids).
+        weights = not settings.engine_process
+        what = "model" if weights else "the tokenizer and config of"
+        log.info("loading %s %s (%s) for %s on device %s...", what, spec.name, spec.source,
+                 config.task, config.device)
+        started = time.monotonic()
+        lm = load_causal_lm(spec, device=config.device, dtype=config.dtype, weights=weights)
+        log.info("loaded %s %s in %.1f s%s", what, spec.name, time.monotonic() - started,
+                 "" if weights else "; the engine process loads the weights")
+        worker: QueueWorker[Any] = GenerationWorker(config, lm, settings)
         try:
             code = asyncio.run(worker.run())
         finally:
             lm.close()
         return finish(worker, code)
+    log.info("loading model %s (%s) for %s on device %s...", spec.name, spec.source,
+             config.task, config.device)
+    started = time.monotonic()
     from inferq.worker.models.registry import load_model
     from inferq.worker.window.worker import Worker
 

@@ -28,15 +28,21 @@ async def aclient(redis_url: str) -> AsyncIterator[inferq.AsyncClient]:
 
 @pytest.fixture
 async def gen_worker(redis_url: str, lm: CausalLM) -> AsyncIterator[Callable[..., Any]]:
-    """``await start(**settings)`` runs a GenerationWorker in this event loop; stopped after."""
+    """``await start(**settings)`` runs a GenerationWorker in this event loop; stopped after.
+    With ``engine_process=True`` its process holds the tokenizer and configs only (as the CLI
+    loads them): the weights are in the engine process."""
     from inferq.worker.generate.settings import GenerationSettings
     from inferq.worker.generate.worker import GenerationWorker
+    from inferq.worker.models.lm import CausalLM
 
     running: list[tuple[GenerationWorker, asyncio.Task[None]]] = []
 
     async def start(config: dict[str, Any] | None = None, **settings: Any) -> GenerationWorker:
-        worker = GenerationWorker(gen_config(redis_url, **(config or {})), lm,
-                                  GenerationSettings(**settings))
+        generation = GenerationSettings(**settings)
+        here = lm if not generation.engine_process else CausalLM(
+            lm.source, device=lm.torch_device, dtype=lm.dtype, model_id=lm.model_id,
+            weights=False)
+        worker = GenerationWorker(gen_config(redis_url, **(config or {})), here, generation)
         task = asyncio.create_task(worker.run(install_signal_handlers=False))
         running.append((worker, task))
         return worker

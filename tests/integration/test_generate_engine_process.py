@@ -1,5 +1,6 @@
-"""The generate worker with its engine (model, KV cache, step loop) in a child process: the same
-tokens as ``generate``, streams, cancellation, a killed engine process, a clean drain."""
+"""The generate worker with its engine (model, KV cache, step loop) in a child process: the
+worker process holds no weights, the engine process sizes the budget; the same tokens as
+``generate``, streams, cancellation, a killed engine process, a clean drain."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ import logging
 import os
 import random
 import signal
+import threading
 from typing import Any
 
 import pytest
 import redis
+import torch
 
 import inferq
 from inferq.protocol.keys import QueueKeys
-from inferq.worker.models.lm import CausalLM
+from inferq.worker.generate.engine_process import EngineProcess
+from inferq.worker.generate.settings import GenerationSettings
+from inferq.worker.models.lm import CausalLM, WeightsNotLoaded
 from tests.support.generation import MODEL, WORDS, greedy_reference
 
 KEYS = QueueKeys.for_model("generate", MODEL)
@@ -50,6 +55,11 @@ async def test_engine_process_tokens_equal_generate_and_streams_match(
     specs = [(" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 40))),
               rng.randint(4, 40)) for _ in range(12)]
     worker = await gen_worker(max_slots=6, engine_process=True)
+    # The worker process tokenizes with a weightless CausalLM: the weights are in the engine.
+    assert not worker.lm.has_weights
+    assert not any(isinstance(v, torch.nn.Module) for v in vars(worker.lm).values())
+    with pytest.raises(WeightsNotLoaded):
+        worker.lm.model  # noqa: B018
     handles = await aclient.enqueue_many(
         [{"prompt": p, "params": {"max_new_tokens": n}} for p, n in specs],
         model=MODEL, task="generate")
@@ -68,6 +78,57 @@ async def test_engine_process_tokens_equal_generate_and_streams_match(
     await until(lambda: r.hget(KEYS.window("gen-worker"), "requests") == b"12",
                 what="the stats hash")
     assert r.hget(KEYS.window("gen-worker"), "tokens") == str(generated).encode()
+    # The budget the engine process sized (on the CPU as a thread would: 1024 MiB) is the one
+    # the worker checks requests against and publishes.
+    budget = GenerationSettings(max_slots=6).budget(lm)
+    assert worker.steps.budget == worker.budget == worker.engine.budget == budget
+    published = r.hgetall(KEYS.window("gen-worker"))
+    assert (published[b"max_slots"], published[b"kv_tokens"]) == (
+        b"6", str(budget.kv_tokens).encode())
+
+
+async def test_nothing_is_claimed_or_published_before_the_engine_process_sends_its_budget(
+        gen_worker: Any, aclient: inferq.AsyncClient, lm: CausalLM, r: redis.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The worker's reader holds the engine's ``ready`` (the weights are loaded, the budget
+    # sized) until released: meanwhile the worker has only its stand-in budget.
+    arrived, release = threading.Event(), threading.Event()
+    real = EngineProcess._handle
+
+    def held(self: EngineProcess, message: Any) -> bool:
+        if message[0] == "ready":
+            arrived.set()
+            release.wait(60)
+        return real(self, message)
+
+    monkeypatch.setattr(EngineProcess, "_handle", held)
+    worker = await gen_worker(max_slots=3, kv_cache_mb=4, engine_process=True)
+    try:
+        request = await aclient.enqueue("wait for the budget", model=MODEL, task="generate",
+                                        params={"max_new_tokens": 4})
+        await asyncio.to_thread(arrived.wait, 120)
+        await until(lambda: r.hget(KEYS.window("gen-worker"), "model") == MODEL.encode(),
+                    what="the stats hash")
+        await asyncio.sleep(0.2)
+        assert worker.steps.capacity() == 0 and not worker.budget_known
+        assert r.zcard(KEYS.pending) == 1 and r.zcard(KEYS.inflight) == 0
+        published = r.hgetall(KEYS.window("gen-worker"))
+        assert b"max_slots" not in published and b"kv_tokens" not in published
+        gauge = worker.metrics.registry.get_sample_value(
+            "inferq_target_batch_size", {"queue": KEYS.queue})
+        assert gauge == 0
+    finally:
+        release.set()
+    assert (await request.result(timeout=60)).ok
+    budget = GenerationSettings(max_slots=3, kv_cache_mb=4).budget(lm)
+    assert budget.kv_tokens == 4 * 2**20 // lm.kv.bytes_per_token
+    assert worker.steps.budget == worker.budget == worker.engine.budget == budget
+    assert worker.publisher.max_slots == 3
+    await until(lambda: r.hget(KEYS.window("gen-worker"), "kv_tokens")
+                == str(budget.kv_tokens).encode(), what="the budget to be published")
+    assert r.hget(KEYS.window("gen-worker"), "max_slots") == b"3"
+    assert worker.metrics.registry.get_sample_value(
+        "inferq_target_batch_size", {"queue": KEYS.queue}) == 3
 
 
 async def test_cancel_reaches_the_engine_process_and_frees_the_slot(
@@ -109,6 +170,9 @@ async def test_a_killed_engine_process_is_noticed_restarted_and_its_work_retried
         assert result.output["token_ids"] == greedy_reference(lm, ids, new_tokens,
                                                               ignore_eos=True)
     assert worker.stats.engine_restarts == 1
+    # The new engine process sized its budget and sent it again; the worker adopted it.
+    assert sum("(sized by the engine process)" in m for m in caplog.messages) == 2
+    assert worker.steps.budget == worker.budget
     assert worker.steps.pid != pid and alive(worker.steps.pid) and not alive(pid)
     assert any("engine process killed by signal SIGKILL" in m for m in caplog.messages)
     assert int(r.hget(KEYS.stats, "retried") or 0) == 3

@@ -277,9 +277,13 @@ async def test_the_worker_survives_a_flushed_script_cache(
     assert "".join(i for i in items if isinstance(i, str)) == items[-1].output["text"]
 
 
+@pytest.mark.parametrize("engine_process", [False, True], ids=["thread", "engine-process"])
 async def test_generate_worker_exports_metrics_and_health(
-        gen_worker: Any, aclient: inferq.AsyncClient, r: redis.Redis) -> None:
-    worker = await gen_worker({"metrics_port": 0, "lease_ms": 1_000}, max_slots=4)
+        gen_worker: Any, aclient: inferq.AsyncClient, r: redis.Redis,
+        engine_process: bool) -> None:
+    # The same with the model in an engine process: the worker process counts what it reads.
+    worker = await gen_worker({"metrics_port": 0, "lease_ms": 1_000}, max_slots=4,
+                              engine_process=engine_process)
     handles = await aclient.enqueue_many(
         [{"prompt": f"count {i}", "priority": 5 if i % 2 else 0,
           "params": {"max_new_tokens": 6 + i, "ignore_eos": True}} for i in range(8)],

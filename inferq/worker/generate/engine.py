@@ -40,16 +40,22 @@ GIL while the event loop encodes Redis calls, and the other way round. The bench
 of its speed, next to a busy process 0.99x. So, as vLLM's engine core does, the loop can run in
 a child process of its own (``GenerationSettings.engine_process``, ``inferq worker
 --engine-process``): ``engine_process.EngineProcess`` spawns it (``spawn``, never ``fork``: a
-CUDA context does not survive a fork), the child loads the model itself and runs ``StepLoop``
-over this ``Engine``; the worker process keeps claims, stream writes, results, leases,
-cancellation and metrics. They talk over one pipe in msgpack messages: submissions,
-cancellations and withdrawals one way; the step outputs (each running request's new token and
-text, finished requests' final text) the other way, as many steps per message as queued while
-the worker was busy. Cancellation is a message the child applies at its next step boundary,
-as the thread does. The worker notices a dead child when the pipe closes, retries what had
-started (alone and from its streamed tokens), gives back the rest and starts a new child.
-The price: a second copy of the tokenizer in the child (the worker tokenizes, the child
-detokenizes, for stop strings) and, for now, the worker process still loads the model too.
+CUDA context does not survive a fork), the child loads the model and runs ``StepLoop`` over
+this ``Engine``; the worker process keeps claims, stream writes, results, leases,
+cancellation and metrics. The weights live only in the child: the worker process loads the
+tokenizer and configs (``CausalLM(weights=False)``), all it needs to render and tokenize
+prompts, check them against the context, and build ``Generation``s here (``new_generation``,
+``fits_alone``) without ever stepping. The KV budget is sized in the child too, after the
+weights load (on CUDA it is a share of the memory they leave free), and sent with its
+``ready``; the worker adopts it (and claims nothing before). They talk over one pipe in
+msgpack messages: submissions, cancellations and withdrawals one way; the step outputs (each
+running request's new token and text, finished requests' final text) the other way, as many
+steps per message as queued while the worker was busy. Cancellation is a message the child
+applies at its next step boundary, as the thread does. The worker notices a dead child when
+the pipe closes, retries what had started (alone and from its streamed tokens), gives back
+the rest and starts a new child, which loads the weights again before it serves. The price:
+a second copy of the tokenizer (the worker tokenizes, the child detokenizes, for stop
+strings) and a pipe hop per message; not a second copy of the weights.
 """
 
 from __future__ import annotations

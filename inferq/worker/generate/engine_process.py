@@ -3,6 +3,14 @@ over ``Engine``: scheduler, admission, sampling, detokenization, stop strings) r
 of their own; the worker process keeps claims, stream writes, results, leases, cancellation
 and metrics (see ``engine``'s docstring for why).
 
+The weights are loaded here only: the worker process holds a ``CausalLM`` without them (the
+tokenizer and configs, for prompts). The child loads the model, then sizes the KV budget from
+``GenerationSettings`` (``EngineSpec.settings``) as a thread would, after the weights (on CUDA,
+a share of the memory they leave free), and sends it in its ``ready``; ``EngineProcess`` hands it to
+the worker (``on_ready``) before ``capacity`` may be more than 0, so the worker claims nothing,
+and checks nothing, under the stand-in budget it holds until then. A new engine process after
+a crash sends its budget again.
+
 ``EngineProcess`` is what the worker holds in place of a ``StepLoop``, with the same methods.
 The two processes talk over one ``multiprocessing`` pipe, in msgpack messages:
 
@@ -12,7 +20,7 @@ The two processes talk over one ``multiprocessing`` pipe, in msgpack messages:
 * engine -> worker: ``steps`` (every step output not sent yet, in one message: each running
   request's new token and text; the finished ones with their final text), ``capacity``,
   ``cancelled``, ``error`` (a step failed for these requests: their ``Failure``), ``oom``,
-  ``withdrawn``, ``ready`` and ``stopped``.
+  ``withdrawn``, ``ready`` (the budget, and how long loading took) and ``stopped``.
 
 The engine sends step outputs as fast as the worker reads them and merges whatever queued
 meanwhile into one message, so a busy worker costs the model nothing but a pipe write per
@@ -51,6 +59,7 @@ from inferq.protocol.generation import FinishReason, GenerationParams
 from inferq.worker.core.failures import Failure, failure_of
 from inferq.worker.generate.engine import Engine, Generation
 from inferq.worker.generate.scheduler import Budget
+from inferq.worker.generate.settings import GenerationSettings, describe_budget
 from inferq.worker.generate.steploop import StepLoop, StepOutput
 
 log = logging.getLogger("inferq.worker")
@@ -61,13 +70,14 @@ RESTART_BACKOFF_MAX_S = 30.0
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
-    """What the engine process loads: the model (as ``CausalLM`` takes it) and its budget."""
+    """What the engine process loads: the model (as ``CausalLM`` takes it), and the settings
+    it sizes its budget from once the weights are loaded."""
 
     path: str
     device: str
     dtype: str
     model_id: str
-    budget: Budget
+    settings: GenerationSettings
     torch_threads: int
     log_level: int
 
@@ -104,8 +114,10 @@ class EngineProcess:
                  on_capacity: Callable[[], object],
                  on_oom: Callable[[int], object],
                  on_died: Callable[[str, list[Generation], list[Generation]], object],
+                 on_ready: Callable[[Budget], object],
                  is_lost: Callable[[str], bool]) -> None:
         self.spec = spec
+        self._on_ready = on_ready
         self._on_step = on_step
         self._on_error = on_error
         self._on_cancelled = on_cancelled
@@ -122,7 +134,10 @@ class EngineProcess:
         self._armed = False
         self._ready = False
         self._stopping = False
-        self._max_slots = spec.budget.max_slots
+        #: The budget the engine process sized after loading the weights (its ``ready``); None
+        #: until the first one is ready.
+        self.budget: Budget | None = None
+        self._max_slots = 0
         self._engine_running = 0
         self._due = 0
         self._seq = itertools.count()
@@ -201,6 +216,12 @@ class EngineProcess:
     @property
     def running(self) -> int:
         return len(self._running)
+
+    @property
+    def max_slots(self) -> int:
+        """The engine's slots now (less than the budget's after an out-of-memory error)."""
+        with self._lock:
+            return self._max_slots
 
     @property
     def waiting(self) -> int:
@@ -295,10 +316,17 @@ class EngineProcess:
                 loop, future = self._withdrawals.pop(message[1])
             loop.call_soon_threadsafe(_resolve, future, message[2])
         elif kind == "ready":
+            budget = Budget(*message[1])
+            # The worker adopts it before capacity() can say > 0: nothing is claimed under
+            # another budget.
+            self._on_ready(budget)
             with self._lock:
+                self.budget = budget
                 self._ready = True
-                self._max_slots = message[1]
-            log.info("engine process %d ready", self.pid)
+                self._max_slots = budget.max_slots
+                self._engine_running = self._due = 0  # a new engine runs nothing yet
+            log.info("engine process %d ready (it loaded %s in %.1f s)", self.pid,
+                     self.spec.model_id, message[2])
             self._on_capacity()
         elif kind == "stopped":
             with self._lock:
@@ -401,9 +429,15 @@ class _EngineSide:
         self._done = False
         if spec.torch_threads > 0:
             torch.set_num_threads(spec.torch_threads)
+        started = time.monotonic()
         lm = CausalLM(spec.path, device=torch.device(spec.device),
                       dtype=getattr(torch, spec.dtype), model_id=spec.model_id)
-        self.engine = Engine(lm, spec.budget)
+        # After the weights: on CUDA the KV cache takes a share of the memory they left free.
+        budget = spec.settings.budget(lm)
+        self.load_s = time.monotonic() - started
+        log.info("loaded model %s (weights) on %s in %.1f s; %s", spec.model_id, lm.device,
+                 self.load_s, describe_budget(budget, lm.kv))
+        self.engine = Engine(lm, budget)
         self.steps = StepLoop(
             self.engine, is_lost=lambda request_id: False,
             on_step=self._wake.set, on_error=self._error, on_cancelled=self._cancelled,
@@ -459,7 +493,9 @@ class _EngineSide:
         self._sender = threading.Thread(target=self.sender, name="inferq-engine-sender",
                                         daemon=True)
         self._sender.start()
-        self.send(("ready", self.engine.budget.max_slots))
+        budget = self.engine.budget
+        self.send(("ready", [budget.max_slots, budget.kv_tokens, budget.max_prefill_tokens],
+                   self.load_s))
         while True:
             message = _unpack(self.conn.recv_bytes())
             kind = message[0]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from inferq.errors import ConfigError
 from inferq.worker.generate.scheduler import Budget
-from inferq.worker.models.lm import CausalLM
+from inferq.worker.models.lm import CausalLM, KVShape, WeightsNotLoaded
 
 #: KV cache budget on a CPU when none is given. Never derived from the host's RAM: a worker
 #: shares its machine, and a cache sized from all of it would starve everything else.
@@ -32,7 +32,10 @@ class GenerationSettings:
     #: 10 ms (medians over 3 interleaved rounds of 2 burst runs; single runs vary by as much).
     stream_interval_ms: float = 25.0
     #: Run the model, KV cache and step loop in a child process (``engine_process``) instead
-    #: of a thread of the worker process.
+    #: of a thread of the worker process, so that the step loop never waits for the GIL the
+    #: event loop holds. The weights load only there (the worker process loads the tokenizer
+    #: and configs: ``CausalLM(weights=False)``), and the KV budget is sized there after them.
+    #: Off until benchmarks say it pays on the deployments served.
     engine_process: bool = False
 
     def __post_init__(self) -> None:
@@ -47,9 +50,16 @@ class GenerationSettings:
                 f"stream_interval_ms must be in [0, 1000], got {self.stream_interval_ms}")
 
     def budget(self, lm: CausalLM) -> Budget:
+        """The budget on ``lm``'s device. On CUDA (no ``kv_cache_mb``) it is sized from the
+        memory free now, so it is computed after the weights load, where they load: the worker
+        process, or the engine process (``engine_process``)."""
         if self.kv_cache_mb is not None:
             cache_bytes = int(self.kv_cache_mb * 2**20)
         elif lm.torch_device.type == "cuda":
+            if not lm.has_weights:
+                raise WeightsNotLoaded(
+                    "the KV budget on CUDA is sized from the memory free after the weights "
+                    "load: compute it where they are loaded (the engine process)")
             import torch
 
             free, _total = torch.cuda.mem_get_info(lm.torch_device)
@@ -59,3 +69,17 @@ class GenerationSettings:
         return Budget(max_slots=self.max_slots,
                       kv_tokens=max(1, cache_bytes // lm.kv.bytes_per_token),
                       max_prefill_tokens=self.max_prefill_tokens)
+
+    def provisional_budget(self, lm: CausalLM) -> Budget:
+        """What the worker process holds until the engine process, having loaded the weights,
+        sends the budget it sized (``engine_process``): the slots and prefill as set, and room
+        for every slot's whole context. Never a limit: the worker claims nothing before the
+        engine process is ready, and publishes no budget meanwhile."""
+        return Budget(max_slots=self.max_slots, kv_tokens=self.max_slots * lm.max_positions,
+                      max_prefill_tokens=self.max_prefill_tokens)
+
+
+def describe_budget(budget: Budget, kv: KVShape) -> str:
+    return (f"generation budget: {budget.max_slots} slots, {budget.kv_tokens} KV tokens "
+            f"({budget.kv_tokens * kv.bytes_per_token / 2**20:.0f} MiB), "
+            f"{budget.max_prefill_tokens} prefill tokens/step")

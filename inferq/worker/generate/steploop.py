@@ -79,6 +79,8 @@ class Steps(Protocol):
     def running(self) -> int: ...
     @property
     def waiting(self) -> int: ...
+    @property
+    def max_slots(self) -> int: ...
     async def withdraw(self, predicate: Callable[[Generation], bool] | None = None
                        ) -> list[Generation]: ...
     def stop(self) -> None: ...
@@ -154,6 +156,11 @@ class StepLoop:
     @property
     def running(self) -> int:
         return self._running
+
+    @property
+    def max_slots(self) -> int:
+        """The engine's slots now (less than the budget's after an out-of-memory error)."""
+        return self.engine.budget.max_slots
 
     @property
     def due(self) -> int:

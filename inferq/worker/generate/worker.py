@@ -40,7 +40,8 @@ from inferq.worker.generate.publisher import (
     claim_of,
     streamed,
 )
-from inferq.worker.generate.settings import GenerationSettings
+from inferq.worker.generate.scheduler import Budget
+from inferq.worker.generate.settings import GenerationSettings, describe_budget
 from inferq.worker.generate.stats import GenerationStats
 from inferq.worker.generate.steploop import StepLoop, Steps
 from inferq.worker.models.lm import CausalLM
@@ -59,7 +60,15 @@ class GenerationWorker(QueueWorker[Generation]):
         super().__init__(config, device=lm.device, clock=clock)
         self.lm = lm
         self.settings = settings or GenerationSettings()
-        self.budget = self.settings.budget(lm)
+        #: Whether ``budget`` is the one the model runs under. With an engine process, the
+        #: model's weights (and so the memory left for the KV cache) are only there: it sizes
+        #: the budget once they are loaded and sends it when ready (``_adopt_budget``, again
+        #: after each restart). Until then capacity is 0, so nothing is claimed, prepared or
+        #: checked against the stand-in, and no budget is published.
+        self.budget_known = not self.settings.engine_process
+        self.budget = (self.settings.budget(lm) if self.budget_known
+                       else self.settings.provisional_budget(lm))
+        # Here, with an engine process, it only prepares generations (no forward, no cache).
         self.engine = Engine(lm, self.budget, clock=clock)
         self.stats = GenerationStats()
         self._order = itertools.count()
@@ -72,10 +81,8 @@ class GenerationWorker(QueueWorker[Generation]):
         # queue is never empty.
         self._cancels_key = self.keys.cancels(config.worker_id)
         self._wake_lists = [self._cancels_key, self.keys.wake]
-        log.info("generation budget: %d slots, %d KV tokens (%.0f MiB), %d prefill tokens/step",
-                 self.budget.max_slots, self.budget.kv_tokens,
-                 self.budget.kv_tokens * lm.kv.bytes_per_token / 2**20,
-                 self.budget.max_prefill_tokens)
+        if self.budget_known:
+            log.info(describe_budget(self.budget, lm.kv))
 
     @property
     def running(self) -> list[Generation]:
@@ -102,7 +109,7 @@ class GenerationWorker(QueueWorker[Generation]):
         self.steps: Steps
         if self.settings.engine_process:
             self.steps = EngineProcess(
-                self._engine_spec(), is_lost=self.book.is_lost,
+                self._engine_spec(), is_lost=self.book.is_lost, on_ready=self._adopt_budget,
                 on_died=lambda why, started, unstarted: loop.call_soon_threadsafe(
                     self._on_engine_died, why, started, unstarted), **callbacks)
         else:
@@ -119,9 +126,19 @@ class GenerationWorker(QueueWorker[Generation]):
 
         return EngineSpec(path=self.lm.source, device=self.lm.device,
                           dtype=str(self.lm.dtype).removeprefix("torch."),
-                          model_id=self.lm.model_id, budget=self.budget,
+                          model_id=self.lm.model_id, settings=self.settings,
                           torch_threads=torch.get_num_threads(),
                           log_level=logging.getLogger("inferq").getEffectiveLevel())
+
+    def _adopt_budget(self, budget: Budget) -> None:
+        """The budget the engine process sized after loading the weights (called on its reader
+        thread, before its capacity may say > 0)."""
+        self.budget = budget
+        self.engine.budget = budget
+        self.publisher.max_slots = budget.max_slots
+        self.metrics.target_batch.labels(self.keys.queue).set(budget.max_slots)
+        self.budget_known = True  # last: whoever reads it True reads this budget
+        log.info("%s (sized by the engine process)", describe_budget(budget, self.lm.kv))
 
     def _describe(self) -> str:
         where = "in an engine process" if self.settings.engine_process else "in a thread"
@@ -367,13 +384,16 @@ class GenerationWorker(QueueWorker[Generation]):
 
     async def _publish_stats(self) -> None:
         fields = self.stats.as_fields(self.steps.running, self.steps.waiting)
-        fields.update({"model": self.lm.model_id, "device": self.lm.device,
-                       "max_slots": str(self.budget.max_slots),
-                       "kv_tokens": str(self.budget.kv_tokens)})
+        fields.update({"model": self.lm.model_id, "device": self.lm.device})
+        known, budget = self.budget_known, self.budget  # in this order: see _adopt_budget
+        if known:  # not before the engine process sized it
+            fields.update({"max_slots": str(budget.max_slots),
+                           "kv_tokens": str(budget.kv_tokens)})
         await self.link.publish_stats(fields)
         m, q = self.metrics, self.keys.queue
         m.running.labels(q).set(self.steps.running)
-        m.target_batch.labels(q).set(self.engine.budget.max_slots)
+        if known:
+            m.target_batch.labels(q).set(self.steps.max_slots)
 
 
 def ran_before(claimed: ops.Claimed) -> bool:

@@ -9,10 +9,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from inferq.errors import InvalidInput, ModelLoadError
 from inferq.protocol.codec import RequestPayload
@@ -35,59 +35,132 @@ class KVShape:
         return 2 * self.layers * self.kv_heads * self.head_dim * itemsize
 
 
+class _Forward(NamedTuple):
+    """How the loaded model's forward is called."""
+
+    cache_kwarg: str
+    keeps_logits: bool
+    attn_implementation: str
+
+
+def _kv_shape(config: Any, dtype: torch.dtype) -> KVShape:
+    layers = int(getattr(config, "num_hidden_layers", None) or config.n_layer)
+    heads = int(getattr(config, "num_attention_heads", None) or config.n_head)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    hidden = int(getattr(config, "hidden_size", None) or config.n_embd)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    return KVShape(layers, kv_heads, head_dim, dtype)
+
+
+def _generation_config(path: str) -> GenerationConfig:
+    """The generation config ``from_pretrained`` gives the model: generation_config.json,
+    else one made from config.json (as transformers falls back when the file is missing)."""
+    try:
+        return GenerationConfig.from_pretrained(path)
+    except OSError:
+        return GenerationConfig.from_pretrained(path, config_file_name="config.json",
+                                                _from_model_config=True)
+
+
+class WeightsNotLoaded(RuntimeError):
+    """The model's forward was needed from a ``CausalLM`` loaded without its weights."""
+
+
 class CausalLM:
-    """``AutoModelForCausalLM`` + ``AutoTokenizer`` from a folder or hub id, on one device."""
+    """``AutoModelForCausalLM`` + ``AutoTokenizer`` from a folder or hub id, on one device.
+
+    With ``weights=False`` only the tokenizer and the configs load (``AutoConfig``, and the
+    generation config as ``from_pretrained`` reads it): everything but the forward is there
+    (rendering, encoding, decoding, ``max_positions``, end-of-sequence and pad ids, the KV
+    shape), with the values a loaded model has. The ``generate`` worker's process holds one
+    when the engine process (``--engine-process``) holds the weights; ``model`` raises
+    ``WeightsNotLoaded`` there."""
 
     def __init__(self, path: str, *, device: torch.device, dtype: torch.dtype,
-                 model_id: str | None = None) -> None:
+                 model_id: str | None = None, weights: bool = True) -> None:
+        model: Any = None
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
-            model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
-                                                              attn_implementation="sdpa")
+            if weights:
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
+                                                             attn_implementation="sdpa")
+                config = model.config
+                generation_config = model.generation_config
+            else:
+                config = AutoConfig.from_pretrained(path)
+                generation_config = _generation_config(path)
         except (OSError, ValueError) as exc:
-            raise ModelLoadError(f"cannot load causal LM from {path!r}: {exc}") from exc
-        self.model = model.to(device).eval()
+            what = "causal LM" if weights else "tokenizer and config of causal LM"
+            raise ModelLoadError(f"cannot load {what} from {path!r}: {exc}") from exc
+        self._model: Any = None if model is None else model.to(device).eval()
         #: Where it was loaded from (the generate worker's engine process loads it again).
         self.source = path
         self.torch_device = device
         self.device = str(device)
         self.dtype = dtype
         self.model_id = model_id or Path(path).name or path
-        config = model.config
         self.vocab_size = int(config.vocab_size)
         self.max_positions = int(getattr(config, "max_position_embeddings", None)
                                  or getattr(config, "n_positions", None) or 2048)
-        self.eos_ids = self._eos_ids()
+        self.eos_ids = self._eos_ids(generation_config)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0))
-        self.kv = self._kv_shape()
-        params = inspect.signature(self.model.forward).parameters
-        # transformers 5 renamed ``past_key_values`` to ``cache``.
-        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        self.keeps_logits = "logits_to_keep" in params
-        self.attn_implementation = str(getattr(config, "_attn_implementation", "sdpa"))
+        self.kv = _kv_shape(config, dtype)
+        self._call: _Forward | None = None
+        if self._model is not None:
+            params = inspect.signature(self._model.forward).parameters
+            # transformers 5 renamed ``past_key_values`` to ``cache``.
+            self._call = _Forward("cache" if "cache" in params else "past_key_values",
+                                  "logits_to_keep" in params,
+                                  str(getattr(config, "_attn_implementation", "sdpa")))
         #: The Rust tokenizer of a fast tokenizer (incremental decoding), else None.
         self.backend = (getattr(self.tokenizer, "backend_tokenizer", None)
                         if getattr(self.tokenizer, "is_fast", False) else None)
 
-    def _eos_ids(self) -> frozenset[int]:
+    @property
+    def has_weights(self) -> bool:
+        return self._model is not None
+
+    @property
+    def model(self) -> Any:
+        """The ``AutoModelForCausalLM``; ``WeightsNotLoaded`` without weights (or closed)."""
+        if self._model is None:
+            raise self._no_weights()
+        return self._model
+
+    def _forward(self) -> _Forward:
+        if self._model is None or self._call is None:
+            raise self._no_weights()
+        return self._call
+
+    def _no_weights(self) -> WeightsNotLoaded:
+        return WeightsNotLoaded(
+            f"model {self.model_id} has no weights in this process (loaded without them: "
+            "tokenizer and config only; or closed): its forward cannot run here")
+
+    @property
+    def cache_kwarg(self) -> str:
+        """The forward's KV cache argument (transformers 5 renamed ``past_key_values``)."""
+        return self._forward().cache_kwarg
+
+    @property
+    def keeps_logits(self) -> bool:
+        """Whether the forward takes ``logits_to_keep``."""
+        return self._forward().keeps_logits
+
+    @property
+    def attn_implementation(self) -> str:
+        return self._forward().attn_implementation
+
+    def _eos_ids(self, generation_config: Any) -> frozenset[int]:
         ids: set[int] = set()
-        for source in (getattr(self.model.generation_config, "eos_token_id", None),
+        for source in (getattr(generation_config, "eos_token_id", None),
                        self.tokenizer.eos_token_id):
             if isinstance(source, int):
                 ids.add(source)
             elif isinstance(source, list | tuple):
                 ids.update(int(i) for i in source)
         return frozenset(i for i in ids if i >= 0)
-
-    def _kv_shape(self) -> KVShape:
-        config = self.model.config
-        layers = int(getattr(config, "num_hidden_layers", None) or config.n_layer)
-        heads = int(getattr(config, "num_attention_heads", None) or config.n_head)
-        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-        hidden = int(getattr(config, "hidden_size", None) or config.n_embd)
-        head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
-        return KVShape(layers, kv_heads, head_dim, self.dtype)
 
     # ------------------------------------------------------------------------- inputs
 
@@ -135,8 +208,8 @@ class CausalLM:
                                          clean_up_tokenization_spaces=False))
 
     def close(self) -> None:
-        del self.model
-        if self.torch_device.type == "cuda":
+        had_weights, self._model = self._model is not None, None
+        if had_weights and self.torch_device.type == "cuda":
             torch.cuda.empty_cache()
 
     def forward_kwargs(self, cache: Any) -> dict[str, Any]:

