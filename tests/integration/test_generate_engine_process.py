@@ -229,3 +229,21 @@ async def test_a_cancel_takes_effect_at_the_engines_next_step_boundary(
     # The step the engine was in when frozen, and (when the notice reaches the step loop
     # just after the next step began) one more.
     assert len(g.tokens) - at_cancel <= 3, len(g.tokens) - at_cancel
+
+
+async def test_device_memory_gauges_come_from_the_engine_process(redis_url: str) -> None:
+    """With the model in the engine process, the worker's ``inferq_device_memory_bytes`` is
+    what that process reports (the worker's own torch has no CUDA memory to read)."""
+    import redis.asyncio as aioredis
+
+    from inferq.worker.core.metrics import WorkerMetrics
+
+    metrics = WorkerMetrics(KEYS.queue, "w1")
+    metrics.device_memory_source = lambda: (123, 456)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await metrics.sample_queue(client, KEYS, "cuda:0")
+    finally:
+        await client.aclose()
+    assert metrics.device_memory.labels(KEYS.queue, "allocated")._value.get() == 123
+    assert metrics.device_memory.labels(KEYS.queue, "reserved")._value.get() == 456

@@ -43,6 +43,9 @@ RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 class WorkerMetrics:
     def __init__(self, queue: str, worker_id: str) -> None:
         self.queue = queue
+        #: Where the device memory gauges come from when the model lives in another process
+        #: (the generate worker's engine process): () -> (allocated, reserved) bytes.
+        self.device_memory_source: Callable[[], tuple[int, int]] | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         q = ["queue"]
@@ -146,11 +149,16 @@ class WorkerMetrics:
         self.inflight.labels(q).set(sample.inflight)
         self.dead_letter_depth.labels(q).set(sample.dead_lettered)
         self.live_workers.labels(q).set(len(sample.live_workers))
-        if device.startswith("cuda"):
+        if self.device_memory_source is not None:
+            allocated, reserved = self.device_memory_source()
+        elif device.startswith("cuda"):
             import torch
 
-            self.device_memory.labels(q, "allocated").set(torch.cuda.memory_allocated())
-            self.device_memory.labels(q, "reserved").set(torch.cuda.memory_reserved())
+            allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+        else:
+            return
+        self.device_memory.labels(q, "allocated").set(allocated)
+        self.device_memory.labels(q, "reserved").set(reserved)
 
     def count_expired(self, requests: int) -> None:
         """Requests the claim script answered ``expired`` (deadline passed while pending)."""

@@ -75,6 +75,7 @@ class EngineSpec:
 
     path: str
     device: str
+    #: As asked for (``auto``, ``float32``...): resolved here, after the device is in use.
     dtype: str
     model_id: str
     settings: GenerationSettings
@@ -139,6 +140,8 @@ class EngineProcess:
         self.budget: Budget | None = None
         self._max_slots = 0
         self._engine_running = 0
+        #: (allocated, reserved) CUDA bytes in the engine process, as it last reported.
+        self.device_memory = (0, 0)
         self._due = 0
         self._seq = itertools.count()
         self._withdrawals: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = {}
@@ -292,7 +295,7 @@ class EngineProcess:
             self._steps(message[1], message[2])
         elif kind == "capacity":
             with self._lock:
-                self._engine_running, self._due, self._max_slots = message[1:4]
+                self._take_state(message[1:])
             self._on_capacity()
         elif kind == "cancelled":
             with self._lock:
@@ -336,11 +339,16 @@ class EngineProcess:
             return True
         return False
 
+    def _take_state(self, state: Sequence[int]) -> None:
+        """(Holding the lock.) The engine's slots and device memory, as of its last message."""
+        self._engine_running, self._due, self._max_slots = state[:3]
+        self.device_memory = (int(state[3]), int(state[4]))
+
     def _steps(self, steps: list[Any], state: list[int]) -> None:
         outs: list[StepOutput] = []
         lost: list[str] = []
         with self._lock:
-            self._engine_running, self._due, self._max_slots = state
+            self._take_state(state)
             for now, elapsed, admitted, prefill, advanced, finished in steps:
                 for i in admitted:
                     if (g := self._held.get(i)) is None:
@@ -421,6 +429,7 @@ class _EngineSide:
     def __init__(self, conn: Connection, spec: EngineSpec) -> None:
         import torch
 
+        from inferq.worker.models.device import resolve_dtype
         from inferq.worker.models.lm import CausalLM
 
         self.conn = conn
@@ -430,8 +439,9 @@ class _EngineSide:
         if spec.torch_threads > 0:
             torch.set_num_threads(spec.torch_threads)
         started = time.monotonic()
-        lm = CausalLM(spec.path, device=torch.device(spec.device),
-                      dtype=getattr(torch, spec.dtype), model_id=spec.model_id)
+        device = torch.device(spec.device)
+        lm = CausalLM(spec.path, device=device, dtype=resolve_dtype(spec.dtype, device),
+                      model_id=spec.model_id)
         # After the weights: on CUDA the KV cache takes a share of the memory they left free.
         budget = spec.settings.budget(lm)
         self.load_s = time.monotonic() - started
@@ -449,7 +459,17 @@ class _EngineSide:
             self.conn.send_bytes(data)
 
     def _state(self) -> list[int]:
-        return [self.steps.running, self.steps.due, self.engine.budget.max_slots]
+        return [self.steps.running, self.steps.due, self.engine.budget.max_slots,
+                *self._device_memory()]
+
+    def _device_memory(self) -> tuple[int, int]:
+        """(allocated, reserved) bytes of CUDA memory in this process (0, 0 on the CPU): the
+        worker's ``inferq_device_memory_bytes`` gauges, which it cannot read itself."""
+        if self.engine.lm.torch_device.type != "cuda":
+            return 0, 0
+        import torch
+
+        return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
 
     def _flush(self, *, arm: bool) -> bool:
         """(Holding the send lock.) Send the step outputs not sent yet, in one message."""

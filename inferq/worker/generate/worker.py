@@ -108,10 +108,12 @@ class GenerationWorker(QueueWorker[Generation]):
             on_oom=lambda sequences: loop.call_soon_threadsafe(self._on_oom, sequences))
         self.steps: Steps
         if self.settings.engine_process:
-            self.steps = EngineProcess(
+            engine = EngineProcess(
                 self._engine_spec(), is_lost=self.book.is_lost, on_ready=self._adopt_budget,
                 on_died=lambda why, started, unstarted: loop.call_soon_threadsafe(
                     self._on_engine_died, why, started, unstarted), **callbacks)
+            self.metrics.device_memory_source = lambda: engine.device_memory
+            self.steps = engine
         else:
             self.steps = StepLoop(self.engine, is_lost=self.book.is_lost, clock=self.clock,
                                   **callbacks)
@@ -124,8 +126,10 @@ class GenerationWorker(QueueWorker[Generation]):
     def _engine_spec(self) -> EngineSpec:
         import torch
 
+        # The dtype as asked for: "auto" is resolved in the engine process, so this process
+        # never probes (and holds a context on) the GPU.
         return EngineSpec(path=self.lm.source, device=self.lm.device,
-                          dtype=str(self.lm.dtype).removeprefix("torch."),
+                          dtype=self.config.dtype,
                           model_id=self.lm.model_id, settings=self.settings,
                           torch_threads=torch.get_num_threads(),
                           log_level=logging.getLogger("inferq").getEffectiveLevel())

@@ -184,7 +184,8 @@ def load_causal_lm(spec: ModelSpec, *, device: str = "auto", dtype: str = "auto"
     if spec.name == SMOLLM2_ALIAS and source == str(smollm2_folder()):
         source = str(ensure_smollm2())
     torch_device = resolve_device(device)
-    return CausalLM(source, device=torch_device, dtype=resolve_dtype(dtype, torch_device),
+    return CausalLM(source, device=torch_device,
+                    dtype=resolve_dtype(dtype, torch_device, probe=weights),
                     model_id=spec.name, weights=weights)
 
 
