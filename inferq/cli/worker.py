@@ -103,8 +103,8 @@ def add_parser(sub: Subcommands) -> None:
                    help="run the model, KV cache and step loop in a child process of their "
                         "own, so the steps never wait for the GIL the Redis side holds; the "
                         "weights load only there (this process loads the tokenizer), and the "
-                        "KV budget is sized there after them (default: a thread of the "
-                        "worker process)")
+                        "KV budget is sized there after them (default: on; "
+                        "--no-engine-process runs them on a thread of the worker process)")
     w.set_defaults(run=run)
 
 

@@ -38,6 +38,10 @@ async def gen_worker(redis_url: str, lm: CausalLM) -> AsyncIterator[Callable[...
     running: list[tuple[GenerationWorker, asyncio.Task[None]]] = []
 
     async def start(config: dict[str, Any] | None = None, **settings: Any) -> GenerationWorker:
+        # The step loop on a thread unless a test asks for the engine process (the default of
+        # `inferq worker`, which the end-to-end tests run): a child process per test costs
+        # seconds of model loading.
+        settings.setdefault("engine_process", False)
         generation = GenerationSettings(**settings)
         here = lm if not generation.engine_process else CausalLM(
             lm.source, device=lm.torch_device, dtype=lm.dtype, model_id=lm.model_id,

@@ -22,6 +22,21 @@ from tests.support.processes import WorkerProcess, wait_until
 KEYS = QueueKeys.for_model("generate", MODEL)
 
 
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def kill_mid_generation(redis_url: str, r: redis.Redis, tiny_path: Path, log_dir: Path,
                         ids: list[str], *, slots: int, entries: int = 5) -> set[str]:
     """Run an ``inferq worker`` process until each of ``ids`` streamed ``entries`` writes,
@@ -34,8 +49,13 @@ def kill_mid_generation(redis_url: str, r: redis.Redis, tiny_path: Path, log_dir
         wait_until(lambda: all(r.xlen(KEYS.stream(i)) >= entries for i in ids), 120,
                    f"the doomed worker to stream {entries} writes for each request")
         held = {m.decode() for m in r.zrange(KEYS.inflight, 0, -1)}
+        engines = children(doomed.proc.pid)  # the engine process (the default)
+        assert engines, "the worker runs its model in an engine process"
         doomed.proc.send_signal(signal.SIGKILL)
         doomed.proc.wait(timeout=10)
+        # Its pipe closed with the worker: the engine process ends too, nothing is orphaned.
+        wait_until(lambda: not any(running(pid) for pid in engines), 30,
+                   "the killed worker's engine process to exit")
     finally:
         doomed.stop()
     return held
