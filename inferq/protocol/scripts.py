@@ -60,16 +60,14 @@ end
 local CHUNK = 1000
 -- The per-request values of a call, packed by the caller into one msgpack array (a flat run of
 -- `width` values per request: one argument instead of thousands, see ``ops.packed``): the
--- array, or nil when it is not one of strings and numbers whose length is a multiple of width.
+-- array, or nil when it is not an array whose length is a multiple of width. Each script
+-- checks the type of every value it uses in its read pass, before its first write.
 local function rows(blob, width)
   local ok, t = pcall(cmsgpack.unpack, blob or '')
   if not ok or type(t) ~= 'table' or #t % width ~= 0 then return nil end
-  for i = 1, #t do
-    local k = type(t[i])
-    if k ~= 'string' and k ~= 'number' then return nil end
-  end
   return t
 end
+local function strings(a, b) return type(a) == 'string' and type(b) == 'string' end
 -- one command per CHUNK elements of list (after the fixed arguments in head)
 local function bulk(cmd, key, list, opt)
   for i = 1, #list, CHUNK do
@@ -404,6 +402,7 @@ if not a then return redis.error_reply('ERR inferq start: bad arguments') end
 local ok, lost = {}, {}
 for i = 1, #a, 2 do
   local id, token = a[i], a[i + 1]
+  if not strings(id, token) then return redis.error_reply('ERR inferq start: bad arguments') end
   local t = redis.pcall('HGET', prefix .. 'req:' .. id, 't')
   if t == token then ok[#ok + 1] = id else lost[#lost + 1] = id end
 end
@@ -428,6 +427,9 @@ local lost, renew = {}, {}
 local deadline = num(now + lease)
 for i = 1, #a, 2 do
   local id, token = a[i], a[i + 1]
+  if not strings(id, token) then
+    return redis.error_reply('ERR inferq heartbeat: bad arguments')
+  end
   if redis.pcall('HGET', prefix .. 'req:' .. id, 't') == token then
     renew[#renew + 1] = deadline
     renew[#renew + 1] = id
@@ -461,6 +463,9 @@ local now = now_ms()
 -- read and check
 local reads = {}
 for i = 1, #a, 5 do
+  if not (strings(a[i], a[i + 1]) and strings(a[i + 2], a[i + 3])) then
+    return redis.error_reply('ERR inferq complete: bad arguments')
+  end
   local h = fields(prefix .. 'req:' .. a[i], 't', 'rt', 'a', 'eq')
   local ok = h ~= nil and h[1] == a[i + 1]
   reads[#reads + 1] = {ok = ok, rt = ok and h[2] or nil, a = ok and int(h[3], 0, MAX_ATTEMPTS),
@@ -603,6 +608,7 @@ if not a then return redis.error_reply('ERR inferq release: bad arguments') end
 local back = {}
 for i = 1, #a, 2 do
   local id, token = a[i], a[i + 1]
+  if not strings(id, token) then return redis.error_reply('ERR inferq release: bad arguments') end
   local h = fields(prefix .. 'req:' .. id, 't', 's')
   if h and h[1] == token and int(h[2], 0, MAXI) then
     back[#back + 1] = {id, h[2]}

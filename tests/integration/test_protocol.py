@@ -467,7 +467,8 @@ def test_release_undoes_a_start(client: inferq.Client, scripts: Scripts) -> None
 
 @pytest.mark.parametrize("blob", [b"", b"\xc1 not msgpack", msgpack.packb("one string"),
                                   msgpack.packb(["id", "token", "ok"]),  # neither pairs nor 5s
-                                  msgpack.packb([["id", "token", "ok", "body", 0]])])
+                                  msgpack.packb([["id", "token", "ok", "body", 0]]),
+                                  msgpack.packb(list(range(10)))])  # numbers, not ids
 def test_a_damaged_packed_argument_is_refused_before_anything_is_written(
         client: inferq.Client, scripts: Scripts, blob: bytes) -> None:
     """The per-request values travel as one msgpack argument (``ops.packed``): one that is not
