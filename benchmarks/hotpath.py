@@ -28,6 +28,7 @@ import uuid
 import redis
 
 import inferq
+from inferq.cli.worker import settle_garbage_collector
 from inferq.embedded import EmbeddedServer
 from inferq.protocol.keys import QueueKeys
 from inferq.worker.core.config import WorkerConfig
@@ -94,6 +95,7 @@ def main() -> None:
         url = server.url
         fill(url, "warm", 2000)
         asyncio.run(drain(url, "warm", 2000, args.max_batch_size, None))
+        settle_garbage_collector()  # as `inferq worker` does before it serves
         for trial in range(args.trials):
             model = f"hot{trial}"
             fill(url, model, args.requests)
