@@ -209,10 +209,24 @@ def queue_figures(path: Path) -> dict[str, Any] | None:
     return {
         "generate_json": str(path), "date": report.get("date"), "command": report.get("command"),
         **{v: median_of([r["tokens_per_s"] for r in tiny["variants"].get(v, [])])
-           for v in ("continuous", "request")},
+           for v in ("continuous", "request", "process")},
         "cores": median_of([r["cpu"]["worker"] / r["cpu"]["wall_s"] for r in runs
                             if r["cpu"].get("worker") is not None and r["cpu"].get("wall_s")]),
-        "vs_engine_alone": tiny.get("ratios", {}).get("vs_engine_alone")}
+        "vs_engine_alone": tiny.get("ratios", {}).get("vs_engine_alone"),
+        "process_vs_engine_alone": tiny.get("ratios", {}).get("process_vs_engine_alone")}
+
+
+def _process_line(queue: Mapping[str, Any]) -> str:
+    """The ``process`` variant of the same ``generate`` run (the worker's default): what the
+    engine in its own process made through the queue."""
+    process, continuous = queue.get("process"), queue.get("continuous")
+    if not process or not continuous:
+        return ""
+    share = queue.get("process_vs_engine_alone")
+    of_alone = "" if share is None else f", {share:.2f}x of its engine alone"
+    return (f" Measured: with the engine in a child process (`--engine-process`, the default) "
+            f"the worker made {process:,.0f} tokens/s ({process / continuous:.2f}x the thread"
+            f"{of_alone}).")
 
 
 def _reading(report: Mapping[str, Any]) -> list[str]:
@@ -251,8 +265,8 @@ def _reading(report: Mapping[str, Any]) -> list[str]:
     else:
         why = (f"sharing the GIL alone costs it {gil:.2f}x of its speed in this run, the CPU "
                f"the other thread or process takes {1 - process / alone:.2f}x")
-        gain = ("much of the gap to the engine alone (not built here, so not measured); the "
-                "rest is CPU, which a GPU worker does not spend on the model")
+        gain = ("much of the gap to the engine alone; the rest is CPU, which a GPU worker "
+                "does not spend on the model")
     return [
         f"Reading: in process, alone, the engine makes {alone:,.0f} tokens/s on the tiny "
         f"model; next to a thread that runs Python {busy} of the time, {thread:,.0f} "
@@ -263,8 +277,8 @@ def _reading(report: Mapping[str, Any]) -> list[str]:
         f"and the producer share the vCPUs. It makes {continuous:,.0f} tokens/s on the "
         f"queue's requests{vs_alone} against {request:,.0f} for the request-level worker, "
         "whose event loop rests while a batch runs. An engine in a process of its own (as "
-        f"vLLM's engine core) would take the model off the event loop's GIL and could win "
-        f"back {gain}."
+        f"vLLM's engine core) takes the model off the event loop's GIL and can win "
+        f"back {gain}.{_process_line(queue)}"
         + "".join(" " + line for line in smollm2)
         + f" (Worker figures: the `generate` run of {queue['date']}.)",
         "",
