@@ -226,7 +226,8 @@ async def test_the_async_client_waits_for_a_replica_on_the_owning_master(
     options = inferq.ClientOptions(durability="replica", durability_timeout_s=5.0)
     async with inferq.AsyncClient(replicated.masters[1].url, options=options) as client:
         one = await client.enqueue("one", model=model)
-        many = await client.enqueue_many([f"a{i}" for i in range(12)], model=model)
+        # 60 random ids: every one of 3 shards gets some but with probability ~1e-10
+        many = await client.enqueue_many([f"a{i}" for i in range(60)], model=model)
         assert {h.keys.shard for h in many} == {0, 1, 2}
     for h in [one, *many]:  # on the replica of the master that owns its shard
         replica = replicated.replica_of(replicated.master_for(h.keys.pending))

@@ -221,14 +221,25 @@ async def test_a_cancel_takes_effect_at_the_engines_next_step_boundary(
     try:
         assert await handle.cancel()
         await asyncio.wait_for(sent.wait(), 30)
-        at_cancel = len(g.tokens)
+        # What the engine sent before the freeze may still be in the pipe: count it as before
+        # the notice. Frozen, it sends nothing more; the reader's lock covers a message it is
+        # applying.
+        conn = worker.steps._conn
+        await until(lambda: conn is None or not conn.poll(0), what="the pipe to be read")
+        with worker.steps._lock:
+            at_cancel = len(g.tokens)
     finally:
         os.kill(pid, signal.SIGCONT)
     await until(lambda: worker.stats.cancelled == 1, what="the generation to leave")
     assert g.finish is inferq.FinishReason.CANCELLED
-    # The step the engine was in when frozen, and (when the notice reaches the step loop
-    # just after the next step began) one more.
-    assert len(g.tokens) - at_cancel <= 3, len(g.tokens) - at_cancel
+    # In the engine: the cancellation left at the first step boundary after it arrived (the
+    # step it arrived in, at most, ran on).
+    assert list(worker.steps.cancel_lags) == [worker.steps.cancel_lags[0]]
+    assert worker.steps.cancel_lags[0] <= 1
+    # End to end, counted from the notice leaving the worker: that step, the one in flight
+    # when frozen, and the steps the engine process ran after SIGCONT before its pipe reader
+    # was scheduled (each ~1 ms on this model; a few on a loaded 2-CPU machine).
+    assert len(g.tokens) - at_cancel <= 8, len(g.tokens) - at_cancel
 
 
 async def test_device_memory_gauges_come_from_the_engine_process(redis_url: str) -> None:

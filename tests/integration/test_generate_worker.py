@@ -144,6 +144,8 @@ async def test_cancel_stops_a_long_generation_within_a_step_and_frees_its_slot(
     assert all(b"d" not in fields for _, fields in tail)
     assert len("".join(i for i in items if isinstance(i, str))) < 1000
     assert worker.stats.cancelled == 1
+    # It left at the first step boundary after the notice reached the step loop.
+    assert list(worker.steps.cancel_lags) and max(worker.steps.cancel_lags) <= 1
     # The worker is free for the next request.
     after = await aclient.enqueue("next", model=MODEL, task="generate",
                                   params={"max_new_tokens": 3})

@@ -44,8 +44,10 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -64,6 +66,8 @@ from inferq.worker.generate.steploop import StepLoop, StepOutput
 
 log = logging.getLogger("inferq.worker")
 
+#: The interpreter's switch interval in the engine process (see ``child_main``).
+ENGINE_SWITCH_INTERVAL_S = 0.0005
 #: The longest wait between starts of an engine process that keeps dying before it is ready.
 RESTART_BACKOFF_MAX_S = 30.0
 
@@ -142,6 +146,9 @@ class EngineProcess:
         self._engine_running = 0
         #: (allocated, reserved) CUDA bytes in the engine process, as it last reported.
         self.device_memory = (0, 0)
+        #: Steps the engine finished between a cancellation's arrival there and its effect,
+        #: as it reported them (``StepLoop.cancel_lags``).
+        self.cancel_lags: deque[int] = deque(maxlen=64)
         self._due = 0
         self._seq = itertools.count()
         self._withdrawals: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = {}
@@ -304,6 +311,7 @@ class EngineProcess:
                     if self._running.pop(g.id, None) is not None:
                         g.finish = FinishReason.CANCELLED
                         g.row = -1
+                self.cancel_lags.append(int(message[2]))
             self._on_cancelled(gone)
         elif kind == "error":
             code, text, retryable, ids = message[1:5]
@@ -495,7 +503,8 @@ class _EngineSide:
                     [g.id for g in victims]))
 
     def _cancelled(self, gone: list[Generation]) -> None:
-        self._emit(("cancelled", [g.id for g in gone]))
+        lags = self.steps.cancel_lags
+        self._emit(("cancelled", [g.id for g in gone], lags[-1] if lags else 0))
 
     def _capacity(self) -> None:
         self._emit(("capacity", *self._state()))
@@ -555,6 +564,10 @@ def child_main(conn: Connection, spec: EngineSpec) -> None:
     """The engine process' entry point (``multiprocessing`` spawns it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # The step loop holds the GIL between its torch calls; the pipe reader (a cancellation,
+    # a submission) waits for it at most this long, not the default 5 ms: several decode
+    # steps of a small model.
+    sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
     logging.basicConfig(level=spec.log_level,
                         format=f"%(asctime)s engine[{os.getpid()}] %(levelname)s %(message)s")
     with contextlib.suppress(EOFError, OSError):  # EOF: the worker is gone

@@ -109,6 +109,11 @@ class StepLoop:
         self._cond = threading.Condition()
         self._waiting: list[Generation] = []
         self._cancel: set[str] = set()
+        #: The engine's step count when the oldest cancellation not applied yet arrived.
+        self._notice_step: int | None = None
+        #: Steps the engine finished between a cancellation's arrival and its effect (recent
+        #: ones): 0 or 1, as it leaves at the first step boundary after it arrives.
+        self.cancel_lags: deque[int] = deque(maxlen=64)
         self._halt = False
         self._due = 0
         self._running = 0
@@ -134,6 +139,8 @@ class StepLoop:
     def cancel(self, request_ids: Sequence[str]) -> None:
         with self._cond:
             self._cancel.update(request_ids)
+            if self._notice_step is None:
+                self._notice_step = self.engine.steps
             self._cond.notify()
 
     def take_outputs(self, *, arm: bool) -> list[StepOutput]:
@@ -346,6 +353,9 @@ class StepLoop:
     def _apply_cancels(self) -> list[Generation]:
         """(Holding the lock.) Sequences cancelled or whose lease was lost leave now."""
         cancel, self._cancel = self._cancel, set()
+        if self._notice_step is not None:
+            self.cancel_lags.append(self.engine.steps - self._notice_step)
+            self._notice_step = None
         gone = [g for g in self.engine.running if g.id in cancel or self._is_lost(g.id)]
         for g in gone:
             self.engine.cancel(g)
