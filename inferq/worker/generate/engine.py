@@ -57,9 +57,10 @@ the pipe closes, retries what had started (alone and from its streamed tokens), 
 the rest and starts a new child, which loads the weights again before it serves. The price:
 a second copy of the tokenizer (the worker tokenizes, the child detokenizes, for stop
 strings) and a pipe hop per message; not a second copy of the weights. What it bought, through
-the queue (``generate`` benchmark, 2026-11-30): the tiny model 1.25x the tokens/s of the
-thread (0.92x of its engine alone, from 0.74x); SmolLM2, whose steps are long and whose two
-torch threads share the 2 CPUs with the worker process, 0.93x of the thread.
+the queue (``generate`` benchmark, 2026-11-30, 2 vCPUs): the tiny model 1.29x the tokens/s of
+the thread (0.96x of its engine alone, from 0.75x); SmolLM2, whose steps are long, 0.99x. The
+child runs with a 0.5 ms switch interval: its pipe reader and sender would otherwise wait up
+to 5 ms, several small decode steps, for the GIL the step loop holds.
 """
 
 from __future__ import annotations

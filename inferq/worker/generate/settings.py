@@ -35,8 +35,8 @@ class GenerationSettings:
     #: of a thread of the worker process, so that the step loop never waits for the GIL the
     #: event loop holds. The weights load only there (the worker process loads the tokenizer
     #: and configs: ``CausalLM(weights=False)``), and the KV budget is sized there after them.
-    #: On by default: the tiny model made 1.25x the tokens/s of the thread (0.92x of its
-    #: engine alone, 4 trials); SmolLM2, whose steps are long, 0.93x (benchmarks/RESULTS.md).
+    #: On by default: the tiny model made 1.29x the tokens/s of the thread (0.96x of its
+    #: engine alone, 4 trials); SmolLM2, whose steps are long, 0.99x (benchmarks/RESULTS.md).
     engine_process: bool = True
 
     def __post_init__(self) -> None:
