@@ -49,7 +49,13 @@ def kill_mid_generation(redis_url: str, r: redis.Redis, tiny_path: Path, log_dir
         wait_until(lambda: all(r.xlen(KEYS.stream(i)) >= entries for i in ids), 120,
                    f"the doomed worker to stream {entries} writes for each request")
         held = {m.decode() for m in r.zrange(KEYS.inflight, 0, -1)}
-        engines = children(doomed.proc.pid)  # the engine process (the default)
+        # The weights load in the engine process only (the default); each process says what
+        # it loaded.
+        log = doomed.log
+        assert f"loaded the tokenizer and config of {MODEL} in " in log, log
+        assert "the engine process loads the weights" in log
+        assert f"loaded model {MODEL} (weights) on cpu in " in log
+        engines = children(doomed.proc.pid)
         assert engines, "the worker runs its model in an engine process"
         doomed.proc.send_signal(signal.SIGKILL)
         doomed.proc.wait(timeout=10)
