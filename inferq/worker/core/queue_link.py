@@ -233,21 +233,23 @@ class QueueLink:
         complete = (scripts or self.scripts)["complete"]
         written: list[bool] = [False] * len(completions)
         gave_up = False
-        self.book.completing([c.id for c in completions])
-        for shard, positions in self._by_shard([c.id for c in completions]).items():
+        ids = [c.id for c in completions]
+        self.book.completing(ids)
+        for shard, positions in self._by_shard(ids).items():
             group = [completions[i] for i in positions]
+            group_ids = [ids[i] for i in positions]
             keys, args = ops.complete_call(self.keys.for_shard(shard),
                                            self.config.result_ttl_ms,
                                            self.config.dead_letter_cap, group)
             reply = await self.until_leases_expire(
                 functools.partial(complete, keys=keys, args=args), what="complete",
-                request_ids=[c.id for c in group])
+                request_ids=group_ids)
             if reply is None:
                 gave_up = True
                 continue
             for i, ok in zip(positions, ops.parse_complete(reply), strict=True):
                 written[i] = ok
-            self.book.drop_many([c.id for c in group])
+            self.book.drop_many(group_ids)
         return None if gave_up else written
 
     async def release(self, leases: Sequence[tuple[str, str]], why: str = "") -> int:

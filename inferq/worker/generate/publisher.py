@@ -144,8 +144,10 @@ class StreamPublisher:
         completions = [self._result(g) for g in finished]
         config, book = self.link.config, self.link.book
         # one stream (+ complete, stream_end) call per queue shard (one shard by default)
-        shards = sorted({0} | {book.shard(d.id) for d in deltas}
-                        | {book.shard(c.id) for c in completions})
+        done_ids = [c.id for c in completions]
+        delta_shards = book.shards_of([d.id for d in deltas])
+        done_shards = book.shards_of(done_ids)
+        shards = sorted({0, *delta_shards, *done_shards})
         calls: list[tuple[str, ops.Call]] = []
         stream_at: list[int] = []
         complete_at: list[tuple[int, list[int]]] = []  # (call index, positions in completions)
@@ -153,19 +155,19 @@ class StreamPublisher:
             keys = self.link.keys.for_shard(shard)
             stream_at.append(len(calls))
             calls.append(("stream", ops.stream_call(
-                keys, config.result_ttl_ms, [d for d in deltas if book.shard(d.id) == shard])))
-            mine = [i for i, c in enumerate(completions) if book.shard(c.id) == shard]
+                keys, config.result_ttl_ms,
+                [d for d, k in zip(deltas, delta_shards, strict=True) if k == shard])))
+            mine = [i for i, k in enumerate(done_shards) if k == shard]
             if mine:
                 complete_at.append((len(calls), mine))
                 calls.append(("complete", ops.complete_call(
                     keys, config.result_ttl_ms, config.dead_letter_cap,
                     [completions[i] for i in mine])))
                 calls.append(("stream_end", ops.stream_end_call(
-                    keys, config.result_ttl_ms, [completions[i].id for i in mine])))
-        book.completing([c.id for c in completions])
+                    keys, config.result_ttl_ms, [done_ids[i] for i in mine])))
+        book.completing(done_ids)
         replies = await self.link.until_leases_expire(
-            lambda: self.pipeline(calls), what="publish",
-            request_ids=[c.id for c in completions])
+            lambda: self.pipeline(calls), what="publish", request_ids=done_ids)
         if replies is None:
             return
         lost = {i for at in stream_at for i in ops.parse_ids(replies[at])}
@@ -182,7 +184,7 @@ class StreamPublisher:
             for at, mine in complete_at:
                 for i, ok in zip(mine, ops.parse_complete(replies[at]), strict=True):
                     written[i] = ok
-            book.drop_many([c.id for c in completions])
+            book.drop_many(done_ids)
             self.stats.count(self.link.metrics, completions, written, lost)
             for g, ok in zip(finished, written, strict=True):
                 if ok:
