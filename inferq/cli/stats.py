@@ -80,7 +80,7 @@ def format_generation(worker: str, w: dict[str, Any]) -> str:
         f"({w.get('admission_steps', '?')} admitting), mean batch "
         f"{float(w.get('mean_batch_size', 0)):.1f} (max {w.get('max_batch_size', 0)}), "
         f"tokens {w.get('tokens', 0)} generated + {w.get('prefill_tokens', 0)} prefilled, "
-        f"finished by {w.get('reasons', {})}"
+        f"preemptions {w.get('preemptions', 0)}, finished by {w.get('reasons', {})}"
     )
 
 

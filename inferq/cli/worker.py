@@ -39,7 +39,7 @@ CONFIG_FLAGS = ("device", "dtype", "lease_ms", "heartbeat_ms", "drain_timeout_s"
 WINDOW_FLAGS = ("max_batch_size", "max_batch_tokens", "max_wait_ms")
 #: ``GenerationSettings`` fields set by flags of the same name, when given.
 CONTINUOUS_FLAGS = ("max_slots", "kv_cache_mb", "max_prefill_tokens", "stream_interval_ms",
-                    "engine_process")
+                    "engine_process", "max_preemptions")
 
 
 def add_parser(sub: Subcommands) -> None:
@@ -100,6 +100,10 @@ def add_parser(sub: Subcommands) -> None:
     g.add_argument("--max-prefill-tokens", type=int, help="prompt tokens prefilled per step")
     g.add_argument("--stream-interval-ms", type=float,
                    help="write token streams and results at most this often")
+    g.add_argument("--max-preemptions", type=int, metavar="N",
+                   help="a running generation yields its slot to a waiting one of strictly "
+                        "higher priority at most N times, keeping its tokens (default: 4; 0: "
+                        "no preemption)")
     g.add_argument("--engine-process", action=argparse.BooleanOptionalAction,
                    help="run the model, KV cache and step loop in a child process of their "
                         "own, so the steps never wait for the GIL the Redis side holds; the "

@@ -18,6 +18,7 @@ import torch
 
 import inferq
 from inferq.protocol.keys import QueueKeys
+from inferq.worker.generate import wire
 from inferq.worker.generate.engine_process import EngineProcess
 from inferq.worker.generate.settings import GenerationSettings
 from inferq.worker.models.lm import CausalLM, WeightsNotLoaded
@@ -93,15 +94,14 @@ async def test_nothing_is_claimed_or_published_before_the_engine_process_sends_i
     # The worker's reader holds the engine's ``ready`` (the weights are loaded, the budget
     # sized) until released: meanwhile the worker has only its stand-in budget.
     arrived, release = threading.Event(), threading.Event()
-    real = EngineProcess._handle
+    real = EngineProcess._on_ready
 
-    def held(self: EngineProcess, message: Any) -> bool:
-        if message[0] == "ready":
-            arrived.set()
-            release.wait(60)
-        return real(self, message)
+    def held(self: EngineProcess, message: wire.Ready) -> None:
+        arrived.set()
+        release.wait(60)
+        real(self, message)
 
-    monkeypatch.setattr(EngineProcess, "_handle", held)
+    monkeypatch.setattr(EngineProcess, "_on_ready", held)
     worker = await gen_worker(max_slots=3, kv_cache_mb=4, engine_process=True)
     try:
         request = await aclient.enqueue("wait for the budget", model=MODEL, task="generate",

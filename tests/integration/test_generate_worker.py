@@ -77,11 +77,12 @@ async def test_a_request_joins_a_running_batch_mid_generation(
     assert long_result.usage is not None and long_result.usage.completion_tokens == 1000
 
 
-async def test_high_priority_arrival_takes_the_next_free_slot_ahead_of_the_backlog(
+async def test_without_preemption_high_priority_takes_the_next_free_slot_ahead_of_the_backlog(
         gen_worker: Any, aclient: inferq.AsyncClient, r: redis.Redis) -> None:
     # A stream write per step; the running pair is long enough to still run when the backlog
-    # and the urgent request arrive, however fast the CPU.
-    await gen_worker(max_slots=2, stream_interval_ms=0)
+    # and the urgent request arrive, however fast the CPU. (With preemption, the default, the
+    # urgent request takes a running slot at once: test_generate_preemption.)
+    await gen_worker(max_slots=2, stream_interval_ms=0, max_preemptions=0)
     running = [await aclient.enqueue(f"run {i}", model=MODEL, task="generate",
                                      params={"max_new_tokens": 200 + 100 * i, "ignore_eos": True})
                for i in range(2)]

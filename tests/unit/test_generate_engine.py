@@ -99,7 +99,7 @@ def test_cancel_frees_the_slot_and_others_continue_exactly(lm: CausalLM) -> None
     for _ in range(3):
         engine.step()
     engine.cancel(victim)
-    assert victim.finish is FinishReason.CANCELLED and not victim.running
+    assert victim.finish is FinishReason.CANCELLED and not victim.in_batch
     late = engine.new_generation("late", ps[3], GenerationParams(max_new_tokens=10))
     assert engine.select([late]) == [late]  # the freed slot is admissible at once
     drive(engine, [(0, late)])

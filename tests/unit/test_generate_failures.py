@@ -21,6 +21,7 @@ from inferq.worker.generate.steploop import MAX_STEP_FAILURES, StepLoop
 from inferq.worker.models.lm import CausalLM
 from inferq.worker.window.isolation import run_isolated
 from tests.support.generation import greedy_reference
+from tests.support.step_events import RecordingEvents
 
 WORDS = ["the", "queue", "worker", "asks", "what", "is", "capital", "of", "France", "token"]
 
@@ -30,24 +31,19 @@ class Harness:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.errors: list[tuple[Exception, list[Generation]]] = []
-        self.ooms: list[int] = []
+        self.events = RecordingEvents()
+        self.errors = self.events.errors
+        self.ooms = self.events.ooms
+        self.changed = self.events.changed
         self.finished: list[Generation] = []
-        self.changed = threading.Event()
-        self.loop = StepLoop(engine, on_step=self.changed.set, on_error=self._error,
-                             on_cancelled=lambda gone: None, on_capacity=lambda: None,
-                             is_lost=lambda request_id: False, on_oom=self.ooms.append)
-
-    def _error(self, exc: Exception, victims: list[Generation]) -> None:
-        self.errors.append((exc, victims))
-        self.changed.set()
+        self.loop = StepLoop(engine, self.events)
 
     def failed(self) -> list[Generation]:
         return [g for _, victims in self.errors for g in victims]
 
     def collect(self, timeout: float) -> None:
         """Take the outputs there are, or wait for the next step (as the worker's publisher:
-        ``on_step`` fires only after a ``take_outputs(arm=True)`` that found none)."""
+        ``outputs_ready`` fires only after a ``take_outputs(arm=True)`` that found none)."""
         outs = self.loop.take_outputs(arm=True)
         if not outs:
             assert self.changed.wait(timeout), "the step loop stopped making progress"

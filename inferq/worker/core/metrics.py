@@ -98,9 +98,11 @@ class WorkerMetrics:
                                   "Batches split after running out of device memory", q,
                                   registry=r)
         self.preemptions = Counter(
-            "inferq_priority_swaps_total",
-            "Higher-priority requests swapped into a window claimed before they arrived", q,
-            registry=r)
+            "inferq_preemptions_total",
+            "Work pushed aside for higher priority: reason=priority, running generations that "
+            "yielded their slot (they resume later); reason=window_swap, requests of a "
+            "pre-claimed window given back for higher-priority ones",
+            ["queue", "reason"], registry=r)
         self.garbage = Counter("inferq_garbage_dropped_total",
                                "Raw queue keys dropped by this worker's scripts: nothing tied "
                                "them to a request (e.g. a pending id without its hash)", q,

@@ -43,6 +43,12 @@ SETTINGS_REFRESH_S = 1.0
 T = TypeVar("T")
 
 
+def band_top(priority: int) -> int:
+    """The highest pending score of ``priority`` (every request of that priority or higher
+    scores at most this)."""
+    return scores.band(priority) + scores.SEQ_LIMIT - 1
+
+
 class QueueLink:
     def __init__(self, config: WorkerConfig, keys: QueueKeys, book: LeaseBook,
                  metrics: WorkerMetrics, clock: Callable[[], float]) -> None:
@@ -95,19 +101,31 @@ class QueueLink:
             return True
         return False
 
-    async def claim(self, max_count: int) -> ops.ClaimReply:
-        """Claim up to ``max_count`` requests; their leases go into the book. A queue of one
-        shard: one CLAIM call. A sharded queue: a PEEK at every shard's head first, then
-        CLAIMs of the best priority band present only, from the shards that have it, so a
-        lower priority is never taken while a higher one waits in another shard."""
+    async def claim(self, max_count: int, *, min_priority: int | None = None
+                    ) -> ops.ClaimReply:
+        """Claim up to ``max_count`` requests (with ``min_priority``, only requests of at least
+        that priority); their leases go into the book. A queue of one shard: one CLAIM call. A
+        sharded queue: a PEEK at every shard's head first, then CLAIMs of the best priority
+        band present only, from the shards that have it, so a lower priority is never taken
+        while a higher one waits in another shard."""
         await self.refresh_settings()
         shards = self.settings.claim_shards
+        floor = None if min_priority is None else band_top(min_priority)
         if shards == 1:
-            reply = await self._claim_shard(0, max_count, None)
+            reply = await self._claim_shard(0, max_count, floor)
         else:
-            reply = await self._claim_sharded(shards, max_count)
+            reply = await self._claim_sharded(shards, max_count, floor)
         self.clock_offset_s = reply.now_ms / 1e3 - self.clock()
         return reply
+
+    async def head_priority(self) -> int | None:
+        """The highest priority pending in any shard (one read of each shard's head, in one
+        round trip), or None when nothing is pending."""
+        pipe = self.redis.pipeline(transaction=False)
+        for keys in self.shard_keys:
+            pipe.zrange(keys.pending, 0, 0, withscores=True)
+        heads = [rows[0][1] for rows in await pipe.execute() if rows]
+        return scores.decode(min(heads))[0] if heads else None
 
     async def _claim_shard(self, shard: int, max_count: int,
                            max_score: int | None) -> ops.ClaimReply:
@@ -121,7 +139,8 @@ class QueueLink:
         self.book.add_many([(c.id, c.token) for c in reply.claimed], shard)
         return reply
 
-    async def _claim_sharded(self, shards: int, max_count: int) -> ops.ClaimReply:
+    async def _claim_sharded(self, shards: int, max_count: int,
+                             floor: int | None) -> ops.ClaimReply:
         # One round trip (per node on a cluster); a node that lost the script gets it again.
         calls = [(self.scripts["peek"], *ops.peek_call(self.keys.for_shard(k)))
                  for k in range(shards)]
@@ -129,6 +148,10 @@ class QueueLink:
         heads = [p.head for p in peeks if p.head is not None]
         best = min((h // scores.SEQ_LIMIT for h in heads), default=None)
         top = None if best is None else (best + 1) * scores.SEQ_LIMIT - 1
+        if floor is not None:
+            # Nothing below the priority asked for (due retries are still promoted by the
+            # claims below, and taken only if they reach it).
+            top = floor if top is None else min(top, floor)
         candidates = [k for k, p in enumerate(peeks)
                       if (p.head is not None and p.head <= (top or 0))
                       or p.next_retry_ms == 0]

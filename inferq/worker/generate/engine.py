@@ -115,6 +115,10 @@ class Generation:
     #: Runs alone: no other sequence shares its steps (a request whose previous attempt may
     #: have crashed a worker, see ``steploop``).
     alone: bool = False
+    #: Times it was preempted for a higher priority, and the engine step at which it was
+    #: last admitted (``scheduler.plan`` preempts the latest admitted first).
+    preemptions: int = 0
+    entered: int = 0
 
     @property
     def prompt_tokens(self) -> int:
@@ -136,7 +140,12 @@ class Generation:
         return len(self.prompt_ids) + self.max_new
 
     @property
-    def running(self) -> bool:
+    def due(self) -> bool:
+        """Whether the step in flight gives it its last token (``max_new_tokens``)."""
+        return len(self.tokens) + 1 >= self.max_new
+
+    @property
+    def in_batch(self) -> bool:
         return self.row >= 0
 
 
@@ -215,6 +224,12 @@ class Engine:
         return scheduler.admit(waiting, [g.reserve_tokens for g in self.running], self.budget,
                                self.footprint)
 
+    def plan(self, waiting: Sequence[Generation], max_preemptions: int
+             ) -> scheduler.Plan[Generation, Generation]:
+        """``select``, and the running sequences to preempt for it (``scheduler.plan``)."""
+        return scheduler.plan(waiting, self.running, self.budget, self.footprint,
+                              max_preemptions=max_preemptions)
+
     # ---------------------------------------------------------------------------- steps
 
     @torch.inference_mode()
@@ -259,10 +274,19 @@ class Engine:
     @torch.inference_mode()
     def cancel(self, generation: Generation) -> None:
         """Free a running sequence's slot now (between steps)."""
-        if generation.running:
+        if generation.in_batch:
             generation.finish = FinishReason.CANCELLED
             generation.finished_at = self.clock()
             self._leave(generation)
+
+    def preempt(self, generation: Generation) -> None:
+        """Push a running sequence out of the batch (between steps) for a higher priority: its
+        slot and cache rows are freed, it keeps its tokens, sampler and text, and is admitted
+        again later by prefilling its prompt and tokens (``prefill_ids``)."""
+        if generation.in_batch:
+            self._leave(generation)
+            generation.length = 0
+            generation.preemptions += 1
 
     def clear(self) -> list[Generation]:
         """Drop every running sequence (after a failed step); returns them."""
@@ -322,7 +346,7 @@ class Engine:
         tokens = choose(logits, [g.params for g in admitted], [g.generator for g in admitted])
         now = self.clock()
         for r, g in enumerate(admitted):
-            g.row, g.length = n + r, lengths[r]
+            g.row, g.length, g.entered = n + r, lengths[r], self.steps
             g.admitted_at = now if g.admitted_at is None else g.admitted_at
             self.running.append(g)
         for g, token in zip(admitted, tokens, strict=True):

@@ -7,25 +7,25 @@ The weights are loaded here only: the worker process holds a ``CausalLM`` withou
 tokenizer and configs, for prompts). The child loads the model, then sizes the KV budget from
 ``GenerationSettings`` (``EngineSpec.settings``) as a thread would, after the weights (on CUDA,
 a share of the memory they leave free), and sends it in its ``ready``; ``EngineProcess`` hands it to
-the worker (``on_ready``) before ``capacity`` may be more than 0, so the worker claims nothing,
+the worker (``events.ready``) before ``capacity`` may be more than 0, so the worker claims nothing,
 and checks nothing, under the stand-in budget it holds until then. A new engine process after
 a crash sends its budget again.
 
-``EngineProcess`` is what the worker holds in place of a ``StepLoop``, with the same methods.
-The two processes talk over one ``multiprocessing`` pipe, in msgpack messages:
+``EngineProcess`` is what the worker holds in place of a ``StepLoop``, with the same methods,
+and it reports to the same ``events`` interface (plus ``ready`` and ``died``). The two
+processes talk over one ``multiprocessing`` pipe, in the typed messages of ``wire`` (one type
+per kind, dispatched through a table on each side).
 
-* worker -> engine: ``submit`` (prompt ids, parameters, priority, streamed tokens to go on
-  from), ``cancel`` (request ids; also those whose lease was lost), ``withdraw`` (waiting
-  requests taken back: expired, or given back on shutdown), ``stop`` (drain);
-* engine -> worker: ``steps`` (every step output not sent yet, in one message: each running
-  request's new token and text; the finished ones with their final text), ``capacity``,
-  ``cancelled``, ``error`` (a step failed for these requests: their ``Failure``), ``oom``,
-  ``withdrawn``, ``ready`` (the budget, and how long loading took) and ``stopped``.
-
-The engine sends step outputs as fast as the worker reads them and merges whatever queued
-meanwhile into one message, so a busy worker costs the model nothing but a pipe write per
-message. The worker's reader thread turns messages back into ``StepOutput``s of its own
-``Generation`` objects (tokens, timings, finish), which the publisher writes as before.
+In the engine process one thread sends: the sender. The step loop's events (a cancellation
+applied, capacity, a failed step) and the replies of the pipe reader are queued in the outbox
+behind the step outputs that came before them, and the sender writes them in that order,
+merging every step output that queued meanwhile into one ``Steps`` message: a busy worker costs
+the model nothing but a pipe write per message, and the step thread never waits for the pipe.
+The sender is the only consumer of the step loop's outputs that arms it (asks to be woken by
+the next output); whatever takes outputs otherwise wakes the sender, which takes and arms
+again, so no output waits for a later event to leave. The worker's reader thread turns
+messages back into ``StepOutput``s of its own ``Generation`` objects (tokens, timings,
+preemptions, finish), which the publisher writes as before.
 
 If the engine process dies (killed, out of host memory, a crash in native code), the reader
 sees the pipe close at once: the worker fails the generations that had started (``retry``
@@ -54,12 +54,12 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
-import msgpack
-
 from inferq.protocol.codec import ErrorInfo
 from inferq.protocol.generation import FinishReason, GenerationParams
 from inferq.worker.core.failures import Failure, failure_of
+from inferq.worker.generate import wire
 from inferq.worker.generate.engine import Engine, Generation
+from inferq.worker.generate.events import EngineEvents
 from inferq.worker.generate.scheduler import Budget
 from inferq.worker.generate.settings import GenerationSettings, describe_budget
 from inferq.worker.generate.steploop import StepLoop, StepOutput
@@ -87,15 +87,6 @@ class EngineSpec:
     log_level: int
 
 
-def _pack(message: Any) -> bytes:
-    data: bytes = msgpack.packb(message, use_bin_type=True)
-    return data
-
-
-def _unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
-
-
 def describe_exit(code: int | None) -> str:
     if code is None:
         return "its pipe closed"
@@ -112,24 +103,9 @@ def describe_exit(code: int | None) -> str:
 class EngineProcess:
     """The worker's handle on the engine process (the interface of ``StepLoop``)."""
 
-    def __init__(self, spec: EngineSpec, *,
-                 on_step: Callable[[], object],
-                 on_error: Callable[[Failure, list[Generation]], object],
-                 on_cancelled: Callable[[list[Generation]], object],
-                 on_capacity: Callable[[], object],
-                 on_oom: Callable[[int], object],
-                 on_died: Callable[[str, list[Generation], list[Generation]], object],
-                 on_ready: Callable[[Budget], object],
-                 is_lost: Callable[[str], bool]) -> None:
+    def __init__(self, spec: EngineSpec, events: EngineEvents) -> None:
         self.spec = spec
-        self._on_ready = on_ready
-        self._on_step = on_step
-        self._on_error = on_error
-        self._on_cancelled = on_cancelled
-        self._on_capacity = on_capacity
-        self._on_oom = on_oom
-        self._on_died = on_died
-        self._is_lost = is_lost
+        self.events = events
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         #: Every generation the engine holds, by id; which of them it runs.
@@ -139,17 +115,13 @@ class EngineProcess:
         self._armed = False
         self._ready = False
         self._stopping = False
-        #: The budget the engine process sized after loading the weights (its ``ready``); None
-        #: until the first one is ready.
+        #: The budget the engine process sized after loading the weights (its ``Ready``);
+        #: None until the first one is ready.
         self.budget: Budget | None = None
-        self._max_slots = 0
-        self._engine_running = 0
-        #: (allocated, reserved) CUDA bytes in the engine process, as it last reported.
-        self.device_memory = (0, 0)
+        self._state = wire.EngineState(running=0, due=0, max_slots=0, step=0)
         #: Steps the engine finished between a cancellation's arrival there and its effect,
         #: as it reported them (``StepLoop.cancel_lags``).
         self.cancel_lags: deque[int] = deque(maxlen=64)
-        self._due = 0
         self._seq = itertools.count()
         self._withdrawals: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = {}
         self._stopped = threading.Event()
@@ -158,6 +130,12 @@ class EngineProcess:
         self._reader: threading.Thread | None = None
         self.restarts = 0
         self._failed_starts = 0
+        self._handlers: dict[type[Any], Callable[[Any], bool | None]] = {
+            wire.Steps: self._on_steps, wire.Capacity: self._on_capacity,
+            wire.Cancelled: self._on_cancelled, wire.Failed: self._on_failed,
+            wire.OutOfMemory: self._on_out_of_memory, wire.Withdrawn: self._on_withdrawn,
+            wire.Ready: self._on_ready, wire.Stopped: self._on_stopped,
+        }
 
     # ------------------------------------------------------------------- lifecycle
 
@@ -184,7 +162,7 @@ class EngineProcess:
         """Finish the running sequences, admit nothing new, then end the engine process."""
         with self._lock:
             self._stopping = True
-        if not self._send(("stop",)):
+        if not self._send(wire.Stop()):
             self._stopped.set()
 
     def join(self, timeout: float | None = None) -> None:
@@ -200,13 +178,13 @@ class EngineProcess:
         with self._lock:
             for g in generations:
                 self._held[g.id] = g
-        self._send(("submit", [
-            [g.id, g.prompt_ids, g.params.model_dump(), g.priority, g.order, g.alone,
-             g.tokens, g.detok.text[:g.detok.emitted]] for g in generations]))
+        self._send(wire.Submit([wire.GenerationSpec(
+            g.id, g.prompt_ids, g.params.model_dump(), g.priority, g.order, g.alone,
+            g.tokens, g.detok.text[:g.detok.emitted]) for g in generations]))
 
     def cancel(self, request_ids: Sequence[str]) -> None:
         if request_ids:
-            self._send(("cancel", list(request_ids)))
+            self._send(wire.Cancel(list(request_ids)))
 
     def take_outputs(self, *, arm: bool) -> list[StepOutput]:
         with self._lock:
@@ -218,10 +196,11 @@ class EngineProcess:
         with self._lock:
             if not self._ready or self._stopping:
                 return 0
-            waiting = [g for i, g in self._held.items() if i not in self._running]
             if any(g.alone for g in self._held.values()):
                 return 0
-            return self._max_slots - self._engine_running + self._due - len(waiting)
+            waiting = len(self._held) - len(self._running)
+            state = self._state
+            return state.max_slots - state.running + state.due - waiting
 
     @property
     def running(self) -> int:
@@ -231,7 +210,7 @@ class EngineProcess:
     def max_slots(self) -> int:
         """The engine's slots now (less than the budget's after an out-of-memory error)."""
         with self._lock:
-            return self._max_slots
+            return self._state.max_slots
 
     @property
     def waiting(self) -> int:
@@ -239,15 +218,26 @@ class EngineProcess:
             return len(self._held) - len(self._running)
 
     @property
-    def generations(self) -> list[Generation]:
-        """The generations running in the engine (as this process last heard)."""
+    def step(self) -> int:
+        """The engine's step count, as it last reported it."""
+        return self._state.step
+
+    @property
+    def device_memory(self) -> tuple[int, int]:
+        """(allocated, reserved) CUDA bytes in the engine process, as it last reported."""
+        state = self._state
+        return state.device_allocated, state.device_reserved
+
+    def held(self) -> tuple[list[Generation], list[Generation]]:
+        """(running, waiting), as this process last heard."""
         with self._lock:
-            return list(self._running.values())
+            return (list(self._running.values()),
+                    [g for i, g in self._held.items() if i not in self._running])
 
     async def withdraw(self, predicate: Callable[[Generation], bool] | None = None
                        ) -> list[Generation]:
         """Take waiting generations back from the engine (all, or those matching
-        ``predicate``): those it had not admitted yet."""
+        ``predicate``): those it had not admitted yet, or had preempted."""
         with self._lock:
             wanted = [g.id for i, g in self._held.items()
                       if i not in self._running and (predicate is None or predicate(g))]
@@ -259,7 +249,7 @@ class EngineProcess:
             loop = asyncio.get_running_loop()
             future: asyncio.Future[Any] = loop.create_future()
             self._withdrawals[seq] = (loop, future)
-        if not self._send(("withdraw", seq, wanted)):
+        if not self._send(wire.Withdraw(seq, wanted)):
             with self._lock:
                 self._withdrawals.pop(seq, None)
             return []
@@ -269,11 +259,11 @@ class EngineProcess:
 
     # ---------------------------------------------------------------------- internals
 
-    def _send(self, message: Any) -> bool:
+    def _send(self, message: wire.ToEngine) -> bool:
         conn = self._conn
         if conn is None:
             return False
-        data = _pack(message)
+        data = wire.encode(message)
         try:
             with self._send_lock:
                 conn.send_bytes(data)
@@ -284,116 +274,132 @@ class EngineProcess:
     def _read(self, conn: Connection, proc: Any) -> None:
         try:
             while True:
-                message = _unpack(conn.recv_bytes())
+                message = wire.decode_to_worker(conn.recv_bytes())
                 try:
-                    if self._handle(message):
+                    if self._handlers[type(message)](message):
                         return
                 except Exception:  # a bug here must not silence the engine
-                    log.exception("engine message %r could not be handled", message[:1])
+                    log.exception("engine message %s could not be handled",
+                                  type(message).__name__)
         except (EOFError, OSError):
             pass
         proc.join(5)
         self._died(describe_exit(proc.exitcode))
 
-    def _handle(self, message: Any) -> bool:
-        """One message from the engine; True once the engine stopped."""
-        kind = message[0]
-        if kind == "steps":
-            self._steps(message[1], message[2])
-        elif kind == "capacity":
-            with self._lock:
-                self._take_state(message[1:])
-            self._on_capacity()
-        elif kind == "cancelled":
-            with self._lock:
-                gone = [g for i in message[1] if (g := self._held.pop(i, None)) is not None]
-                for g in gone:
-                    if self._running.pop(g.id, None) is not None:
-                        g.finish = FinishReason.CANCELLED
-                        g.row = -1
-                self.cancel_lags.append(int(message[2]))
-            self._on_cancelled(gone)
-        elif kind == "error":
-            code, text, retryable, ids = message[1:5]
-            with self._lock:
-                victims = [g for i in ids if (g := self._held.pop(i, None)) is not None]
-                for g in victims:
-                    self._running.pop(g.id, None)
-            self._on_error(Failure(ErrorInfo(code=code, message=text), retryable), victims)
-        elif kind == "oom":
-            self._on_oom(message[1])
-        elif kind == "withdrawn":
-            with self._lock:
-                loop, future = self._withdrawals.pop(message[1])
-            loop.call_soon_threadsafe(_resolve, future, message[2])
-        elif kind == "ready":
-            budget = Budget(*message[1])
-            # The worker adopts it before capacity() can say > 0: nothing is claimed under
-            # another budget.
-            self._on_ready(budget)
-            with self._lock:
-                self.budget = budget
-                self._ready = True
-                self._max_slots = budget.max_slots
-                self._engine_running = self._due = 0  # a new engine runs nothing yet
-            log.info("engine process %d ready (it loaded %s in %.1f s)", self.pid,
-                     self.spec.model_id, message[2])
-            self._on_capacity()
-        elif kind == "stopped":
-            with self._lock:
-                for i in message[1]:
-                    self._running.pop(i, None)
-            self._stopped.set()
-            return True
-        return False
-
-    def _take_state(self, state: Sequence[int]) -> None:
-        """(Holding the lock.) The engine's slots and device memory, as of its last message."""
-        self._engine_running, self._due, self._max_slots = state[:3]
-        self.device_memory = (int(state[3]), int(state[4]))
-
-    def _steps(self, steps: list[Any], state: list[int]) -> None:
-        outs: list[StepOutput] = []
-        lost: list[str] = []
+    def _on_capacity(self, message: wire.Capacity) -> None:
         with self._lock:
-            self._take_state(state)
-            for now, elapsed, admitted, prefill, advanced, finished in steps:
-                for i in admitted:
-                    if (g := self._held.get(i)) is None:
-                        continue  # withdrawn or failed meanwhile
-                    self._running[i] = g
-                    if g.admitted_at is None:
-                        g.admitted_at = now
-                rows: list[tuple[Generation, int, str]] = []
-                for i, token, text in advanced:
-                    if (g := self._held.get(i)) is None:
-                        continue
-                    g.tokens.append(token)
-                    g.steps += 1
-                    g.batch_sum += len(advanced)
-                    if g.first_token_at is None:
-                        g.first_token_at = now
-                    rows.append((g, token, text))
-                done: list[Generation] = []
-                for i, finish, text in finished:
-                    if (g := self._held.pop(i, None)) is None:
-                        continue
-                    self._running.pop(i, None)
-                    g.finish = FinishReason(finish)
-                    g.finished_at = now
-                    g.detok.text = text
+            self._state = message.state
+        self.events.capacity_changed()
+
+    def _on_cancelled(self, message: wire.Cancelled) -> None:
+        with self._lock:
+            gone = [g for i in message.ids if (g := self._held.pop(i, None)) is not None]
+            for g in gone:
+                if self._running.pop(g.id, None) is not None:
+                    g.finish = FinishReason.CANCELLED
                     g.row = -1
-                    done.append(g)
-                outs.append(StepOutput(rows, done, len(admitted), prefill, elapsed))
-            lost = [i for i in self._running if self._is_lost(i)]
+            self.cancel_lags.append(message.lag_steps)
+        self.events.left(gone)
+
+    def _on_failed(self, message: wire.Failed) -> None:
+        with self._lock:
+            victims = [g for i in message.ids if (g := self._held.pop(i, None)) is not None]
+            for g in victims:
+                self._running.pop(g.id, None)
+        failure = Failure(ErrorInfo(code=message.code, message=message.message),
+                          message.retryable)
+        self.events.step_failed(failure, victims)
+
+    def _on_out_of_memory(self, message: wire.OutOfMemory) -> None:
+        self.events.out_of_memory(message.sequences)
+
+    def _on_withdrawn(self, message: wire.Withdrawn) -> None:
+        with self._lock:
+            loop, future = self._withdrawals.pop(message.seq)
+        loop.call_soon_threadsafe(_resolve, future, message.ids)
+
+    def _on_ready(self, message: wire.Ready) -> None:
+        spec = message.budget
+        budget = Budget(spec.max_slots, spec.kv_tokens, spec.max_prefill_tokens)
+        # The worker adopts it before capacity() can say > 0: nothing is claimed under
+        # another budget.
+        self.events.ready(budget)
+        with self._lock:
+            self.budget = budget
+            self._ready = True
+            # A new engine runs nothing yet.
+            self._state = wire.EngineState(running=0, due=0, max_slots=budget.max_slots,
+                                           step=0)
+        log.info("engine process %d ready (it loaded %s in %.1f s)", self.pid,
+                 self.spec.model_id, message.load_s)
+        self.events.capacity_changed()
+
+    def _on_stopped(self, message: wire.Stopped) -> bool:
+        with self._lock:
+            for i in message.waiting:
+                self._running.pop(i, None)
+        self._stopped.set()
+        return True
+
+    def _on_steps(self, message: wire.Steps) -> None:
+        outs: list[StepOutput] = []
+        with self._lock:
+            self._state = message.state
+            for record in message.steps:
+                out = self._apply(record)
+                out.delivered = message.state.step
+                outs.append(out)
+            lost = [i for i in self._running if self.events.is_lost(i)]
             self._outputs += outs
             notify, self._armed = self._armed, False
         if lost:
             self.cancel(lost)
         if notify:
-            self._on_step()
+            self.events.outputs_ready()
         if any(out.finished for out in outs):
-            self._on_capacity()
+            self.events.capacity_changed()
+
+    def _apply(self, record: wire.StepRecord) -> StepOutput:
+        """(Holding the lock.) One step of the engine on this process' generations."""
+        now = record.at
+        preempted: list[Generation] = []
+        for i in record.preempted:
+            if (g := self._running.pop(i, None)) is not None:
+                g.preemptions += 1
+                g.row = -1
+                preempted.append(g)
+        entered: list[Generation] = []
+        for i in record.admitted:
+            if (g := self._held.get(i)) is None:
+                continue  # withdrawn or failed meanwhile
+            self._running[i] = g
+            g.entered = record.step
+            entered.append(g)
+            if g.admitted_at is None:
+                g.admitted_at = now
+        rows: list[tuple[Generation, int, str]] = []
+        size = len(record.advanced)
+        for row in record.advanced:
+            if (g := self._held.get(row.id)) is None:
+                continue
+            g.tokens.append(row.token)
+            g.steps += 1
+            g.batch_sum += size
+            if g.first_token_at is None:
+                g.first_token_at = now
+            rows.append((g, row.token, row.text))
+        done: list[Generation] = []
+        for end in record.finished:
+            if (g := self._held.pop(end.id, None)) is None:
+                continue
+            self._running.pop(end.id, None)
+            g.finish = FinishReason(end.finish)
+            g.finished_at = now
+            g.detok.text = end.text
+            g.row = -1
+            done.append(g)
+        return StepOutput(rows, done, len(record.admitted), record.prefill_tokens,
+                          record.elapsed_s, entered, now, preempted, record.step)
 
     def _died(self, why: str) -> None:
         with self._lock:
@@ -406,7 +412,7 @@ class EngineProcess:
             self._withdrawals.clear()
         started = [g for g in held.values() if g.steps or g.admitted_at is not None]
         unstarted = [g for g in held.values() if g not in started]
-        self._on_died(why, started, unstarted)
+        self.events.died(why, started, unstarted)
         if stopping:
             self._stopped.set()
             return
@@ -431,8 +437,75 @@ def _resolve(future: asyncio.Future[Any], value: Any) -> None:
 # ------------------------------------------------------------------------ engine side
 
 
+def step_record(out: StepOutput) -> wire.StepRecord:
+    return wire.StepRecord(
+        out.step, out.at, out.elapsed_s, [g.id for g in out.entered], out.prefill_tokens,
+        [g.id for g in out.preempted],
+        [wire.Advanced(g.id, token, text) for g, token, text in out.advanced],
+        [wire.Finished(g.id, (g.finish or FinishReason.LENGTH).value, g.detok.text)
+         for g in out.finished])
+
+
+class Outbox:
+    """The engine process' messages to the worker, in order, sent by one thread.
+
+    ``put`` queues an event behind the step outputs taken before it; the sender (``run``)
+    takes every queued message and every new step output, arming the step loop when there is
+    none, and writes them, in order. Nothing but the sender writes to the pipe."""
+
+    def __init__(self, conn: Connection, steps: StepLoop,
+                 state: Callable[[], wire.EngineState]) -> None:
+        self.conn = conn
+        self.steps = steps
+        self.state = state
+        self._lock = threading.Lock()
+        self._queue: list[wire.ToWorker] = []
+        self._wake = threading.Event()
+        self._closed = False
+
+    def put(self, message: wire.ToWorker) -> None:
+        """Queue ``message`` after the step outputs so far (any thread; never blocks)."""
+        with self._lock:
+            self._take(arm=False)
+            self._queue.append(message)
+        self._wake.set()
+
+    def outputs_ready(self) -> None:
+        """The step loop's ``outputs_ready``: the armed sender has outputs to send."""
+        self._wake.set()
+
+    def close(self, message: wire.ToWorker) -> None:
+        """``message`` is the last one: the sender sends it and returns."""
+        with self._lock:
+            self._take(arm=False)
+            self._queue.append(message)
+            self._closed = True
+        self._wake.set()
+
+    def _take(self, *, arm: bool) -> None:
+        """(Holding the lock.) Queue the step outputs so far as one ``Steps`` message."""
+        outs = self.steps.take_outputs(arm=arm)
+        if outs:
+            self._queue.append(wire.Steps([step_record(out) for out in outs], self.state()))
+
+    def run(self) -> None:
+        while True:
+            with self._lock:
+                self._take(arm=not self._closed)
+                batch, self._queue = self._queue, []
+                last = self._closed
+            for message in batch:
+                self.conn.send_bytes(wire.encode(message))
+            if last:
+                return
+            if not batch:
+                self._wake.wait()
+                self._wake.clear()
+
+
 class _EngineSide:
-    """The engine process: a ``StepLoop`` over the model, fed from the pipe."""
+    """The engine process: a ``StepLoop`` over the model, fed from the pipe; it is the step
+    loop's ``StepEvents`` (each event a message in the outbox)."""
 
     def __init__(self, conn: Connection, spec: EngineSpec) -> None:
         import torch
@@ -441,9 +514,6 @@ class _EngineSide:
         from inferq.worker.models.lm import CausalLM
 
         self.conn = conn
-        self._send_lock = threading.Lock()
-        self._wake = threading.Event()
-        self._done = False
         if spec.torch_threads > 0:
             torch.set_num_threads(spec.torch_threads)
         started = time.monotonic()
@@ -456,19 +526,43 @@ class _EngineSide:
         log.info("loaded model %s (weights) on %s in %.1f s; %s", spec.model_id, lm.device,
                  self.load_s, describe_budget(budget, lm.kv))
         self.engine = Engine(lm, budget)
-        self.steps = StepLoop(
-            self.engine, is_lost=lambda request_id: False,
-            on_step=self._wake.set, on_error=self._error, on_cancelled=self._cancelled,
-            on_capacity=self._capacity, on_oom=lambda n: self._emit(("oom", n)))
+        self.steps = StepLoop(self.engine, self, max_preemptions=spec.settings.max_preemptions)
+        self.outbox = Outbox(conn, self.steps, self._state)
+        self._handlers: dict[type[Any], Callable[[Any], None]] = {
+            wire.Submit: self._on_submit, wire.Cancel: self._on_cancel,
+            wire.Withdraw: self._on_withdraw, wire.Stop: self._on_stop,
+        }
 
-    def send(self, message: Any) -> None:
-        data = _pack(message)
-        with self._send_lock:
-            self.conn.send_bytes(data)
+    # ------------------------------------------------------------- StepEvents (to the pipe)
 
-    def _state(self) -> list[int]:
-        return [self.steps.running, self.steps.due, self.engine.budget.max_slots,
-                *self._device_memory()]
+    def outputs_ready(self) -> None:
+        self.outbox.outputs_ready()
+
+    def step_failed(self, error: Exception | Failure, victims: list[Generation]) -> None:
+        failure = error if isinstance(error, Failure) else failure_of(error)
+        self.outbox.put(wire.Failed(failure.error.code, failure.error.message,
+                                    failure.retryable, [g.id for g in victims]))
+
+    def left(self, gone: list[Generation]) -> None:
+        lags = self.steps.cancel_lags
+        self.outbox.put(wire.Cancelled([g.id for g in gone], lags[-1] if lags else 0))
+
+    def capacity_changed(self) -> None:
+        self.outbox.put(wire.Capacity(self._state()))
+
+    def out_of_memory(self, sequences: int) -> None:
+        self.outbox.put(wire.OutOfMemory(sequences))
+
+    def is_lost(self, request_id: str) -> bool:
+        return False  # the worker process knows its leases: it cancels the lost ones
+
+    # ---------------------------------------------------------------------- the process
+
+    def _state(self) -> wire.EngineState:
+        allocated, reserved = self._device_memory()
+        return wire.EngineState(running=self.steps.running, due=self.steps.due,
+                                max_slots=self.engine.budget.max_slots, step=self.engine.steps,
+                                device_allocated=allocated, device_reserved=reserved)
 
     def _device_memory(self) -> tuple[int, int]:
         """(allocated, reserved) bytes of CUDA memory in this process (0, 0 on the CPU): the
@@ -479,85 +573,48 @@ class _EngineSide:
 
         return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
 
-    def _flush(self, *, arm: bool) -> bool:
-        """(Holding the send lock.) Send the step outputs not sent yet, in one message."""
-        outs = self.steps.take_outputs(arm=arm)
-        if not outs:
-            return False
-        steps = [[out.at, out.elapsed_s, [g.id for g in out.entered], out.prefill_tokens,
-                  [[g.id, token, text] for g, token, text in out.advanced],
-                  [[g.id, (g.finish or FinishReason.LENGTH).value, g.detok.text]
-                   for g in out.finished]] for out in outs]
-        self.conn.send_bytes(_pack(("steps", steps, self._state())))
-        return True
-
-    def _emit(self, message: Any) -> None:
-        """An event, after the step outputs before it (in order)."""
-        with self._send_lock:
-            self._flush(arm=False)
-            self.conn.send_bytes(_pack(message))
-
-    def _error(self, exc: Exception, victims: list[Generation]) -> None:
-        failure = failure_of(exc)
-        self._emit(("error", failure.error.code, failure.error.message, failure.retryable,
-                    [g.id for g in victims]))
-
-    def _cancelled(self, gone: list[Generation]) -> None:
-        lags = self.steps.cancel_lags
-        self._emit(("cancelled", [g.id for g in gone], lags[-1] if lags else 0))
-
-    def _capacity(self) -> None:
-        self._emit(("capacity", *self._state()))
-
-    def sender(self) -> None:
-        while not self._done:
-            with self._send_lock:
-                sent = self._flush(arm=True)
-            if not sent:
-                self._wake.wait()
-                self._wake.clear()
-
     def serve(self) -> None:
         self.steps.start()
-        self._sender = threading.Thread(target=self.sender, name="inferq-engine-sender",
+        budget = self.engine.budget
+        self.outbox.put(wire.Ready(wire.BudgetSpec(budget.max_slots, budget.kv_tokens,
+                                                   budget.max_prefill_tokens), self.load_s))
+        self._sender = threading.Thread(target=self._send_all, name="inferq-engine-sender",
                                         daemon=True)
         self._sender.start()
-        budget = self.engine.budget
-        self.send(("ready", [budget.max_slots, budget.kv_tokens, budget.max_prefill_tokens],
-                   self.load_s))
         while True:
-            message = _unpack(self.conn.recv_bytes())
-            kind = message[0]
-            if kind == "submit":
-                self.steps.submit([self._generation(*spec) for spec in message[1]])
-            elif kind == "cancel":
-                self.steps.cancel(message[1])
-            elif kind == "withdraw":
-                taken = self.steps.take_waiting(partial(_named, set(message[2])))
-                self._emit(("withdrawn", message[1], [g.id for g in taken]))
-            elif kind == "stop":
-                # Drained on a thread of its own: cancellations still arrive meanwhile.
-                threading.Thread(target=self._drain, name="inferq-engine-drain",
-                                 daemon=True).start()
+            message = wire.decode_to_engine(self.conn.recv_bytes())
+            self._handlers[type(message)](message)
+
+    def _send_all(self) -> None:
+        with contextlib.suppress(OSError, ValueError):  # the worker is gone
+            self.outbox.run()
+            return
+        os._exit(0)
+
+    def _on_submit(self, message: wire.Submit) -> None:
+        self.steps.submit([self.engine.new_generation(
+            spec.id, spec.prompt_ids, GenerationParams(**spec.params), priority=spec.priority,
+            order=spec.order, alone=spec.alone, streamed=spec.streamed, shown=spec.shown)
+            for spec in message.generations])
+
+    def _on_cancel(self, message: wire.Cancel) -> None:
+        self.steps.cancel(message.ids)
+
+    def _on_withdraw(self, message: wire.Withdraw) -> None:
+        taken = self.steps.take_waiting(partial(_named, set(message.ids)))
+        self.outbox.put(wire.Withdrawn(message.seq, [g.id for g in taken]))
+
+    def _on_stop(self, message: wire.Stop) -> None:
+        # Drained on a thread of its own: cancellations still arrive meanwhile.
+        threading.Thread(target=self._drain, name="inferq-engine-drain", daemon=True).start()
 
     def _drain(self) -> None:
         self.steps.stop()
         self.steps.join()
-        self._done = True
-        self._wake.set()
-        self._sender.join()
         left = self.steps.take_waiting()
-        with self._send_lock:
-            self._flush(arm=False)
-            self.conn.send_bytes(_pack(("stopped", [g.id for g in left])))
+        self.outbox.close(wire.Stopped([g.id for g in left]))
+        self._sender.join()
         os._exit(0)
-
-    def _generation(self, request_id: str, prompt_ids: list[int], params: dict[str, Any],
-                    priority: int, order: int, alone: bool, streamed: list[int],
-                    shown: str) -> Generation:
-        return self.engine.new_generation(
-            request_id, prompt_ids, GenerationParams(**params), priority=priority,
-            order=order, alone=alone, streamed=streamed, shown=shown)
 
 
 def child_main(conn: Connection, spec: EngineSpec) -> None:

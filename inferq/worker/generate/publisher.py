@@ -49,6 +49,9 @@ def streamed(entries: Sequence[tuple[Any, Mapping[Any, Any]]]) -> tuple[list[int
 class StreamClaim(Claim):
     #: When the stream first showed text (this worker's monotonic clock).
     first_visible: float | None = None
+    #: Engine steps between the step that made the first text and its hand-over to this
+    #: publisher (``StepOutput.delivered``).
+    first_text_lag: int | None = None
 
 
 def claim_of(g: Generation) -> StreamClaim:
@@ -125,13 +128,15 @@ class StreamPublisher:
             if outs:
                 await self._publish(outs)
                 for out in outs:
-                    if out.advanced:
-                        self._record(out)
+                    self._record(out)
 
     async def _publish(self, outs: list[StepOutput]) -> None:
         merged: dict[str, tuple[Generation, list[int], str]] = {}
         for out in outs:
             for g, token, text in out.advanced:
+                if text and (claim := claim_of(g)).first_text_lag is None:
+                    claim.first_text_lag = out.delivered - out.step
+                    self.stats.first_text_lags.append(claim.first_text_lag)
                 prev = merged.get(g.id)
                 if prev is None:
                     merged[g.id] = (g, [token], text)
@@ -192,8 +197,12 @@ class StreamPublisher:
 
     def _record(self, out: StepOutput) -> None:
         self.stats.record(out)
-        size = len(out.advanced)
         m = self.link.metrics
+        if out.preempted:
+            m.preemptions.labels(m.queue, "priority").inc(len(out.preempted))
+        size = len(out.advanced)
+        if not size:
+            return
         m.observe_batch(size, self.max_slots, out.elapsed_s, size + out.prefill_tokens)
         m.generated_tokens.labels(m.queue).inc(size)
 

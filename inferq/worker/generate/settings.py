@@ -38,6 +38,9 @@ class GenerationSettings:
     #: On by default: the tiny model made 1.29x the tokens/s of the thread (0.96x of its
     #: engine alone, 4 trials); SmolLM2, whose steps are long, 0.99x (benchmarks/RESULTS.md).
     engine_process: bool = True
+    #: How many times one sequence may be preempted for a higher priority (then it keeps its
+    #: slot until it finishes); 0 turns preemption off (see ``scheduler.plan``).
+    max_preemptions: int = 4
 
     def __post_init__(self) -> None:
         if self.max_slots < 1:
@@ -46,6 +49,8 @@ class GenerationSettings:
             raise ConfigError(f"kv_cache_mb must be > 0, got {self.kv_cache_mb}")
         if self.max_prefill_tokens < 1:
             raise ConfigError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+        if not 0 <= self.max_preemptions <= 1000:
+            raise ConfigError(f"max_preemptions must be in [0, 1000], got {self.max_preemptions}")
         if not 0 <= self.stream_interval_ms <= 1000:
             raise ConfigError(
                 f"stream_interval_ms must be in [0, 1000], got {self.stream_interval_ms}")

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from inferq.worker.core.stats import WorkerStats
 from inferq.worker.generate.steploop import StepOutput
@@ -18,12 +19,22 @@ class GenerationStats(WorkerStats):
     oom_splits: int = 0
     #: Times the engine process died and was started again.
     engine_restarts: int = 0
+    #: Running generations pushed out of the batch for a higher priority (each resumed later).
+    preemptions: int = 0
+    #: Reads of the head of pending by this worker while its device was full.
+    head_reads: int = 0
+    #: Recent requests' ``StreamClaim.first_text_lag``: engine steps between the step that
+    #: made a stream's first text and its hand-over to the publisher.
+    first_text_lags: deque[int] = field(default_factory=lambda: deque(maxlen=1024))
 
     @property
     def steps(self) -> int:
         return self.batches
 
     def record(self, out: StepOutput) -> None:
+        self.preemptions += len(out.preempted)
+        if not out.advanced:
+            return
         self.record_batch(len(out.advanced), out.elapsed_s)
         self.tokens += len(out.advanced)
         self.prefill_tokens += out.prefill_tokens
@@ -41,6 +52,7 @@ class GenerationStats(WorkerStats):
             "cancelled": str(self.cancelled),
             "oom_splits": str(self.oom_splits),
             "engine_restarts": str(self.engine_restarts),
+            "preemptions": str(self.preemptions),
             "padding_efficiency": "1.0000",
             "window_ms": "0",
             "target_batch_size": str(running),

@@ -22,6 +22,14 @@ keep their tokens and are admitted again later, prefilling prompt + generated to
   alone (one suspect per step, in its own prefill), so the one that fails by itself is found
   and the others continue. A sequence in ``MAX_STEP_FAILURES`` failed steps fails for good.
 
+Priority holds on the device: when a waiting request has strictly higher priority than running
+sequences and no room, the lowest of them leave the batch at the step boundary
+(``scheduler.plan``), keep their tokens and wait here to be admitted again by recomputation, as
+after an out-of-memory error. Preemption stays in this process (the worker's lease, stream and
+sampler go on untouched: a preempted generation yields the same tokens as one never preempted)
+and is not an attempt. Each step's output lists the sequences it preempted; a resumed one is
+among the next admissions.
+
 A generation marked ``alone`` (the worker marks a request whose previous attempt ended without
 a result: its worker may have crashed on it) runs alone: while one waits, nothing new is
 admitted and the batch drains; then it runs by itself, nothing joins it until it leaves, and
@@ -41,6 +49,7 @@ from typing import Protocol
 
 from inferq.worker.core.failures import free_device_cache, is_out_of_memory
 from inferq.worker.generate.engine import AdmissionFailed, Engine, Generation
+from inferq.worker.generate.events import StepEvents
 from inferq.worker.generate.scheduler import priority_order
 
 log = logging.getLogger("inferq.worker")
@@ -49,6 +58,8 @@ log = logging.getLogger("inferq.worker")
 MAX_STEP_FAILURES = 3
 #: Good steps after which a budget shrunk by an out-of-memory error grows one notch back.
 RECOVER_AFTER_STEPS = 200
+#: Times one sequence may be preempted for a higher priority; then it keeps its slot.
+MAX_PREEMPTIONS = 4
 
 
 @dataclass(slots=True)
@@ -64,6 +75,13 @@ class StepOutput:
     #: The sequences this step admitted, and when it ended (the step loop's clock).
     entered: list[Generation] = field(default_factory=list)
     at: float = 0.0
+    #: Running sequences pushed out at this step's boundary for a higher priority.
+    preempted: list[Generation] = field(default_factory=list)
+    #: The engine's step number (1 for its first step).
+    step: int = 0
+    #: The engine's step count when this output was handed over (taken from the step loop,
+    #: or read from the engine process' pipe): ``delivered - step`` steps ran meanwhile.
+    delivered: int = 0
 
 
 class Steps(Protocol):
@@ -81,6 +99,9 @@ class Steps(Protocol):
     def waiting(self) -> int: ...
     @property
     def max_slots(self) -> int: ...
+    def held(self) -> tuple[list[Generation], list[Generation]]: ...
+    @property
+    def step(self) -> int: ...
     async def withdraw(self, predicate: Callable[[Generation], bool] | None = None
                        ) -> list[Generation]: ...
     def stop(self) -> None: ...
@@ -88,23 +109,15 @@ class Steps(Protocol):
 
 
 class StepLoop:
-    def __init__(self, engine: Engine, *,
-                 on_step: Callable[[], object],
-                 on_error: Callable[[Exception, list[Generation]], object],
-                 on_cancelled: Callable[[list[Generation]], object],
-                 on_capacity: Callable[[], object],
-                 is_lost: Callable[[str], bool],
-                 on_oom: Callable[[int], object] = lambda sequences: None,
+    def __init__(self, engine: Engine, events: StepEvents, *,
+                 max_preemptions: int = MAX_PREEMPTIONS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
+        self.events = events
+        #: 0: nothing is preempted (admission waits for free room, as before).
+        self.max_preemptions = max_preemptions
         self._full_budget = engine.budget
         self._good_steps = 0
-        self._on_oom = on_oom
-        self._on_step = on_step
-        self._on_error = on_error
-        self._on_cancelled = on_cancelled
-        self._on_capacity = on_capacity
-        self._is_lost = is_lost
         self._clock = clock
         self._cond = threading.Condition()
         self._waiting: list[Generation] = []
@@ -119,8 +132,8 @@ class StepLoop:
         self._running = 0
         #: A generation that runs alone is running (see ``_select``).
         self._alone_running = False
-        #: Step outputs not yet taken by the event loop; ``on_step`` is called only when the
-        #: event loop asked to be told (``arm``), not after every step: a tiny model steps
+        #: Step outputs not yet taken by the event loop; ``outputs_ready`` is called only when
+        #: the event loop asked to be told (``arm``), not after every step: a tiny model steps
         #: every couple of ms, and waking the event loop that often costs the model thread.
         self._outputs: deque[StepOutput] = deque()
         self._armed = False
@@ -144,12 +157,15 @@ class StepLoop:
             self._cond.notify()
 
     def take_outputs(self, *, arm: bool) -> list[StepOutput]:
-        """Outputs so far, oldest first; with ``arm``, ``on_step`` fires at the next one if
-        there is none now."""
+        """Outputs so far, oldest first; with ``arm``, ``outputs_ready`` fires at the next one
+        if there is none now. Without ``arm`` it will not fire: whoever takes outputs that way
+        must come back with ``arm`` (one consumer loops; see ``engine_process``)."""
         with self._cond:
             out = list(self._outputs)
             self._outputs.clear()
             self._armed = arm and not out
+            for o in out:
+                o.delivered = self.engine.steps
             return out
 
     def capacity(self) -> int:
@@ -170,6 +186,11 @@ class StepLoop:
         return self.engine.budget.max_slots
 
     @property
+    def step(self) -> int:
+        """The engine's step count."""
+        return self.engine.steps
+
+    @property
     def due(self) -> int:
         """Sequences that reach ``max_new_tokens`` in the step in flight."""
         return self._due
@@ -177,6 +198,12 @@ class StepLoop:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    def held(self) -> tuple[list[Generation], list[Generation]]:
+        """(running, waiting): the sequences in the batch, and those waiting to join it
+        (claimed, or preempted)."""
+        with self._cond:
+            return list(self.engine.running), list(self._waiting)
 
     async def withdraw(self, predicate: Callable[[Generation], bool] | None = None
                        ) -> list[Generation]:
@@ -209,9 +236,10 @@ class StepLoop:
         while True:
             with self._cond:
                 cancelled = self._apply_cancels()
-                admitted = self._select()
-                for g in admitted:
-                    self._waiting.remove(g)
+                admitted, preempted = self._select()
+                for g in preempted:
+                    engine.preempt(g)
+                self._waiting = [g for g in self._waiting if g not in admitted] + preempted
                 idle = not engine.running and not admitted
                 self._alone_running = any(g.alone for g in (*engine.running, *admitted))
                 if idle:
@@ -221,7 +249,7 @@ class StepLoop:
                     self._due = sum(1 for g in (*engine.running, *admitted)
                                     if len(g.tokens) + 1 >= g.max_new)
             if cancelled:
-                self._on_cancelled(cancelled)
+                self.events.left(cancelled)
             if idle:
                 with self._cond:
                     if self._halt:
@@ -232,7 +260,7 @@ class StepLoop:
                         self._cond.wait(None if not self._waiting else 0.05)
                 continue
             if self._due:
-                self._on_capacity()
+                self.events.capacity_changed()
             started = self._clock()
             prefill = sum(g.prefill_tokens for g in admitted)
             try:
@@ -259,27 +287,32 @@ class StepLoop:
                 self._running, self._due = len(engine.running), 0
                 self._alone_running = any(g.alone for g in engine.running)
                 self._outputs.append(StepOutput(out, finished, len(admitted), prefill,
-                                                elapsed, admitted, started + elapsed))
+                                                elapsed, admitted, started + elapsed,
+                                                preempted, engine.steps))
                 notify, self._armed = self._armed, False
             if notify:
-                self._on_step()
+                self.events.outputs_ready()
             if finished:
-                self._on_capacity()
+                self.events.capacity_changed()
 
-    def _select(self) -> list[Generation]:
-        """(Holding the lock.) The step's admissions; a suspect is prefilled alone. Once
-        stopping, only sequences that already took steps here (back after a failed step) are
-        admitted: the others go back to the queue untouched."""
+    def _select(self) -> tuple[list[Generation], list[Generation]]:
+        """(Holding the lock.) The step's admissions and the running sequences they preempt;
+        a suspect is prefilled alone, and preempts nothing. Once stopping, only sequences
+        that already took steps here (back after a failed step, or preempted) are admitted:
+        the others go back to the queue untouched."""
         waiting = [g for g in self._waiting if g.steps] if self._halt else self._waiting
         if any(g.alone for g in self.engine.running):
-            return []
+            return [], []
         alone = [g for g in priority_order(waiting) if g.alone]
         if alone:
             # Nothing joins while the batch drains; then the first of them runs by itself.
-            return [] if self.engine.running else alone[:1]
-        admitted = self.engine.select(waiting)
-        suspects = [g for g in admitted if g.suspect]
-        return suspects[:1] if suspects else admitted
+            return ([] if self.engine.running else alone[:1]), []
+        if any(g.suspect for g in waiting):
+            admitted = self.engine.select(waiting)
+            suspects = [g for g in admitted if g.suspect]
+            return (suspects[:1] if suspects else admitted), []
+        plan = self.engine.plan(waiting, self.max_preemptions)
+        return plan.admitted, plan.preempted
 
     def _requeue(self, generations: Sequence[Generation]) -> None:
         if generations:
@@ -310,12 +343,12 @@ class StepLoop:
             budget, max_slots=min(full.max_slots, budget.max_slots + 1),
             max_prefill_tokens=min(full.max_prefill_tokens,
                                    budget.max_prefill_tokens * 5 // 4 + 1))
-        self._on_capacity()
+        self.events.capacity_changed()
 
     def _step_failed(self, victims: list[Generation], exc: Exception) -> None:
         """A decode (or a whole step) raised; the batch is cleared, ``victims`` are out."""
         if is_out_of_memory(exc) and len(victims) > 1:
-            self._on_oom(len(victims))
+            self.events.out_of_memory(len(victims))
             self._shrink(max_slots=len(victims) // 2)
             self._requeue(victims)
             return
@@ -324,7 +357,7 @@ class StepLoop:
     def _admission_failed(self, rejected: list[Generation], exc: Exception) -> None:
         """The prefill of ``rejected`` raised; the running sequences are fine."""
         if is_out_of_memory(exc) and (len(rejected) > 1 or self.engine.running):
-            self._on_oom(len(rejected))
+            self.events.out_of_memory(len(rejected))
             if len(rejected) > 1:
                 self._shrink(max_prefill=sum(g.prefill_tokens for g in rejected) // 2)
             else:
@@ -343,7 +376,7 @@ class StepLoop:
             else:
                 g.suspect = True
         if failed:
-            self._on_error(exc, failed)
+            self.events.step_failed(exc, failed)
         suspects = [g for g in victims if g not in failed]
         if suspects:
             log.warning("a step of %d sequences failed (%s: %s); each is admitted again alone",
@@ -356,10 +389,11 @@ class StepLoop:
         if self._notice_step is not None:
             self.cancel_lags.append(self.engine.steps - self._notice_step)
             self._notice_step = None
-        gone = [g for g in self.engine.running if g.id in cancel or self._is_lost(g.id)]
+        is_lost = self.events.is_lost
+        gone = [g for g in self.engine.running if g.id in cancel or is_lost(g.id)]
         for g in gone:
             self.engine.cancel(g)
-        dropped = [g for g in self._waiting if g.id in cancel or self._is_lost(g.id)]
+        dropped = [g for g in self._waiting if g.id in cancel or is_lost(g.id)]
         if dropped:
             self._waiting = [g for g in self._waiting if g not in dropped]
         return gone + dropped

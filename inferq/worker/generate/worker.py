@@ -48,6 +48,10 @@ from inferq.worker.models.lm import CausalLM
 
 log = logging.getLogger("inferq.worker")
 
+#: A full worker reads the head of pending at most once per stream interval, and never more
+#: often than this (a stream interval of 0 writes every step).
+MIN_HEAD_INTERVAL_S = 0.005
+
 
 class GenerationWorker(QueueWorker[Generation]):
     finishing = "the generations in hand"
@@ -73,6 +77,10 @@ class GenerationWorker(QueueWorker[Generation]):
         self.stats = GenerationStats()
         self._order = itertools.count()
         self._maybe_pending = True
+        #: When the head of pending was last read by a full worker, and how often it may be.
+        self._head_read_at = -1e9
+        self._head_interval_s = max(self.settings.stream_interval_ms / 1e3,
+                                    MIN_HEAD_INTERVAL_S)
         self._wakes = 0
         self._retry_at: float | None = None
         self._helpers: tuple[asyncio.Task[None], ...] = ()
@@ -88,7 +96,7 @@ class GenerationWorker(QueueWorker[Generation]):
     def running(self) -> list[Generation]:
         steps = getattr(self, "steps", None)  # None until the worker starts
         if isinstance(steps, EngineProcess):
-            return steps.generations
+            return steps.held()[0]
         return self.engine.running
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -97,26 +105,17 @@ class GenerationWorker(QueueWorker[Generation]):
         return (self._cancels_key, self.keys.wake)
 
     async def _start(self) -> None:
-        loop = asyncio.get_running_loop()
         self._nudge = asyncio.Event()
-        callbacks: dict[str, Any] = dict(
-            on_step=lambda: loop.call_soon_threadsafe(self.publisher.wake),
-            on_error=lambda exc, victims: loop.call_soon_threadsafe(
-                self._on_step_failed, exc, victims),
-            on_cancelled=lambda gone: loop.call_soon_threadsafe(self._on_cancelled, gone),
-            on_capacity=lambda: loop.call_soon_threadsafe(self._nudge.set),
-            on_oom=lambda sequences: loop.call_soon_threadsafe(self._on_oom, sequences))
+        events = _LoopEvents(self, asyncio.get_running_loop())
         self.steps: Steps
         if self.settings.engine_process:
-            engine = EngineProcess(
-                self._engine_spec(), is_lost=self.book.is_lost, on_ready=self._adopt_budget,
-                on_died=lambda why, started, unstarted: loop.call_soon_threadsafe(
-                    self._on_engine_died, why, started, unstarted), **callbacks)
+            engine = EngineProcess(self._engine_spec(), events)
             self.metrics.device_memory_source = lambda: engine.device_memory
             self.steps = engine
         else:
-            self.steps = StepLoop(self.engine, is_lost=self.book.is_lost, clock=self.clock,
-                                  **callbacks)
+            self.steps = StepLoop(self.engine, events,
+                                  max_preemptions=self.settings.max_preemptions,
+                                  clock=self.clock)
         pipeline = ScriptPipeline(self._connect(), PUBLISHER_SCRIPTS)
         await pipeline.load()
         self.publisher = StreamPublisher(self.link, self.stats, self.steps, pipeline,
@@ -183,7 +182,9 @@ class GenerationWorker(QueueWorker[Generation]):
 
     async def _claim_loop(self) -> None:
         """Claim whenever slots will be free at the next step boundary and work may be
-        pending; sleep on a nudge (capacity freed, wake token, due retry) otherwise."""
+        pending; while every slot is taken, watch the head of pending for work that would
+        preempt (``_claim_preempting``); sleep on a nudge (capacity freed, wake token, due
+        retry) otherwise."""
         assert self._stopping is not None
         backoff = RedisBackoff("generation claims")
         while not self._stopping.is_set():
@@ -191,18 +192,55 @@ class GenerationWorker(QueueWorker[Generation]):
             self._check_helpers()
             await self._expire_waiting()
             free = self.steps.capacity()
-            if free > 0 and self._maybe_pending:
-                try:
+            timeout = None if self._retry_at is None else max(0.0, self._retry_at - self.clock())
+            try:
+                if free > 0 and self._maybe_pending:
                     await self._claim_free(free)
                     backoff.succeeded()
-                except RedisError as exc:
-                    await backoff.failed(exc, self._stopping)
+                    continue
+                if free <= 0 and self._watches_head():
+                    wait = self._head_read_at + self._head_interval_s - self.clock()
+                    if wait <= 0:
+                        claimed = await self._claim_preempting()
+                        backoff.succeeded()
+                        if claimed:
+                            continue
+                        wait = self._head_interval_s
+                    timeout = wait if timeout is None else min(timeout, wait)
+            except RedisError as exc:
+                await backoff.failed(exc, self._stopping)
                 continue
-            timeout = None if self._retry_at is None else max(0.0, self._retry_at - self.clock())
             await wait_any((self._nudge, self._stopping), timeout)
             if self._retry_at is not None and self.clock() >= self._retry_at:
                 self._retry_at = None
                 self._maybe_pending = True
+
+    def _watches_head(self) -> bool:
+        """Whether a full device watches pending for higher priorities: preemption is on and
+        the engine is serving."""
+        return self.settings.max_preemptions > 0 and self.budget_known
+
+    async def _claim_preempting(self) -> bool:
+        """Every slot is taken: read the head of pending (every shard, one round trip) and,
+        when it has strictly higher priority than running sequences that may still be
+        preempted, claim as many requests of that priority as there are such sequences (less
+        those already waiting in the engine for them). The engine preempts for them at its
+        next step boundary. True when something was claimed."""
+        self._head_read_at = self.clock()
+        running, waiting = self.steps.held()
+        limit = self.settings.max_preemptions
+        preemptible = [g.priority for g in running if g.preemptions < limit]
+        if not preemptible:
+            return False
+        head = await self.link.head_priority()
+        self.stats.head_reads += 1
+        if head is None or head <= min(preemptible):
+            return False
+        count = (sum(1 for p in preemptible if p < head)
+                 - sum(1 for g in waiting if g.priority >= head))
+        if count <= 0:
+            return False
+        return await self._claim_free(count, min_priority=head) > 0
 
     def _check_helpers(self) -> None:
         """Claiming without the wake loop or the publisher would serve nothing: their end
@@ -236,10 +274,11 @@ class GenerationWorker(QueueWorker[Generation]):
                 self._maybe_pending = True
                 self._nudge.set()
 
-    async def _claim_free(self, free: int) -> None:
-        """Claim up to ``free`` requests and hand them to the model thread."""
+    async def _claim_free(self, free: int, *, min_priority: int | None = None) -> int:
+        """Claim up to ``free`` requests (of at least ``min_priority``) and hand them to the
+        model thread; how many were claimed."""
         wakes = self._wakes
-        reply, prepared, failures = await self._claim_prepared(free)
+        reply, prepared, failures = await self._claim_generations(free, min_priority)
         lists = [self._cancels_key, *(keys.wake for keys in self.link.shard_keys)]
         if lists != self._wake_lists:  # a sharded queue: wake on any shard's enqueue
             self._wake_lists = lists
@@ -250,23 +289,23 @@ class GenerationWorker(QueueWorker[Generation]):
             self.publisher.finished(done)
         self._retry_at = (None if reply.next_retry_ms is None
                           else self.clock() + max(reply.next_retry_ms / 1e3, 0.001))
-        if len(reply.claimed) < free and wakes == self._wakes:
+        if min_priority is None and len(reply.claimed) < free and wakes == self._wakes:
             # Pending is empty; the wake list says when it is not (a token that arrived while
             # this claim was in flight keeps the flag set).
             self._maybe_pending = False
         await self._complete(failures)
         # START right before they join the running batch (they are admitted at the next step
-        # boundary: only as many are claimed as there will be free slots).
+        # boundary: only as many are claimed as there will be free slots, or as they preempt).
         lost = await self.link.start([(g.id, claim_of(g).claimed.token) for g in generations])
-        if lost is None:
-            return  # Redis down for a whole lease: the requests are reclaimed unchanged
-        self.steps.submit([g for g in generations if g.id not in lost])
+        if lost is not None:  # None: Redis down for a whole lease; reclaimed unchanged
+            self.steps.submit([g for g in generations if g.id not in lost])
+        return len(reply.claimed)
 
-    async def _claim_prepared(self, max_count: int
+    async def _claim_generations(self, max_count: int, min_priority: int | None
                               ) -> tuple[ops.ClaimReply, list[Generation], list[ops.Completion]]:
-        """As ``QueueWorker``'s, and reads back (one pipelined XRANGE per request) the
-        streams of requests that ran before, so that they go on from their streamed tokens."""
-        reply = await self.link.claim(max_count)
+        """Claim, then read back (one pipelined XRANGE per request) the streams of requests
+        that ran before, so that they go on from their streamed tokens."""
+        reply = await self.link.claim(max_count, min_priority=min_priority)
         if not reply.claimed:
             return reply, [], []
         again = [c.id for c in reply.claimed if ran_before(c)]
@@ -414,3 +453,36 @@ def runs_alone(claim: Claim) -> bool:
 
 def _unstarted(g: Generation) -> bool:
     return not g.steps
+
+
+class _LoopEvents:
+    """The worker's ``EngineEvents``: each event handed to its event loop (they arrive on the
+    step thread, or the engine process' pipe reader)."""
+
+    def __init__(self, worker: GenerationWorker, loop: asyncio.AbstractEventLoop) -> None:
+        self._worker = worker
+        self._loop = loop
+
+    def is_lost(self, request_id: str) -> bool:
+        return self._worker.book.is_lost(request_id)
+
+    def outputs_ready(self) -> None:
+        self._loop.call_soon_threadsafe(self._worker.publisher.wake)
+
+    def step_failed(self, error: Exception | Failure, victims: list[Generation]) -> None:
+        self._loop.call_soon_threadsafe(self._worker._on_step_failed, error, victims)
+
+    def left(self, gone: list[Generation]) -> None:
+        self._loop.call_soon_threadsafe(self._worker._on_cancelled, gone)
+
+    def capacity_changed(self) -> None:
+        self._loop.call_soon_threadsafe(self._worker._nudge.set)
+
+    def out_of_memory(self, sequences: int) -> None:
+        self._loop.call_soon_threadsafe(self._worker._on_oom, sequences)
+
+    def ready(self, budget: Budget) -> None:
+        self._worker._adopt_budget(budget)  # before capacity may say > 0: at once
+
+    def died(self, why: str, started: list[Generation], unstarted: list[Generation]) -> None:
+        self._loop.call_soon_threadsafe(self._worker._on_engine_died, why, started, unstarted)

@@ -205,7 +205,7 @@ class Worker(QueueWorker[Job]):
         keep = ranked[:len(jobs)]
         displaced = ranked[len(jobs):]
         self._carry = keep
-        self.metrics.preemptions.labels(self.keys.queue).inc(
+        self.metrics.preemptions.labels(self.keys.queue, "window_swap").inc(
             sum(1 for job in keep if job in newer))
         await self._release(displaced, why="displaced by higher priority")
         return True

@@ -1,0 +1,90 @@
+"""Preemption in the step loop on the tiny Llama: the preempted sequence resumes by
+recomputation and produces exactly the tokens it would have without the preemption, greedy or
+sampled with a seed; the urgent one is admitted at the next step boundary."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferq.protocol.generation import FinishReason, GenerationParams
+from inferq.worker.generate.engine import Engine, Generation
+from inferq.worker.generate.scheduler import Budget
+from inferq.worker.generate.steploop import StepLoop, StepOutput
+from inferq.worker.models.lm import CausalLM
+from tests.support.step_events import RecordingEvents
+
+BUDGET = Budget(max_slots=2, kv_tokens=1 << 20, max_prefill_tokens=4096)
+SAMPLED = {"temperature": 1.0, "top_p": 0.9, "seed": 1234}
+
+
+def low_generations(engine: Engine, lm: CausalLM, params: dict[str, object]
+                    ) -> list[Generation]:
+    return [engine.new_generation(f"low{i}", lm.tokenizer(f"the queue worker {i}")["input_ids"],
+                                  GenerationParams(max_new_tokens=60, ignore_eos=True,
+                                                   **params),  # type: ignore[arg-type]
+                                  priority=-10, order=i) for i in range(2)]
+
+
+def drive(loop: StepLoop, events: RecordingEvents, until_done: list[Generation],
+          on_output: object = None) -> list[StepOutput]:
+    outs: list[StepOutput] = []
+    while not all(g.finish is not None for g in until_done):
+        got = loop.take_outputs(arm=True)
+        if not got:
+            assert events.changed.wait(60), "the step loop stopped making progress"
+            events.changed.clear()
+        for out in got:
+            outs.append(out)
+            if callable(on_output):
+                on_output(out)
+    return outs
+
+
+@pytest.mark.parametrize("params", [{}, SAMPLED], ids=["greedy", "seeded"])
+def test_a_preempted_sequence_resumes_with_exactly_the_same_tokens(
+        lm: CausalLM, params: dict[str, object]) -> None:
+    # Without preemption: the reference tokens.
+    alone = Engine(lm, BUDGET)
+    reference = low_generations(alone, lm, params)
+    events = RecordingEvents()
+    loop = StepLoop(alone, events)
+    loop.start()
+    loop.submit(reference)
+    drive(loop, events, reference)
+    loop.stop()
+    loop.join(10)
+
+    engine = Engine(lm, BUDGET)
+    lows = low_generations(engine, lm, params)
+    urgent = engine.new_generation("urgent", lm.tokenizer("urgent")["input_ids"],
+                                   GenerationParams(max_new_tokens=10, ignore_eos=True),
+                                   priority=50, order=9)
+    events = RecordingEvents()
+    loop = StepLoop(engine, events)
+    submitted: list[int] = []
+
+    def submit_urgent(out: StepOutput) -> None:
+        if not submitted and all(len(g.tokens) >= 10 for g in lows):
+            submitted.append(out.step)
+            loop.submit([urgent])
+
+    loop.start()
+    loop.submit(lows)
+    outs = drive(loop, events, [*lows, urgent], submit_urgent)
+    loop.stop()
+    loop.join(10)
+    preempting = next(out for out in outs if out.preempted)
+    # The latest admitted of the two (same step: the later order) left, the urgent one joined
+    # in the same step boundary, and finished before either low-priority sequence.
+    assert [g.id for g in preempting.preempted] == ["low1"]
+    assert [g.id for g in preempting.entered] == ["urgent"]
+    assert preempting.step - submitted[0] <= 2
+    assert urgent.finish is FinishReason.LENGTH and urgent.finished_at is not None
+    assert all(urgent.finished_at < (g.finished_at or 0) for g in lows)
+    resumed = next(out for out in outs if lows[1] in out.entered and out.step > preempting.step)
+    assert resumed.prefill_tokens >= len(lows[1].prompt_ids) + 10
+    assert lows[1].preemptions == 1 and lows[0].preemptions == 0
+    for g, ref in zip(lows, reference, strict=True):
+        assert g.finish is FinishReason.LENGTH
+        assert g.tokens == ref.tokens
+        assert g.detok.text == ref.detok.text
