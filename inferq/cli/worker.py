@@ -39,7 +39,7 @@ CONFIG_FLAGS = ("device", "dtype", "lease_ms", "heartbeat_ms", "drain_timeout_s"
 WINDOW_FLAGS = ("max_batch_size", "max_batch_tokens", "max_wait_ms")
 #: ``GenerationSettings`` fields set by flags of the same name, when given.
 CONTINUOUS_FLAGS = ("max_slots", "kv_cache_mb", "max_prefill_tokens", "stream_interval_ms",
-                    "engine_process", "max_preemptions")
+                    "engine_process", "max_preemptions", "swap_mb")
 
 
 def add_parser(sub: Subcommands) -> None:
@@ -104,6 +104,10 @@ def add_parser(sub: Subcommands) -> None:
                    help="a running generation yields its slot to a waiting one of strictly "
                         "higher priority at most N times, keeping its tokens (default: 4; 0: "
                         "no preemption)")
+    g.add_argument("--swap-mb", type=float, metavar="MB",
+                   help="host memory for the KV caches of preempted generations, put back "
+                        "when they resume; beyond it they are recomputed (default: as much as "
+                        "the KV cache budget; 0: always recompute)")
     g.add_argument("--engine-process", action=argparse.BooleanOptionalAction,
                    help="run the model, KV cache and step loop in a child process of their "
                         "own, so the steps never wait for the GIL the Redis side holds; the "

@@ -1,6 +1,7 @@
-"""Preemption in the step loop on the tiny Llama: the preempted sequence resumes by
-recomputation and produces exactly the tokens it would have without the preemption, greedy or
-sampled with a seed; the urgent one is admitted at the next step boundary."""
+"""Preemption in the step loop on the tiny Llama: the preempted sequence resumes, with its KV
+cache swapped back in or recomputed, and produces exactly the tokens it would have without the
+preemption, greedy or sampled with a seed; the urgent one is admitted at the next step
+boundary."""
 
 from __future__ import annotations
 
@@ -40,9 +41,10 @@ def drive(loop: StepLoop, events: RecordingEvents, until_done: list[Generation],
     return outs
 
 
+@pytest.mark.parametrize("swap_bytes", [None, 0], ids=["swapped", "recomputed"])
 @pytest.mark.parametrize("params", [{}, SAMPLED], ids=["greedy", "seeded"])
 def test_a_preempted_sequence_resumes_with_exactly_the_same_tokens(
-        lm: CausalLM, params: dict[str, object]) -> None:
+        lm: CausalLM, params: dict[str, object], swap_bytes: int | None) -> None:
     # Without preemption: the reference tokens.
     alone = Engine(lm, BUDGET)
     reference = low_generations(alone, lm, params)
@@ -60,7 +62,7 @@ def test_a_preempted_sequence_resumes_with_exactly_the_same_tokens(
                                    GenerationParams(max_new_tokens=10, ignore_eos=True),
                                    priority=50, order=9)
     events = RecordingEvents()
-    loop = StepLoop(engine, events)
+    loop = StepLoop(engine, events, swap_bytes=swap_bytes)
     submitted: list[int] = []
 
     def submit_urgent(out: StepOutput) -> None:
@@ -82,7 +84,11 @@ def test_a_preempted_sequence_resumes_with_exactly_the_same_tokens(
     assert urgent.finish is FinishReason.LENGTH and urgent.finished_at is not None
     assert all(urgent.finished_at < (g.finished_at or 0) for g in lows)
     resumed = next(out for out in outs if lows[1] in out.entered and out.step > preempting.step)
-    assert resumed.prefill_tokens >= len(lows[1].prompt_ids) + 10
+    if swap_bytes is None:  # its cache was put back: nothing prefilled again
+        assert resumed.prefill_tokens == 0
+    else:
+        assert resumed.prefill_tokens >= len(lows[1].prompt_ids) + 10
+    assert lows[1].swapped is None
     assert lows[1].preemptions == 1 and lows[0].preemptions == 0
     for g, ref in zip(lows, reference, strict=True):
         assert g.finish is FinishReason.LENGTH

@@ -119,6 +119,9 @@ class Generation:
     #: last admitted (``scheduler.plan`` preempts the latest admitted first).
     preemptions: int = 0
     entered: int = 0
+    #: Its KV cache while it is preempted, swapped out to host memory (per layer: keys and
+    #: values of its ``length`` positions); None when it runs, or will be recomputed.
+    swapped: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -133,7 +136,17 @@ class Generation:
 
     @property
     def prefill_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.tokens)
+        """Tokens its admission prefills: none for a preempted sequence whose cache was
+        swapped out (it is put back)."""
+        return 0 if self.swapped is not None else len(self.prompt_ids) + len(self.tokens)
+
+    @property
+    def swap_bytes(self) -> int:
+        """Host memory its swapped-out cache holds."""
+        if self.swapped is None:
+            return 0
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size()
+                   for k, v in self.swapped)
 
     @property
     def reserve_tokens(self) -> int:
@@ -239,22 +252,26 @@ class Engine:
 
         A failed decode raises before any sequence changed (the caller ``clear``s the batch);
         a failed prefill raises ``AdmissionFailed`` after the running sequences advanced."""
-        decoding = list(self.running)
-        if len(decoding) + len(admitted) > self.budget.max_slots:
+        if len(self.running) + len(admitted) > self.budget.max_slots:
             raise ValueError("admitting more sequences than there are slots")
+        swapped = [g for g in admitted if g.swapped is not None]
+        fresh = [g for g in admitted if g.swapped is None]
+        if swapped:  # resumed with their cache: they decode with the others
+            self._swap_in(swapped)
+        decoding = list(self.running)
         if decoding:
             self._decode(decoding)
         cause: Exception | None = None
-        if admitted:
+        if fresh:
             try:
-                self._prefill(list(admitted))
+                self._prefill(fresh)
             except Exception as exc:
                 cause = exc
                 del self.running[len(decoding):]
-                for g in admitted:
+                for g in fresh:
                     g.row = -1
         self.steps += 1
-        advanced = [*decoding, *admitted] if cause is None else decoding
+        advanced = [*decoding, *fresh] if cause is None else decoding
         now = self.clock()
         for g in advanced:
             g.steps += 1
@@ -268,7 +285,7 @@ class Engine:
         if cause is not None:
             if not self.running:
                 self.cache.release()
-            raise AdmissionFailed(advanced, list(admitted), cause) from cause
+            raise AdmissionFailed(advanced, fresh, cause) from cause
         return advanced
 
     @torch.inference_mode()
@@ -279,14 +296,31 @@ class Engine:
             generation.finished_at = self.clock()
             self._leave(generation)
 
-    def preempt(self, generation: Generation) -> None:
+    def preempt(self, generation: Generation, *, swap: bool) -> None:
         """Push a running sequence out of the batch (between steps) for a higher priority: its
-        slot and cache rows are freed, it keeps its tokens, sampler and text, and is admitted
-        again later by prefilling its prompt and tokens (``prefill_ids``)."""
+        slot and cache row are freed; it keeps its tokens, sampler and text. With ``swap``, its
+        cache is copied to host memory and put back into a free row when it is admitted again
+        (nothing is computed twice); otherwise it is recomputed then, by prefilling its prompt
+        and tokens (``prefill_ids``)."""
         if generation.in_batch:
+            if swap:
+                generation.swapped = self.cache.save_row(generation.row, generation.length)
             self._leave(generation)
-            generation.length = 0
+            if not swap:
+                generation.length = 0
             generation.preemptions += 1
+
+    def _swap_in(self, resumed: list[Generation]) -> None:
+        """Put preempted sequences' saved caches back, into the rows after the running ones."""
+        n = len(self.running)
+        longest = max(g.reserve_tokens for g in (*self.running, *resumed))
+        self.cache.ensure(n + len(resumed), longest)
+        for r, g in enumerate(resumed):
+            assert g.swapped is not None
+            self.cache.load_row(n + r, g.swapped)
+            g.swapped = None
+            g.row, g.entered = n + r, self.steps
+            self.running.append(g)
 
     def clear(self) -> list[Generation]:
         """Drop every running sequence (after a failed step); returns them."""

@@ -526,7 +526,8 @@ class _EngineSide:
         log.info("loaded model %s (weights) on %s in %.1f s; %s", spec.model_id, lm.device,
                  self.load_s, describe_budget(budget, lm.kv))
         self.engine = Engine(lm, budget)
-        self.steps = StepLoop(self.engine, self, max_preemptions=spec.settings.max_preemptions)
+        self.steps = StepLoop(self.engine, self, max_preemptions=spec.settings.max_preemptions,
+                              swap_bytes=spec.settings.swap_bytes)
         self.outbox = Outbox(conn, self.steps, self._state)
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             wire.Submit: self._on_submit, wire.Cancel: self._on_cancel,

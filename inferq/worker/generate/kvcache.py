@@ -9,7 +9,9 @@ head_dim]``. Each running sequence owns a row (its "slot") and its tokens sit at
 * a prefill runs the new prompts as a left-padded batch and copies each one's real part into
   the start of its row;
 * a finished sequence frees its row by moving the last running row into it (one row copy), so
-  the running rows are always ``0..n-1`` and a step needs no gather.
+  the running rows are always ``0..n-1`` and a step needs no gather;
+* a preempted sequence's row can be copied out to host memory (``save_row``) and back into a
+  free row when it resumes (``load_row``): swapped, not recomputed.
 
 Rows grow in steps of ``ROW_STEP`` (up to the slot limit) and capacity in steps of ``GROW``
 when the running set outgrows them; ``footprint`` says, for the scheduler's KV budget, how
@@ -100,6 +102,21 @@ class SlotKVCache(Cache):
         for k, v in zip(self.keys, self.values, strict=True):
             k[dst, :, :length] = k[src, :, :length]
             v[dst, :, :length] = v[src, :, :length]
+
+    def save_row(self, row: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A copy of the first ``length`` positions of ``row`` in every layer, in host memory
+        (a preempted sequence's cache, swapped out; ``load_row`` puts it back)."""
+        host = torch.device("cpu")
+        return [(k[row, :, :length].to(host, copy=True), v[row, :, :length].to(host, copy=True))
+                for k, v in zip(self.keys, self.values, strict=True)]
+
+    def load_row(self, row: int, saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Put a ``save_row`` copy into ``row`` (which ``ensure`` made room for)."""
+        for (k, v), (sk, sv) in zip(zip(self.keys, self.values, strict=True), saved,
+                                    strict=True):
+            length = sk.shape[1]
+            k[row, :, :length] = sk.to(self.device, non_blocking=True)
+            v[row, :, :length] = sv.to(self.device, non_blocking=True)
 
     def release(self) -> None:
         """Drop the tensors (all sequences are gone); the next use reallocates small."""

@@ -41,6 +41,10 @@ class GenerationSettings:
     #: How many times one sequence may be preempted for a higher priority (then it keeps its
     #: slot until it finishes); 0 turns preemption off (see ``scheduler.plan``).
     max_preemptions: int = 4
+    #: Host memory in MiB for the KV caches of preempted sequences, swapped out while they
+    #: wait (a preemption beyond it is recomputed when the sequence resumes); None: as much as
+    #: the KV cache budget; 0: always recompute.
+    swap_mb: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_slots < 1:
@@ -51,6 +55,8 @@ class GenerationSettings:
             raise ConfigError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         if not 0 <= self.max_preemptions <= 1000:
             raise ConfigError(f"max_preemptions must be in [0, 1000], got {self.max_preemptions}")
+        if self.swap_mb is not None and not self.swap_mb >= 0:
+            raise ConfigError(f"swap_mb must be >= 0, got {self.swap_mb}")
         if not 0 <= self.stream_interval_ms <= 1000:
             raise ConfigError(
                 f"stream_interval_ms must be in [0, 1000], got {self.stream_interval_ms}")
@@ -75,6 +81,11 @@ class GenerationSettings:
         return Budget(max_slots=self.max_slots,
                       kv_tokens=max(1, cache_bytes // lm.kv.bytes_per_token),
                       max_prefill_tokens=self.max_prefill_tokens)
+
+    @property
+    def swap_bytes(self) -> int | None:
+        """``swap_mb`` in bytes (None: as much as the KV budget, see ``StepLoop``)."""
+        return None if self.swap_mb is None else int(self.swap_mb * 2**20)
 
     def provisional_budget(self, lm: CausalLM) -> Budget:
         """What the worker process holds until the engine process, having loaded the weights,

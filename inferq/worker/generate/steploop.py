@@ -24,11 +24,13 @@ keep their tokens and are admitted again later, prefilling prompt + generated to
 
 Priority holds on the device: when a waiting request has strictly higher priority than running
 sequences and no room, the lowest of them leave the batch at the step boundary
-(``scheduler.plan``), keep their tokens and wait here to be admitted again by recomputation, as
-after an out-of-memory error. Preemption stays in this process (the worker's lease, stream and
-sampler go on untouched: a preempted generation yields the same tokens as one never preempted)
-and is not an attempt. Each step's output lists the sequences it preempted; a resumed one is
-among the next admissions.
+(``scheduler.plan``), keep their tokens and wait here to be admitted again. Their KV cache is
+swapped out to host memory (up to ``swap_bytes`` in all) and put back into a free row when they
+resume, so nothing is computed twice; beyond that budget a preempted sequence is recomputed on
+resumption (prompt and tokens prefilled, as after an out-of-memory error). Preemption stays in
+this process (the worker's lease, stream and sampler go on untouched: a preempted generation
+yields the same tokens as one never preempted) and is not an attempt. Each step's output lists
+the sequences it preempted; a resumed one is among the next admissions.
 
 A generation marked ``alone`` (the worker marks a request whose previous attempt ended without
 a result: its worker may have crashed on it) runs alone: while one waits, nothing new is
@@ -110,12 +112,16 @@ class Steps(Protocol):
 
 class StepLoop:
     def __init__(self, engine: Engine, events: StepEvents, *,
-                 max_preemptions: int = MAX_PREEMPTIONS,
+                 max_preemptions: int = MAX_PREEMPTIONS, swap_bytes: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
         self.events = events
         #: 0: nothing is preempted (admission waits for free room, as before).
         self.max_preemptions = max_preemptions
+        #: Host memory the caches of preempted sequences may hold (swapped out); a preemption
+        #: beyond it is recomputed on resumption. None: as much as the KV budget.
+        self.swap_bytes = (engine.budget.kv_tokens * engine.lm.kv.bytes_per_token
+                           if swap_bytes is None else swap_bytes)
         self._full_budget = engine.budget
         self._good_steps = 0
         self._clock = clock
@@ -216,6 +222,8 @@ class StepLoop:
         with self._cond:
             taken = [g for g in self._waiting if predicate is None or predicate(g)]
             self._waiting = [g for g in self._waiting if g not in taken]
+            for g in taken:
+                g.swapped = None  # it leaves this engine: so does its saved cache
             return taken
 
     def stop(self) -> None:
@@ -237,8 +245,11 @@ class StepLoop:
             with self._cond:
                 cancelled = self._apply_cancels()
                 admitted, preempted = self._select()
+                swapped = sum(g.swap_bytes for g in self._waiting)
                 for g in preempted:
-                    engine.preempt(g)
+                    size = g.length * engine.lm.kv.bytes_per_token
+                    engine.preempt(g, swap=swapped + size <= self.swap_bytes)
+                    swapped += g.swap_bytes
                 self._waiting = [g for g in self._waiting if g not in admitted] + preempted
                 idle = not engine.running and not admitted
                 self._alone_running = any(g.alone for g in (*engine.running, *admitted))
@@ -396,4 +407,6 @@ class StepLoop:
         dropped = [g for g in self._waiting if g.id in cancel or is_lost(g.id)]
         if dropped:
             self._waiting = [g for g in self._waiting if g not in dropped]
+            for g in dropped:
+                g.swapped = None
         return gone + dropped

@@ -115,7 +115,7 @@ class GenerationWorker(QueueWorker[Generation]):
         else:
             self.steps = StepLoop(self.engine, events,
                                   max_preemptions=self.settings.max_preemptions,
-                                  clock=self.clock)
+                                  swap_bytes=self.settings.swap_bytes, clock=self.clock)
         pipeline = ScriptPipeline(self._connect(), PUBLISHER_SCRIPTS)
         await pipeline.load()
         self.publisher = StreamPublisher(self.link, self.stats, self.steps, pipeline,
