@@ -17,7 +17,7 @@ from benchmarks.framework import Scenario
 
 #: Every scenario, in the order ``--help`` lists them.
 SCENARIOS = ("embed", "embed-load", "generate", "engines", "overhead", "serve", "scaleout",
-             "priority", "chaos", "cluster", "durability")
+             "priority", "priority-generate", "chaos", "cluster", "durability")
 
 
 def scenario(name: str) -> Scenario[Any]:

@@ -18,6 +18,7 @@ class RecordingEvents:
         #: Set by ``outputs_ready`` and ``step_failed``: something to collect.
         self.changed = threading.Event()
         self.lost: set[str] = set()
+        self.loop_errors: list[BaseException] = []
 
     def outputs_ready(self) -> None:
         self.changed.set()
@@ -37,3 +38,7 @@ class RecordingEvents:
 
     def is_lost(self, request_id: str) -> bool:
         return request_id in self.lost
+
+    def loop_failed(self, error: BaseException) -> None:
+        self.loop_errors.append(error)
+        self.changed.set()

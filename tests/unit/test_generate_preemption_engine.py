@@ -18,12 +18,12 @@ BUDGET = Budget(max_slots=2, kv_tokens=1 << 20, max_prefill_tokens=4096)
 SAMPLED = {"temperature": 1.0, "top_p": 0.9, "seed": 1234}
 
 
-def low_generations(engine: Engine, lm: CausalLM, params: dict[str, object]
-                    ) -> list[Generation]:
+def low_generations(engine: Engine, lm: CausalLM, params: dict[str, object],
+                    priorities: tuple[int, int] = (-10, -10)) -> list[Generation]:
     return [engine.new_generation(f"low{i}", lm.tokenizer(f"the queue worker {i}")["input_ids"],
-                                  GenerationParams(max_new_tokens=60, ignore_eos=True,
+                                  GenerationParams(max_new_tokens=32, ignore_eos=True,
                                                    **params),  # type: ignore[arg-type]
-                                  priority=-10, order=i) for i in range(2)]
+                                  priority=priorities[i], order=i) for i in range(2)]
 
 
 def drive(loop: StepLoop, events: RecordingEvents, until_done: list[Generation],
@@ -41,13 +41,18 @@ def drive(loop: StepLoop, events: RecordingEvents, until_done: list[Generation],
     return outs
 
 
+@pytest.mark.parametrize("victim", [1, 0], ids=["last-row", "first-row"])
 @pytest.mark.parametrize("swap_bytes", [None, 0], ids=["swapped", "recomputed"])
 @pytest.mark.parametrize("params", [{}, SAMPLED], ids=["greedy", "seeded"])
 def test_a_preempted_sequence_resumes_with_exactly_the_same_tokens(
-        lm: CausalLM, params: dict[str, object], swap_bytes: int | None) -> None:
+        lm: CausalLM, params: dict[str, object], swap_bytes: int | None, victim: int) -> None:
+    # Both low-priority sequences are admitted in one step, low0 in row 0: the victim is the
+    # latest admitted (low1, the last row) at equal priorities, or low0 when it is lower (its
+    # row is then refilled by moving the last one).
+    priorities = (-10, -10) if victim == 1 else (-10, -5)
     # Without preemption: the reference tokens.
     alone = Engine(lm, BUDGET)
-    reference = low_generations(alone, lm, params)
+    reference = low_generations(alone, lm, params, priorities)
     events = RecordingEvents()
     loop = StepLoop(alone, events)
     loop.start()
@@ -57,7 +62,7 @@ def test_a_preempted_sequence_resumes_with_exactly_the_same_tokens(
     loop.join(10)
 
     engine = Engine(lm, BUDGET)
-    lows = low_generations(engine, lm, params)
+    lows = low_generations(engine, lm, params, priorities)
     urgent = engine.new_generation("urgent", lm.tokenizer("urgent")["input_ids"],
                                    GenerationParams(max_new_tokens=10, ignore_eos=True),
                                    priority=50, order=9)
@@ -66,7 +71,7 @@ def test_a_preempted_sequence_resumes_with_exactly_the_same_tokens(
     submitted: list[int] = []
 
     def submit_urgent(out: StepOutput) -> None:
-        if not submitted and all(len(g.tokens) >= 10 for g in lows):
+        if not submitted and all(len(g.tokens) >= 8 for g in lows):
             submitted.append(out.step)
             loop.submit([urgent])
 
@@ -78,19 +83,38 @@ def test_a_preempted_sequence_resumes_with_exactly_the_same_tokens(
     preempting = next(out for out in outs if out.preempted)
     # The latest admitted of the two (same step: the later order) left, the urgent one joined
     # in the same step boundary, and finished before either low-priority sequence.
-    assert [g.id for g in preempting.preempted] == ["low1"]
+    assert [g.id for g in preempting.preempted] == [f"low{victim}"]
     assert [g.id for g in preempting.entered] == ["urgent"]
     assert preempting.step - submitted[0] <= 2
     assert urgent.finish is FinishReason.LENGTH and urgent.finished_at is not None
     assert all(urgent.finished_at < (g.finished_at or 0) for g in lows)
-    resumed = next(out for out in outs if lows[1] in out.entered and out.step > preempting.step)
+    preempted, kept = lows[victim], lows[1 - victim]
+    resumed = next(out for out in outs if preempted in out.entered
+                   and out.step > preempting.step)
     if swap_bytes is None:  # its cache was put back: nothing prefilled again
         assert resumed.prefill_tokens == 0
     else:
-        assert resumed.prefill_tokens >= len(lows[1].prompt_ids) + 10
-    assert lows[1].swapped is None
-    assert lows[1].preemptions == 1 and lows[0].preemptions == 0
+        assert resumed.prefill_tokens >= len(preempted.prompt_ids) + 8
+    assert preempted.swapped is None
+    assert preempted.preemptions == 1 and kept.preemptions == 0
     for g, ref in zip(lows, reference, strict=True):
         assert g.finish is FinishReason.LENGTH
         assert g.tokens == ref.tokens
         assert g.detok.text == ref.detok.text
+
+
+def test_a_failure_of_the_step_loop_itself_is_reported_not_swallowed(
+        lm: CausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = Engine(lm, BUDGET)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug in the scheduler")
+
+    monkeypatch.setattr(engine, "plan", broken)
+    events = RecordingEvents()
+    loop = StepLoop(engine, events)
+    loop.start()
+    loop.submit(low_generations(engine, lm, {}))
+    assert events.changed.wait(60)
+    loop.join(10)
+    assert [str(e) for e in events.loop_errors] == ["a bug in the scheduler"]

@@ -296,6 +296,7 @@ class Engine:
             generation.finished_at = self.clock()
             self._leave(generation)
 
+    @torch.inference_mode()
     def preempt(self, generation: Generation, *, swap: bool) -> None:
         """Push a running sequence out of the batch (between steps) for a higher priority: its
         slot and cache row are freed; it keeps its tokens, sampler and text. With ``swap``, its

@@ -557,6 +557,11 @@ class _EngineSide:
     def is_lost(self, request_id: str) -> bool:
         return False  # the worker process knows its leases: it cancels the lost ones
 
+    def loop_failed(self, error: BaseException) -> None:
+        # A process whose step loop is gone serves nothing: exit, so the worker sees it die,
+        # retries what had started and starts a new engine process.
+        os._exit(70)
+
     # ---------------------------------------------------------------------- the process
 
     def _state(self) -> wire.EngineState:

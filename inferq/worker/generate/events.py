@@ -36,6 +36,10 @@ class StepEvents(Protocol):
     def is_lost(self, request_id: str) -> bool:
         """Whether this request's lease is gone (it leaves at the next step boundary)."""
 
+    def loop_failed(self, error: BaseException) -> None:
+        """The step loop itself raised (a bug, not a failed step): it has stopped for good,
+        and whatever drives it must not wait for it."""
+
 
 class EngineEvents(StepEvents, Protocol):
     """A step loop in an engine process also reports its start and its end."""

@@ -240,6 +240,13 @@ class StepLoop:
     # -------------------------------------------------------------------- model thread
 
     def _run(self) -> None:
+        try:
+            self._steps()
+        except BaseException as exc:  # reported (and logged with its traceback), not raised
+            log.critical("the step loop failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+            self.events.loop_failed(exc)
+
+    def _steps(self) -> None:
         engine = self.engine
         while True:
             with self._cond:

@@ -84,6 +84,7 @@ class GenerationWorker(QueueWorker[Generation]):
         self._wakes = 0
         self._retry_at: float | None = None
         self._helpers: tuple[asyncio.Task[None], ...] = ()
+        self._loop_error: BaseException | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         # Cancellations first: BLPOP serves its lists in order, and the wake list of a busy
         # queue is never empty.
@@ -243,9 +244,12 @@ class GenerationWorker(QueueWorker[Generation]):
         return await self._claim_free(count, min_priority=head) > 0
 
     def _check_helpers(self) -> None:
-        """Claiming without the wake loop or the publisher would serve nothing: their end
-        (an unexpected error) ends the worker ("cannot go on")."""
+        """Claiming without the wake loop, the publisher or the step loop would serve
+        nothing: their end (an unexpected error) ends the worker ("cannot go on")."""
         assert self._stopping is not None
+        if (failed := self._loop_error) is not None:
+            raise RuntimeError(f"the step loop failed: {type(failed).__name__}: {failed}"
+                               ) from failed
         for helper in self._helpers:
             if helper.done() and not self._stopping.is_set():
                 exc = None if helper.cancelled() else helper.exception()
@@ -375,6 +379,10 @@ class GenerationWorker(QueueWorker[Generation]):
 
     # ------------------------------------------------------ callbacks from the model thread
 
+    def _on_loop_failed(self, error: BaseException) -> None:
+        self._loop_error = error
+        self._nudge.set()
+
     def _on_oom(self, sequences: int) -> None:
         self.stats.oom_splits += 1
         self.metrics.oom_splits.labels(self.keys.queue).inc()
@@ -483,6 +491,9 @@ class _LoopEvents:
 
     def ready(self, budget: Budget) -> None:
         self._worker._adopt_budget(budget)  # before capacity may say > 0: at once
+
+    def loop_failed(self, error: BaseException) -> None:
+        self._loop.call_soon_threadsafe(self._worker._on_loop_failed, error)
 
     def died(self, why: str, started: list[Generation], unstarted: list[Generation]) -> None:
         self._loop.call_soon_threadsafe(self._worker._on_engine_died, why, started, unstarted)

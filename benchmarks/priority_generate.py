@@ -1,0 +1,253 @@
+"""Scenario ``priority-generate``: high-priority chats through a low-priority flood of long
+generations that fills every slot of a ``generate`` worker.
+
+    python -m benchmarks priority-generate           # SmolLM2, 8 slots, 60 s of chats x 2 trials
+    python -m benchmarks priority-generate --quick   # tiny Llama, 4 slots, 5 s (~1 min)
+
+One ``inferq worker --task generate`` process (default flags: engine process, preemption on)
+per variant, each on its own queue, in rotated order per trial:
+
+* ``alone``: the chats with nothing else queued;
+* ``preempt``: a flood of low-priority (-10) generations of ``--flood-tokens`` tokens, kept at
+  least ``--slots`` deep in Redis so every slot stays busy, while the chats (priority 50,
+  ``--chat-tokens`` tokens) arrive as a Poisson process at ``--rate`` per second;
+* ``no-preempt``: the same with ``--max-preemptions 0`` (a chat waits for a flood generation
+  to end).
+
+Reported per variant: chat TTFT p50/p99 (from the producer's enqueue to the first text it
+reads from the stream), the flood's tokens/s while the chats arrive (tokens in the flood's
+streams, counted at the first chat and at the last chat's end) and the worker's preemptions.
+Targets: chat TTFT p99 under the flood (``preempt``) <= 3x ``alone``; the flood's tokens/s with
+preemption >= 0.9x without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from benchmarks import corpus
+from benchmarks.framework import ByMode, Run, Scenario, positive_float, positive_int
+from benchmarks.harness import (
+    BenchmarkFailed,
+    fmt_number,
+    markdown_table,
+    median_of,
+    percentiles,
+    say,
+    stop_child,
+    verdict,
+)
+from benchmarks.models import generation_source
+from benchmarks.stack import WorkerProc, spawn_worker
+from inferq.protocol.keys import QueueKeys
+
+VARIANTS = ("alone", "preempt", "no-preempt")
+TTFT_TARGET = 3.0
+FLOOD_TARGET = 0.9
+FLOOD_PRIORITY, CHAT_PRIORITY = -10, 50
+FEED_S = 0.2
+
+
+@dataclass(frozen=True)
+class PriorityGenerateConfig:
+    model: str
+    slots: int
+    flood_tokens: int
+    chat_tokens: int
+    rate: float
+    seconds: float
+    seed: int
+
+
+def _worker(run: Run[PriorityGenerateConfig], url: str, variant: str, trial: int,
+            source: str) -> WorkerProc:
+    cfg = run.cfg
+    queue_model = f"pg-{variant}-t{trial}"
+    flags = ["--device", "cpu", "--max-slots", str(cfg.slots),
+             *(["--max-preemptions", "0"] if variant == "no-preempt" else [])]
+    return spawn_worker(run.cleanup, url, model_arg=f"{queue_model}={source}",
+                        worker_id=f"bench-{queue_model}", log_dir=run.log_dir, flags=flags,
+                        log_level="INFO", task="generate")
+
+
+def _streamed_tokens(r: redis.Redis, keys: QueueKeys, ids: Sequence[str]) -> int:
+    pipe = r.pipeline(transaction=False)
+    for request_id in ids:
+        pipe.xrange(keys.stream(request_id))
+    return sum(len(fields.get(b"k", b"").split()) for entries in pipe.execute()
+               for _, fields in entries)
+
+
+async def _variant(url: str, worker: WorkerProc, variant: str, cfg: PriorityGenerateConfig,
+                   prompts: Sequence[str]) -> dict[str, Any]:
+    import inferq
+
+    keys = worker.keys
+    rng = random.Random(cfg.seed)
+    arrivals, t = [], 0.0
+    while True:
+        t += rng.expovariate(cfg.rate)
+        if t > cfg.seconds:
+            break
+        arrivals.append(t)
+    flood_ids: list[str] = []
+    r = redis.Redis.from_url(url)
+    async with inferq.AsyncClient(url) as client:
+        warm = await client.enqueue("warm up", model=worker.model, task="generate",
+                                    params={"max_new_tokens": 4})
+        await warm.result(timeout=600)
+
+        async def flood(count: int) -> None:
+            handles = await client.enqueue_many(
+                [{"prompt": prompts[(len(flood_ids) + i) % len(prompts)],
+                  "priority": FLOOD_PRIORITY,
+                  "params": {"max_new_tokens": cfg.flood_tokens, "ignore_eos": True}}
+                 for i in range(count)], model=worker.model, task="generate")
+            flood_ids.extend(h.id for h in handles)
+
+        async def feed() -> None:  # keep every slot busy and the flood queued behind them
+            while True:
+                await flood(max(0, cfg.slots - int(r.zcard(keys.pending))))
+                await asyncio.sleep(FEED_S)
+
+        async def chat(at_s: float, start: float, i: int) -> tuple[float, int]:
+            await asyncio.sleep(max(0.0, start + at_s - time.monotonic()))
+            sent = time.monotonic()
+            handle = await client.enqueue(f"question {i}: {prompts[i % len(prompts)][:80]}",
+                                          model=worker.model, task="generate",
+                                          priority=CHAT_PRIORITY,
+                                          params={"max_new_tokens": cfg.chat_tokens,
+                                                  "ignore_eos": True})
+            first = None
+            async for item in handle.stream(timeout=3600):
+                if first is None and isinstance(item, str) and item:
+                    first = time.monotonic() - sent
+                if isinstance(item, inferq.Result) and not item.ok:
+                    raise BenchmarkFailed(f"chat {i} failed: {item.error}")
+            return (first if first is not None else time.monotonic() - sent) * 1e3, i
+
+        feeder = None
+        if variant != "alone":
+            await flood(2 * cfg.slots)
+            feeder = asyncio.create_task(feed())
+            deadline = time.monotonic() + 600
+            while sum(r.xlen(keys.stream(i)) > 0 for i in flood_ids) < cfg.slots:
+                if time.monotonic() > deadline:
+                    raise BenchmarkFailed("the flood never filled the slots")
+                await asyncio.sleep(0.05)
+        before = _streamed_tokens(r, keys, flood_ids)
+        start = time.monotonic()
+        ttfts = [ms for ms, _ in await asyncio.gather(
+            *(chat(at, start, i) for i, at in enumerate(arrivals)))]
+        span = time.monotonic() - start
+        flood_tokens = _streamed_tokens(r, keys, flood_ids) - before
+        if feeder is not None:
+            feeder.cancel()
+        for request_id in flood_ids:  # the rest of the flood leaves at the next step
+            await client.handle(request_id, model=worker.model, task="generate").cancel()
+    stats = {k.decode(): v.decode() for k, v in r.hgetall(keys.window(worker.worker_id)).items()}
+    r.close()
+    return {"chats": len(ttfts), "ttft_ms": percentiles(ttfts, (50, 99)),
+            "flood_tokens": flood_tokens, "span_s": round(span, 3),
+            "flood_tokens_per_s": flood_tokens / span if variant != "alone" else None,
+            "preemptions": int(stats.get("preemptions", 0))}
+
+
+def _ratios(variants: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, float | None]:
+    def med(variant: str, *path: str) -> float | None:
+        values = []
+        for trial in variants.get(variant, []):
+            x: Any = trial
+            for p in path:
+                x = x[p]
+            values.append(x)
+        return median_of(values)
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or not b else a / b
+
+    return {
+        "ttft_p99_preempt_vs_alone": ratio(med("preempt", "ttft_ms", "p99"),
+                                           med("alone", "ttft_ms", "p99")),
+        "ttft_p50_preempt_vs_alone": ratio(med("preempt", "ttft_ms", "p50"),
+                                           med("alone", "ttft_ms", "p50")),
+        "ttft_p99_no_preempt_vs_alone": ratio(med("no-preempt", "ttft_ms", "p99"),
+                                              med("alone", "ttft_ms", "p99")),
+        "flood_preempt_vs_no_preempt": ratio(med("preempt", "flood_tokens_per_s"),
+                                             med("no-preempt", "flood_tokens_per_s")),
+    }
+
+
+def results_markdown(r: Mapping[str, Any]) -> str:
+    c, ratios = r["config"], r["ratios"]
+    rows = []
+    for variant in VARIANTS:
+        for i, t in enumerate(r["variants"][variant]):
+            rows.append([variant, str(i + 1), str(t["chats"]), fmt_number(t["ttft_ms"]["p50"]),
+                         fmt_number(t["ttft_ms"]["p99"]),
+                         fmt_number(t["flood_tokens_per_s"], 1), str(t["preemptions"])])
+    table = markdown_table(["variant", "trial", "chats", "chat TTFT p50 ms", "p99 ms",
+                            "flood tokens/s", "preemptions"], rows)
+    p99 = ratios["ttft_p99_preempt_vs_alone"]
+    flood = ratios["flood_preempt_vs_no_preempt"]
+    return f"""- Model `{c['model']}`, one `inferq worker --task generate --max-slots {c['slots']}` (default flags otherwise) per variant; flood: priority {FLOOD_PRIORITY}, {c['flood_tokens']} tokens each, kept {c['slots']} deep in Redis; chats: priority {CHAT_PRIORITY}, {c['chat_tokens']} tokens, Poisson at {c['rate']:g}/s for {c['seconds']:g} s. TTFT: the producer's enqueue to the first text it read.
+
+{table}
+
+- Chat TTFT p99 under the flood / alone: **{fmt_number(p99, 2)}x** (p50 {fmt_number(ratios['ttft_p50_preempt_vs_alone'], 2)}x); target <= {TTFT_TARGET:g}x: {verdict(p99, TTFT_TARGET, at_most=True)}. Without preemption: {fmt_number(ratios['ttft_p99_no_preempt_vs_alone'], 1)}x.
+- The flood's tokens/s with preemption / without: **{fmt_number(flood, 2)}x**; target >= {FLOOD_TARGET:g}: {verdict(flood, FLOOD_TARGET)}.
+"""  # noqa: E501
+
+
+class PriorityGenerate(Scenario[PriorityGenerateConfig]):
+    name = "priority-generate"
+    title = "high-priority chats through a low-priority flood of generations (preemption)"
+    quick_help = "the tiny Llama, 4 slots, 5 s of chats, one trial (~1 min)"
+    config = PriorityGenerateConfig
+    trials = (2, 1)
+    markdown = staticmethod(results_markdown)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--model", choices=("tiny", "smollm2"),
+                            default=ByMode("smollm2", "tiny"))
+        parser.add_argument("--slots", type=positive_int, default=ByMode(8, 4))
+        parser.add_argument("--flood-tokens", type=positive_int, default=ByMode(400, 300))
+        parser.add_argument("--chat-tokens", type=positive_int, default=16)
+        parser.add_argument("--rate", type=positive_float, default=ByMode(0.5, 4.0),
+                            help="chats per second (Poisson)")
+        parser.add_argument("--seconds", type=positive_float, default=ByMode(60.0, 5.0),
+                            help="how long chats arrive")
+        parser.add_argument("--seed", type=int, default=7)
+
+    def measure(self, run: Run[PriorityGenerateConfig]) -> dict[str, Any]:
+        cfg = run.cfg
+        source = generation_source(cfg.model, run.out)
+        _server, url = run.server()
+        prompts = corpus.sentences(64, seed=cfg.seed)
+        variants: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+        for trial in range(run.trials):
+            order = VARIANTS[trial % 3:] + VARIANTS[:trial % 3]
+            for variant in order:
+                say(f"trial {trial + 1}/{run.trials}: {variant}")
+                worker = _worker(run, url, variant, trial, source)
+                try:
+                    figures = asyncio.run(_variant(url, worker, variant, cfg, prompts))
+                finally:
+                    stop_child(worker.child)
+                variants[variant].append(figures)
+                say(f"  chat TTFT p50 {figures['ttft_ms']['p50']:.0f} ms, p99 "
+                    f"{figures['ttft_ms']['p99']:.0f} ms; flood "
+                    f"{fmt_number(figures['flood_tokens_per_s'], 1)} tokens/s; "
+                    f"{figures['preemptions']} preemptions")
+        return {"variants": variants, "ratios": _ratios(variants)}
+
+
+SCENARIO = PriorityGenerate()
