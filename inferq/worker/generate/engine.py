@@ -8,18 +8,12 @@ was already running decodes one more token, in one batched forward over the slot
 next step's admissions, which the scheduler picks in priority order under the slot and KV
 budgets.
 
-Why our own loop rather than transformers' ``init_continuous_batching`` (measured on this
-2-core CPU by ``python -m benchmarks generate --compare-engines``, in process, the same prompts,
-16 sequences at a time; tokens/s, median of 3, see benchmarks/RESULTS.md):
-
-    model                      ours    transformers CB    padded generate (static batches)
-    tiny Llama, 32 x 100       9,355   4,546              7,661
-    SmolLM2-135M, 16 x 32      113     80                 118
-
-(the run of 2026-11-29 13:57 UTC; this VM's speed drifts, the ranking does not). With every
-sequence the same length, static padded batches waste nothing and match us on SmolLM2; with
-the queue's mixed lengths (the benchmark's Poisson workload) our worker makes 1.53-1.75x the
-tokens/s of request-level batching on SmolLM2 (three runs).
+Why our own loop rather than transformers' ``init_continuous_batching``: measured in process on
+the same prompts by ``python -m benchmarks engines`` (figures in benchmarks/RESULTS.md, section
+``engines``), ours made about twice the tokens/s of transformers' manager on the tiny Llama and
+beat it on SmolLM2; static padded batches match it only when every sequence has the same length,
+and on the queue's mixed lengths (``generate``) our worker makes 1.5x and more the tokens/s of
+request-level batching.
 
 transformers' manager was configured as it must be on a CPU (16-token pages instead of 256,
 a cache sized for the work instead of from the host's RAM, 16 requests per batch) and is still
@@ -36,32 +30,30 @@ Where the loop runs. ``steploop.StepLoop`` can run it on a thread of the worker 
 to the asyncio loop that claims, streams and completes (``--no-engine-process``); torch
 releases the GIL inside its kernels, but every Python line of a step (scheduling, sampling,
 detokenizing) waits for the GIL while the event loop encodes Redis calls, and the other way
-round. The benchmark (``engines``) measured what that costs on this CPU: next to a busy thread
-the engine kept 0.72-0.75x of its speed, next to a busy process 0.88-0.99x. So, as vLLM's
+round. The benchmark (``engines``) measures what that costs (RESULTS.md): next to a busy thread
+the engine loses a quarter of its speed, next to a busy process almost nothing. So, as vLLM's
 engine core does, the loop runs by default in a child process of its own
 (``GenerationSettings.engine_process``, ``inferq worker --engine-process``):
 ``engine_process.EngineProcess`` spawns it (``spawn``, never ``fork``: a CUDA context does not
-survive a fork), the child loads the model and runs ``StepLoop`` over
-this ``Engine``; the worker process keeps claims, stream writes, results, leases,
-cancellation and metrics. The weights live only in the child: the worker process loads the
-tokenizer and configs (``CausalLM(weights=False)``), all it needs to render and tokenize
-prompts, check them against the context, and build ``Generation``s here (``new_generation``,
-``fits_alone``) without ever stepping. The KV budget is sized in the child too, after the
-weights load (on CUDA it is a share of the memory they leave free), and sent with its
-``ready``; the worker adopts it (and claims nothing before). They talk over one pipe in
-msgpack messages: submissions, cancellations and withdrawals one way; the step outputs (each
-running request's new token and text, finished requests' final text) the other way, as many
-steps per message as queued while the worker was busy. Cancellation is a message the child
-applies at its next step boundary, as the thread does. The worker notices a dead child when
-the pipe closes, retries what had started (alone and from its streamed tokens), gives back
-the rest and starts a new child, which loads the weights again before it serves. The price:
-a second copy of the tokenizer (the worker tokenizes, the child detokenizes, for stop
-strings) and a pipe hop per message; not a second copy of the weights. What it bought, through
-the queue (``generate`` benchmark, 2026-11-30, 2 vCPUs): the tiny model 1.29x the tokens/s of
-the thread (0.96x of its engine alone, from 0.75x); SmolLM2, whose steps are long, 0.99x. The
-child runs with a 0.5 ms switch interval: its pipe reader and sender would otherwise wait up
-to 5 ms, several small decode steps, for the GIL the step loop holds.
-"""
+survive a fork), the child loads the model and runs ``StepLoop`` over this ``Engine``; the
+worker process keeps claims, stream writes, results, leases, cancellation and metrics. The
+weights live only in the child: the worker process loads the tokenizer and configs
+(``CausalLM(weights=False)``), all it needs to render and tokenize prompts, check them against
+the context, and build ``Generation``s here (``new_generation``, ``fits_alone``) without ever
+stepping. The KV budget is sized in the child too, after the weights load (on CUDA it is a
+share of the memory they leave free), and sent with its ``ready``; the worker adopts it (and
+claims nothing before). They talk over one pipe in the typed messages of ``wire``: submissions,
+cancellations and withdrawals one way; the step outputs (each running request's new token and
+text, finished requests' final text) the other way, as many steps per message as queued while
+the worker was busy. Cancellation is a message the child applies at its next step boundary, as
+the thread does. The worker notices a dead child when the pipe closes, retries what had started
+(alone and from its streamed tokens), gives back the rest and starts a new child, which loads
+the weights again before it serves. The price: a second copy of the tokenizer (the worker
+tokenizes, the child detokenizes, for stop strings) and a pipe hop per message; not a second
+copy of the weights. What it bought, through the queue, is in RESULTS.md (``generate``: the
+``process`` variant against ``continuous``). The child runs with a 0.5 ms switch interval: its
+pipe reader and sender would otherwise wait up to 5 ms, several small decode steps, for the GIL
+the step loop holds."""
 
 from __future__ import annotations
 

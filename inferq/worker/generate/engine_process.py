@@ -203,7 +203,7 @@ class EngineProcess:
             return state.max_slots - state.running + state.due - waiting
 
     @property
-    def running(self) -> int:
+    def running_count(self) -> int:
         return len(self._running)
 
     @property
@@ -213,7 +213,7 @@ class EngineProcess:
             return self._state.max_slots
 
     @property
-    def waiting(self) -> int:
+    def waiting_count(self) -> int:
         with self._lock:
             return len(self._held) - len(self._running)
 
@@ -566,7 +566,7 @@ class _EngineSide:
 
     def _state(self) -> wire.EngineState:
         allocated, reserved = self._device_memory()
-        return wire.EngineState(running=self.steps.running, due=self.steps.due,
+        return wire.EngineState(running=self.steps.running_count, due=self.steps.due,
                                 max_slots=self.engine.budget.max_slots, step=self.engine.steps,
                                 device_allocated=allocated, device_reserved=reserved)
 

@@ -28,15 +28,13 @@ class GenerationSettings:
     #: Stream writes (and result writes) happen at most this often; the steps in between
     #: are merged into one write. Adds up to this much to TTFT (cancellations do not wait for
     #: it: they are pushed to the worker). Each write costs the event loop GIL time the model
-    #: thread waits for: on the 2-core CPU, 25 ms gave the tiny model ~20% more tokens/s than
-    #: 10 ms (medians over 3 interleaved rounds of 2 burst runs; single runs vary by as much).
+    #: thread waits for: 25 ms gave the tiny model more tokens/s than 10 ms on the 2-core CPU.
     stream_interval_ms: float = 25.0
     #: Run the model, KV cache and step loop in a child process (``engine_process``) instead
     #: of a thread of the worker process, so that the step loop never waits for the GIL the
     #: event loop holds. The weights load only there (the worker process loads the tokenizer
     #: and configs: ``CausalLM(weights=False)``), and the KV budget is sized there after them.
-    #: On by default: the tiny model made 1.29x the tokens/s of the thread (0.96x of its
-    #: engine alone, 4 trials); SmolLM2, whose steps are long, 0.99x (benchmarks/RESULTS.md).
+    #: On by default (the ``generate`` benchmark's ``process`` variant, benchmarks/RESULTS.md).
     engine_process: bool = True
     #: How many times one sequence may be preempted for a higher priority (then it keeps its
     #: slot until it finishes); 0 turns preemption off (see ``scheduler.plan``).

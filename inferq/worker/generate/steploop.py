@@ -96,9 +96,9 @@ class Steps(Protocol):
     def take_outputs(self, *, arm: bool) -> list[StepOutput]: ...
     def capacity(self) -> int: ...
     @property
-    def running(self) -> int: ...
+    def running_count(self) -> int: ...
     @property
-    def waiting(self) -> int: ...
+    def waiting_count(self) -> int: ...
     @property
     def max_slots(self) -> int: ...
     def held(self) -> tuple[list[Generation], list[Generation]]: ...
@@ -183,7 +183,8 @@ class StepLoop:
             return self.engine.budget.max_slots - self._running + self._due - len(self._waiting)
 
     @property
-    def running(self) -> int:
+    def running_count(self) -> int:
+        """Sequences in the batch (as of the last step boundary)."""
         return self._running
 
     @property
@@ -202,7 +203,8 @@ class StepLoop:
         return self._due
 
     @property
-    def waiting(self) -> int:
+    def waiting_count(self) -> int:
+        """Sequences waiting to join the batch (claimed, or preempted)."""
         return len(self._waiting)
 
     def held(self) -> tuple[list[Generation], list[Generation]]:

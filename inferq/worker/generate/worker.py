@@ -154,7 +154,7 @@ class GenerationWorker(QueueWorker[Generation]):
                 f"{s.tokens} tokens")
 
     def _health_detail(self) -> Mapping[str, Any]:
-        return {"steps": self.stats.steps, "running": self.steps.running}
+        return {"steps": self.stats.steps, "running": self.steps.running_count}
 
     async def _serve(self) -> None:
         self.steps.start()
@@ -434,7 +434,7 @@ class GenerationWorker(QueueWorker[Generation]):
         await self._publish_stats()
 
     async def _publish_stats(self) -> None:
-        fields = self.stats.as_fields(self.steps.running, self.steps.waiting)
+        fields = self.stats.as_fields(self.steps.running_count, self.steps.waiting_count)
         fields.update({"model": self.lm.model_id, "device": self.lm.device})
         known, budget = self.budget_known, self.budget  # in this order: see _adopt_budget
         if known:  # not before the engine process sized it
@@ -442,7 +442,7 @@ class GenerationWorker(QueueWorker[Generation]):
                            "kv_tokens": str(budget.kv_tokens)})
         await self.link.publish_stats(fields)
         m, q = self.metrics, self.keys.queue
-        m.running.labels(q).set(self.steps.running)
+        m.running.labels(q).set(self.steps.running_count)
         if known:
             m.target_batch.labels(q).set(self.steps.max_slots)
 
