@@ -28,10 +28,12 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
+import string
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -54,11 +56,13 @@ if TYPE_CHECKING:
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_OUT = BENCH_DIR / "out"
 DEFAULT_RESULTS_MD = BENCH_DIR / "RESULTS.md"
+TEMPLATES = BENCH_DIR / "templates"
 #: A measurement during which other processes used more than this share of the machine is
 #: flagged as disturbed: its wall-clock figures are not trustworthy.
 DISTURBED_LOAD = 0.10
 
 C = TypeVar("C")
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------------------------ arguments
@@ -137,6 +141,15 @@ class Run(Generic[C]):
         from benchmarks.stack import start_server
 
         return start_server(self.cleanup, self.name, appendonly=appendonly)
+
+    def rotations(self, variants: Sequence[T], label: Callable[[T], str] = str
+                  ) -> Iterator[tuple[int, list[T]]]:
+        """(trial, the variants rotated by one more each trial), announcing each trial."""
+        for trial in range(self.trials):
+            shift = trial % len(variants)
+            order = [*variants[shift:], *variants[:shift]]
+            say(f"trial {trial + 1}/{self.trials}: {' -> '.join(map(label, order))}")
+            yield trial, order
 
 
 class Scenario(Generic[C]):
@@ -279,6 +292,41 @@ def first_leaf(exc: BaseException) -> BaseException:
 
 
 # -------------------------------------------------------------------------------- reports
+
+
+class _Text(string.Template):
+    # ``${name}``, ``${a.b.c}`` (nested keys) and ``${a.b:,.1f}`` (a format spec).
+    braceidpattern = r"(?a:[_a-z][_a-z0-9.]*(?::[^}]*)?)"
+
+
+class _Values(Mapping[str, str]):
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self.data = data
+
+    def __getitem__(self, key: str) -> str:
+        path, _, spec = key.partition(":")
+        value: Any = self.data
+        for part in path.split("."):
+            value = value[part]
+        return format(value, spec)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def render(template: str, values: Mapping[str, Any], **extra: Any) -> str:
+    """The block ``template`` (``scenario`` or ``scenario.block``) of
+    ``templates/<scenario>.md`` filled in: a ``string.Template`` whose ``${a.b:spec}`` reads
+    ``values[a][b]`` (or ``extra``) formatted with ``spec``; blocks after the first start
+    with a line ``<!-- template: block -->``."""
+    name, _, block = template.partition(".")
+    parts = re.split(r"^<!-- template: ([\w-]+) -->\n", (TEMPLATES / f"{name}.md").read_text(),
+                     flags=re.M)
+    blocks = {"": parts[0], **dict(zip(parts[1::2], parts[2::2], strict=True))}
+    return _Text(blocks[block]).substitute(_Values({**values, **extra})).rstrip("\n") + "\n"
 
 
 def noise_of(loads: Iterable[float | None]) -> dict[str, Any]:

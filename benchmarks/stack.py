@@ -34,6 +34,7 @@ from benchmarks.harness import (
     dying_with_parent,
     percentiles,
     say,
+    stop_child,
     summary,
 )
 from inferq.connection import sync_client
@@ -126,6 +127,14 @@ def spawn_workers(cleanup: Cleanup, url: str, worker_ids: Sequence[str], *, mode
                             log_dir=log_dir, flags=flags) for worker_id in worker_ids]
     wait_registered(url, workers)
     return workers
+
+
+def stop_all(server: BenchServer, workers: Mapping[str, WorkerProc]) -> dict[str, int | None]:
+    """Stop ``workers`` (name -> process), then the server; the workers' exit codes."""
+    say("stopping the workers and the server")
+    codes = {name: stop_child(w.child) for name, w in workers.items()}
+    server.stop()
+    return codes
 
 
 def sleep_model(model: str, batch_ms: float, item_ms: float) -> str:
@@ -516,6 +525,16 @@ def summarize_trials(trials: Sequence[Mapping[str, Any]], path: Sequence[str]
         if isinstance(v, int | float):
             values.append(float(v))
     return summary(values)
+
+
+def summarize_fields(trials: Sequence[Mapping[str, Any]], *fields: str) -> dict[str, Any]:
+    """``summarize_trials`` of each field, a dotted path: ``a.b`` is named ``a_b``,
+    ``name=a.b`` is named ``name``."""
+    out: dict[str, Any] = {}
+    for f in fields:
+        name, _, path = f.rpartition("=")
+        out[name or path.replace(".", "_")] = summarize_trials(trials, path.split("."))
+    return out
 
 
 def scaled(s: Mapping[str, Any], factor: float) -> dict[str, Any]:
