@@ -317,16 +317,30 @@ class _Values(Mapping[str, str]):
         return len(self.data)
 
 
-def render(template: str, values: Mapping[str, Any], **extra: Any) -> str:
+def template_block(template: str) -> str:
     """The block ``template`` (``scenario`` or ``scenario.block``) of
-    ``templates/<scenario>.md`` filled in: a ``string.Template`` whose ``${a.b:spec}`` reads
-    ``values[a][b]`` (or ``extra``) formatted with ``spec``; blocks after the first start
-    with a line ``<!-- template: block -->``."""
+    ``templates/<scenario>.md``: blocks after the first start with a line
+    ``<!-- template: block -->``."""
     name, _, block = template.partition(".")
     parts = re.split(r"^<!-- template: ([\w-]+) -->\n", (TEMPLATES / f"{name}.md").read_text(),
                      flags=re.M)
-    blocks = {"": parts[0], **dict(zip(parts[1::2], parts[2::2], strict=True))}
-    return _Text(blocks[block]).substitute(_Values({**values, **extra})).rstrip("\n") + "\n"
+    return {"": parts[0], **dict(zip(parts[1::2], parts[2::2], strict=True))}[block]
+
+
+def render(template: str, values: Mapping[str, Any], **extra: Any) -> str:
+    """A template block filled in: a ``string.Template`` whose ``${a.b:spec}`` reads
+    ``values[a][b]`` (or ``extra``) formatted with ``spec``."""
+    text = _Text(template_block(template)).substitute(_Values({**values, **extra}))
+    return text.rstrip("\n") + "\n"
+
+
+def render_keyed(template: str, figures: Mapping[str, Any], **extra: Any) -> list[str]:
+    """The lines ``key: text`` of a template block whose ``key`` has a value (not None) in
+    ``figures``, each filled in with that value as ``v`` (and ``extra``)."""
+    return [_Text(text).substitute(_Values({"v": figures[key], **extra}))
+            for key, _, text in (line.partition(": ")
+                                 for line in template_block(template).splitlines())
+            if figures.get(key) is not None]
 
 
 def noise_of(loads: Iterable[float | None]) -> dict[str, Any]:
