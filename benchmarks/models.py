@@ -71,6 +71,16 @@ class BareModel:
                 padded += int(mask.numel())
         return torch.cat(out), padded
 
+    def rates(self, texts: Sequence[str], batch_sizes: Sequence[int]) -> dict[int, float]:
+        """Requests/s over ``texts`` at each batch size, in order, tokenization included."""
+        rates: dict[int, float] = {}
+        for bs in batch_sizes:
+            t0 = time.perf_counter()
+            self.encode(texts, bs)
+            rates[bs] = len(texts) / (time.perf_counter() - t0)
+            say(f"  bare model bs={bs:<3} {rates[bs]:6.1f} req/s")
+        return rates
+
 
 def _max_seq_length(path: str, tokenizer_limit: int) -> int:
     config = Path(path) / "sentence_bert_config.json"

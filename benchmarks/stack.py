@@ -37,6 +37,7 @@ from benchmarks.harness import (
     stop_child,
     summary,
 )
+from benchmarks.loadgen import watched
 from inferq.connection import sync_client
 from inferq.embedded import EmbeddedServer
 from inferq.protocol.keys import QueueKeys
@@ -245,23 +246,22 @@ def sum_cpu(cpu: Mapping[str, float | None], prefix: str) -> float | None:
 # ------------------------------------------------------------------------------ producer
 
 
+def watchdog(workers: Sequence[WorkerProc], timeout_s: float) -> Callable[[], None]:
+    """A check that fails the run (with the log) when a worker died or ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+
+    def check() -> None:
+        check_alive(workers)
+        if time.monotonic() > deadline:
+            raise BenchmarkFailed(f"no complete results within {timeout_s:.0f} s\n"
+                                  f"{workers[0].child.log_tail()}")
+    return check
+
+
 async def gather_watched(tasks: Sequence[asyncio.Future[T]], workers: Sequence[WorkerProc],
                           timeout_s: float) -> list[T]:
     """All results, failing fast (with the log) if a worker dies or time runs out."""
-    gathered = asyncio.gather(*tasks)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            done, _ = await asyncio.wait({gathered}, timeout=0.5)
-            if done:
-                return list(gathered.result())
-            check_alive(workers)
-            if time.monotonic() > deadline:
-                raise BenchmarkFailed(f"no complete results within {timeout_s:.0f} s\n"
-                                      f"{workers[0].child.log_tail()}")
-    finally:
-        if not gathered.done():
-            gathered.cancel()
+    return list(await watched(asyncio.gather(*tasks), watchdog(workers, timeout_s)))
 
 
 async def enqueue_and_await(url: str, model: str, prompts: Sequence[str], chunk: int,
