@@ -1,20 +1,7 @@
-"""Scenario ``engines``: the in-process measurement behind the engine choice
-(``inferq/worker/generation/engine.py``), on the tiny random Llama and SmolLM2-135M.
-
-No queue, no Redis: the same prompts, 16 sequences at a time, every way interleaved in each
-trial, tokens/s of
-
-* our KV-cache loop (the continuous worker's engine);
-* transformers' ``init_continuous_batching``, configured for the CPU (16-token pages, a cache
-  sized for the work, 16 requests per batch);
-* padded ``generate`` in static batches;
-* our loop next to a thread that runs Python 1 ms in every 5 (what a worker's event loop in
-  the same process costs it through the GIL), and next to a process that does the same (the
-  same CPU taken, no GIL shared: what an engine in a process of its own would win back).
-
-The reading under the table puts these next to the continuous and request-level workers of
-the latest ``generate`` run (``<out>/generate.json``) when there is one.
-``python -m benchmarks generate --compare-engines`` runs ``generate`` and then this scenario.
+"""Scenario ``engines``: the in-process measurement behind the engine choice, on the tiny random
+Llama and SmolLM2-135M: our KV-cache loop vs transformers' continuous batching vs padded
+``generate``, and our loop next to a GIL-holding thread or a busy process (see
+benchmarks/README.md).
 """
 
 from __future__ import annotations

@@ -1,24 +1,7 @@
-"""The shape every benchmark scenario fills, and the run and the report around it.
-
-A scenario is one module, ``benchmarks/<name>.py`` (``embed-load`` lives in
-``embed_load.py``), whose ``SCENARIO`` is an instance of a ``Scenario`` subclass. It provides
-only what is its own:
-
-* its flags (``add_arguments``) and its ``Config``: a frozen dataclass whose fields are filled
-  from the flags of the same name (override ``configure`` for anything more); a default that
-  depends on ``--quick`` is a ``ByMode``;
-* its workload and variants: ``measure(run)`` returns the figures, a JSON-able dict;
-* its report: ``markdown(report)`` (the body of its RESULTS.md section), ``plots(report,
-  folder)``, and ``exit_code(report)`` when the figures themselves can fail a run (chaos).
-
-The framework adds the common flags (``--quick``, ``--trials``, ``--out``, ``--results-md``,
-``--no-results-md``), runs ``measure`` inside a ``Cleanup`` that stops every process the
-scenario started however the run ends (Ctrl-C and SIGTERM exit 130, a ``BenchmarkFailed`` exits
-1), and writes the report: ``<out>/<name>.json`` (the figures with the command line, date, git
-commit, machine, config and elapsed time around them), the plots, and the scenario's section
-of RESULTS.md between ``<!-- name:start -->`` and ``<!-- name:end -->`` (heading, quick-run and
-disturbed-run warnings, command, date, machine, the body, the plots, the JSON's path), which
-it also prints.
+"""The shape every benchmark scenario fills (``Scenario``), the run around it (``Run``: flags,
+config, processes cleaned up however the run ends) and its report: the JSON, the plots, the
+RESULTS.md section, its prose from ``templates/`` (``render``). benchmarks/README.md, "How a
+scenario is built", walks through it.
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
 """Scenario ``generate``: continuous batching against request-level batching and batch 1, on
-the same Poisson workload, through the whole queue.
-
-Workload (deterministic from ``--seed``): Poisson arrivals at ``--rate`` requests/s, prompt
-lengths uniform in 4..128 tokens, ``max_new_tokens`` uniform in 8..128, greedy with
-``ignore_eos`` so every variant produces exactly the same useful tokens. Each variant is one
-``inferq worker --task generate`` process serving its own queue, run one after the other (the
-order rotates per trial) against an embedded server with AOF:
-
-* ``continuous``: iteration-level batching (the ``generate`` worker, 16 slots, its step loop on
-  a thread of the worker process);
-* ``process``: the same with ``--engine-process`` (model and step loop in a child process);
-* ``request``: request-level batching, ``--batching request`` (the adaptive window worker,
-  batches of up to 16 run through one padded ``generate``);
-* ``bs1``: ``--batching request --max-batch-size 1`` (each request alone);
-* ``engine alone``: the continuous worker's engine on the same requests at the same arrival
-  times, in this process, with no queue: the ceiling for ``continuous``.
-
-Reported per variant: useful tokens/s (completion tokens / (last finish - first enqueue)),
-time to first token p50/p99 (first text visible to the producer: the first stream entry for
-``continuous``, the result for the others, which do not stream) and end-to-end latency p50/p99.
-Targets: continuous >= 1.5x the useful tokens/s of request-level, with a lower p50 TTFT.
-
-The in-process comparison behind the engine choice is the scenario ``engines``;
-``--compare-engines`` runs it after this one (before the split, that flag added the comparison
-to this scenario).
+the same Poisson workload, through the whole queue, next to the continuous worker's engine
+alone; the method is in benchmarks/README.md.
 """
 
 from __future__ import annotations

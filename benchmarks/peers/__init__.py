@@ -1,14 +1,9 @@
-"""The worker side of the ``overhead`` baselines: a no-op job each, set up as an expert user of
-each library would. Their own standard workers import this module by name, so it imports a
-library only where that library's worker needs it; settings come from the environment.
-
-* rq: ``rq worker`` runs ``benchmarks.peers.noop``;
-* arq: ``arq benchmarks.peers.ArqSettings`` (its CLI takes no URL or tuning flags);
-* SAQ: ``python -m saq benchmarks.peers.saq_settings``;
-* BullMQ's Python port has no CLI: ``run_bullmq`` runs ``bullmq.Worker``
-  until SIGTERM, with a pooled ``redis.asyncio`` client (given a URL, BullMQ opens a single
-  connection, on which the jobs in flight serialise their round trips);
-* BullMQ on Node.js lives in ``bullmq-node/`` (``bench.mjs``, its pinned ``package.json``).
+"""The worker side of the ``overhead`` baselines, a no-op job each: rq's ``rq worker`` runs
+``noop``, ``arq benchmarks.peers.ArqSettings``, ``python -m saq benchmarks.peers.saq_settings``,
+and ``run_bullmq`` for BullMQ's Python port (which has no CLI), with a pooled ``redis.asyncio``
+client; BullMQ on Node.js is ``bullmq-node/``. Their CLIs import this module by name, so it
+imports a library only where that library's worker needs it; settings come from the
+environment.
 """
 
 from __future__ import annotations
