@@ -351,41 +351,31 @@ def draw_plots(report: Mapping[str, Any], folder: Path) -> list[Path]:
     names = [n for n in ("continuous", "process", "request", "bs1", "engine alone")
              if any(n in _variant_runs(report["models"][m]) for m in models)]
 
-    def pct(model: str, name: str, pick: Any) -> float | None:
+    def pct(model: str, name: str) -> list[float]:
+        base = median_of([t["tokens_per_s"] for t in report["models"][model]["variants"][
+            "request"]])
         runs = _variant_runs(report["models"][model]).get(name, [])
-        request = report["models"][model]["variants"]["request"]
-        base = median_of([t["tokens_per_s"] for t in request])
-        vals = [t["tokens_per_s"] for t in runs]
-        return pick(vals) / base * 100 if vals and base else None
+        return [t["tokens_per_s"] / base * 100 for t in runs] if base else []
 
-    paths = [charts.grouped_bars(
+    paths = [charts.trial_bars(
         folder / "generate-throughput.png",
         title="Useful tokens/s, % of request-level batching", ylabel="% of request-level",
-        groups=models,
-        bars={n: [pct(m, n, statistics.median) for m in models] for n in names},
-        low={n: [pct(m, n, min) for m in models] for n in names},
-        high={n: [pct(m, n, max) for m in models] for n in names},
+        groups=models, values={n: [pct(m, n) for m in models] for n in names},
         hlines=[("target for continuous: 150 %", 150.0)],
         note="median over trials, bars = min..max; engine alone = the continuous worker's "
              "engine on the same paced requests, no queue")]
     for model in models:
         runs = _variant_runs(report["models"][model])
-        keys = [("TTFT p50", "ttft_ms", "p50"), ("TTFT p99", "ttft_ms", "p99"),
-                ("e2e p50", "e2e_ms", "p50"), ("e2e p99", "e2e_ms", "p99")]
         groups = [n for n in names if n in runs]
-
-        def at(name: str, field: str, q: str, pick: Any,
-               runs: Mapping[str, list[Mapping[str, Any]]] = runs) -> float | None:
-            vals = [t[field][q] for t in runs[name] if t[field][q] is not None]
-            return pick(vals) if vals else None
-
-        paths.append(charts.grouped_bars(
+        paths.append(charts.trial_bars(
             folder / f"generate-latency-{model}.png",
             title=f"{model}: time to first token and end to end, by variant",
             ylabel="ms (log scale)", groups=groups, logy=True,
-            bars={k: [at(g, f, q, statistics.median) for g in groups] for k, f, q in keys},
-            low={k: [at(g, f, q, min) for g in groups] for k, f, q in keys},
-            high={k: [at(g, f, q, max) for g in groups] for k, f, q in keys},
+            values={label: [[t[f][q] for t in runs[g] if t[f][q] is not None] for g in groups]
+                    for label, f, q in (("TTFT p50", "ttft_ms", "p50"),
+                                        ("TTFT p99", "ttft_ms", "p99"),
+                                        ("e2e p50", "e2e_ms", "p50"),
+                                        ("e2e p99", "e2e_ms", "p99"))},
             note="median over trials, bars = min..max; TTFT: first text a producer can read "
                  "(engine alone: first token)"))
     return paths

@@ -648,18 +648,17 @@ def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
     groups = [f"inferq\n{v[n]['workers']} worker{'s' if v[n]['workers'] > 1 else ''}"
               if n.startswith("inferq") else n.replace("-", "\n") for n in names]
 
-    def col(name: str, key: str, stat: str) -> float | None:
+    def trials(name: str, key: str) -> list[float]:
         s = (v[name]["e2e"]["throughput"] if key == "e2e" else v[name]["drain"]["throughput"]
              if "drain" in v[name] else v[name]["drain_throughput"])
-        return None if s.get(stat) is None else float(s[stat])
+        return list(s["trials"])
 
     labels = {"e2e": "end to end", "drain": "drain (queue + workers only, no producer)"}
-    bars, low, high = ({labels[k]: [col(n, k, stat) for n in names] for k in labels}
-                       for stat in ("median", "min", "max"))
-    return [charts.grouped_bars(
+    return [charts.trial_bars(
         folder / "overhead-throughput.png",
         title="No-op requests per second (log scale); arq and rq: one worker process",
-        ylabel="requests/s", groups=groups, bars=bars, low=low, high=high,
+        ylabel="requests/s", groups=groups,
+        values={labels[k]: [trials(n, k) for n in names] for k in labels},
         hlines=[("target: 20,000 req/s end to end, one inferq worker", TARGET_ONE_WORKER)],
         logy=True, note="median over trials, bars = min..max; one Redis server for all")]
 

@@ -289,12 +289,10 @@ def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
     qs = ("p50", "p90", "p99")
     groups = ["high, end to end", "high, Redis clock", "low (served), Redis clock"]
     keys = ("high_e2e_ms", "high_redis_ms", "low_completed_total_ms")
-    bars = {q: [s[k][q]["median"] for k in keys] for q in qs}
-    low = {q: [s[k][q]["min"] for k in keys] for q in qs}
-    high = {q: [s[k][q]["max"] for k in keys] for q in qs}
-    p1 = charts.grouped_bars(
+    p1 = charts.trial_bars(
         folder / "priority-latency.png", title="Latency by priority under a low-priority flood",
-        ylabel="ms (log scale)", groups=groups, bars=bars, low=low, high=high,
+        ylabel="ms (log scale)", groups=groups,
+        values={q: [s[k][q]["trials"] for k in keys] for q in qs},
         hlines=[(f"one batch + window = {ref:.0f} ms", ref),
                 (f"target: p99 <= {TARGET_FACTOR:g}x = {ref * TARGET_FACTOR:.0f} ms",
                  ref * TARGET_FACTOR)],
