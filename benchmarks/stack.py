@@ -571,8 +571,3 @@ def merge_counters(counters: Iterable[Mapping[Any, int]]) -> dict[int, int]:
 
 def load_str(value: float | None) -> str:
     return "?" if value is None else f"{value:.0%}"
-
-
-def now_ms(client: redis.Redis) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
