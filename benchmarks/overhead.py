@@ -389,12 +389,10 @@ def baseline_pass(cleanup: Cleanup, url: str, peer: Peer, jobs: int, log_dir: Pa
     child = cleanup.spawn(peer.name, argv, log_path=log_dir / f"{peer.name}.log",
                           env={**_env(), **env})
 
-    def wait(what: str, done: Any, deadline: float) -> None:
-        if not child.alive():
-            raise BenchmarkFailed(f"{peer.name}: the worker exited:\n{child.log_tail()}")
-        if not done and time.monotonic() > deadline:
-            raise BenchmarkFailed(f"{peer.name}: {what} not done within {timeout_s:.0f} s\n"
-                                  f"{child.log_tail()}")
+    def check(what: str, deadline: float) -> None:
+        if not child.alive() or time.monotonic() > deadline:
+            raise BenchmarkFailed(f"{peer.name}: {what} not done (worker exit code "
+                                  f"{child.process.poll()})\n{child.log_tail()}")
 
     async def go(n: int) -> tuple[Any, ...]:
         await peer.open(db_url)
@@ -405,7 +403,7 @@ def baseline_pass(cleanup: Cleanup, url: str, peer: Peer, jobs: int, log_dir: Pa
             handles, t0, enqueue_s = await peer.enqueue(n)
             checks, deadline = 1, time.monotonic() + timeout_s
             while await peer.remaining(n):
-                wait("jobs", False, deadline)
+                check("jobs", deadline)
                 checks += 1
                 await asyncio.sleep(POLL_S)
             cpu = probe.stop()
@@ -420,7 +418,7 @@ def baseline_pass(cleanup: Cleanup, url: str, peer: Peer, jobs: int, log_dir: Pa
     try:
         deadline = time.monotonic() + 60
         while not peer.ready(client):
-            wait("start", False, deadline)
+            check("start", deadline)
             time.sleep(POLL_S)
         asyncio.run(go(20))  # warm-up
         times, t0, enqueue_s, cpu, work = asyncio.run(go(jobs))
