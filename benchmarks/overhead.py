@@ -156,7 +156,7 @@ class Arq(Peer):
                                f"{self.tuned['poll_delay']} s)")
 
     def jobs(self, cfg: OverheadConfig) -> int:
-        # arq's defaults make ~200 jobs/s: a quarter keeps the pass short.
+        # arq's defaults poll every 0.5 s with 10 jobs in flight: a quarter keeps the pass short.
         return cfg.arq_jobs if self.tuned == ARQ_TUNED else max(100, cfg.arq_jobs // 4)
 
     def worker(self, db_url: str) -> tuple[list[str], dict[str, str]]:
@@ -756,7 +756,7 @@ def cpu_reading(r: Mapping[str, Any]) -> str:
 class Overhead(Scenario[OverheadConfig]):
     name = "overhead"
     title = "queue cost with a no-op model, vs BullMQ (Node.js and Python), SAQ, arq and rq"
-    quick_help = "10,000 requests, few baseline jobs, 1 trial (~1 min)"
+    quick_help = "10,000 requests, few baseline jobs, 1 trial (~2 min)"
     config = OverheadConfig
     plots = staticmethod(draw_plots)
     markdown = staticmethod(results_markdown)
