@@ -1,8 +1,5 @@
-"""``python -m benchmarks <scenario> [options]`` (see benchmarks/README.md).
-
-Each scenario is the module ``benchmarks/<name>.py`` (``embed-load``: ``embed_load.py``), whose
-``SCENARIO`` fills ``benchmarks.framework.Scenario``. Scenario modules import their heavy
-dependencies (torch, transformers) inside functions, so building the parser stays fast.
+"""``python -m benchmarks <scenario> [options]`` (see benchmarks/README.md): each scenario is the
+module ``benchmarks/<name>.py`` (``embed-load``: ``embed_load.py``) and its ``SCENARIO``.
 """
 
 from __future__ import annotations

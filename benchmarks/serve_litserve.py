@@ -1,17 +1,10 @@
-"""MiniLM behind LitServe, the ``litserve`` variant of the ``serve`` scenario.
+"""MiniLM behind LitServe, the ``litserve`` variant of the ``serve`` scenario, set up as
+LitServe's documentation recommends for an embedding model: dynamic batching, the OpenAI
+embedding spec (one input per request, as LitServe requires when it batches), one inference
+worker and one API server process, ``fast_queue``; the computation is the worker's
+(``BareModel``: truncation to 256 tokens, mean pooling, L2 norm, float32 on the CPU).
 
     python -m benchmarks.serve_litserve --port 8100 --max-batch-size 32 --batch-timeout 0.01
-
-Set up as LitServe's documentation recommends for an embedding model: one ``LitAPI`` whose
-``predict`` takes a batch of texts (dynamic batching: ``max_batch_size``, ``batch_timeout``),
-served with ``OpenAIEmbeddingSpec`` (``POST /v1/embeddings``, one input per request, as
-LitServe requires when it batches), on the CPU, one inference worker process
-(``workers_per_device=1``) and one API server process (this machine has 2 cores: one for each),
-``fast_queue=True`` (its ZeroMQ transport between the two) and no client file.
-
-The computation is inferq's embedding worker's, on the same weights: the tokenizer truncates to
-the model's ``max_seq_length`` (256), mean pooling over real tokens, L2 normalisation, float32
-on the CPU (``benchmarks.models.BareModel`` + ``inferq.worker.models.embedding.mean_pool``).
 """
 
 from __future__ import annotations

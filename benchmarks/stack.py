@@ -34,8 +34,10 @@ from benchmarks.harness import (
     dying_with_parent,
     percentiles,
     say,
+    stop_child,
     summary,
 )
+from benchmarks.loadgen import watched
 from inferq.connection import sync_client
 from inferq.embedded import EmbeddedServer
 from inferq.protocol.keys import QueueKeys
@@ -126,6 +128,14 @@ def spawn_workers(cleanup: Cleanup, url: str, worker_ids: Sequence[str], *, mode
                             log_dir=log_dir, flags=flags) for worker_id in worker_ids]
     wait_registered(url, workers)
     return workers
+
+
+def stop_all(server: BenchServer, workers: Mapping[str, WorkerProc]) -> dict[str, int | None]:
+    """Stop ``workers`` (name -> process), then the server; the workers' exit codes."""
+    say("stopping the workers and the server")
+    codes = {name: stop_child(w.child) for name, w in workers.items()}
+    server.stop()
+    return codes
 
 
 def sleep_model(model: str, batch_ms: float, item_ms: float) -> str:
@@ -236,23 +246,22 @@ def sum_cpu(cpu: Mapping[str, float | None], prefix: str) -> float | None:
 # ------------------------------------------------------------------------------ producer
 
 
+def watchdog(workers: Sequence[WorkerProc], timeout_s: float) -> Callable[[], None]:
+    """A check that fails the run (with the log) when a worker died or ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+
+    def check() -> None:
+        check_alive(workers)
+        if time.monotonic() > deadline:
+            raise BenchmarkFailed(f"no complete results within {timeout_s:.0f} s\n"
+                                  f"{workers[0].child.log_tail()}")
+    return check
+
+
 async def gather_watched(tasks: Sequence[asyncio.Future[T]], workers: Sequence[WorkerProc],
                           timeout_s: float) -> list[T]:
     """All results, failing fast (with the log) if a worker dies or time runs out."""
-    gathered = asyncio.gather(*tasks)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            done, _ = await asyncio.wait({gathered}, timeout=0.5)
-            if done:
-                return list(gathered.result())
-            check_alive(workers)
-            if time.monotonic() > deadline:
-                raise BenchmarkFailed(f"no complete results within {timeout_s:.0f} s\n"
-                                      f"{workers[0].child.log_tail()}")
-    finally:
-        if not gathered.done():
-            gathered.cancel()
+    return list(await watched(asyncio.gather(*tasks), watchdog(workers, timeout_s)))
 
 
 async def enqueue_and_await(url: str, model: str, prompts: Sequence[str], chunk: int,
@@ -518,6 +527,16 @@ def summarize_trials(trials: Sequence[Mapping[str, Any]], path: Sequence[str]
     return summary(values)
 
 
+def summarize_fields(trials: Sequence[Mapping[str, Any]], *fields: str) -> dict[str, Any]:
+    """``summarize_trials`` of each field, a dotted path: ``a.b`` is named ``a_b``,
+    ``name=a.b`` is named ``name``."""
+    out: dict[str, Any] = {}
+    for f in fields:
+        name, _, path = f.rpartition("=")
+        out[name or path.replace(".", "_")] = summarize_trials(trials, path.split("."))
+    return out
+
+
 def scaled(s: Mapping[str, Any], factor: float) -> dict[str, Any]:
     """A ``summary`` with every figure multiplied by ``factor`` (e.g. 100 for percent)."""
     out: dict[str, Any] = {}
@@ -552,8 +571,3 @@ def merge_counters(counters: Iterable[Mapping[Any, int]]) -> dict[int, int]:
 
 def load_str(value: float | None) -> str:
     return "?" if value is None else f"{value:.0%}"
-
-
-def now_ms(client: redis.Redis) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000

@@ -1,0 +1,379 @@
+"""The chaos harness: real ``inferq worker`` processes against a real server with AOF while
+faults are injected on a schedule, then a tally of every request's outcome.
+
+Faults, each kind spread evenly over 90 % of the run: SIGKILLs of a random worker (a new one
+starts in its place), SIGSTOPs of a worker for 2.5 leases (then SIGCONT), restarts of the
+server (SIGTERM: the AOF is flushed; then a start), plus poison requests (the model raises on
+them) and requests whose deadline passes in the queue. The workers' sleep model records every
+request it starts (``record=``), so the tally counts innocent dead letters (dead-lettered but
+never run). ``lost``: accepted by enqueue but neither answered nor still queued; it must be 0.
+
+``tests/e2e/test_chaos.py`` runs ``SHORT``; ``python -m benchmarks chaos`` runs the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+import inferq
+from inferq.embedded import EmbeddedServer
+from inferq.protocol.codec import decode_result
+from inferq.protocol.keys import QueueKeys
+from inferq.worker.core.config import DEFAULT_LEASE_MS
+from tests.support.processes import WorkerProcess, wait_until
+
+MODEL = "chaos"
+POISON = "POISON"
+KEYS = QueueKeys.for_model("embed", MODEL)
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    requests: int = 100_000
+    workers: int = 4
+    rate_per_s: float = 450.0
+    kills: int = 100
+    stops: int = 10
+    restarts: int = 3
+    #: None: the workers' default lease.
+    lease_ms: int | None = None
+    batch_ms: float = 15.0
+    item_ms: float = 0.3
+    poison_share: float = 0.01
+    expiring_share: float = 0.02
+    seed: int = 7
+    result_timeout_s: float = 120.0
+
+    @property
+    def duration_s(self) -> float:
+        return self.requests / self.rate_per_s
+
+    @property
+    def effective_lease_ms(self) -> int:
+        return self.lease_ms if self.lease_ms is not None else DEFAULT_LEASE_MS
+
+
+QUICK = ChaosConfig(requests=3_000, workers=3, rate_per_s=300.0, kills=5, stops=1, restarts=1,
+                    result_timeout_s=60.0)
+SHORT = ChaosConfig(requests=1_200, workers=2, rate_per_s=240.0, kills=3, stops=1, restarts=1,
+                    result_timeout_s=30.0)
+
+
+@dataclass
+class Fault:
+    kind: str
+    at_ms: int
+    worker: str | None = None
+    held: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    config: dict[str, Any]
+    submitted: int = 0
+    completed: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    #: Dead-lettered although no worker ever started to run them (must be 0).
+    innocent_dead_letters: int = 0
+    expired: int = 0
+    still_pending: int = 0
+    answered_but_not_delivered: int = 0
+    lost: int = 0
+    executed_more_than_once: int = 0
+    max_attempts_seen: int = 0
+    refused_zombie_completions: int = 0
+    duplicate_results: int = 0
+    unexpected_failures: int = 0
+    kills: int = 0
+    stops: int = 0
+    redis_restarts: int = 0
+    #: Per request a killed worker held: SIGKILL to its claim by another worker.
+    recovery_ms: list[float] = field(default_factory=list)
+    #: Per kill: SIGKILL to the last result of the requests the killed worker held.
+    recovery_done_ms: list[float] = field(default_factory=list)
+    throughput: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def recovery(self, q: float) -> float | None:
+        if not self.recovery_ms:
+            return None
+        ordered = sorted(self.recovery_ms)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["recovery_p50_ms"] = self.recovery(0.5)
+        data["recovery_p99_ms"] = self.recovery(0.99)
+        data["recovery_max_ms"] = max(self.recovery_ms) if self.recovery_ms else None
+        return data
+
+
+class Fleet:
+    """The worker processes (logs and the requests their models ran in ``folder``)."""
+
+    def __init__(self, url: str, config: ChaosConfig, folder: Path) -> None:
+        self.url, self.config, self.folder = url, config, folder
+        self.workers: dict[str, WorkerProcess] = {}
+        self.started = 0
+        self.ran_dir = folder / "ran"
+        self.ran_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self) -> str:
+        self.started += 1
+        worker_id = f"chaos-{self.started}"
+        c = self.config
+        lease = [] if c.lease_ms is None else ["--lease-ms", str(c.lease_ms)]
+        self.workers[worker_id] = WorkerProcess(
+            self.url, "--log-level", "WARNING", "--model",
+            f"{MODEL}=builtin:sleep?batch_ms={c.batch_ms:g}&item_ms={c.item_ms:g}"
+            f"&fail_on={POISON}&record={self.ran_dir}", "--worker-id", worker_id, *lease,
+            "--max-batch-size", "32", "--max-wait-ms", "5", log_dir=self.folder)
+        return worker_id
+
+    def wait_registered(self, timeout_s: float = 60.0) -> None:
+        """Until every worker has joined the queue's worker set (its model loaded)."""
+        with redis.Redis.from_url(self.url) as r:
+            wait_until(lambda: all(r.zscore(KEYS.workers, w) is not None
+                                   for w in self.workers), timeout_s, "the chaos workers")
+
+    def ran(self) -> set[str]:
+        """The ids of every request some worker started to run."""
+        ids: set[str] = set()
+        for path in self.ran_dir.glob("*.ran"):
+            ids |= {line.split()[-1] for line in path.read_text().splitlines() if line}
+        return ids
+
+    def kill(self, worker_id: str) -> None:
+        worker = self.workers.pop(worker_id)
+        worker.proc.send_signal(signal.SIGKILL)
+        worker.stop()
+
+    def send(self, worker_id: str, signum: int) -> None:
+        worker = self.workers.get(worker_id)
+        if worker is not None and worker.proc.poll() is None:  # it may have been killed
+            worker.proc.send_signal(signum)
+
+    def stop(self) -> None:
+        for worker_id in list(self.workers):
+            self.send(worker_id, signal.SIGCONT)  # a stopped worker ignores SIGTERM
+            self.workers.pop(worker_id).stop(timeout=20)
+
+
+def _held_by(r: redis.Redis, worker_id: str) -> list[str]:
+    """The requests a worker holds leases on right now (read before it is killed)."""
+    ids = [m.decode() for m in r.zrange(KEYS.inflight, 0, -1)]
+    pipe = r.pipeline(transaction=False)
+    for request_id in ids:
+        pipe.hget(KEYS.request(request_id), "o")
+    owners = pipe.execute() if ids else []
+    return [i for i, owner in zip(ids, owners, strict=True) if owner == worker_id.encode()]
+
+
+def _now_ms(r: redis.Redis) -> int:
+    try:
+        seconds, micros = r.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+    except redis.RedisError:
+        return int(time.time() * 1000)
+
+
+async def _inject_faults(config: ChaosConfig, fleet: Fleet, server: EmbeddedServer,
+                         faults: list[Fault], done: asyncio.Event) -> None:
+    """SIGKILLs, SIGSTOPs (each resumed 2.5 leases later, while the schedule goes on) and
+    server restarts, each kind spread evenly over 90 % of the run."""
+    rng = random.Random(config.seed + 1)
+    r = redis.Redis.from_url(server.url)
+    start, span = time.monotonic(), config.duration_s * 0.9
+    events = sorted([(span * (i + offset) / n, kind) for kind, n, offset in (
+        ("kill", config.kills, 0.5), ("stop", config.stops, 0.3),
+        ("restart", config.restarts, 0.7)) for i in range(n)])
+    resumes: list[asyncio.Task[None]] = []
+
+    async def resume_later(victim: str) -> None:
+        await asyncio.sleep(config.effective_lease_ms / 1e3 * 2.5)
+        fleet.send(victim, signal.SIGCONT)
+
+    for at, kind in events:
+        delay = start + at - time.monotonic()
+        if delay > 0:
+            try:
+                await asyncio.wait_for(done.wait(), delay)
+                break
+            except TimeoutError:
+                pass
+        now = _now_ms(r)
+        if kind in ("kill", "stop") and fleet.workers:
+            victim = rng.choice(sorted(fleet.workers))
+            faults.append(Fault(kind, now, victim, _held_by(r, victim)))
+            if kind == "kill":
+                fleet.kill(victim)
+                fleet.start()
+            else:
+                fleet.send(victim, signal.SIGSTOP)
+                resumes.append(asyncio.create_task(resume_later(victim)))
+        elif kind == "restart":
+            r.close()
+            server.stop()  # SIGTERM: the AOF is flushed; everything accepted survives
+            faults.append(Fault("restart", now))
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(server.start)
+            r = redis.Redis.from_url(server.url)
+    await asyncio.gather(*resumes)
+    r.close()
+
+
+async def _produce(config: ChaosConfig, url: str, results: dict[str, inferq.Result | None],
+                   kinds: dict[str, str]) -> int:
+    """Enqueue at ``config.rate_per_s`` (20 ``enqueue_many`` calls a second, retried while
+    the server restarts) and await every result."""
+    rng = random.Random(config.seed)
+    submitted = 0
+    async with inferq.AsyncClient(url) as client:
+        waits: list[asyncio.Task[None]] = []
+
+        async def wait(handle: inferq.AsyncHandle) -> None:
+            try:
+                results[handle.id] = await handle.result(timeout=config.result_timeout_s)
+            except inferq.RequestError as exc:
+                results[handle.id] = exc.result
+            except inferq.ResultTimeout:
+                results[handle.id] = None
+
+        start = time.monotonic()
+        chunk = max(1, int(config.rate_per_s / 20))
+        while submitted < config.requests:
+            batch = []
+            for _ in range(min(chunk, config.requests - submitted)):
+                roll = rng.random()
+                request_id = f"c{submitted + len(batch)}"
+                if roll < config.poison_share:
+                    kinds[request_id] = "poison"
+                    batch.append({"prompt": f"{POISON} {request_id}", "id": request_id,
+                                  "max_attempts": 2})
+                elif roll < config.poison_share + config.expiring_share:
+                    kinds[request_id] = "expiring"
+                    batch.append({"prompt": request_id, "id": request_id, "deadline_s": 0.001,
+                                  "priority": -10})
+                else:
+                    kinds[request_id] = "normal"
+                    batch.append({"prompt": request_id, "id": request_id,
+                                  "priority": rng.choice((0, 0, 0, 5))})
+            while True:
+                try:
+                    handles = await client.enqueue_many(batch, model=MODEL)
+                    break
+                except (inferq.QueueFull, redis.RedisError):
+                    await asyncio.sleep(0.2)  # the server restarts: the producer retries
+            submitted += len(handles)
+            waits += [asyncio.create_task(wait(h)) for h in handles]
+            await asyncio.sleep(max(0.0, start + submitted / config.rate_per_s
+                                    - time.monotonic()))
+        await asyncio.gather(*waits)
+    return submitted
+
+
+def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
+    """One chaos run with its own server and workers (data and logs in ``workdir``), all
+    stopped when it returns."""
+    report = Report(config=asdict(config))
+    server = EmbeddedServer(workdir / "redis")
+    server.start()
+    fleet = Fleet(server.url, config, workdir)
+    results: dict[str, inferq.Result | None] = {}
+    kinds: dict[str, str] = {}
+    faults: list[Fault] = []
+    try:
+        for _ in range(config.workers):
+            fleet.start()
+        fleet.wait_registered()
+        started = time.monotonic()
+
+        async def main() -> int:
+            done = asyncio.Event()
+            injector = asyncio.create_task(_inject_faults(config, fleet, server, faults, done))
+            submitted = await _produce(config, server.url, results, kinds)
+            done.set()
+            await injector
+            return submitted
+
+        report.submitted = asyncio.run(main())
+        report.wall_s = time.monotonic() - started
+        with redis.Redis.from_url(server.url) as r:
+            _tally(report, r, results, kinds, faults, fleet.ran())
+    finally:
+        fleet.stop()  # the workers (resumed if stopped), then the server
+        server.stop()
+    return report
+
+
+def _tally(report: Report, r: redis.Redis, results: dict[str, inferq.Result | None],
+           kinds: dict[str, str], faults: list[Fault], ran: set[str]) -> None:
+    expected = {"normal": {"ok"}, "poison": {"dead"}, "expiring": {"expired", "ok"}}
+    statuses: Counter[str] = Counter()
+    for request_id, result in results.items():
+        if result is None:
+            continue
+        statuses[result.status.value] += 1
+        report.unexpected_failures += result.status.value not in expected[kinds[request_id]]
+        report.executed_more_than_once += result.attempts > 1
+        report.max_attempts_seen = max(report.max_attempts_seen, result.attempts)
+        # The result stored now must be the one the producer received: a second write would
+        # show up as a different worker or finish time.
+        raw = r.lindex(KEYS.result(request_id), 0)
+        stored = decode_result(raw) if raw else None
+        if stored is not None and (stored.worker, stored.finished_ms) != (
+                result.worker, result.finished_ms):
+            report.duplicate_results += 1
+    report.completed, report.failed = statuses["ok"], statuses["failed"]
+    report.dead_lettered, report.expired = statuses["dead"], statuses["expired"]
+    unanswered = [i for i, res in results.items() if res is None]
+    queued = {m.decode() for key in (KEYS.pending, KEYS.inflight, KEYS.delayed)
+              for m in r.zrange(key, 0, -1)}
+    report.still_pending = sum(1 for i in unanswered if i in queued)
+    report.answered_but_not_delivered = sum(
+        1 for i in unanswered if i not in queued and r.exists(KEYS.result(i)))
+    report.lost = len(unanswered) - report.still_pending - report.answered_but_not_delivered
+    counters = {k.decode(): int(v) for k, v in r.hgetall(KEYS.stats).items() if b":" not in k}
+    report.refused_zombie_completions = counters.get("refused", 0)
+    written = sum(counters.get(s, 0) for s in ("ok", "failed", "dead", "expired", "cancelled"))
+    report.duplicate_results += max(
+        0, written - sum(statuses.values()) - report.answered_but_not_delivered)
+    kinds_seen = Counter(f.kind for f in faults)
+    report.kills, report.stops = kinds_seen["kill"], kinds_seen["stop"]
+    report.redis_restarts = kinds_seen["restart"]
+    report.innocent_dead_letters = sum(
+        1 for i, res in results.items()
+        if res is not None and res.status.value == "dead" and i not in ran)
+    for fault in (f for f in faults if f.kind == "kill"):
+        # Claimed again after the kill (a request the victim finished just before is not).
+        again = [res for i in fault.held if (res := results.get(i)) is not None
+                 and res.started_ms is not None and res.started_ms >= fault.at_ms]
+        report.recovery_ms += [float(res.started_ms - fault.at_ms) for res in again
+                               if res.started_ms is not None]
+        done = [res.finished_ms for res in again if res.finished_ms is not None]
+        if done:
+            report.recovery_done_ms.append(float(max(done) - fault.at_ms))
+    report.throughput = _phase_throughput(results, faults)
+
+
+def _phase_throughput(results: dict[str, inferq.Result | None],
+                      faults: list[Fault]) -> dict[str, float]:
+    """Results finished per second before the first fault, during the faults, after the last."""
+    finished = sorted(r.finished_ms for r in results.values()
+                      if r is not None and r.finished_ms is not None)
+    if not finished or not faults:
+        return {}
+    first, last = faults[0].at_ms, faults[-1].at_ms
+    return {name: sum(1 for f in finished if lo <= f < hi) / max((hi - lo) / 1e3, 1e-3)
+            for name, lo, hi in (("before", finished[0], first), ("during", first, last),
+                                 ("after", last, finished[-1]))}
