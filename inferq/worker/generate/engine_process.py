@@ -142,21 +142,23 @@ class EngineProcess:
     def start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
-        self._proc = ctx.Process(target=child_main, args=(child, self.spec),
-                                 name="inferq-engine", daemon=True)
-        self._proc.start()
+        proc = ctx.Process(target=child_main, args=(child, self.spec), name="inferq-engine",
+                           daemon=True)
+        proc.start()
+        self._proc = proc  # started: it has a pid
         child.close()
         self._conn = parent
         self._ready = False
-        self._reader = threading.Thread(target=self._read, args=(parent, self._proc),
+        self._reader = threading.Thread(target=self._read, args=(parent, proc),
                                         name="inferq-engine-reader", daemon=True)
         self._reader.start()
-        log.info("engine process %d started (%s on %s)", self._proc.pid, self.spec.model_id,
+        log.info("engine process %d started (%s on %s)", proc.pid, self.spec.model_id,
                  self.spec.device)
 
     @property
     def pid(self) -> int | None:
-        return None if self._proc is None else int(self._proc.pid)
+        proc = self._proc
+        return None if proc is None else int(proc.pid)
 
     def stop(self) -> None:
         """Finish the running sequences, admit nothing new, then end the engine process."""
