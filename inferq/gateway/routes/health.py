@@ -13,8 +13,9 @@ from redis.exceptions import RedisError
 
 from inferq.gateway.schemas import Health, ModelName, Readiness, TaskName
 from inferq.gateway.state import State
+from inferq.plans import run_async
 from inferq.protocol.keys import QueueKeys
-from inferq.stats import all_live_workers, run_async
+from inferq.stats import all_live_workers
 
 router = APIRouter(tags=["health"])
 log = logging.getLogger("inferq.gateway")

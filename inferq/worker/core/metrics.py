@@ -26,7 +26,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from inferq.stats import run_async, sharded_queue_stats
+from inferq.plans import run_async
+from inferq.stats import sharded_queue_stats
 
 if TYPE_CHECKING:
     from redis import asyncio as aioredis
