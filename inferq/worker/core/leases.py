@@ -140,7 +140,7 @@ class Heartbeat(threading.Thread):
         self._redis = connection.sync_client(settings, socket_timeout=timeout,
                                              socket_connect_timeout=timeout,
                                              retry=Retry(NoBackoff(), 0))
-        self._script = self._redis.register_script(scripts.HEARTBEAT)
+        self._script = self._redis.register_script(scripts.ALL["heartbeat"])
         self._keys = keys
         self._worker_id = worker_id
         self._book = book
