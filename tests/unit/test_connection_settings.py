@@ -59,7 +59,7 @@ def test_settings_validation_names_the_bad_value(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="retries"):
         ConnectionSettings(retries=-1)
     with pytest.raises(ConfigError, match=r"tls_ca|ssl_ca_certs"):
-        worker_config("redis://h/0", "t", tls_ca=str(ca))  # TLS files need rediss://
+        ConnectionSettings("redis://h/0", ssl_ca_certs=str(ca))  # TLS files need rediss://
 
 
 def test_settings_from_the_environment(tmp_path: Path) -> None:

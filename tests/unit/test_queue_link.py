@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from inferq.connection import ConnectionSettings
 from inferq.protocol import ops
 from inferq.protocol.keys import QueueKeys
 from inferq.worker.core.config import WorkerConfig
@@ -29,8 +30,8 @@ class Clock:
 
 
 def make_link(clock: Clock) -> tuple[QueueLink, LeaseBook]:
-    config = WorkerConfig(redis_url="redis://unused", model_name="m", model_spec="echo",
-                          lease_ms=LEASE_MS, worker_id="w1")
+    config = WorkerConfig(connection=ConnectionSettings("redis://unused"), model_name="m",
+                          model_spec="echo", lease_ms=LEASE_MS, worker_id="w1")
     keys = QueueKeys.for_model("embed", "m")
     book = LeaseBook()
     for request_id in ("a", "b", "c"):
