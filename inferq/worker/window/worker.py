@@ -98,7 +98,6 @@ class WindowWorker(QueueWorker[Job]):
         self._device_idle = asyncio.Event()
         self._device_idle.set()
         self._ready: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
-        self._wake_lists = [self.keys.wake]
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -246,10 +245,7 @@ class WindowWorker(QueueWorker[Job]):
         if self._suspects_ahead:
             max_count = 1
         reply, jobs, failures = await self._claim_prepared(max_count)
-        wakes = [keys.wake for keys in self.link.shard_keys]
-        if wakes != self._wake_lists:  # a sharded queue: idle, wake on any shard's enqueue
-            self._wake_lists = wakes
-            self._wake.set_keys(wakes)
+        self.link.follow_shards(self._wake)  # idle, wake on any shard's enqueue
         self._next_retry_s = (None if reply.next_retry_ms is None
                               else max(reply.next_retry_ms / 1e3, 0.001))
         await self._complete(failures)
