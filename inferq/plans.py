@@ -17,7 +17,9 @@ compose with ``yield from``. Steps:
 * ``Sleep(seconds)``: ``time.sleep`` or ``asyncio.sleep``.
 
 ``run`` drives a plan on a synchronous client, ``run_async`` on an asyncio one. The plans:
-``stats`` (queue statistics) and ``producer.handle`` (what a handle asks about its request).
+``stats`` (queue statistics), ``producer.handle`` (what a handle asks about its request),
+``producer.inbox`` (the reply inbox's listener), ``cluster`` (a round of script calls, the
+retry rule through a failover, durable writes).
 """
 
 from __future__ import annotations
