@@ -148,6 +148,13 @@ def all_live_workers(keys: QueueKeys) -> Plan[list[str]]:
     return sorted(live)
 
 
+def served_queues(namespace: str = DEFAULT_NAMESPACE) -> Plan[frozenset[str]]:
+    """The queues (``task:model``) some worker has served: the registry each worker adds its
+    queue to when it starts."""
+    (members,) = yield [call("smembers", queues_registry(namespace))]
+    return frozenset(as_str(m) for m in members)
+
+
 def merge(parts: list[QueueStats]) -> QueueStats:
     """One queue's stats from its shards' stats: counts summed, workers and windows united."""
     first = parts[0]

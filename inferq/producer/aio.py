@@ -10,7 +10,7 @@ from typing import Any, TypeVar, Unpack
 
 import redis.asyncio as aioredis
 
-from inferq import connection, plans
+from inferq import connection, plans, stats
 from inferq.connection import ConnectionSettings, wrap_connection_errors
 from inferq.plans import Plan
 from inferq.producer import common
@@ -87,7 +87,8 @@ class AsyncClient:
         self.scripts = ops.register(self.redis)
         self.client_id = uuid.uuid4().hex
         #: Warns (``NoWorkerWarning``) when a queue enqueued to has no live worker.
-        self.presence = WorkerPresence(self.options.namespace)
+        self.presence = WorkerPresence(self.options.namespace,
+                                       warn=self.options.warn_no_worker)
         self._inboxes: dict[QueueKeys, ResultInbox] = {}
         self._settings = common.SettingsCache(self.options.settings_ttl_s)
 
@@ -120,8 +121,7 @@ class AsyncClient:
                                                 [(p.keys, [p.item])], self.options)
         reply = ops.parse_enqueue(raw)
         common.check_full(reply, p, self.options)
-        with wrap_connection_errors(self.connection):
-            await self.presence.check_async(self.redis, [p.keys])
+        await self._check_presence([p.keys])
         return AsyncHandle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
 
     async def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], *,
@@ -142,9 +142,24 @@ class AsyncClient:
             lambda keys, request_id, outcome: AsyncHandle(self, keys, request_id, outcome,
                                                           via_inbox=True),
         )
-        with wrap_connection_errors(self.connection):
-            await self.presence.check_async(self.redis, groups)
+        await self._check_presence(groups)
         return handles
+
+    async def _check_presence(self, queues: Iterable[QueueKeys]) -> None:
+        with wrap_connection_errors(self.connection):
+            idle = await plans.run_async(self.redis, self.presence.check(queues))
+        self.presence.warn_about(idle)
+
+    async def live_workers(self, *, model: str, task: str = "embed") -> list[str]:
+        """See ``Client.live_workers``."""
+        keys = QueueKeys.for_model(task, model, self.options.namespace)
+        with wrap_connection_errors(self.connection):
+            return await plans.run_async(self.redis, stats.all_live_workers(keys))
+
+    async def served_queues(self) -> frozenset[str]:
+        """See ``Client.served_queues``."""
+        with wrap_connection_errors(self.connection):
+            return await plans.run_async(self.redis, stats.served_queues(self.options.namespace))
 
     async def find(self, request_id: str, *, model: str, task: str = "embed") -> AsyncHandle:
         """``handle``, after reading the queue's settings (cached): right on a sharded queue."""

@@ -11,7 +11,7 @@ from typing import Any, TypeVar, Unpack
 
 import redis
 
-from inferq import connection, plans
+from inferq import connection, plans, stats
 from inferq.connection import ConnectionSettings, wrap_connection_errors
 from inferq.plans import Plan
 from inferq.producer import common
@@ -118,7 +118,8 @@ class Client:
         self.scripts = ops.register(self.redis)
         self._settings = common.SettingsCache(self.options.settings_ttl_s)
         #: Warns (``NoWorkerWarning``) when a queue enqueued to has no live worker.
-        self.presence = WorkerPresence(self.options.namespace)
+        self.presence = WorkerPresence(self.options.namespace,
+                                       warn=self.options.warn_no_worker)
         self.client_id = uuid.uuid4().hex
         self._inboxes: dict[QueueKeys, SyncResultInbox] = {}
         self._inbox_lock = threading.Lock()
@@ -163,8 +164,7 @@ class Client:
                                          [(p.keys, [p.item])], self.options)
         reply = ops.parse_enqueue(raw)
         common.check_full(reply, p, self.options)
-        with wrap_connection_errors(self.connection):
-            self.presence.check(self.redis, [p.keys])
+        self._check_presence([p.keys])
         return Handle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
 
     def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], *,
@@ -192,9 +192,24 @@ class Client:
             lambda keys, request_id, outcome: Handle(self, keys, request_id, outcome,
                                                      via_inbox=True),
         )
-        with wrap_connection_errors(self.connection):
-            self.presence.check(self.redis, groups)
+        self._check_presence(groups)
         return handles
+
+    def _check_presence(self, queues: Iterable[QueueKeys]) -> None:
+        with wrap_connection_errors(self.connection):
+            idle = plans.run(self.redis, self.presence.check(queues))
+        self.presence.warn_about(idle)
+
+    def live_workers(self, *, model: str, task: str = "embed") -> list[str]:
+        """The ids of the workers serving ``task:model`` now (on any of its shards)."""
+        keys = QueueKeys.for_model(task, model, self.options.namespace)
+        with wrap_connection_errors(self.connection):
+            return plans.run(self.redis, stats.all_live_workers(keys))
+
+    def served_queues(self) -> frozenset[str]:
+        """The queues (``task:model``) some worker has ever served (the queue registry)."""
+        with wrap_connection_errors(self.connection):
+            return plans.run(self.redis, stats.served_queues(self.options.namespace))
 
     def handle(self, request_id: str, *, model: str, task: str = "embed") -> Handle:
         """A handle for a request enqueued elsewhere (another process, an earlier run). On a

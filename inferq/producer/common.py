@@ -112,6 +112,9 @@ class ClientOptions:
     #: How long a queue's settings (``inferq queue set``: shards, depth limit) read from Redis
     #: are reused before being read again.
     settings_ttl_s: float = 1.0
+    #: Warn (``NoWorkerWarning``) after an enqueue to a queue no live worker serves; off, the
+    #: check still registers the queue for ``inferq stats`` (the gateway answers 404 instead).
+    warn_no_worker: bool = True
 
     def __post_init__(self) -> None:
         cluster.check_durability(self.durability, self.durability_timeout_s)
