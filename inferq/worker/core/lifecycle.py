@@ -96,6 +96,7 @@ class QueueWorker(ABC, Generic[T]):
             log.info("stopping: no new claims; finishing %s (drain timeout %g s)",
                      self.finishing, self.config.drain_timeout_s)
             self.watchdog.arm(self.config.drain_timeout_s + STOP_GRACE_S, "stop")
+            self.health.stopping()
             self._stopping.set()
 
     def _on_signal(self, signum: int) -> None:
