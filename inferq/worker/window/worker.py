@@ -12,9 +12,8 @@ Why decoding and tokenizing stay on a thread of this process rather than in a pr
 their own (as the generate worker's engine does): they already run while the forward is in
 flight (the collector prepares the next window on the helper thread; the tokenizer and torch
 release the GIL), and what is left between two forwards is measured as ``handoff_s`` in the
-stats hash (the ``embed`` benchmark prints it). With MiniLM on 2 CPU cores the model is busy
-97-99% of the wall time and full stack / bare model at its best batch is 0.98x (median of the
-recorded run in benchmarks/RESULTS.md); a second process would not add cores, and the
+stats hash (the ``embed`` benchmark prints it, with how close the full stack comes to the bare
+model: benchmarks/RESULTS.md); on a CPU machine a second process would not add cores, and the
 per-request Python work on the loop is small (one pydantic call and one packer pass per
 window, metrics per batch). What a split would still buy is a forward that never
 waits for this process's GIL on a GPU, where a small model's forward is mostly Python kernel
