@@ -39,10 +39,7 @@ local corrupt, garbage = {}, {}
 -- 1. due retries
 local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', num(now), 'LIMIT', 0, 1000)
 if #due > 0 then
-  local checked = {}
-  for i, id in ipairs(due) do
-    checked[i] = {check(fields(prefix .. K_REQ .. id, unpack(READ)))}
-  end
+  local checked = check_all(prefix, due)
   local zadd = {}
   for i, id in ipairs(due) do
     local kind, r = checked[i][1], checked[i][2]
@@ -50,13 +47,8 @@ if #due > 0 then
       redis.call('HSET', prefix .. K_REQ .. id, F_STATE, STATE_PENDING)
       zadd[#zadd + 1] = r.s
       zadd[#zadd + 1] = id
-    elseif kind == 'corrupt' then
-      fail_corrupt(prefix, id, r, now, ttl)
-      corrupt[#corrupt + 1] = id
-      corrupt[#corrupt + 1] = r.why
     else
-      redis.call('DEL', prefix .. K_REQ .. id)
-      garbage[#garbage + 1] = prefix .. K_REQ .. id
+      drop_bad(prefix, id, kind, r, now, ttl, corrupt, garbage)
     end
   end
   bulk('ZREM', delayed, due)
@@ -64,10 +56,7 @@ if #due > 0 then
 end
 -- 2. the claim: read and check the window, then write
 local ids = redis.call('ZRANGEBYSCORE', pending, '-inf', top, 'LIMIT', 0, max_n)
-local checked = {}
-for i, id in ipairs(ids) do
-  checked[i] = {check(fields(prefix .. K_REQ .. id, unpack(READ)))}
-end
+local checked = check_all(prefix, ids)
 local out, expired, leases = {}, 0, {}
 local deadline, now_s = num(now + lease), num(now)
 for i, id in ipairs(ids) do
@@ -86,13 +75,8 @@ for i, id in ipairs(ids) do
     leases[#leases + 1] = deadline
     leases[#leases + 1] = id
     out[#out + 1] = {id, r.p, token, attempt, num(r.eq), r.dl and num(r.dl) or ''}
-  elseif kind == 'corrupt' then
-    fail_corrupt(prefix, id, r, now, ttl)
-    corrupt[#corrupt + 1] = id
-    corrupt[#corrupt + 1] = r.why
   else
-    redis.call('DEL', rkey)
-    garbage[#garbage + 1] = rkey
+    drop_bad(prefix, id, kind, r, now, ttl, corrupt, garbage)
   end
 end
 bulk('ZADD', inflight, leases)

@@ -25,6 +25,7 @@
 -- @include clock
 -- @include rows
 -- @include request
+-- @include flight
 -- @include stats
 -- @include wake
 local inflight, stats, delayed, dead, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -79,13 +80,9 @@ for n, r in ipairs(reads) do
     out[n] = 1
   end
 end
-bulk('ZREM', inflight, done)
-bulk('SREM', started, done)
+land(inflight, started, done)
 flush_inboxes(prefix, ttl)
-if #deads > 0 then
-  bulk('ZADD', dead, deads)
-  redis.call('ZREMRANGEBYRANK', dead, 0, -(cap + 1))
-end
+dead_letter(dead, deads, cap)
 for status, c in pairs(counts) do count_done(stats, status, c, now) end
 count_bad(stats, #corrupt, 0, now)
 if refused > 0 then redis.call('HINCRBY', stats, 'refused', refused) end

@@ -22,6 +22,7 @@
 ]]
 -- @include clock
 -- @include request
+-- @include flight
 -- @include stats
 -- @include wake
 local inflight, pending, dead, wake, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -62,24 +63,15 @@ for i, id in ipairs(ids) do
       requeue[#requeue + 1] = id
       if not r.ran then unstarted = unstarted + 1 end
     end
-  elseif kind == 'corrupt' then
-    fail_corrupt(prefix, id, r, now, ttl)
-    corrupt[#corrupt + 1] = id
-    corrupt[#corrupt + 1] = r.why
   else
-    redis.call('DEL', rkey)
-    garbage[#garbage + 1] = rkey
+    drop_bad(prefix, id, kind, r, now, ttl, corrupt, garbage)
   end
 end
-bulk('ZREM', inflight, ids)
-bulk('SREM', started, ids)
+land(inflight, started, ids)
 bulk('ZADD', pending, requeue)
 flush_inboxes(prefix, ttl)
-if #deads > 0 then
-  bulk('ZADD', dead, deads)
-  redis.call('ZREMRANGEBYRANK', dead, 0, -(cap + 1))
-  count_done(stats, 'dead', died, now)
-end
+dead_letter(dead, deads, cap)
+if died > 0 then count_done(stats, 'dead', died, now) end
 if #requeue > 0 then
   redis.call('HINCRBY', stats, 'reclaimed', #requeue / 2)
   wake_workers(wake, #requeue / 2)

@@ -16,7 +16,7 @@
 ]]
 -- @include checks
 -- @include rows
--- @include bulk
+-- @include flight
 -- @include wake
 local inflight, pending, wake, started = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, a = ARGV[1], rows(ARGV[2], 2)
@@ -39,8 +39,7 @@ for _, b in ipairs(back) do
   zadd[#zadd + 1] = b[2]
   zadd[#zadd + 1] = b[1]
 end
-bulk('ZREM', inflight, ids)
-bulk('SREM', started, ids)
+land(inflight, started, ids)
 bulk('ZADD', pending, zadd)
 if #ids > 0 then wake_workers(wake, #ids) end
 return #ids

@@ -23,9 +23,29 @@ local function check(h)
   r.s, r.ma, r.dl = h[2], tonumber(h[4]), h[6] and tonumber(h[6]) or nil
   return 'ok', r
 end
+-- check() of the request hash of every id, read before any write: {kind, r} each
+local function check_all(prefix, ids)
+  local checked = {}
+  for i, id in ipairs(ids) do
+    checked[i] = {check(fields(prefix .. K_REQ .. id, unpack(READ)))}
+  end
+  return checked
+end
 -- answers a damaged request with a corrupt_request result and deletes its key
 local function fail_corrupt(prefix, id, r, now, ttl)
   put_result(prefix, id, error_result(id, 'failed', 'corrupt_request',
     'the stored request is damaged: ' .. r.why, r.a, r.eq, now), ttl, r.rt)
   redis.call('DEL', prefix .. K_REQ .. id)
+end
+-- a request check() did not pass: a damaged one ('corrupt') is answered (fail_corrupt) and
+-- noted in corrupt (id, reason); garbage is deleted and its key noted in garbage
+local function drop_bad(prefix, id, kind, r, now, ttl, corrupt, garbage)
+  if kind == 'corrupt' then
+    fail_corrupt(prefix, id, r, now, ttl)
+    corrupt[#corrupt + 1] = id
+    corrupt[#corrupt + 1] = r.why
+  else
+    redis.call('DEL', prefix .. K_REQ .. id)
+    garbage[#garbage + 1] = prefix .. K_REQ .. id
+  end
 end
