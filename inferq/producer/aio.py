@@ -146,9 +146,10 @@ class AsyncClient:
         return handles
 
     async def _check_presence(self, queues: Iterable[QueueKeys]) -> None:
-        with wrap_connection_errors(self.connection):
-            idle = await plans.run_async(self.redis, self.presence.check(queues))
-        self.presence.warn_about(idle)
+        if due := self.presence.due(queues):  # at most every few seconds per queue
+            with wrap_connection_errors(self.connection):
+                idle = await plans.run_async(self.redis, self.presence.check(due))
+            self.presence.warn_about(idle)
 
     async def live_workers(self, *, model: str, task: str = "embed") -> list[str]:
         """See ``Client.live_workers``."""

@@ -196,9 +196,10 @@ class Client:
         return handles
 
     def _check_presence(self, queues: Iterable[QueueKeys]) -> None:
-        with wrap_connection_errors(self.connection):
-            idle = plans.run(self.redis, self.presence.check(queues))
-        self.presence.warn_about(idle)
+        if due := self.presence.due(queues):  # at most every few seconds per queue
+            with wrap_connection_errors(self.connection):
+                idle = plans.run(self.redis, self.presence.check(due))
+            self.presence.warn_about(idle)
 
     def live_workers(self, *, model: str, task: str = "embed") -> list[str]:
         """The ids of the workers serving ``task:model`` now (on any of its shards)."""

@@ -27,8 +27,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
@@ -45,8 +45,15 @@ RESYNC_S = 5.0
 ARRIVED_CAP = 100_000
 ARRIVED_BYTES = 64 * 2**20
 
-#: How a waiter is handed its raw result (the first one handed wins).
-Deliver = Callable[[bytes], object]
+
+
+class Waiter(Protocol):
+    """Whoever waits for one result: an ``asyncio.Future`` or a thread's ``_Slot``. The first
+    result handed wins."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: bytes, /) -> None: ...
 
 
 def _bytes(raw: Any) -> bytes:
@@ -60,7 +67,7 @@ class InboxBook:
         self.keys = keys
         self.key = keys.inbox(client_id)
         self._lock = threading.Lock()
-        self._waiters: dict[str, list[Deliver]] = {}
+        self._waiters: dict[str, list[Waiter]] = {}
         self._since: dict[str, float] = {}
         #: Ids already popped from the inbox (delivered, or popped before anyone waited):
         #: a waiter that registers later takes its result from ``_kept`` or reads it.
@@ -72,7 +79,7 @@ class InboxBook:
         self.listening = False
         self.closed = False
 
-    def enter(self, request_id: str, deliver: Deliver) -> tuple[bytes | None, bool, bool]:
+    def enter(self, request_id: str, waiter: Waiter) -> tuple[bytes | None, bool, bool]:
         """A waiter for ``request_id``: (its result if one was kept for it, whether the
         caller must start a listener, whether its id was popped before: then the caller reads
         its result key, ``read``)."""
@@ -81,17 +88,17 @@ class InboxBook:
             if kept is not None:
                 self._kept_bytes -= len(kept)
                 return kept, False, False
-            self._waiters.setdefault(request_id, []).append(deliver)
+            self._waiters.setdefault(request_id, []).append(waiter)
             self._since.setdefault(request_id, time.monotonic())
             start = not self.listening and not self.closed
             self.listening = self.listening or start
             return None, start, request_id in self._arrived
 
-    def leave(self, request_id: str, deliver: Deliver) -> None:
+    def leave(self, request_id: str, waiter: Waiter) -> None:
         with self._lock:
             waiters = self._waiters.get(request_id, [])
-            if deliver in waiters:
-                waiters.remove(deliver)
+            if waiter in waiters:
+                waiters.remove(waiter)
             if not waiters:
                 self._waiters.pop(request_id, None)
                 self._since.pop(request_id, None)
@@ -117,7 +124,8 @@ class InboxBook:
         bare: list[str] = []
         with self._lock:
             for entry in reply[1]:
-                head, _, body = _bytes(entry).partition(b" ")
+                raw = entry if isinstance(entry, bytes) else str(entry).encode()
+                head, _, body = raw.partition(b" ")
                 request_id = head.decode()
                 self._arrived[request_id] = None
                 waiters = self._waiters.get(request_id)
@@ -126,8 +134,9 @@ class InboxBook:
                     if waiters:
                         bare.append(request_id)
                 elif waiters:
-                    for deliver in waiters:
-                        deliver(body)
+                    for waiter in waiters:
+                        if not waiter.done():
+                            waiter.set_result(body)
                 else:
                     self._keep(request_id, body)
             while len(self._arrived) > ARRIVED_CAP:
@@ -148,8 +157,9 @@ class InboxBook:
         with self._lock:
             for request_id, raw in zip(wanted, raws, strict=True):
                 if raw is not None:
-                    for deliver in self._waiters.get(request_id, []):
-                        deliver(_bytes(raw))
+                    for waiter in self._waiters.get(request_id, []):
+                        if not waiter.done():
+                            waiter.set_result(_bytes(raw))
 
     # ---------------------------------------------------------------------------- plans
 
@@ -192,13 +202,6 @@ class InboxBook:
                 yield Sleep(min(BLOCK_S * 2 ** (failures - 1) / 8, 5.0))
 
 
-def _settle(future: asyncio.Future[bytes]) -> Deliver:
-    def deliver(body: bytes) -> None:
-        if not future.done():
-            future.set_result(body)
-    return deliver
-
-
 class ResultInbox:
     """The ``AsyncClient``'s inbox of one queue: its listener is an asyncio task."""
 
@@ -210,8 +213,7 @@ class ResultInbox:
     async def wait(self, request_id: str, timeout: float | None) -> bytes | None:
         """The raw result, or None when ``timeout`` passes first."""
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        deliver = _settle(future)
-        kept, start, arrived = self._book.enter(request_id, deliver)
+        kept, start, arrived = self._book.enter(request_id, future)
         if kept is not None:
             return kept
         if start or self._task is None or self._task.done():
@@ -226,7 +228,7 @@ class ResultInbox:
         except TimeoutError:
             return None
         finally:
-            self._book.leave(request_id, deliver)
+            self._book.leave(request_id, future)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -250,7 +252,7 @@ class SyncResultInbox:
     def wait(self, request_id: str, timeout: float | None) -> bytes | None:
         """The raw result, or None when ``timeout`` passes first."""
         slot = _Slot()
-        kept, start, arrived = self._book.enter(request_id, slot.put)
+        kept, start, arrived = self._book.enter(request_id, slot)
         if kept is not None:
             return kept
         # (A listener that is not alive although one should run: this process is a fork of
@@ -267,7 +269,7 @@ class SyncResultInbox:
                 return raw
             return slot.get(timeout)
         finally:
-            self._book.leave(request_id, slot.put)
+            self._book.leave(request_id, slot)
 
     def close(self) -> None:
         """Stop the listener (within one ``BLOCK_S``); waiting threads time out as asked."""
@@ -278,7 +280,7 @@ class SyncResultInbox:
 
 
 class _Slot:
-    """One waiting thread's mailbox: the first result put wins."""
+    """One waiting thread's mailbox (a ``Waiter``): the first result set wins."""
 
     __slots__ = ("_event", "_value")
 
@@ -286,7 +288,10 @@ class _Slot:
         self._event = threading.Event()
         self._value: bytes | None = None
 
-    def put(self, value: bytes) -> None:
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def set_result(self, value: bytes, /) -> None:
         if not self._event.is_set():
             self._value = value
             self._event.set()

@@ -49,13 +49,10 @@ class WorkerPresence:
                 out.append(keys)
         return out
 
-    def check(self, queues: Iterable[QueueKeys]) -> Plan[list[str]]:
-        """The due queues' check and registration in one round trip (TIME, and per queue
-        ZRANGE of its workers and SADD to the requested registry): the queues without a live
-        worker (``warn_about`` them)."""
-        due = self.due(queues)
-        if not due:
-            return []
+    def check(self, due: list[QueueKeys]) -> Plan[list[str]]:
+        """The check and registration of queues (``due`` ones) in one round trip (TIME, and
+        per queue ZRANGE of its workers and SADD to the requested registry): the queues
+        without a live worker (``warn_about`` them)."""
         # TIME as a raw command: redis-py's cluster pipelines refuse their ``time()`` method.
         commands = [call("execute_command", "TIME")]
         for keys in due:

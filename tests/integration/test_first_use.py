@@ -61,8 +61,8 @@ def test_a_lapsed_worker_does_not_count(redis_url: str, r: redis.Redis) -> None:
     keys = QueueKeys.for_model("embed", "m")
     r.zadd(keys.workers, {"gone": 1})  # liveness deadline long past
     presence = WorkerPresence("inferq", warn=False)
-    assert run(r, presence.check([keys])) == ["embed:m"]
-    assert run(r, presence.check([keys])) == []  # cached for a few seconds
+    assert run(r, presence.check(presence.due([keys]))) == ["embed:m"]
+    assert presence.due([keys]) == []  # checked again only after a few seconds
 
 
 async def test_the_async_client_warns_too(redis_url: str) -> None:
