@@ -1,7 +1,9 @@
 """Every Redis call a worker makes on its queue, but the heartbeat's (``leases``) and the
-wake-up BLPOP (``wake``): the scripts (several in one round trip: ``ScriptPipeline``), the
-queue registry, the priority check of a pre-claimed window, the window tuning, the stats hash,
-and the maintenance loop (reclaims, health).
+wake-up BLPOP (``wake``, whose lists ``follow_shards`` keeps on every shard): claims, starts,
+completions, releases and a generating worker's stream writes (``publish``), each one script
+call per shard of the leases concerned (``_per_shard``; several in one round trip:
+``ScriptPipeline``), the queue registry, the priority check of a pre-claimed window, the window
+tuning, the stats hash, and the maintenance loop (reclaims, health).
 
 Writes that follow a forward (results, stream text) are retried through a Redis outage for as
 long as the leases they carry can still be valid (``until_leases_expire``). After that the
