@@ -29,11 +29,12 @@ import redis
 
 import inferq
 from inferq.cli.worker import settle_garbage_collector
+from inferq.connection import ConnectionSettings
 from inferq.embedded import EmbeddedServer
 from inferq.protocol.keys import QueueKeys
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.window.worker import Worker
+from inferq.worker.window.worker import WindowWorker as Worker
 
 STOP_TIMEOUT_S = 30.0
 
@@ -49,8 +50,8 @@ async def drain(url: str, model: str, n: int, max_batch_size: int,
                 profiler: cProfile.Profile | None) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of one worker draining the queue of ``n`` requests."""
     keys = QueueKeys.for_model("embed", model)
-    config = WorkerConfig(redis_url=url, model_name=model, model_spec="builtin:echo",
-                          max_batch_size=max_batch_size, max_wait_ms=2.0,
+    config = WorkerConfig(connection=ConnectionSettings(url), model_name=model,
+                          model_spec="builtin:echo", max_batch_size=max_batch_size, max_wait_ms=2.0,
                           max_batch_tokens=None, worker_id=f"hotpath-{uuid.uuid4().hex[:6]}")
     worker = Worker(config, EchoModel())
 

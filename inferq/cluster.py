@@ -19,7 +19,6 @@ not replicated) gets it loaded, and only the refused calls run again.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -40,7 +39,9 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from inferq import plans
 from inferq.errors import DurabilityError, ValidationError
+from inferq.plans import Direct, Do, Pipeline, Plan, Sleep, call
 
 T = TypeVar("T")
 
@@ -61,37 +62,34 @@ def _delay(attempt: int) -> float:
     return float(random.uniform(0, min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2 ** attempt)))
 
 
-def retry_sync(call: Callable[[], T], timeout_s: float,
-               on_retry: Callable[[], None] | None = None) -> T:
+def retrying(attempt: Callable[[], Plan[T]], timeout_s: float,
+             refresh: Callable[[], Plan[Any]] | None = None) -> Plan[T]:
+    """The one retry rule, as a plan: ``attempt()`` again after each ``RETRYABLE`` error, with
+    jittered backoff, for ``timeout_s`` (0: no retry); ``refresh()`` before each new try."""
+    give_up = time.monotonic() + timeout_s
+    tries = 0
+    while True:
+        try:
+            return (yield from attempt())
+        except RETRYABLE:
+            if time.monotonic() >= give_up:
+                raise
+            yield Sleep(_delay(tries))
+            tries += 1
+            if refresh is not None:
+                yield from refresh()
+
+
+def retry_sync(call: Callable[[], T], timeout_s: float) -> T:
     """``call()``, retried on ``RETRYABLE`` errors with jittered backoff for ``timeout_s``."""
-    give_up = time.monotonic() + timeout_s
-    attempt = 0
-    while True:
-        try:
-            return call()
-        except RETRYABLE:
-            if time.monotonic() >= give_up:
-                raise
-            time.sleep(_delay(attempt))
-            attempt += 1
-            if on_retry is not None:
-                on_retry()
+    result: T = plans.run(None, retrying(lambda: plans.once(Do(call)), timeout_s))
+    return result
 
 
-async def retry_async(call: Callable[[], Awaitable[T]], timeout_s: float,
-                      on_retry: Callable[[], Awaitable[None]] | None = None) -> T:
-    give_up = time.monotonic() + timeout_s
-    attempt = 0
-    while True:
-        try:
-            return await call()
-        except RETRYABLE:
-            if time.monotonic() >= give_up:
-                raise
-            await asyncio.sleep(_delay(attempt))
-            attempt += 1
-            if on_retry is not None:
-                await on_retry()
+async def retry_async(call: Callable[[], Awaitable[T]], timeout_s: float) -> T:
+    """``retry_sync`` of an awaitable call."""
+    result: T = await plans.run_async(None, retrying(lambda: plans.once(Do(call)), timeout_s))
+    return result
 
 
 class ClusterClient(RedisCluster):
@@ -133,68 +131,45 @@ def failover_timeout(client: Any) -> float:
 ScriptCall = tuple[Any, Sequence[Any], Sequence[Any]]
 
 
-def _fill(pipe: Any, calls: Sequence[ScriptCall], todo: Sequence[int]) -> None:
-    for i in todo:
-        script, keys, args = calls[i]
-        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+def script_round(calls: Sequence[ScriptCall], extra: Sequence[tuple[str, ...]] = (),
+                 on: Any = None) -> Plan[list[Any]]:
+    """Idempotent script calls in one pipelined round trip (per node on a cluster), in order,
+    as plain EVALSHA (redis-py's pipelined script objects would first send SCRIPT EXISTS, a
+    second round trip; and its cluster pipelines refuse ``evalsha``); ``extra`` commands
+    follow in the same pipeline (their replies are appended, errors included, not raised).
+    A server that lacks a script (a restart, SCRIPT FLUSH, a new master after a failover:
+    SCRIPT LOAD is not replicated) gets it loaded, and only the refused calls run again, so
+    nothing is written twice. ``on``: the client to use (default: the driver's)."""
+    replies: list[Any] = [None] * len(calls)
+    todo = list(range(len(calls)))
+    for attempt in (1, 2):
+        commands = [call("execute_command", "EVALSHA", calls[i][0].sha, len(calls[i][1]),
+                         *calls[i][1], *calls[i][2]) for i in todo]
+        commands += [call("execute_command", *command) for command in extra]
+        results = yield Pipeline(commands, raise_on_error=False, on=on)
+        missing = _sort(todo, results[:len(todo)], replies, attempt)
+        if not missing:
+            return replies + list(results[len(todo):])
+        for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():
+            script.sha = yield Direct(call("script_load", script.script), on=on)
+        todo = missing
+    raise AssertionError("unreachable")
 
 
 def run_scripts(client: Any, calls: Sequence[ScriptCall], *,
                 extra: Sequence[tuple[str, ...]] = ()) -> list[Any]:
-    """Run idempotent script calls in one pipelined round trip (per node on a cluster), in
-    order, on a sync client; ``extra`` commands follow them in the same pipeline (their
-    replies are appended, errors included, not raised). A node that lacks a script gets it
-    loaded and only the refused calls run again; a cluster in failover is retried
+    """``script_round`` on a sync client; a cluster in failover is retried
     (``failover_timeout``)."""
-
-    def once() -> list[Any]:
-        replies: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        tail: list[Any] = []
-        for attempt in (1, 2):
-            pipe = client.pipeline(transaction=False)
-            _fill(pipe, calls, todo)
-            for command in extra:
-                pipe.execute_command(*command)
-            results = pipe.execute(raise_on_error=False)
-            missing = _sort(todo, results[:len(todo)], replies, attempt)
-            tail = results[len(todo):]
-            if not missing:
-                return replies + tail
-            for name in {id(calls[i][0]): calls[i][0] for i in missing}.values():
-                name.sha = client.script_load(name.script)
-            todo = missing
-        raise AssertionError("unreachable")
-
-    timeout = failover_timeout(client)
-    return retry_sync(once, timeout) if timeout else once()
+    return plans.run(client, retrying(lambda: script_round(calls, extra),
+                                      failover_timeout(client)))
 
 
 async def run_scripts_async(client: Any, calls: Sequence[ScriptCall], *,
                             extra: Sequence[tuple[str, ...]] = ()) -> list[Any]:
     """``run_scripts`` on an asyncio client."""
-
-    async def once() -> list[Any]:
-        replies: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        tail: list[Any] = []
-        for attempt in (1, 2):
-            pipe = client.pipeline(transaction=False)
-            _fill(pipe, calls, todo)
-            for command in extra:
-                pipe.execute_command(*command)
-            results = await pipe.execute(raise_on_error=False)
-            missing = _sort(todo, results[:len(todo)], replies, attempt)
-            tail = list(results[len(todo):])
-            if not missing:
-                return replies + tail
-            for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():
-                script.sha = await client.script_load(script.script)
-            todo = missing
-        raise AssertionError("unreachable")
-
-    timeout = failover_timeout(client)
-    return await retry_async(once, timeout) if timeout else await once()
+    replies: list[Any] = await plans.run_async(
+        client, retrying(lambda: script_round(calls, extra), failover_timeout(client)))
+    return replies
 
 
 def _sort(todo: Sequence[int], results: Sequence[Any], replies: list[Any],
@@ -264,11 +239,12 @@ def durability_refused(level: str, exc: Exception, node: str) -> DurabilityError
 def node_of(client: Any, key: str) -> tuple[Any, str]:
     """A plain client on the node that serves ``key`` (the client itself when not a cluster)
     and the node's name: WAITAOF/WAIT must follow the write on that node's connection."""
-    if isinstance(client, RedisCluster | AsyncRedisCluster):
-        node: Any = client.get_node_from_key(key)
-        if isinstance(client, RedisCluster):
-            return client.get_redis_connection(node), str(node.name)
-        return node, str(node.name)
+    if isinstance(client, RedisCluster):
+        node: Any = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        return client.get_redis_connection(node), str(node.name)
+    if isinstance(client, AsyncRedisCluster):
+        node = client.get_node_from_key(key)
+        return _async_node_client(client, node), str(node.name)
     kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
     return client, f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
 
@@ -304,16 +280,19 @@ def _by_node(client: Any, calls: Sequence[ScriptCall]) -> dict[str, tuple[Any, l
     return groups
 
 
-def run_durable(client: Any, calls: Sequence[ScriptCall], level: str,
-                timeout_s: float) -> list[Any]:
-    """``run_scripts``, each node's calls followed on the same connection by WAITAOF/WAIT
-    (``wait_command``); returns once every node confirmed, else ``DurabilityError``."""
+def durable(client: Any, calls: Sequence[ScriptCall], level: str,
+            timeout_s: float) -> Plan[list[Any]]:
+    """``script_round`` per node, each node's calls followed on the same connection by
+    WAITAOF/WAIT (``wait_command``); the replies once every node confirmed, else
+    ``DurabilityError``. A slot that moved meanwhile sends the whole round again after the
+    slot map is refreshed, for as long as a failover may last (at least a second)."""
     wait = wait_command(level, timeout_s)
 
-    def once() -> list[Any]:
+    def once() -> Plan[list[Any]]:
         replies: list[Any] = [None] * len(calls)
         for name, (node, indices) in _by_node(client, calls).items():
-            *results, ack = run_scripts(node, [calls[i] for i in indices], extra=[wait])
+            *results, ack = yield from script_round([calls[i] for i in indices], [wait],
+                                                    on=node)
             if _moved(results):
                 raise _Moved(f"slot moved away from {name}")
             check_ack(level, ack, timeout_s, name)
@@ -321,37 +300,24 @@ def run_durable(client: Any, calls: Sequence[ScriptCall], level: str,
                 replies[i] = result
         return replies
 
-    def refresh() -> None:
-        if isinstance(client, RedisCluster):
-            client.nodes_manager.initialize()
+    def refresh() -> Plan[Any]:
+        if is_cluster_client(client):
+            yield Do(client.nodes_manager.initialize)
 
-    return retry_sync(once, max(failover_timeout(client), 1.0), on_retry=refresh)
+    return (yield from retrying(once, max(failover_timeout(client), 1.0), refresh))
+
+
+def run_durable(client: Any, calls: Sequence[ScriptCall], level: str,
+                timeout_s: float) -> list[Any]:
+    """``durable`` on a sync client."""
+    return plans.run(client, durable(client, calls, level, timeout_s))
 
 
 async def run_durable_async(client: Any, calls: Sequence[ScriptCall], level: str,
                             timeout_s: float) -> list[Any]:
-    """``run_durable`` on an asyncio client."""
-    wait = wait_command(level, timeout_s)
-
-    async def once() -> list[Any]:
-        replies: list[Any] = [None] * len(calls)
-        for name, (node, indices) in _by_node(client, calls).items():
-            target = (_async_node_client(client, node)
-                      if isinstance(client, AsyncRedisCluster) else node)
-            *results, ack = await run_scripts_async(target, [calls[i] for i in indices],
-                                                    extra=[wait])
-            if _moved(results):
-                raise _Moved(f"slot moved away from {name}")
-            check_ack(level, ack, timeout_s, name)
-            for i, result in zip(indices, results, strict=True):
-                replies[i] = result
-        return replies
-
-    async def refresh() -> None:
-        if isinstance(client, AsyncRedisCluster):
-            await client.nodes_manager.initialize()
-
-    return await retry_async(once, max(failover_timeout(client), 1.0), on_retry=refresh)
+    """``durable`` on an asyncio client."""
+    replies: list[Any] = await plans.run_async(client, durable(client, calls, level, timeout_s))
+    return replies
 
 
 __all__ = [

@@ -82,7 +82,9 @@ REDACTED = "***"
 #: A cluster that still has no master for a slot once ``failover_timeout_s`` has passed.
 CLUSTER_UNAVAILABLE = (ClusterDownError, MasterDownError, TryAgainError, SlotNotCoveredError)
 
-_QUERY_SECRET = re.compile(r"([?&]password=)[^&#]+")
+#: Query arguments whose value is a secret (redis-py reads ``password``; the others are what
+#: other clients and proxies call theirs).
+_QUERY_SECRET = re.compile(r"([?&](?:password|pass|passwd|auth|token)=)[^&#]+", re.IGNORECASE)
 
 #: The longest a single blocking read (BLMOVE, BLPOP, XREAD BLOCK) may block in Redis. Longer
 #: waits are sliced into calls of at most this (and at most half the socket read timeout,
@@ -146,17 +148,19 @@ def _split(url: str) -> tuple[str, str | None, str, str]:
 
 
 def redact_url(url: str) -> str:
-    """The URL with its password replaced by ``***``, everything else unchanged.
+    """The URL with every part that may be a secret replaced by ``***``, everything else
+    unchanged, byte for byte: the one redaction of every component (SDK, worker, CLI,
+    gateway). For logs and error messages: never show a URL without it.
 
-    Covers ``redis://:pw@host``, ``redis://user:pw@host`` and a ``?password=`` query argument
-    (which redis-py also accepts). For logs and error messages: never show a URL without it.
+    The rule leans to the safe side: after ``user:`` whatever follows (even nothing) is
+    masked; a userinfo without a colon is masked whole (``redis://pw@host``: some clients take
+    a lone userinfo for the password); and the values of the query arguments ``password``
+    (which redis-py also accepts), ``pass``, ``passwd``, ``auth`` and ``token``.
     """
     head, userinfo, hostport, tail = _split(url)
     if userinfo is not None:
-        user, colon, password = userinfo.partition(":")
-        if colon and password:
-            userinfo = f"{user}:{REDACTED}"
-        hostport = f"{userinfo}@{hostport}"
+        user, colon, _ = userinfo.partition(":")
+        hostport = f"{user}:{REDACTED}@{hostport}" if colon else f"{REDACTED}@{hostport}"
     return head + hostport + _QUERY_SECRET.sub(rf"\g<1>{REDACTED}", tail)
 
 

@@ -24,7 +24,8 @@ The hierarchy::
 
 A worker records the code of what failed a request (a model's ``InvalidInput``, ...,
 ``DeadlineExceeded``) in its result; the SDK raises that again as ``RequestFailed``
-(``error_code``) or ``DeadlineExceeded``.
+(``error_code``) or ``DeadlineExceeded``. Two more codes are recorded without an error of
+their own: ``MODEL_ERROR`` and ``MAX_ATTEMPTS`` (below).
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ if TYPE_CHECKING:
     from pydantic import ValidationError as PydanticValidationError
 
     from inferq.protocol.codec import Result
+
+#: Recorded for a model's unexpected exception (retried within the request's attempts).
+MODEL_ERROR = "model_error"
+#: Recorded by the queue (the reclaim script) when the last allowed attempt was lost with
+#: its worker: the request is dead-lettered.
+MAX_ATTEMPTS = "max_attempts"
 
 
 class InferqError(Exception):

@@ -2,25 +2,22 @@
 gateway's ``/readyz`` and the container healthcheck all count through here (read-only; no
 ``KEYS``, no full scans).
 
-Each reading is a *plan*: a generator that yields the commands of one round trip (run as one
-pipeline) and is sent their replies, until it returns what it read. Plans never do I/O
-themselves, so one description of the reads serves both clients: ``run`` executes a plan on a
-``redis.Redis``, ``run_async`` on a ``redis.asyncio.Redis``. Plans compose with
-``yield from``.
+Each reading is a plan (``inferq.plans``): a generator that yields the commands of one round
+trip (run as one pipeline) and is sent their replies, until it returns what it read. Plans
+never do I/O themselves, so one description of the reads serves both clients: ``run``
+executes a plan on a ``redis.Redis``, ``run_async`` on a ``redis.asyncio.Redis``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Generator
 from dataclasses import asdict, dataclass, field
-from operator import methodcaller
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 
+from inferq.plans import Command, Plan, call, run
 from inferq.protocol import scores
 from inferq.protocol.keys import (
     DEFAULT_NAMESPACE,
@@ -32,12 +29,6 @@ from inferq.protocol.ops import as_str
 from inferq.protocol.settings import settings_from_hash
 
 THROUGHPUT_WINDOW_S = 10
-
-T = TypeVar("T")
-#: One pipelined command: ``call("zcard", key)`` calls ``pipeline.zcard(key)``.
-Command = methodcaller
-call = methodcaller
-Plan = Generator[list[Command], list[Any], T]
 
 
 @dataclass
@@ -61,33 +52,6 @@ class QueueStats:
         data = asdict(self)
         data["pending"] = self.pending
         return data
-
-
-def _pipeline(client: Any, commands: list[Command]) -> Any:
-    pipe = client.pipeline(transaction=False)
-    for command in commands:
-        command(pipe)
-    return pipe
-
-
-def run(client: redis.Redis, plan: Plan[T]) -> T:
-    """Execute a plan on a synchronous client: one pipeline per round trip."""
-    try:
-        commands = next(plan)
-        while True:
-            commands = plan.send(_pipeline(client, commands).execute())
-    except StopIteration as done:
-        return cast(T, done.value)
-
-
-async def run_async(client: aioredis.Redis, plan: Plan[T]) -> T:
-    """``run`` on an asyncio client."""
-    try:
-        commands = next(plan)
-        while True:
-            commands = plan.send(await _pipeline(client, commands).execute())
-    except StopIteration as done:
-        return cast(T, done.value)
 
 
 def live_workers(keys: QueueKeys, now: tuple[int, int] | None = None) -> Plan[list[str]]:
@@ -182,6 +146,13 @@ def all_live_workers(keys: QueueKeys) -> Plan[list[str]]:
     for shard in shards:
         live.update((yield from live_workers(shard, now)))
     return sorted(live)
+
+
+def served_queues(namespace: str = DEFAULT_NAMESPACE) -> Plan[frozenset[str]]:
+    """The queues (``task:model``) some worker has served: the registry each worker adds its
+    queue to when it starts."""
+    (members,) = yield [call("smembers", queues_registry(namespace))]
+    return frozenset(as_str(m) for m in members)
 
 
 def merge(parts: list[QueueStats]) -> QueueStats:

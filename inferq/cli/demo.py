@@ -23,11 +23,11 @@ from inferq.cli.stats import format_stats, format_window
 from inferq.connection import URL_ENV
 from inferq.embedded import EmbeddedServer
 from inferq.errors import ModelLoadError, ValidationError
+from inferq.plans import run as run_plan
 from inferq.producer.client import Client
 from inferq.producer.presence import NoWorkerWarning
 from inferq.protocol.keys import QueueKeys
 from inferq.stats import live_workers, read_all, read_window
-from inferq.stats import run as run_plan
 
 SENTENCES = [
     "A GPU worker claims requests in adaptive windows.",

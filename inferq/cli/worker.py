@@ -206,18 +206,16 @@ def run(args: argparse.Namespace) -> int:
     window = given(args, WINDOW_FLAGS)
     if "max_batch_tokens" in window:
         window["max_batch_tokens"] = window["max_batch_tokens"] or None
-    conn = connection_from_args(args)
     config = WorkerConfig(
-        redis_url=conn.url, tls_ca=conn.ssl_ca_certs, tls_cert=conn.ssl_certfile,
-        tls_key=conn.ssl_keyfile, model_name=spec.name, model_spec=spec.source,
+        connection=connection_from_args(args), model_name=spec.name, model_spec=spec.source,
         task=args.task, metrics_port=args.metrics_port, **given(args, CONFIG_FLAGS), **window)
     set_log_context(worker=config.worker_id, queue=f"{config.task}:{config.model_name}")
     if args.torch_threads is not None:
         import torch
 
         torch.set_num_threads(args.torch_threads)
-    log.info("connecting to %s%s", config.connection.redacted_url,
-             f" (CA {config.tls_ca})" if config.tls_ca else "")
+    ca = config.connection.ssl_ca_certs
+    log.info("connecting to %s%s", config.connection.redacted_url, f" (CA {ca})" if ca else "")
     # Everything that can be checked in a second is checked before the (slow) model load.
     check_server(config.connection)
     check_metrics_port(args.metrics_port)
@@ -250,11 +248,11 @@ def run(args: argparse.Namespace) -> int:
              config.task, config.device)
     started = time.monotonic()
     from inferq.worker.models.registry import load_model
-    from inferq.worker.window.worker import Worker
+    from inferq.worker.window.worker import WindowWorker
 
     model = load_model(spec, config.task, device=config.device, dtype=config.dtype)
     log.info("loaded model %s in %.1f s", spec.name, time.monotonic() - started)
-    worker = Worker(config, model)
+    worker = WindowWorker(config, model)
     settle_garbage_collector()
     try:
         code = asyncio.run(worker.run())

@@ -28,11 +28,11 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # A model no worker serves is a 404 here, not a warning.
         options = ClientOptions(namespace=settings.namespace,
                                 max_queue_depth=settings.max_queue_depth,
-                                max_connections=settings.max_connections)
+                                max_connections=settings.max_connections, warn_no_worker=False)
         client = AsyncClient(settings.redis_url.get_secret_value(), options=options)
-        client.presence.warn = False  # a model no worker serves is a 404 here, not a warning
         app.state.gateway = GatewayState(settings=settings, client=client)
         log.info("inferq gateway: redis %s, auth %s", settings.redacted_redis_url,
                  "bearer token" if settings.token is not None else "OFF")

@@ -10,32 +10,27 @@ from __future__ import annotations
 import asyncio
 import time
 
-import redis.asyncio as aioredis
-
-from inferq.protocol.keys import queues_registry
-from inferq.protocol.ops import as_str
+from inferq.producer.aio import AsyncClient
 
 REFRESH_S = 2.0
 
 
 class ServedQueues:
-    def __init__(self, namespace: str, refresh_s: float = REFRESH_S) -> None:
-        self.namespace = namespace
+    def __init__(self, refresh_s: float = REFRESH_S) -> None:
         self.refresh_s = refresh_s
         self._queues: frozenset[str] = frozenset()
         self._read_at = -1e18
         self._lock = asyncio.Lock()
 
-    async def queues(self, client: aioredis.Redis, *, fresh: bool = False) -> frozenset[str]:
+    async def queues(self, client: AsyncClient, *, fresh: bool = False) -> frozenset[str]:
         """The registered queues (``task:model``), cached for ``refresh_s`` unless ``fresh``."""
         async with self._lock:
             if fresh or time.monotonic() - self._read_at >= self.refresh_s:
-                members = await client.smembers(queues_registry(self.namespace))
-                self._queues = frozenset(as_str(m) for m in members)
+                self._queues = await client.served_queues()
                 self._read_at = time.monotonic()
             return self._queues
 
-    async def served(self, client: aioredis.Redis, task: str, model: str) -> bool:
+    async def served(self, client: AsyncClient, task: str, model: str) -> bool:
         queue = f"{task}:{model}"
         if queue in await self.queues(client):
             return True

@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import os
 from typing import Annotated, Self
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from inferq.connection import DEFAULT_URL, URL_ENV
+from inferq.connection import DEFAULT_URL, URL_ENV, redact_url
 from inferq.errors import ConfigError
 from inferq.protocol.keys import DEFAULT_NAMESPACE, NAME_RE
 
 ENV_PREFIX = "INFERQ_GATEWAY_"
 Name = Annotated[str, Field(pattern=NAME_RE.pattern)]
-_SECRET_QUERY_KEYS = frozenset({"password", "pass", "passwd", "auth", "token"})
 
 
 class GatewaySettings(BaseSettings):
@@ -92,20 +90,3 @@ class GatewaySettings(BaseSettings):
     @property
     def redacted_redis_url(self) -> str:
         return redact_url(self.redis_url.get_secret_value())
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password (in the userinfo or the query) replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if "@" in netloc:
-            userinfo, host = netloc.rsplit("@", 1)
-            user, colon, _ = userinfo.partition(":")
-            # A lone userinfo may be a password to some clients: mask it too.
-            netloc = f"{user}:***@{host}" if colon else f"***@{host}"
-        query = urlencode([(k, "***" if k.lower() in _SECRET_QUERY_KEYS else v)
-                           for k, v in parse_qsl(parts.query, keep_blank_values=True)], safe="*")
-        return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
-    except ValueError:
-        return "<unparseable redis url>"

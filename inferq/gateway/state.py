@@ -34,14 +34,14 @@ class GatewayState:
 
     def __post_init__(self) -> None:
         self.blocking_waits = asyncio.Semaphore(max(1, self.settings.max_connections // 4))
-        self.served = ServedQueues(self.settings.namespace)
+        self.served = ServedQueues()
         self.coalescer = Coalescer(self.client)
 
     async def require_served(self, task: str, model: str) -> None:
         """404 ``model_not_found`` unless a worker has served ``task:model`` (when
         ``require_served_model``)."""
         if self.settings.require_served_model and not await self.served.served(
-                self.client.redis, task, model):
+                self.client, task, model):
             raise model_not_found(model, task)
 
     async def enqueue_many(self, prompts: list[str], **fields: Any) -> list[AsyncHandle]:

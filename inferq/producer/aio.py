@@ -6,20 +6,21 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from operator import methodcaller
 from types import TracebackType
-from typing import Any, Unpack
+from typing import Any, TypeVar, Unpack
 
 import redis.asyncio as aioredis
 
-from inferq import connection
+from inferq import connection, plans, stats
 from inferq.connection import ConnectionSettings, wrap_connection_errors
-from inferq.errors import ResultTimeout
-from inferq.producer import common, info, waits
+from inferq.plans import Plan
+from inferq.producer import common
 from inferq.producer.common import (
     BLOCKING_DEFAULTS,
     ClientOptions,
     EnqueueOptions,
     RequestState,
 )
+from inferq.producer.handle import HandleBase
 from inferq.producer.inbox import ResultInbox
 from inferq.producer.info import CancelOutcome, RequestInfo
 from inferq.producer.presence import WorkerPresence
@@ -29,46 +30,22 @@ from inferq.protocol.codec import Result
 from inferq.protocol.keys import QueueKeys, shard_of
 from inferq.protocol.settings import QueueSettings
 
+T = TypeVar("T")
 
-class AsyncHandle:
-    def __init__(self, client: AsyncClient, keys: QueueKeys, request_id: str,
-                 outcome: str, *, via_inbox: bool = False) -> None:
-        self._client = client
-        self.keys = keys
-        self.id = request_id
-        self.outcome = outcome
-        # Requests this client enqueued announce their result in its inbox; a handle made
-        # from a bare id (or for a duplicate id, enqueued by someone else) blocks on the key.
-        self._via_inbox = via_inbox and outcome == "queued"
 
-    @property
-    def duplicate(self) -> bool:
-        return self.outcome != "queued"
+class AsyncHandle(HandleBase["AsyncClient"]):
+    """``Handle`` with awaitables: made by ``AsyncClient``."""
 
     async def result(self, timeout: float | None = None) -> Result:
         """Await the result (blocking on Redis, no polling); see ``Handle.result``."""
         if self._via_inbox:
-            if timeout is not None:
-                common.block_timeout(timeout)  # validates
-            raw: Any = await self._client.inbox(self.keys).wait(self.id, timeout)
+            raw = await self._client.inbox(self.keys).wait(self.id, self._checked(timeout))
         else:
-            key = self.keys.result(self.id)
-            raw = None
-            with wrap_connection_errors(self._client.connection):
-                for block in waits.slices(timeout, self._client.connection.socket_timeout):
-                    raw = await self._client.redis.blmove(
-                        key, key, block, "LEFT", "LEFT")  # type: ignore[arg-type]
-                    if raw is not None:
-                        break
-        result = common.parse_result(raw, self._client.options)
-        if result is None:
-            raise ResultTimeout(f"no result for request {self.id} within {timeout} s")
-        return common.raise_for_status(result)
+            raw = await self._run(self._wait(timeout))
+        return self._outcome(raw, timeout)
 
     async def peek(self) -> Result | None:
-        with wrap_connection_errors(self._client.connection):
-            raw = await self._client.redis.lindex(self.keys.result(self.id), 0)
-        return common.parse_result(raw, self._client.options)
+        return await self._run(self._peek())
 
     async def stream(self, timeout: float | None = None) -> AsyncIterator[str | Result]:
         """``async for`` over a generation's text deltas, ending with its ``Result``; see
@@ -81,31 +58,18 @@ class AsyncHandle:
                 yield step
 
     async def status(self) -> RequestState:
-        pipe = self._client.redis.pipeline(transaction=False)
-        pipe.hget(self.keys.request(self.id), "st")
-        pipe.lindex(self.keys.result(self.id), 0)
-        with wrap_connection_errors(self._client.connection):
-            state, raw = await pipe.execute()
-        return common.state_of(state, raw, self._client.options)
+        return await self._run(self._status())
 
     async def cancel(self) -> CancelOutcome:
-        keys, args = ops.cancel_call(self.keys, self.id,
-                                     int(self._client.options.result_ttl_s * 1000))
-        with wrap_connection_errors(self._client.connection):
-            outcome = await self._client.scripts["cancel"](keys=keys, args=args)
-        return CancelOutcome.parse(outcome)
+        return await self._run(self._cancel())
 
     async def info(self) -> RequestInfo:
         """State, attempts, owner and timings (one read-only round trip); see ``RequestInfo``."""
-        pipe = self._client.redis.pipeline(transaction=False)
-        for command in info.commands(self.keys, self.id):
-            command(pipe)
-        with wrap_connection_errors(self._client.connection):
-            replies = await pipe.execute()
-        return info.parse(self.id, replies, self._client.options)
+        return await self._run(self._info())
 
-    def __repr__(self) -> str:
-        return f"AsyncHandle(id={self.id!r}, queue={self.keys.queue!r}, outcome={self.outcome!r})"
+    async def _run(self, plan: Plan[T]) -> T:
+        with wrap_connection_errors(self._client.connection):
+            return await plans.run_async(self._client.redis, plan)
 
 
 class AsyncClient:
@@ -123,7 +87,8 @@ class AsyncClient:
         self.scripts = ops.register(self.redis)
         self.client_id = uuid.uuid4().hex
         #: Warns (``NoWorkerWarning``) when a queue enqueued to has no live worker.
-        self.presence = WorkerPresence(self.options.namespace)
+        self.presence = WorkerPresence(self.options.namespace,
+                                       warn=self.options.warn_no_worker)
         self._inboxes: dict[QueueKeys, ResultInbox] = {}
         self._settings = common.SettingsCache(self.options.settings_ttl_s)
 
@@ -156,8 +121,7 @@ class AsyncClient:
                                                 [(p.keys, [p.item])], self.options)
         reply = ops.parse_enqueue(raw)
         common.check_full(reply, p, self.options)
-        with wrap_connection_errors(self.connection):
-            await self.presence.check_async(self.redis, [p.keys])
+        await self._check_presence([p.keys])
         return AsyncHandle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
 
     async def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], *,
@@ -178,9 +142,25 @@ class AsyncClient:
             lambda keys, request_id, outcome: AsyncHandle(self, keys, request_id, outcome,
                                                           via_inbox=True),
         )
-        with wrap_connection_errors(self.connection):
-            await self.presence.check_async(self.redis, groups)
+        await self._check_presence(groups)
         return handles
+
+    async def _check_presence(self, queues: Iterable[QueueKeys]) -> None:
+        if due := self.presence.due(queues):  # at most every few seconds per queue
+            with wrap_connection_errors(self.connection):
+                idle = await plans.run_async(self.redis, self.presence.check(due))
+            self.presence.warn_about(idle)
+
+    async def live_workers(self, *, model: str, task: str = "embed") -> list[str]:
+        """See ``Client.live_workers``."""
+        keys = QueueKeys.for_model(task, model, self.options.namespace)
+        with wrap_connection_errors(self.connection):
+            return await plans.run_async(self.redis, stats.all_live_workers(keys))
+
+    async def served_queues(self) -> frozenset[str]:
+        """See ``Client.served_queues``."""
+        with wrap_connection_errors(self.connection):
+            return await plans.run_async(self.redis, stats.served_queues(self.options.namespace))
 
     async def find(self, request_id: str, *, model: str, task: str = "embed") -> AsyncHandle:
         """``handle``, after reading the queue's settings (cached): right on a sharded queue."""

@@ -7,20 +7,21 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from operator import methodcaller
 from types import TracebackType
-from typing import Any, Unpack
+from typing import Any, TypeVar, Unpack
 
 import redis
 
-from inferq import connection
+from inferq import connection, plans, stats
 from inferq.connection import ConnectionSettings, wrap_connection_errors
-from inferq.errors import ResultTimeout
-from inferq.producer import common, info, waits
+from inferq.plans import Plan
+from inferq.producer import common
 from inferq.producer.common import (
     BLOCKING_DEFAULTS,
     ClientOptions,
     EnqueueOptions,
     RequestState,
 )
+from inferq.producer.handle import HandleBase
 from inferq.producer.inbox import SyncResultInbox
 from inferq.producer.info import CancelOutcome, RequestInfo
 from inferq.producer.presence import WorkerPresence
@@ -30,25 +31,11 @@ from inferq.protocol.codec import Result
 from inferq.protocol.keys import QueueKeys, shard_of
 from inferq.protocol.settings import QueueSettings
 
+T = TypeVar("T")
 
-class Handle:
+
+class Handle(HandleBase["Client"]):
     """A queued request. Cheap to create from an id with ``Client.handle``."""
-
-    def __init__(self, client: Client, keys: QueueKeys, request_id: str, outcome: str, *,
-                 via_inbox: bool = False) -> None:
-        self._client = client
-        self.keys = keys
-        self.id = request_id
-        #: What enqueue found: ``queued``, or ``pending``/``inflight``/``done`` for a repeated id.
-        self.outcome = outcome
-        # Requests this client enqueued announce their result in its inbox (one listener
-        # thread for all waiting threads); a handle made from a bare id, or for a duplicate
-        # id enqueued by someone else, blocks on the result key.
-        self._via_inbox = via_inbox and outcome == "queued"
-
-    @property
-    def duplicate(self) -> bool:
-        return self.outcome != "queued"
 
     def result(self, timeout: float | None = None) -> Result:
         """Block on Redis (no polling) until the result exists; return it or raise its error.
@@ -56,28 +43,15 @@ class Handle:
         ``timeout`` None waits forever. Raises ``ResultTimeout``, ``RequestFailed``,
         ``RequestCancelled`` or ``DeadlineExceeded`` (and ``BackendUnavailable``).
         """
-        raw: Any = None
         if self._via_inbox:
-            if timeout is not None:
-                common.block_timeout(timeout)  # validates
-            raw = self._client.inbox(self.keys).wait(self.id, timeout)
+            raw = self._client.inbox(self.keys).wait(self.id, self._checked(timeout))
         else:
-            key = self.keys.result(self.id)
-            with wrap_connection_errors(self._client.connection):
-                for block in waits.slices(timeout, self._client.connection.socket_timeout):
-                    raw = self._client.redis.blmove(key, key, block, "LEFT", "LEFT")  # type: ignore[arg-type]
-                    if raw is not None:
-                        break
-        result = common.parse_result(raw, self._client.options)
-        if result is None:
-            raise ResultTimeout(f"no result for request {self.id} within {timeout} s")
-        return common.raise_for_status(result)
+            raw = self._run(self._wait(timeout))
+        return self._outcome(raw, timeout)
 
     def peek(self) -> Result | None:
         """The stored result if there is one, without waiting or raising."""
-        with wrap_connection_errors(self._client.connection):
-            raw = self._client.redis.lindex(self.keys.result(self.id), 0)
-        return common.parse_result(raw, self._client.options)
+        return self._run(self._peek())
 
     def stream(self, timeout: float | None = None) -> Iterator[str | Result]:
         """Follow a ``generate`` request: yield its text deltas as the worker produces them,
@@ -96,33 +70,20 @@ class Handle:
                 yield step
 
     def status(self) -> RequestState:
-        pipe = self._client.redis.pipeline(transaction=False)
-        pipe.hget(self.keys.request(self.id), "st")
-        pipe.lindex(self.keys.result(self.id), 0)
-        with wrap_connection_errors(self._client.connection):
-            state, raw = pipe.execute()
-        return common.state_of(state, raw, self._client.options)
+        return self._run(self._status())
 
     def cancel(self) -> CancelOutcome:
         """Cancel if not finished. The outcome is truthy only when this call cancelled it;
         ``DONE`` when it had already finished, ``UNKNOWN`` when there is no such request."""
-        keys, args = ops.cancel_call(self.keys, self.id,
-                                     int(self._client.options.result_ttl_s * 1000))
-        with wrap_connection_errors(self._client.connection):
-            outcome = self._client.scripts["cancel"](keys=keys, args=args)
-        return CancelOutcome.parse(outcome)
+        return self._run(self._cancel())
 
     def info(self) -> RequestInfo:
         """State, attempts, owner and timings (one read-only round trip); see ``RequestInfo``."""
-        pipe = self._client.redis.pipeline(transaction=False)
-        for command in info.commands(self.keys, self.id):
-            command(pipe)
-        with wrap_connection_errors(self._client.connection):
-            replies = pipe.execute()
-        return info.parse(self.id, replies, self._client.options)
+        return self._run(self._info())
 
-    def __repr__(self) -> str:
-        return f"Handle(id={self.id!r}, queue={self.keys.queue!r}, outcome={self.outcome!r})"
+    def _run(self, plan: Plan[T]) -> T:
+        with wrap_connection_errors(self._client.connection):
+            return plans.run(self._client.redis, plan)
 
 
 def blocking_pool_client(client: Any, max_connections: int) -> Any:
@@ -157,7 +118,8 @@ class Client:
         self.scripts = ops.register(self.redis)
         self._settings = common.SettingsCache(self.options.settings_ttl_s)
         #: Warns (``NoWorkerWarning``) when a queue enqueued to has no live worker.
-        self.presence = WorkerPresence(self.options.namespace)
+        self.presence = WorkerPresence(self.options.namespace,
+                                       warn=self.options.warn_no_worker)
         self.client_id = uuid.uuid4().hex
         self._inboxes: dict[QueueKeys, SyncResultInbox] = {}
         self._inbox_lock = threading.Lock()
@@ -202,8 +164,7 @@ class Client:
                                          [(p.keys, [p.item])], self.options)
         reply = ops.parse_enqueue(raw)
         common.check_full(reply, p, self.options)
-        with wrap_connection_errors(self.connection):
-            self.presence.check(self.redis, [p.keys])
+        self._check_presence([p.keys])
         return Handle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
 
     def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], *,
@@ -231,9 +192,25 @@ class Client:
             lambda keys, request_id, outcome: Handle(self, keys, request_id, outcome,
                                                      via_inbox=True),
         )
-        with wrap_connection_errors(self.connection):
-            self.presence.check(self.redis, groups)
+        self._check_presence(groups)
         return handles
+
+    def _check_presence(self, queues: Iterable[QueueKeys]) -> None:
+        if due := self.presence.due(queues):  # at most every few seconds per queue
+            with wrap_connection_errors(self.connection):
+                idle = plans.run(self.redis, self.presence.check(due))
+            self.presence.warn_about(idle)
+
+    def live_workers(self, *, model: str, task: str = "embed") -> list[str]:
+        """The ids of the workers serving ``task:model`` now (on any of its shards)."""
+        keys = QueueKeys.for_model(task, model, self.options.namespace)
+        with wrap_connection_errors(self.connection):
+            return plans.run(self.redis, stats.all_live_workers(keys))
+
+    def served_queues(self) -> frozenset[str]:
+        """The queues (``task:model``) some worker has ever served (the queue registry)."""
+        with wrap_connection_errors(self.connection):
+            return plans.run(self.redis, stats.served_queues(self.options.namespace))
 
     def handle(self, request_id: str, *, model: str, task: str = "embed") -> Handle:
         """A handle for a request enqueued elsewhere (another process, an earlier run). On a

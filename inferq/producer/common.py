@@ -30,6 +30,7 @@ from inferq.protocol.codec import (
     decode_result,
     encode_request,
 )
+from inferq.protocol.fields import HashState
 from inferq.protocol.generation import check_task_params
 from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys, shard_of
 from inferq.protocol.settings import QueueSettings, settings_from_hash
@@ -111,6 +112,9 @@ class ClientOptions:
     #: How long a queue's settings (``inferq queue set``: shards, depth limit) read from Redis
     #: are reused before being read again.
     settings_ttl_s: float = 1.0
+    #: Warn (``NoWorkerWarning``) after an enqueue to a queue no live worker serves; off, the
+    #: check still registers the queue for ``inferq stats`` (the gateway answers 404 instead).
+    warn_no_worker: bool = True
 
     def __post_init__(self) -> None:
         cluster.check_durability(self.durability, self.durability_timeout_s)
@@ -125,15 +129,31 @@ class ClientOptions:
 
 
 class RequestState(StrEnum):
+    """Where a request is: waiting (its hash's ``fields.HashState``) or finished (its result's
+    ``Status``: the same names and values, taken from there), or ``UNKNOWN``."""
+
     PENDING = "pending"
     RUNNING = "running"
     RETRYING = "retrying"
-    OK = "ok"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    EXPIRED = "expired"
-    DEAD = "dead"
+    OK = Status.OK.value
+    FAILED = Status.FAILED.value
+    CANCELLED = Status.CANCELLED.value
+    EXPIRED = Status.EXPIRED.value
+    DEAD = Status.DEAD.value
     UNKNOWN = "unknown"
+
+    @classmethod
+    def of(cls, status: Status) -> RequestState:
+        """The state of a request whose result has this status."""
+        return _FINISHED[status]
+
+
+#: Every ``Status`` is a finished state (a ``Status`` added without its state fails here, at
+#: import); every ``HashState`` a waiting one.
+_FINISHED = {status: RequestState[status.name] for status in Status}
+_WAITING = {HashState.PENDING: RequestState.PENDING, HashState.INFLIGHT: RequestState.RUNNING,
+            HashState.DELAYED: RequestState.RETRYING}
+_WAITING_BYTES = {state.value.encode(): request_state for state, request_state in _WAITING.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,16 +325,11 @@ def block_timeout(timeout: float | None) -> int:
 
 def state_of(hash_state: bytes | None, raw_result: bytes | None,
              options: ClientOptions) -> RequestState:
+    """A request's state from its hash's ``Field.STATE`` and its stored result (either may be
+    None)."""
     if raw_result is not None:
-        result = decode_result(raw_result, options.limits)
-        return RequestState(result.status.value)
-    if hash_state == b"pending":
-        return RequestState.PENDING
-    if hash_state == b"inflight":
-        return RequestState.RUNNING
-    if hash_state == b"delayed":
-        return RequestState.RETRYING
-    return RequestState.UNKNOWN
+        return RequestState.of(decode_result(raw_result, options.limits).status)
+    return _WAITING_BYTES.get(hash_state or b"", RequestState.UNKNOWN)
 
 
 H = TypeVar("H")

@@ -1,21 +1,17 @@
-"""What a producer can ask about one request besides its result: ``Handle.info()`` and the
-outcome of ``Handle.cancel()``. Read-only: one pipelined round trip (HMGET of the request
-hash, LINDEX of the result), no script."""
+"""What a producer can learn about one request besides its result: ``Handle.info()`` (read
+in one pipelined round trip, HMGET of the request hash and LINDEX of the result: see
+``producer.handle``) and the outcome of ``Handle.cancel()``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from operator import methodcaller
-from typing import Any
+from typing import Any, ClassVar
 
 from inferq.producer.common import ClientOptions, RequestState, parse_result, state_of
 from inferq.protocol.codec import Result
-from inferq.protocol.keys import QueueKeys
+from inferq.protocol.fields import Field
 from inferq.protocol.ops import as_str
-
-#: Request-hash fields read by ``info`` (see ``inferq.protocol.scripts``).
-FIELDS = ("st", "a", "ma", "o", "eq", "cl", "dl")
 
 
 class CancelOutcome(StrEnum):
@@ -53,32 +49,33 @@ class RequestInfo:
     #: The stored result once finished, else None.
     result: Result | None
 
-
-def commands(keys: QueueKeys, request_id: str) -> list[methodcaller]:
-    return [methodcaller("hmget", keys.request(request_id), *FIELDS),
-            methodcaller("lindex", keys.result(request_id), 0)]
+    #: The request hash's fields it is read from.
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field.STATE, Field.ATTEMPTS, Field.MAX_ATTEMPTS, Field.OWNER, Field.ENQUEUED,
+        Field.CLAIMED, Field.DEADLINE)
 
 
 def _int(value: Any) -> int | None:
     return None if value is None or as_str(value) == "" else int(float(as_str(value)))
 
 
-def parse(request_id: str, replies: list[Any], options: ClientOptions) -> RequestInfo:
+def as_info(request_id: str, replies: list[Any], options: ClientOptions) -> RequestInfo:
+    """The info from the replies of HMGET ``RequestInfo.FIELDS`` and LINDEX of the result."""
     values, raw = replies
-    fields = dict(zip(FIELDS, values, strict=True))
+    fields = dict(zip(RequestInfo.FIELDS, values, strict=True))
     result = parse_result(raw, options)
-    state = state_of(fields["st"], raw, options)
-    owner = fields["o"]
+    owner = fields[Field.OWNER]
+    enqueued, claimed = fields[Field.ENQUEUED], fields[Field.CLAIMED]
     return RequestInfo(
-        id=request_id, state=state,
-        attempts=result.attempts if result is not None else _int(fields["a"]) or 0,
-        max_attempts=_int(fields["ma"]),
+        id=request_id, state=state_of(fields[Field.STATE], raw, options),
+        attempts=result.attempts if result is not None else _int(fields[Field.ATTEMPTS]) or 0,
+        max_attempts=_int(fields[Field.MAX_ATTEMPTS]),
         owner=as_str(owner) if owner is not None else (result.worker if result else None),
-        enqueued_ms=_int(fields["eq"]) if fields["eq"] is not None else (
+        enqueued_ms=_int(enqueued) if enqueued is not None else (
             result.enqueued_ms if result else None),
-        claimed_ms=_int(fields["cl"]) if fields["cl"] is not None else (
+        claimed_ms=_int(claimed) if claimed is not None else (
             result.started_ms if result else None),
-        deadline_ms=_int(fields["dl"]),
+        deadline_ms=_int(fields[Field.DEADLINE]),
         finished_ms=result.finished_ms if result else None,
         result=result,
     )

@@ -16,12 +16,8 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Iterable
-from operator import methodcaller
-from typing import Any
 
-import redis
-import redis.asyncio as aioredis
-
+from inferq.plans import Plan, call
 from inferq.protocol.keys import QueueKeys, requested_registry
 
 CHECK_EVERY_S = 5.0
@@ -53,47 +49,28 @@ class WorkerPresence:
                 out.append(keys)
         return out
 
-    def _commands(self, queues: list[QueueKeys]) -> list[methodcaller]:
+    def check(self, due: list[QueueKeys]) -> Plan[list[str]]:
+        """The check and registration of queues (``due`` ones) in one round trip (TIME, and
+        per queue ZRANGE of its workers and SADD to the requested registry): the queues
+        without a live worker (``warn_about`` them)."""
         # TIME as a raw command: redis-py's cluster pipelines refuse their ``time()`` method.
-        commands = [methodcaller("execute_command", "TIME")]
-        for keys in queues:
+        commands = [call("execute_command", "TIME")]
+        for keys in due:
             # Workers register on shard 0 of a queue, whatever shard this request went to.
-            commands.append(methodcaller("zrange", keys.for_shard(0).workers, -1, -1,
-                                         withscores=True))
-            commands.append(methodcaller("sadd", requested_registry(self.namespace), keys.queue))
-        return commands
-
-    def _settle(self, queues: list[QueueKeys], replies: list[Any]) -> list[str]:
+            commands.append(call("zrange", keys.for_shard(0).workers, -1, -1, withscores=True))
+            commands.append(call("sadd", requested_registry(self.namespace), keys.queue))
+        replies = yield commands
         seconds, micros = replies[0]
         now_ms = int(seconds) * 1000 + int(micros) // 1000
-        idle = []
-        for i, keys in enumerate(queues):
-            top = replies[1 + 2 * i]
-            if not top or float(top[0][1]) < now_ms:
-                idle.append(keys.queue)
-                if self.warn:
-                    warnings.warn(no_worker_message(keys.queue), NoWorkerWarning, stacklevel=4)
-        return idle
+        return [keys.queue for i, keys in enumerate(due)
+                if not (top := replies[1 + 2 * i]) or float(top[0][1]) < now_ms]
 
-    def check(self, client: redis.Redis, queues: Iterable[QueueKeys]) -> list[str]:
-        """The due queues' checks in one round trip; warns for, and returns, those without a
-        live worker."""
-        due = self.due(queues)
-        if not due:
-            return []
-        pipe = client.pipeline(transaction=False)
-        for command in self._commands(due):
-            command(pipe)
-        return self._settle(due, pipe.execute())
-
-    async def check_async(self, client: aioredis.Redis, queues: Iterable[QueueKeys]) -> list[str]:
-        due = self.due(queues)
-        if not due:
-            return []
-        pipe = client.pipeline(transaction=False)
-        for command in self._commands(due):
-            command(pipe)
-        return self._settle(due, await pipe.execute())
+    def warn_about(self, idle: Iterable[str], stacklevel: int = 4) -> None:
+        """A ``NoWorkerWarning`` per queue (unless ``warn`` is off); ``stacklevel`` 4 names the
+        caller of a client's ``enqueue`` that called the client's ``_check_presence``."""
+        if self.warn:
+            for queue in idle:
+                warnings.warn(no_worker_message(queue), NoWorkerWarning, stacklevel=stacklevel)
 
 
 def no_worker_message(queue: str) -> str:

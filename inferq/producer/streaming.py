@@ -1,11 +1,12 @@
 """Reading a generation's token stream: the part the sync and async handles share.
 
 A generating worker appends each decode step's new text to the request's Redis Stream
-(``inferq:{Q}:stream:<id>``: entries ``a`` attempt, ``d`` text delta, ``k`` the token ids
-behind it; ``e`` marks the end) and finally writes the result. A reader follows the stream
-with ``XREAD BLOCK`` from the start, so a client that reconnects reads everything again; it
-stops at the end marker, or when a read times out and the result exists (a request cancelled
-before it ran, or finished by a worker that does not stream, has no end marker to wait for).
+(``inferq:{Q}:stream:<id>``, entries of ``fields.StreamField``: the attempt, the text delta,
+the token ids behind it; or the end marker) and finally writes the result. A reader follows
+the stream with ``XREAD BLOCK`` from the start, so a client that reconnects reads everything
+again; it stops at the end marker, or when a read times out and the result exists (a request
+cancelled before it ran, or finished by a worker that does not stream, has no end marker to
+wait for).
 
 If a worker dies mid-generation and the request runs again (a new attempt), the new attempt
 goes on from the tokens already in the stream (the worker reads them back and prefills prompt +
@@ -23,6 +24,7 @@ from typing import Any
 from inferq.errors import ResultTimeout
 from inferq.producer.common import ClientOptions, block_timeout, parse_result
 from inferq.protocol.codec import Result
+from inferq.protocol.fields import StreamField
 from inferq.protocol.keys import QueueKeys
 from inferq.protocol.ops import as_str
 
@@ -44,9 +46,9 @@ class StreamReader:
         out: list[str] = []
         for entry_id, fields in _entries(reply):
             self.last_id = entry_id
-            if "e" in fields:
+            if StreamField.END in fields:
                 self.ended = True
-            elif delta := fields.get("d", ""):
+            elif delta := fields.get(StreamField.TEXT, ""):
                 out.append(delta)
         return out
 

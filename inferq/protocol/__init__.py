@@ -1,1 +1,4 @@
-"""The Redis protocol: key names, Lua scripts, score encoding and the wire codec."""
+"""The Redis protocol, each rule in one place: key names (``keys``), the names stored inside a
+request's keys (``fields``), the Lua scripts (``lua/``, loaded by ``scripts``) and their
+arguments and replies (``ops``), score encoding (``scores``), the wire codec and the one
+definition of a result (``codec.Result``)."""

@@ -1,4 +1,10 @@
-"""Wire format: msgpack bodies validated by pydantic models on both sides. Never pickle."""
+"""Wire format: msgpack bodies validated by pydantic models on both sides. Never pickle.
+
+``Result`` is the one definition of a result. It is written three ways, each checked against
+it by a test: ``encode_result`` (the model), the worker's fast path for plain outputs
+(``worker/core/results.py``: the same bytes, ``tests/unit/test_hotpath_results.py``), and the
+scripts' error results (``lua/includes/results.lua``: only ``Result`` fields, and what they
+write validates as a ``Result`` that forbids unknown fields)."""
 
 from __future__ import annotations
 

@@ -29,6 +29,11 @@ from inferq.errors import ValidationError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 DEFAULT_NAMESPACE = "inferq"
+#: The suffixes of per-request keys after ``prefix`` (``req:<id>``, ...): the one source for
+#: the methods below and for the Lua scripts (where they are ``K_REQ``, ``K_RESULT``, ...).
+PER_REQUEST = {"req": "req:", "result": "result:", "stream": "stream:", "inbox": "inbox:",
+               "cancels": "cancels:"}
+_REQ, _RESULT, _STREAM, _INBOX, _CANCELS = PER_REQUEST.values()
 
 #: Registry of queue names (a plain set, outside any queue's slot) for ``inferq stats``.
 def queues_registry(namespace: str = DEFAULT_NAMESPACE) -> str:
@@ -147,24 +152,24 @@ class QueueKeys:
     def cancels(self, worker_id: str) -> str:
         """List of request ids cancelled while ``worker_id`` ran them (``generate`` workers
         block on it with the wake list and drop the generation at its next decode step)."""
-        return f"{self.prefix}cancels:{worker_id}"
+        return f"{self.prefix}{_CANCELS}{worker_id}"
 
     def inbox(self, client_id: str) -> str:
         """List of ``<id> <result>`` entries for one async client (its single waiting
         connection), pushed by whoever writes a result of a request that named it."""
-        return f"{self.prefix}inbox:{client_id}"
+        return f"{self.prefix}{_INBOX}{client_id}"
 
     def request(self, request_id: str) -> str:
-        return f"{self.prefix}req:{request_id}"
+        return f"{self.prefix}{_REQ}{request_id}"
 
     def result(self, request_id: str) -> str:
         """A list holding exactly one msgpack result; readers block on it with BLMOVE."""
-        return f"{self.prefix}result:{request_id}"
+        return f"{self.prefix}{_RESULT}{request_id}"
 
     def stream(self, request_id: str) -> str:
         """A Redis Stream of a generation's text deltas (``generate``), with the result's TTL;
         readers follow it with ``XREAD BLOCK`` from the start."""
-        return f"{self.prefix}stream:{request_id}"
+        return f"{self.prefix}{_STREAM}{request_id}"
 
 
 def shard_of(request_id: str, shards: int) -> int:

@@ -1,7 +1,8 @@
 """Arguments for, and replies of, the Lua scripts: shared by the sync SDK, the async SDK and the
 worker so that each script has exactly one Python description.
 
-The scripts (``scripts.py`` holds each one's KEYS/ARGV header), in a request's life:
+The scripts (``lua/<name>.lua``, each with a KEYS/ARGV header that a test checks against
+its ``<name>_call`` here), in a request's life:
 
 * ``enqueue``: idempotent on the id, priority-aware back-pressure; one sequence block, one
   ``ZADD`` and one ``HSET`` per request.

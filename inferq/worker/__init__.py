@@ -8,5 +8,6 @@
 * ``models/``: the model adapters, loaded by ``models/registry.py``.
 
 Redis keys are named in ``inferq/protocol/keys.py``, the Lua scripts are
-``inferq/protocol/scripts.py``. Real models need ``inferq[worker]`` (torch, transformers).
+``inferq/protocol/lua/`` (loaded by ``inferq/protocol/scripts.py``). Real models need
+``inferq[worker]`` (torch, transformers).
 """

@@ -33,9 +33,9 @@ import yaml
 
 import inferq
 from inferq.embedded import free_port
+from inferq.plans import run as run_plan
 from inferq.protocol.keys import QueueKeys
 from inferq.stats import live_workers
-from inferq.stats import run as run_plan
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1500)]
 

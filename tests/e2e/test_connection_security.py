@@ -14,7 +14,7 @@ import redis
 import inferq
 from inferq.connection import ConnectionSettings, describe_error, sync_client
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.window.worker import Worker
+from inferq.worker.window.worker import WindowWorker
 from tests.support.processes import WorkerProcess
 from tests.support.security import (
     ACL_PASSWORD,
@@ -94,7 +94,7 @@ async def test_acl_user_with_minimal_rules_runs_producer_worker_and_stats(
             assert handles[0].peek() is not None
             assert not handles[0].cancel()
 
-    worker = Worker(worker_config(url, "acl"), EchoModel())
+    worker = WindowWorker(worker_config(url, "acl"), EchoModel())
     task = asyncio.create_task(worker.run(install_signal_handlers=False))
     await asyncio.to_thread(more)
     worker.request_stop()

@@ -43,7 +43,6 @@ def test_sigkill_mid_batch_then_a_second_worker_finishes_everything(
     assert int(r.hget(KEYS.stats, "reclaimed") or 0) == len(held)
     assert int(r.hget(KEYS.stats, "ok") or 0) == 24  # each result written exactly once
     assert second.stop() == 0
-    assert "reclaimed" in second.log
     client.close()
 
 
@@ -52,10 +51,11 @@ def test_a_worker_paused_past_its_lease_has_its_completion_refused(
     client = inferq.Client(redis_url)
     handles = client.enqueue_many([f"req-{i}" for i in range(8)], model="slow")
     paused = start_worker("--model", SLOW, "--lease-ms", "1000", "--max-batch-size", "8",
-                          "--worker-id", "paused", env={"INFERQ_LOG_LEVEL": "DEBUG"})
-    # The forward sleeps 1.5 s: stopped right after it starts, the worker is mid-forward (a
-    # worker stopped before its batch forms drops the lost claims unrun instead).
-    wait_until(lambda: "running 8 requests" in paused.log, 60, "the forward to start")
+                          "--worker-id", "paused")
+    # The forward sleeps 1.5 s: stopped right after it starts (START marks the batch as
+    # running right before it), the worker is mid-forward (a worker stopped before its batch
+    # forms drops the lost claims unrun instead).
+    wait_until(lambda: r.scard(KEYS.started) == 8, 60, "the forward to start")
     paused.proc.send_signal(signal.SIGSTOP)  # a GC pause / frozen VM, mid-forward
     try:
         second = start_worker("--model", SLOW, "--lease-ms", "1000", "--max-batch-size", "8",
@@ -71,5 +71,4 @@ def test_a_worker_paused_past_its_lease_has_its_completion_refused(
     assert int(r.hget(KEYS.stats, "ok") or 0) == 8  # no duplicate result was written
     assert [h.result(timeout=1).worker for h in handles] == ["second"] * 8
     assert paused.stop() == 0 and second.stop() == 0
-    assert "refused" in paused.log
     client.close()

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 import inferq
 from inferq.connection import ConnectionSettings, async_client, sync_client
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.window.worker import Worker
+from inferq.worker.window.worker import WindowWorker
 from tests.support.security import (
     ACL_PASSWORD,
     ACL_USER,
@@ -65,7 +65,7 @@ async def test_in_process_worker_logs_never_show_the_password(
     await round_trip(url, worker_config(url, "caplog"))
     bad = worker_config(password_server.url(userinfo=":bad-pw-456"), "caplog")
     with pytest.raises(redis.AuthenticationError) as failure:
-        await Worker(bad, EchoModel()).run(install_signal_handlers=False)
+        await WindowWorker(bad, EchoModel()).run(install_signal_handlers=False)
     assert "bad-pw-456" not in str(failure.value) + repr(failure.value)
     assert caplog.records  # the worker did log
     assert secrets_in(caplog.text) == [] and "bad-pw-456" not in caplog.text
@@ -88,7 +88,7 @@ def test_username_and_password_overrides(acl_server: SecureServer) -> None:
 async def test_tls_with_the_ca_serves_requests(tls: SecureServer, certs: Certs) -> None:
     url = tls.url(tls=True)
     conn = ConnectionSettings(url, ssl_ca_certs=str(certs.ca))
-    await round_trip(conn, worker_config(url, "tls", tls_ca=str(certs.ca)))
+    await round_trip(conn, worker_config(conn, "tls"))
 
 
 async def test_mutual_tls_needs_the_client_certificate(mtls: SecureServer,
@@ -100,6 +100,6 @@ async def test_mutual_tls_needs_the_client_certificate(mtls: SecureServer,
     combined = ConnectionSettings(url, ssl_ca_certs=str(certs.ca),
                                   ssl_certfile=str(certs.client_combined))
     assert sync_client(combined).ping()
-    await round_trip(combined, worker_config(url, "mtls", tls_ca=str(certs.ca),
-                                             tls_cert=str(certs.client_cert),
-                                             tls_key=str(certs.client_key)))
+    await round_trip(combined, worker_config(ConnectionSettings(
+        url, ssl_ca_certs=str(certs.ca), ssl_certfile=str(certs.client_cert),
+        ssl_keyfile=str(certs.client_key)), "mtls"))

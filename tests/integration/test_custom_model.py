@@ -19,7 +19,7 @@ from examples.linear_classifier import LinearClassifier, reference
 from inferq.errors import ConfigError, ModelLoadError
 from inferq.models import DeviceOutOfMemory, Model, ModelInput, RequestPayload
 from inferq.worker.models.registry import ModelSpec, load_model
-from inferq.worker.window.worker import Worker
+from inferq.worker.window.worker import WindowWorker
 from tests.support.window_worker import config, run_worker, stop
 
 
@@ -67,7 +67,7 @@ async def test_a_bad_request_fails_alone_in_prepare_and_in_forward(
         redis_url: str, aclient: inferq.AsyncClient) -> None:
     prompts = ["a", "no-int x", "b", "poison", "c"]
     handles = await aclient.enqueue_many(prompts, model="t")
-    worker = Worker(config(redis_url), shouter())
+    worker = WindowWorker(config(redis_url), shouter())
     task = await run_worker(worker)
     got = await outcomes(handles)
     await stop(worker, task)
@@ -79,7 +79,7 @@ async def test_out_of_memory_splits_the_batch_and_lowers_the_budget(
     model = shouter(fits="2")
     prompts = [f"r{i}" for i in range(8)]
     handles = await aclient.enqueue_many(prompts, model="t")
-    worker = Worker(config(redis_url), model)
+    worker = WindowWorker(config(redis_url), model)
     task = await run_worker(worker)
     got = await outcomes(handles)
     await stop(worker, task)

@@ -18,7 +18,7 @@ from inferq.protocol import ops
 from inferq.protocol.codec import Status
 from inferq.stats import read_queue
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.window.worker import Worker
+from inferq.worker.window.worker import WindowWorker
 from tests.support.window_worker import KEYS, config, run_worker, stop
 
 BAD = "bad"
@@ -166,7 +166,7 @@ async def test_a_damaged_request_fails_alone(name: str, redis_url: str, r: redis
         r.zrem(KEYS.pending, BAD)
     case.damage(r)
 
-    worker = Worker(config(redis_url), EchoModel())
+    worker = WindowWorker(config(redis_url), EchoModel())
     task = await run_worker(worker)
     try:
         for handle in neighbours:

@@ -14,6 +14,7 @@ import redis
 import inferq
 from inferq.cli.main import main
 from inferq.connection import ConnectionSettings
+from inferq.plans import run
 from inferq.producer.presence import WorkerPresence
 from inferq.protocol.keys import QueueKeys, queues_registry
 from inferq.stats import read_all
@@ -60,8 +61,8 @@ def test_a_lapsed_worker_does_not_count(redis_url: str, r: redis.Redis) -> None:
     keys = QueueKeys.for_model("embed", "m")
     r.zadd(keys.workers, {"gone": 1})  # liveness deadline long past
     presence = WorkerPresence("inferq", warn=False)
-    assert presence.check(r, [keys]) == ["embed:m"]
-    assert presence.check(r, [keys]) == []  # cached for a few seconds
+    assert run(r, presence.check(presence.due([keys]))) == ["embed:m"]
+    assert presence.due([keys]) == []  # checked again only after a few seconds
 
 
 async def test_the_async_client_warns_too(redis_url: str) -> None:

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from inferq.gateway.fastpath import EmbeddingsFastPath
 from inferq.models import Model, ModelInput
-from inferq.worker.window.worker import Worker
+from inferq.worker.window.worker import WindowWorker
 from tests.support.gateway import MakeApi
 from tests.support.window_worker import config
 
@@ -33,7 +33,7 @@ class Vectors(Model):
 @pytest.fixture
 def worker(redis_url: str) -> Iterator[None]:
     """An in-process window worker on ``embed:t`` (its own thread and loop)."""
-    w = Worker(config(redis_url), Vectors())
+    w = WindowWorker(config(redis_url), Vectors())
     loop = asyncio.new_event_loop()
     thread = threading.Thread(
         target=lambda: loop.run_until_complete(w.run(install_signal_handlers=False)),

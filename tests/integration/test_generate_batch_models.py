@@ -10,22 +10,24 @@ import pytest
 import torch
 
 import inferq
+from inferq.connection import ConnectionSettings
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.models.batch_models import RequestLevelGenerator, ScoringModel
 from inferq.worker.models.lm import CausalLM
-from inferq.worker.window.worker import Worker
+from inferq.worker.window.worker import WindowWorker
 from tests.support.generation import MODEL, greedy_reference
 
 
 def window_config(url: str, task: str, **kw: Any) -> WorkerConfig:
-    base: dict[str, Any] = dict(redis_url=url, model_name=MODEL, model_spec="tiny", task=task,
+    base: dict[str, Any] = dict(connection=ConnectionSettings(url), model_name=MODEL,
+                                model_spec="tiny", task=task,
                                 max_batch_size=8, max_wait_ms=20, lease_ms=5_000,
                                 worker_id=f"{task}-worker")
     base.update(kw)
     return WorkerConfig(**base)
 
 
-async def serve(worker: Worker, coro: Any) -> Any:
+async def serve(worker: WindowWorker, coro: Any) -> Any:
     task = asyncio.create_task(worker.run(install_signal_handlers=False))
     try:
         return await coro
@@ -37,7 +39,7 @@ async def serve(worker: Worker, coro: Any) -> Any:
 async def test_score_gives_per_token_logprobs_batched_like_alone(
         redis_url: str, aclient: inferq.AsyncClient, lm: CausalLM) -> None:
     texts = ["the capital of France is Paris", "a queue", "what is the worker doing today"]
-    worker = Worker(window_config(redis_url, "score"), ScoringModel(lm))
+    worker = WindowWorker(window_config(redis_url, "score"), ScoringModel(lm))
 
     async def run() -> list[inferq.Result]:
         handles = await aclient.enqueue_many(texts, model=MODEL, task="score")
@@ -71,7 +73,7 @@ async def test_request_level_generate_matches_greedy_and_reports_lengths(
         redis_url: str, aclient: inferq.AsyncClient, lm: CausalLM) -> None:
     specs = [("the queue", 5), ("what is the capital of France and the worker", 17),
              ("a", 9)]
-    worker = Worker(window_config(redis_url, "generate"), RequestLevelGenerator(lm))
+    worker = WindowWorker(window_config(redis_url, "generate"), RequestLevelGenerator(lm))
 
     async def run() -> list[inferq.Result]:
         handles = await aclient.enqueue_many(

@@ -13,7 +13,7 @@ import inferq
 from inferq.producer import inbox as inbox_module
 from inferq.protocol.codec import Result, Status, encode_result
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.window.worker import Worker
+from inferq.worker.window.worker import WindowWorker
 from tests.support.window_worker import KEYS, config, run_worker, stop
 
 
@@ -32,7 +32,7 @@ async def test_results_come_with_the_inbox_or_are_read_when_not_kept(
         redis_url: str, r: redis.Redis, monkeypatch: pytest.MonkeyPatch, kept: bool) -> None:
     if not kept:  # a budget no result fits in
         monkeypatch.setattr(inbox_module, "ARRIVED_BYTES", 1)
-    worker = Worker(config(redis_url), EchoModel())
+    worker = WindowWorker(config(redis_url), EchoModel())
     task = await run_worker(worker)
     async with inferq.AsyncClient(redis_url) as client:
         first = await client.enqueue("start the listener", model="t")

@@ -11,7 +11,7 @@ import redis
 
 import inferq
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.window.worker import Worker
+from inferq.worker.window.worker import WindowWorker
 from tests.support.metrics import health, scrape
 from tests.support.processes import wait_until
 from tests.support.window_worker import config, run_worker, stop
@@ -23,7 +23,7 @@ async def server_ms(client: inferq.AsyncClient) -> int:
 
 
 async def test_worker_exports_prometheus_metrics_and_health(redis_url: str) -> None:
-    worker = Worker(config(redis_url, metrics_port=0, lease_ms=1_000), EchoModel())
+    worker = WindowWorker(config(redis_url, metrics_port=0, lease_ms=1_000), EchoModel())
     async with inferq.AsyncClient(redis_url) as client:
         # Expired before any worker can claim it: the server's clock passes its deadline first.
         expired = await client.enqueue("never", model="t", deadline_s=0.001)

@@ -36,12 +36,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import inferq
+from inferq.connection import ConnectionSettings
 from inferq.errors import RequestError
 from inferq.protocol.codec import MAX_DEADLINE_S, decode_request
 from inferq.protocol.keys import QueueKeys
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.window.worker import Worker
+from inferq.worker.window.worker import WindowWorker
 from tests.support.processes import wait_until
 from tests.support.property import InputCounter, examples
 
@@ -69,7 +70,7 @@ return 0
 class BackgroundWorker:
     """A ``Worker`` on its own event loop in a daemon thread; ``alive`` while ``run`` is."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WindowWorker) -> None:
         self.worker = worker
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="property-worker",
@@ -314,10 +315,11 @@ cases = st.one_of(
 
 @pytest.fixture
 def background_worker(redis_url: str, r: redis.Redis) -> Iterator[BackgroundWorker]:
-    config = WorkerConfig(redis_url=redis_url, model_name="t", model_spec="builtin:echo",
+    config = WorkerConfig(connection=ConnectionSettings(redis_url), model_name="t",
+                          model_spec="builtin:echo",
                           max_batch_size=16, max_wait_ms=2, lease_ms=10_000,
                           worker_id=WORKER_ID, limits=LIMITS)
-    with BackgroundWorker(Worker(config, EchoModel())) as bg:
+    with BackgroundWorker(WindowWorker(config, EchoModel())) as bg:
         wait_until(lambda: r.zscore(KEYS.workers, WORKER_ID) is not None, 15, "worker start")
         yield bg
 

@@ -9,10 +9,12 @@ from typing import Any
 import msgpack
 import pytest
 import redis
+from pydantic import ConfigDict
 
 import inferq
 from inferq.protocol import ops
-from inferq.protocol.codec import Result, Status, decode_result, encode_result
+from inferq.protocol.codec import WIRE_VERSION, Result, Status, decode_result, encode_result
+from inferq.protocol.fields import Field
 from inferq.protocol.keys import QueueKeys
 
 KEYS = QueueKeys.for_model("embed", "m")
@@ -503,3 +505,30 @@ def test_a_batch_of_completions_travels_as_one_argument(client: inferq.Client,
     assert ops.parse_complete(scripts.s["complete"](keys=keys, args=args)) == [True] * 300
     for i, c in enumerate(claimed):
         assert decode_result(scripts.r.lindex(KEYS.result(c.id), 0)).output == "é" * i
+
+
+class StrictResult(Result):
+    """``Result`` refusing unknown fields: what a script writes must be a ``Result`` as
+    Python defines it, field for field."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def test_every_result_a_script_writes_is_a_result(client: inferq.Client,
+                                                  scripts: Scripts) -> None:
+    enqueue(client, "late", id="expired", deadline_s=0.001, priority=9)
+    enqueue(client, "x", id="damaged", priority=8)
+    scripts.r.hdel(KEYS.request("damaged"), Field.PAYLOAD)
+    enqueue(client, "x", id="dead", max_attempts=1, priority=7)
+    cancelled = enqueue(client, "x", id="cancelled")
+    time.sleep(0.01)  # let Redis' clock pass the 1 ms deadline
+    scripts.start(scripts.claim("a", 3).claimed)
+    scripts.expire_all_leases()
+    assert scripts.reclaim() == (0, 1)
+    assert cancelled.cancel()
+    for request_id, status in (("expired", Status.EXPIRED), ("damaged", Status.FAILED),
+                               ("dead", Status.DEAD), ("cancelled", Status.CANCELLED)):
+        raw = scripts.r.lindex(KEYS.result(request_id), 0)
+        strict = StrictResult.model_validate(msgpack.unpackb(raw, raw=False))
+        assert (strict.id, strict.status, strict.v) == (request_id, status, WIRE_VERSION)
+        assert strict.error is not None and strict.enqueued_ms and strict.finished_ms

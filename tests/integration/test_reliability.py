@@ -20,7 +20,7 @@ from inferq.protocol import ops
 from inferq.protocol.codec import RequestPayload
 from inferq.worker.models.base import BatchModel, ModelInput
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.window.worker import Worker
+from inferq.worker.window.worker import WindowWorker
 from tests.support.processes import wait_until
 from tests.support.window_worker import KEYS, config, run_worker, stop
 
@@ -75,7 +75,7 @@ async def outcome(handle: inferq.AsyncHandle) -> tuple[str, Any, int]:
 async def test_retryable_failures_retry_with_backoff_then_dead_letter(
         redis_url: str, r: redis.Redis, aclient: inferq.AsyncClient) -> None:
     model = FaultyModel()
-    worker = Worker(config(redis_url, retry_base_ms=20, retry_max_ms=100), model)
+    worker = WindowWorker(config(redis_url, retry_base_ms=20, retry_max_ms=100), model)
     task = await run_worker(worker)
     flaky = await aclient.enqueue("flaky", model="t")
     assert await outcome(flaky) == ("ok", "FLAKY", 2)
@@ -107,7 +107,7 @@ async def test_retried_request_runs_alone(redis_url: str, r: redis.Redis,
     assert ops.parse_reclaim(scripts["reclaim"](keys=keys, args=args)).counts == (1, 0)
     others = await aclient.enqueue_many([f"o{i}" for i in range(6)], model="t")
     model = FaultyModel()
-    worker = Worker(config(redis_url), model)
+    worker = WindowWorker(config(redis_url), model)
     task = await run_worker(worker)
     assert await outcome(suspect) == ("ok", "SUSPECT", 2)
     for handle in others:
@@ -122,7 +122,7 @@ async def test_out_of_memory_splits_the_batch_and_learns_a_budget(
         redis_url: str, aclient: inferq.AsyncClient) -> None:
     model = FaultyModel(oom_tokens=40)  # 10 rows of 8 tokens (80) do not fit; 5 rows do
     model.gate.clear()
-    worker = Worker(config(redis_url, max_batch_size=10, max_batch_tokens=None), model)
+    worker = WindowWorker(config(redis_url, max_batch_size=10, max_batch_tokens=None), model)
     task = await run_worker(worker)
     warm = await aclient.enqueue("warm", model="t")
     await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 10)
@@ -147,7 +147,7 @@ async def test_a_deadline_passing_in_the_window_expires_without_running(
         redis_url: str, r: redis.Redis, aclient: inferq.AsyncClient) -> None:
     model = FaultyModel()
     model.gate.clear()
-    worker = Worker(config(redis_url), model)
+    worker = WindowWorker(config(redis_url), model)
     task = await run_worker(worker)
     blocker = await aclient.enqueue("blocker", model="t")
     await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 10)
@@ -169,7 +169,7 @@ async def test_worker_and_producer_ride_out_a_redis_restart(tmp_path: Path) -> N
     server.start()
     try:
         async with inferq.AsyncClient(server.url) as client:
-            worker = Worker(config(server.url, lease_ms=2_000), EchoModel())
+            worker = WindowWorker(config(server.url, lease_ms=2_000), EchoModel())
             task = await run_worker(worker)
             before = await client.enqueue_many([f"b{i}" for i in range(20)], model="t")
             assert [(await h.result(timeout=10)).output for h in before] == \
@@ -190,7 +190,7 @@ async def test_worker_and_producer_ride_out_a_redis_restart(tmp_path: Path) -> N
 def test_no_key_is_left_behind_but_unexpired_results(redis_url: str, r: redis.Redis) -> None:
     async def run() -> None:
         async with inferq.AsyncClient(redis_url) as client:
-            worker = Worker(config(redis_url), EchoModel())
+            worker = WindowWorker(config(redis_url), EchoModel())
             task = await run_worker(worker)
             handles = await client.enqueue_many([f"r{i}" for i in range(300)], model="t")
             cancelled = await client.enqueue("to cancel", model="t")
@@ -220,7 +220,7 @@ async def test_worker_warns_when_the_server_could_lose_requests(
     server.start()
     try:
         redis.Redis.from_url(server.url).config_set("maxmemory-policy", "allkeys-lru")
-        worker = Worker(config(server.url), EchoModel())
+        worker = WindowWorker(config(server.url), EchoModel())
         with caplog.at_level("WARNING", logger="inferq.worker"):
             task = await run_worker(worker)
             async with inferq.AsyncClient(server.url) as client:

@@ -20,7 +20,7 @@ from inferq.protocol.codec import RequestPayload, build_request, decode_result, 
 from inferq.protocol.keys import QueueKeys, shard_of
 from inferq.worker.models.base import BatchModel, ModelInput
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.window.worker import Worker
+from inferq.worker.window.worker import WindowWorker
 from tests.support.window_worker import KEYS, config, run_worker, stop
 
 
@@ -85,7 +85,7 @@ async def test_a_sharded_queue_is_served_by_one_worker_with_nothing_lost(
     ids = [f"req-{i}" for i in range(60)]
     placed = {request_id: enqueue(r, request_id, 3) for request_id in ids}
     assert {keys.shard for keys in placed.values()} == {0, 1, 2}
-    worker = Worker(config(redis_url), EchoModel())
+    worker = WindowWorker(config(redis_url), EchoModel())
     task = await run_worker(worker)
     try:
         # one waiting thread: the event loop's default executor stays free for the worker
@@ -110,7 +110,7 @@ async def test_priority_holds_across_shards_on_a_backlog(redis_url: str,
     placed.update({i: enqueue(r, i, 3, priority=5) for i in high})
     model = RecordingModel()
     model.gate.set()
-    worker = Worker(config(redis_url, max_batch_size=4), model)
+    worker = WindowWorker(config(redis_url, max_batch_size=4), model)
     task = await run_worker(worker)
     try:
         for i in low + high:
@@ -125,7 +125,7 @@ async def test_priority_holds_across_shards_on_a_backlog(redis_url: str,
 async def test_lowering_the_shard_count_on_a_live_queue_still_serves_old_shards(
         redis_url: str, r: redis.Redis) -> None:
     set_shards(r, 3, 3)
-    worker = Worker(config(redis_url), EchoModel())
+    worker = WindowWorker(config(redis_url), EchoModel())
     task = await run_worker(worker)
     try:
         first = ids_in_shard(2, 3, "a-", 3)
@@ -146,7 +146,7 @@ async def test_lowering_the_shard_count_on_a_live_queue_still_serves_old_shards(
 
 async def test_raising_the_shard_count_on_a_live_queue_is_followed(
         redis_url: str, r: redis.Redis) -> None:
-    worker = Worker(config(redis_url), EchoModel())
+    worker = WindowWorker(config(redis_url), EchoModel())
     task = await run_worker(worker)
     try:
         assert await asyncio.to_thread(wait_result, r, enqueue(r, "one", 1), "one") == "one"

@@ -14,16 +14,16 @@ import redis
 
 import inferq
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.window.worker import Worker
+from inferq.worker.window.worker import WindowWorker
 from tests.support.window_worker import KEYS, config
 
 THREADS = 2_000
 
 
 @contextmanager
-def worker_in_a_thread(url: str) -> Iterator[Worker]:
+def worker_in_a_thread(url: str) -> Iterator[WindowWorker]:
     """A window worker on the echo model, run by its own event loop on a thread."""
-    worker = Worker(config(url, max_batch_size=64), EchoModel())
+    worker = WindowWorker(config(url, max_batch_size=64), EchoModel())
     ready = threading.Event()
     loops: list[asyncio.AbstractEventLoop] = []
 

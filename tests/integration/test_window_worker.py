@@ -16,7 +16,7 @@ from inferq.errors import InferqError
 from inferq.protocol.codec import RequestPayload
 from inferq.worker.models.base import BatchModel, ModelInput
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.window.worker import Worker
+from inferq.worker.window.worker import WindowWorker
 from tests.support.processes import wait_until
 from tests.support.window_worker import KEYS, config, run_worker, stop
 
@@ -59,7 +59,7 @@ async def gather_results(handles: Sequence[inferq.AsyncHandle]) -> list[inferq.R
 async def test_backlog_is_served_in_batches_larger_than_one(
         redis_url: str, aclient: inferq.AsyncClient) -> None:
     handles = await aclient.enqueue_many([f"r{i}" for i in range(60)], model="t")
-    worker = Worker(config(redis_url), EchoModel())
+    worker = WindowWorker(config(redis_url), EchoModel())
     task = await run_worker(worker)
     results = await gather_results(handles)
     await stop(worker, task)
@@ -74,7 +74,7 @@ async def test_poison_request_fails_alone_and_the_worker_survives(
         redis_url: str, aclient: inferq.AsyncClient) -> None:
     model = ScriptedModel()
     model.gate.clear()  # hold the first batch until all requests are queued
-    worker = Worker(config(redis_url), model)
+    worker = WindowWorker(config(redis_url), model)
     task = await run_worker(worker)
     first = await aclient.enqueue("warmup", model="t")
     await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 10)
@@ -103,7 +103,7 @@ async def test_malformed_payload_bytes_fail_alone(redis_url: str, r: redis.Redis
     r.hset(KEYS.request(handles[1].id), "p", b"\xc1\xff not msgpack")
     r.hset(KEYS.request(handles[2].id), "p",
            msgpack.packb({"id": handles[2].id, "task": "embed", "model": "t", "prompt": 42}))
-    worker = Worker(config(redis_url), ScriptedModel())
+    worker = WindowWorker(config(redis_url), ScriptedModel())
     task = await run_worker(worker)
     assert (await handles[0].result(timeout=10)).output == "OK1"
     assert (await handles[3].result(timeout=10)).output == "OK2"
@@ -120,7 +120,7 @@ async def test_shutdown_finishes_the_batch_in_hand_and_gives_back_the_rest(
         redis_url: str, r: redis.Redis, aclient: inferq.AsyncClient) -> None:
     model = ScriptedModel()
     model.gate.clear()
-    worker = Worker(config(redis_url, max_batch_size=2), model)
+    worker = WindowWorker(config(redis_url, max_batch_size=2), model)
     handles = await aclient.enqueue_many([f"r{i}" for i in range(7)], model="t")
     task = await run_worker(worker)
     await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 10)
@@ -142,12 +142,12 @@ async def test_shutdown_finishes_the_batch_in_hand_and_gives_back_the_rest(
 
 async def test_tuned_window_state_is_persisted_and_resumed(
         redis_url: str, aclient: inferq.AsyncClient) -> None:
-    first = Worker(config(redis_url), EchoModel())
+    first = WindowWorker(config(redis_url), EchoModel())
     task = await run_worker(first)
     await gather_results(await aclient.enqueue_many([f"r{i}" for i in range(40)], model="t"))
     await stop(first, task)
     assert first.policy.latency.samples > 0
-    second = Worker(config(redis_url, worker_id="second"), EchoModel())
+    second = WindowWorker(config(redis_url, worker_id="second"), EchoModel())
     task = await run_worker(second)
     await gather_results([await aclient.enqueue("x", model="t")])
     assert second.resumed_tuning
@@ -159,7 +159,7 @@ async def test_worker_publishes_window_stats(redis_url: str, r: redis.Redis,
                                              aclient: inferq.AsyncClient) -> None:
     from inferq.stats import read_queue
 
-    worker = Worker(config(redis_url), EchoModel())
+    worker = WindowWorker(config(redis_url), EchoModel())
     task = await run_worker(worker)
     await gather_results(await aclient.enqueue_many(["a", "b", "c"], model="t", priority=4))
     await gather_results(await aclient.enqueue_many(["later"], model="t"))
@@ -176,7 +176,7 @@ async def test_heartbeat_thread_keeps_leases_alive_through_a_forward_longer_than
 
     # The forward holds the model thread for 3 lease periods; the heartbeat thread extends
     # the lease every 100 ms meanwhile, so nothing is reclaimed and nothing runs twice.
-    worker = Worker(config(redis_url, lease_ms=300, heartbeat_ms=100),
+    worker = WindowWorker(config(redis_url, lease_ms=300, heartbeat_ms=100),
                     SleepModel(batch_ms=900))
     task = await run_worker(worker)
     result = await (await aclient.enqueue("slow", model="t")).result(timeout=30)
@@ -195,7 +195,7 @@ async def test_many_awaited_results_share_one_connection(redis_url: str,
                                   client_name="inbox-test") as client:
         handles = await client.enqueue_many([f"r{i}" for i in range(400)], model="t")
         waits = [asyncio.ensure_future(h.result(timeout=30)) for h in handles]
-        worker = Worker(config(redis_url, max_batch_size=64), EchoModel())
+        worker = WindowWorker(config(redis_url, max_batch_size=64), EchoModel())
         task = await run_worker(worker)
         results = await asyncio.gather(*waits)
         await stop(worker, task)
@@ -211,7 +211,7 @@ async def test_higher_priority_arrival_is_swapped_into_a_preclaimed_window(
         redis_url: str, r: redis.Redis, aclient: inferq.AsyncClient) -> None:
     model = ScriptedModel()
     model.gate.clear()
-    worker = Worker(config(redis_url, max_batch_size=4), model)
+    worker = WindowWorker(config(redis_url, max_batch_size=4), model)
     task = await run_worker(worker)
     first = await aclient.enqueue("running", model="t")
     await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 10)

@@ -20,7 +20,7 @@ from inferq.protocol.keys import QueueKeys
 from inferq.worker.core.lifecycle import EXIT_FAILED, EXIT_OK
 from inferq.worker.models.base import ModelInput
 from inferq.worker.models.builtin import EchoModel, SleepModel
-from inferq.worker.window.worker import Worker
+from inferq.worker.window.worker import WindowWorker
 from tests.support.generation import MODEL, gen_config
 from tests.support.window_worker import KEYS, config, run_worker, stop
 
@@ -32,13 +32,14 @@ async def test_a_forward_three_leases_long_is_not_reclaimed_with_the_default_hea
         redis_url: str, r: redis.Redis, aclient: inferq.AsyncClient) -> None:
     # Lease 400 ms, heartbeat at the default lease / 4, forward 1.2 s. A second worker on
     # the queue sweeps expired leases every lease / 8 meanwhile: nothing may be reclaimed.
-    slow = Worker(config(redis_url, lease_ms=400, worker_id="slow"), SleepModel(batch_ms=1200))
+    slow = WindowWorker(config(redis_url, lease_ms=400, worker_id="slow"),
+                        SleepModel(batch_ms=1200))
     assert slow.config.heartbeat_s == pytest.approx(0.1)
     assert slow.config.reclaim_s == pytest.approx(0.05)
     slow_task = await run_worker(slow)
     handles = await aclient.enqueue_many([f"r{i}" for i in range(4)], model="t")
     await asyncio.wait_for(_inflight(r, 4), 10)  # all four in the slow worker's forward
-    sweeper = Worker(config(redis_url, lease_ms=400, worker_id="sweeper"), EchoModel())
+    sweeper = WindowWorker(config(redis_url, lease_ms=400, worker_id="sweeper"), EchoModel())
     sweeper_task = await run_worker(sweeper)
     results = [await h.result(timeout=30) for h in handles]
     await stop(sweeper, sweeper_task)
@@ -75,7 +76,7 @@ def make_suspects(r: redis.Redis, url: str, n: int) -> list[str]:
 async def test_suspects_are_isolated_in_parallel_across_workers(
         redis_url: str, r: redis.Redis, aclient: inferq.AsyncClient) -> None:
     ids = make_suspects(r, redis_url, 9)
-    workers = [Worker(config(redis_url, lease_ms=1_000, worker_id=f"w{i}",
+    workers = [WindowWorker(config(redis_url, lease_ms=1_000, worker_id=f"w{i}",
                              max_batch_size=16), SleepModel(batch_ms=150))
                for i in range(3)]
     tasks = [await run_worker(w) for w in workers]
@@ -99,7 +100,7 @@ async def test_suspects_are_isolated_in_parallel_across_workers(
 async def test_a_failing_serve_loop_exits_non_zero_and_stops_heartbeating(
         redis_url: str, r: redis.Redis, caplog: pytest.LogCaptureFixture,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    worker = Worker(config(redis_url, lease_ms=400, worker_id="broken"), EchoModel())
+    worker = WindowWorker(config(redis_url, lease_ms=400, worker_id="broken"), EchoModel())
     entered = asyncio.Event()
 
     async def broken_build_batch() -> None:
@@ -124,10 +125,9 @@ async def test_a_failing_serve_loop_exits_non_zero_and_stops_heartbeating(
 
 
 async def test_a_clean_stop_exits_zero(redis_url: str) -> None:
-    worker = Worker(config(redis_url), EchoModel())
+    worker = WindowWorker(config(redis_url), EchoModel())
     task = await run_worker(worker)
-    while not hasattr(worker, "heartbeat"):
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(worker.serving.wait(), 30)
     worker.request_stop()
     assert await asyncio.wait_for(task, 30) == EXIT_OK
     assert not worker.abandoned
@@ -157,7 +157,7 @@ async def test_a_worker_whose_maintenance_dies_cannot_go_on(
         redis_url: str, r: redis.Redis, caplog: pytest.LogCaptureFixture,
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Without its maintenance, a worker would serve on but never reclaim or report health.
-    worker = Worker(config(redis_url, lease_ms=400, worker_id="unmaintained"), EchoModel())
+    worker = WindowWorker(config(redis_url, lease_ms=400, worker_id="unmaintained"), EchoModel())
 
     async def broken_upkeep(reclaimed: tuple[int, int]) -> None:
         raise KeyError("stats")
@@ -190,7 +190,7 @@ class SpinningModel(EchoModel):
 async def test_a_gil_bound_forward_three_leases_long_keeps_its_leases(
         redis_url: str, r: redis.Redis, aclient: inferq.AsyncClient) -> None:
     # Python hands the GIL over every few milliseconds, so the heartbeat thread still beats.
-    worker = Worker(config(redis_url, lease_ms=400, worker_id="spinner"), SpinningModel(1.2))
+    worker = WindowWorker(config(redis_url, lease_ms=400, worker_id="spinner"), SpinningModel(1.2))
     task = await run_worker(worker)
     handles = await aclient.enqueue_many(["a", "b"], model="t")
     results = [await h.result(timeout=30) for h in handles]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from inferq.connection import ConnectionSettings
 from inferq.worker.core.config import WorkerConfig
 
 if TYPE_CHECKING:  # torch and transformers load slowly: only the tests that use them pay
@@ -32,7 +33,8 @@ def greedy_reference(lm: CausalLM, prompt_ids: list[int], max_new: int, *,
 
 
 def gen_config(url: str, **kw: Any) -> WorkerConfig:
-    base: dict[str, Any] = dict(redis_url=url, model_name=MODEL, model_spec="tiny",
+    base: dict[str, Any] = dict(connection=ConnectionSettings(url), model_name=MODEL,
+                                model_spec="tiny",
                                 task="generate", lease_ms=5_000, worker_id="gen-worker")
     base.update(kw)
     return WorkerConfig(**base)

@@ -19,7 +19,7 @@ from inferq.connection import ConnectionSettings
 from inferq.embedded import free_port
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.models.builtin import EchoModel
-from inferq.worker.window.worker import Worker
+from inferq.worker.window.worker import WindowWorker
 from tests.support.servers import SecureServer
 
 #: Reserved URL characters on purpose: the URL must carry it percent-encoded.
@@ -45,7 +45,7 @@ async def round_trip(conn: ConnectionSettings | str, worker_config: WorkerConfig
                      *, prompt: str = "hello") -> None:
     """An in-process worker serves one request from an ``AsyncClient`` and one from a
     ``Client``, both connected with ``conn``."""
-    worker = Worker(worker_config, EchoModel())
+    worker = WindowWorker(worker_config, EchoModel())
     task = asyncio.create_task(worker.run(install_signal_handlers=False))
     model = worker_config.model_name
     try:
@@ -69,8 +69,9 @@ async def round_trip(conn: ConnectionSettings | str, worker_config: WorkerConfig
         await asyncio.wait_for(task, timeout=30)
 
 
-def worker_config(url: str, model: str, **kw: Any) -> WorkerConfig:
-    return WorkerConfig(redis_url=url, model_name=model, model_spec="builtin:echo",
+def worker_config(url: str | ConnectionSettings, model: str, **kw: Any) -> WorkerConfig:
+    conn = url if isinstance(url, ConnectionSettings) else ConnectionSettings(url)
+    return WorkerConfig(connection=conn, model_name=model, model_spec="builtin:echo",
                         max_wait_ms=2, lease_ms=5_000, worker_id=f"w-{model}", **kw)
 
 

@@ -59,7 +59,7 @@ def test_given_flags_reach_the_config_and_the_rest_keep_its_defaults(
         async def run(self) -> int:
             return 0
 
-    monkeypatch.setattr("inferq.worker.window.worker.Worker", Recorder)
+    monkeypatch.setattr("inferq.worker.window.worker.WindowWorker", Recorder)
     monkeypatch.setattr("inferq.cli.worker.check_server", lambda settings: None)  # no server
     assert main(["worker", "--redis-url", NOWHERE, "--model", "echo", "--max-wait-ms", "5",
                  "--max-batch-tokens", "0", "--lease-ms", "900"]) == 0

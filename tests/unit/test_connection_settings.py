@@ -18,17 +18,24 @@ from tests.support.security import QUOTED, secrets_in, worker_config
     ("redis://localhost:6379/0", "redis://localhost:6379/0"),
     ("redis://:pw@localhost:6379/0", "redis://:***@localhost:6379/0"),
     ("redis://user:pw@host/1", "redis://user:***@host/1"),
+    ("rediss://user:pw@host:1", "rediss://user:***@host:1"),
     ("rediss://user:p%40ss%3Aw@host:6380/0?ssl_cert_reqs=required",
      "rediss://user:***@host:6380/0?ssl_cert_reqs=required"),
     ("redis://:p@ss@host/0", "redis://:***@host/0"),  # unencoded '@' in the password
-    ("redis://user@host/0", "redis://user@host/0"),  # a username alone is not a secret
-    ("redis://user:@host/0", "redis://user:@host/0"),
+    # a lone userinfo may be a password to some clients: masked
+    ("redis://user@host/0", "redis://***@host/0"),
+    ("redis://pw@host", "redis://***@host"),
+    ("redis://user:@host/0", "redis://user:***@host/0"),  # whatever follows 'user:'
     ("redis://host:6379/0?db=2&password=pw&x=1", "redis://host:6379/0?db=2&password=***&x=1"),
+    ("redis://host/0?password=pw&db=2", "redis://host/0?password=***&db=2"),
     ("redis://host?password=pw", "redis://host?password=***"),
+    ("redis://h/0?token=t&Auth=a&pass=p&passwd=q&user=u",
+     "redis://h/0?token=***&Auth=***&pass=***&passwd=***&user=u"),
     ("unix://:pw@/run/redis.sock?db=0", "unix://:***@/run/redis.sock?db=0"),
     ("redis://u:pw@[::1]:6379/0#x", "redis://u:***@[::1]:6379/0#x"),
 ])
-def test_redact_url_hides_the_password_and_nothing_else(url: str, shown: str) -> None:
+def test_redact_url_hides_what_may_be_a_secret_and_nothing_else(url: str, shown: str) -> None:
+    """The one redaction (the gateway's logs use it too)."""
     assert redact_url(url) == shown
 
 
@@ -59,7 +66,7 @@ def test_settings_validation_names_the_bad_value(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="retries"):
         ConnectionSettings(retries=-1)
     with pytest.raises(ConfigError, match=r"tls_ca|ssl_ca_certs"):
-        worker_config("redis://h/0", "t", tls_ca=str(ca))  # TLS files need rediss://
+        ConnectionSettings("redis://h/0", ssl_ca_certs=str(ca))  # TLS files need rediss://
 
 
 def test_settings_from_the_environment(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inferq.connection import ConnectionSettings
 from inferq.errors import InferqError
 from inferq.protocol import ops
 from inferq.protocol.codec import (
@@ -30,7 +31,7 @@ from inferq.worker.core.failures import Failure
 from inferq.worker.core.results import Claim, batch_completions, completion
 
 LIMITS = Limits(max_result_bytes=600)
-CONFIG = WorkerConfig(redis_url="redis://127.0.0.1:1/0", model_name="m",
+CONFIG = WorkerConfig(connection=ConnectionSettings("redis://127.0.0.1:1/0"), model_name="m",
                       model_spec="builtin:echo", worker_id="w1", limits=LIMITS)
 
 

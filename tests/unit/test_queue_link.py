@@ -7,15 +7,19 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import msgpack
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from inferq.connection import ConnectionSettings
 from inferq.protocol import ops
 from inferq.protocol.keys import QueueKeys
+from inferq.protocol.settings import settings_from_hash
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.leases import LeaseBook
 from inferq.worker.core.metrics import WorkerMetrics
 from inferq.worker.core.queue_link import QueueLink
+from inferq.worker.core.wake import WakeWaiter
 
 LEASE_MS = 1_000
 
@@ -29,7 +33,8 @@ class Clock:
 
 
 def make_link(clock: Clock) -> tuple[QueueLink, LeaseBook]:
-    config = WorkerConfig(redis_url="redis://unused", model_name="m", model_spec="echo",
+    config = WorkerConfig(connection=ConnectionSettings("redis://unused"), model_name="m",
+                          model_spec="echo",
                           lease_ms=LEASE_MS, worker_id="w1")
     keys = QueueKeys.for_model("embed", "m")
     book = LeaseBook()
@@ -172,3 +177,145 @@ def test_a_beat_that_finds_a_completing_lease_gone_does_not_call_it_lost() -> No
     assert book.mark_lost(["a"]) == []  # dropped already: not lost either
     book.forget_lost(["c"])
     assert not book.any_lost()
+
+
+class FakeRedis:
+    """A client whose pipelines answer EVALSHA from ``replies`` (script name -> reply for
+    the call's rows), recording each call as (script, first key, args). With ``outage``, every
+    pipeline fails, each failure taking a lease of ``clock``'s time."""
+
+    def __init__(self, replies: dict[str, Any], outage: Clock | None = None) -> None:
+        self.replies = replies
+        self.calls: list[tuple[str, str, list[Any]]] = []
+        self.outage = outage
+        self.failures = 0
+
+    def pipeline(self, transaction: bool = False) -> Any:
+        return FakePipe(self)
+
+
+class FakePipe:
+    def __init__(self, client: FakeRedis) -> None:
+        self.client = client
+        self.commands: list[tuple[Any, ...]] = []
+
+    def execute_command(self, *command: Any) -> None:
+        self.commands.append(command)
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        if self.client.outage is not None:
+            self.client.failures += 1
+            self.client.outage.now += LEASE_MS / 1e3
+            raise RedisConnectionError("connection refused")
+        out = []
+        for _, sha, nkeys, *rest in self.commands:
+            keys, args = rest[:nkeys], rest[nkeys:]
+            self.client.calls.append((sha, keys[0], args))
+            reply = self.client.replies[sha]
+            out.append(reply(args) if callable(reply) else reply)
+        return out
+
+
+def fake_scripts(*names: str) -> dict[str, Any]:
+    class Script:
+        def __init__(self, name: str) -> None:
+            self.sha = self.script = name
+
+    return {name: Script(name) for name in names}
+
+
+def delta(request_id: str, text: str = "x") -> ops.StreamDelta:
+    return ops.StreamDelta(request_id, f"token-{request_id}", 1, text, (7,))
+
+
+async def test_publish_writes_text_results_and_end_markers_in_one_round_trip() -> None:
+    clock = Clock()
+    link, book = make_link(clock)
+    redis = FakeRedis({"stream": [b"b"], "complete": [1], "stream_end": 1})
+    link.attach(redis=redis, scripts=fake_scripts("stream", "complete", "stream_end"))
+    published = await link.publish([delta("a"), delta("b")],
+                                   [ops.Completion("c", "token-c", "ok", b"r")])
+    assert published is not None
+    assert published.lost == {"b"} and published.written == [True]
+    assert [name for name, _, _ in redis.calls] == ["stream", "complete", "stream_end"]
+    stream_args = redis.calls[0][2]
+    assert stream_args[2:] == ["a", "token-a", 1, "x", "7", "b", "token-b", 1, "x", "7"]
+    assert redis.calls[2][2][2:] == ["c"]  # the end marker of the finished one
+    assert [request_id for request_id, _ in book.snapshot()] == ["a", "b"]
+
+
+async def test_publish_routes_every_write_to_the_shard_of_its_lease() -> None:
+    clock = Clock()
+    link, book = make_link(clock)
+    book.add("d", "token-d", shard=2)
+    book.add("e", "token-e", shard=2)
+    redis = FakeRedis({"stream": [], "complete": lambda args: [1] * (len(
+        msgpack.unpackb(args[3])) // 5), "stream_end": 1})
+    link.attach(redis=redis, scripts=fake_scripts("stream", "complete", "stream_end"))
+    published = await link.publish(
+        [delta("a"), delta("d")],
+        [ops.Completion("e", "token-e", "ok", b"r"), ops.Completion("c", "token-c", "ok", b"r")])
+    assert published is not None and published.written == [True, True]
+    shard0, shard2 = link.keys.for_shard(0), link.keys.for_shard(2)
+    assert [(name, key) for name, key, _ in redis.calls] == [
+        ("stream", shard0.inflight), ("complete", shard0.inflight),
+        ("stream_end", shard0.inflight), ("stream", shard2.inflight),
+        ("complete", shard2.inflight), ("stream_end", shard2.inflight)]
+    assert redis.calls[0][2][2] == "a" and redis.calls[3][2][2] == "d"
+    assert redis.calls[2][2][2:] == ["c"] and redis.calls[5][2][2:] == ["e"]
+    assert sorted(request_id for request_id, _ in book.snapshot()) == ["a", "b", "d"]
+
+
+async def test_publish_gives_up_with_the_leases_and_through_the_pipeline_given() -> None:
+    clock = Clock()
+    link, book = make_link(clock)
+    link.attach(redis=FakeRedis({}), scripts={})
+    down = FakeRedis({}, outage=clock)
+
+    class Pipeline:
+        client = down
+        scripts = fake_scripts("stream", "complete", "stream_end")
+
+    published = await link.publish([delta("a")], [ops.Completion("c", "token-c", "ok", b"r")],
+                                   pipeline=Pipeline())  # type: ignore[arg-type]
+    assert published is None and down.failures == 2  # within the lease, retried; then not
+    assert [request_id for request_id, _ in book.snapshot()] == ["a", "b"]
+
+
+async def test_start_and_release_make_one_call_per_shard_of_their_leases() -> None:
+    clock = Clock()
+    link, book = make_link(clock)
+    book.add("d", "token-d", shard=1)
+    seen: list[tuple[str, str, list[Any]]] = []
+
+    def script(name: str, reply: Any) -> Any:
+        async def call(*, keys: list[str], args: list[Any]) -> Any:
+            seen.append((name, keys[0], msgpack.unpackb(args[1])))
+            return reply(keys[0])
+        return call
+
+    shard1 = link.keys.for_shard(1)
+    link.attach(redis=None, scripts={
+        "start": script("start", lambda key: [b"d"] if key == shard1.started else []),
+        "release": script("release", lambda key: 1)})
+    leases = [("a", "token-a"), ("d", "token-d"), ("b", "token-b")]
+    assert await link.start(leases) == {"d"}
+    assert book.is_lost("d")
+    book.add("d", "token-d", shard=1)
+    assert await link.release(leases) == 2
+    assert seen == [("start", link.keys.started, ["a", "token-a", "b", "token-b"]),
+                    ("start", shard1.started, ["d", "token-d"]),
+                    ("release", link.keys.inflight, ["a", "token-a", "b", "token-b"]),
+                    ("release", shard1.inflight, ["d", "token-d"])]
+    assert [request_id for request_id, _ in book.snapshot()] == ["c"]
+
+
+async def test_the_wake_lists_follow_the_shards_claims_come_from() -> None:
+    clock = Clock()
+    link, _ = make_link(clock)
+    waiter = WakeWaiter(link.keys.wake)
+    link.follow_shards(waiter)
+    assert waiter.keys == [link.keys.wake]
+    link.settings = settings_from_hash({b"shards": b"2", b"shards_seen": b"3"})
+    link.follow_shards(waiter, "cancels")
+    assert waiter.keys == ["cancels", *(link.keys.for_shard(k).wake for k in range(3))]

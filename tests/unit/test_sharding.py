@@ -100,8 +100,9 @@ def test_cluster_mode_can_be_forced_without_asking_the_server() -> None:
 async def test_stats_gauges_and_readiness_sum_every_shard_the_queue_ever_had() -> None:
     import fakeredis
 
+    from inferq.plans import run, run_async
     from inferq.protocol import scores
-    from inferq.stats import all_live_workers, run, run_async, sharded_queue_stats
+    from inferq.stats import all_live_workers, sharded_queue_stats
     from inferq.worker.core.metrics import WorkerMetrics
 
     server = fakeredis.FakeServer()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import fakeredis
 
+from inferq.plans import run, run_async
 from inferq.protocol import scores
 from inferq.protocol.keys import QueueKeys
-from inferq.stats import live_workers, queue_stats, run, run_async
+from inferq.stats import live_workers, queue_stats
 
 KEYS = QueueKeys.for_model("embed", "m")
 

@@ -13,6 +13,7 @@ import pytest
 
 from inferq.cli import worker as worker_cli
 from inferq.cli.main import build_parser
+from inferq.connection import ConnectionSettings
 from inferq.errors import ConfigError
 from inferq.protocol.codec import build_request
 from inferq.worker.core.config import WorkerConfig
@@ -21,7 +22,8 @@ from inferq.worker.models.builtin import SleepModel
 
 
 def make_config(**kw: object) -> WorkerConfig:
-    return WorkerConfig(redis_url="redis://unused", model_name="m", model_spec="echo",
+    return WorkerConfig(connection=ConnectionSettings("redis://unused"), model_name="m",
+                        model_spec="echo",
                         **kw)  # type: ignore[arg-type]
 
 

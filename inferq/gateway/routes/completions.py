@@ -205,9 +205,22 @@ def stream_response(state: GatewayState, handle: AsyncHandle, chunks: Chunks, ti
 
 # --- routes --------------------------------------------------------------------------------
 
-def json_response(body: CompletionResponse | ChatCompletionResponse, handle: AsyncHandle
+async def respond(state: GatewayState, body: ChatCompletionRequest | CompletionRequest,
+                  headers: tuple[int | None, float | None, float | None],
+                  answer: Callable[[Chunks, Result], CompletionResponse | ChatCompletionResponse]
                   ) -> Response:
-    return Response(body.model_dump_json(), media_type="application/json",
+    """Both routes: queue the request, then stream its chunks, or wait and ``answer`` with the
+    response body made of the result. ``headers``: X-Priority, X-Deadline-S, X-Timeout-S."""
+    priority, deadline_s, timeout_s = headers
+    timeout = state.timeout(timeout_s, "X-Timeout-S")
+    handle = await enqueue(state, body, priority, deadline_s)
+    chat = isinstance(body, ChatCompletionRequest)
+    chunks = Chunks(chat=chat, id=f"{'chatcmpl' if chat else 'cmpl'}-{handle.id}",
+                    model=body.model, created=int(time.time()))
+    if body.stream:
+        return stream_response(state, handle, chunks, timeout, body.include_usage)
+    result = await wait(handle, timeout)
+    return Response(answer(chunks, result).model_dump_json(), media_type="application/json",
                     headers={"X-Inferq-Request-Id": handle.id})
 
 
@@ -218,17 +231,11 @@ async def create_completion(body: CompletionRequest, state: State,
                             x_deadline_s: DeadlineHeader = None,
                             x_timeout_s: TimeoutHeader = None) -> Response:
     """Continues ``prompt`` (task ``generate``); ``usage`` is the worker tokenizer's count."""
-    timeout = state.timeout(x_timeout_s, "X-Timeout-S")
-    handle = await enqueue(state, body, x_priority, x_deadline_s)
-    chunks = Chunks(chat=False, id=f"cmpl-{handle.id}", model=body.model,
-                    created=int(time.time()))
-    if body.stream:
-        return stream_response(state, handle, chunks, timeout, body.include_usage)
-    result = await wait(handle, timeout)
-    return json_response(CompletionResponse(
+    return await respond(state, body, (x_priority, x_deadline_s, x_timeout_s),
+                         lambda chunks, result: CompletionResponse(
         id=chunks.id, created=chunks.created, model=body.model, usage=usage_of(result),
         choices=[CompletionChoice(text=text_of(result, body.model),
-                                  finish_reason=finish_reason(result))]), handle)
+                                  finish_reason=finish_reason(result))]))
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
@@ -238,14 +245,8 @@ async def create_chat_completion(body: ChatCompletionRequest, state: State,
                                  x_deadline_s: DeadlineHeader = None,
                                  x_timeout_s: TimeoutHeader = None) -> Response:
     """Answers ``messages`` (rendered with the model's chat template on the worker)."""
-    timeout = state.timeout(x_timeout_s, "X-Timeout-S")
-    handle = await enqueue(state, body, x_priority, x_deadline_s)
-    chunks = Chunks(chat=True, id=f"chatcmpl-{handle.id}", model=body.model,
-                    created=int(time.time()))
-    if body.stream:
-        return stream_response(state, handle, chunks, timeout, body.include_usage)
-    result = await wait(handle, timeout)
-    return json_response(ChatCompletionResponse(
+    return await respond(state, body, (x_priority, x_deadline_s, x_timeout_s),
+                         lambda chunks, result: ChatCompletionResponse(
         id=chunks.id, created=chunks.created, model=body.model, usage=usage_of(result),
         choices=[ChatChoice(message=AssistantMessage(content=text_of(result, body.model)),
-                            finish_reason=finish_reason(result))]), handle)
+                            finish_reason=finish_reason(result))]))

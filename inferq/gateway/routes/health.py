@@ -14,7 +14,6 @@ from redis.exceptions import RedisError
 from inferq.gateway.schemas import Health, ModelName, Readiness, TaskName
 from inferq.gateway.state import State
 from inferq.protocol.keys import QueueKeys
-from inferq.stats import all_live_workers, run_async
 
 router = APIRouter(tags=["health"])
 log = logging.getLogger("inferq.gateway")
@@ -32,13 +31,13 @@ async def readyz(state: State, model: Annotated[ModelName | None, Query()] = Non
                  task: Annotated[TaskName | None, Query()] = None) -> JSONResponse:
     """``?model=&task=`` name the queue; default ``INFERQ_GATEWAY_READY_MODEL``/``_TASK``."""
     settings = state.settings
-    keys = QueueKeys.for_model(task or settings.ready_task, model or settings.ready_model,
-                               settings.namespace)
+    task, model = task or settings.ready_task, model or settings.ready_model
+    keys = QueueKeys.for_model(task, model, settings.namespace)
     redis, reason = True, None
     try:
         # every shard of the queue: a worker on any of them serves it
-        workers = len(await asyncio.wait_for(
-            run_async(state.client.redis, all_live_workers(keys)), settings.ready_timeout_s))
+        workers = len(await asyncio.wait_for(state.client.live_workers(model=model, task=task),
+                                             settings.ready_timeout_s))
     except (RedisError, OSError, TimeoutError) as exc:
         log.warning("readyz: redis unavailable: %s", exc)
         workers, redis, reason = 0, False, "redis unavailable"

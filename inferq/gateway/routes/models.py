@@ -31,13 +31,13 @@ def _entry(model: str, tasks: list[str]) -> dict[str, Any]:
 
 @router.get("/v1/models", responses=ERROR_RESPONSES, summary="List served models")
 async def list_models(state: State) -> dict[str, Any]:
-    models = _models(await state.served.queues(state.client.redis, fresh=True))
+    models = _models(await state.served.queues(state.client, fresh=True))
     return {"object": "list", "data": [_entry(m, t) for m, t in models.items()]}
 
 
 @router.get("/v1/models/{model}", responses=ERROR_RESPONSES, summary="One served model")
 async def get_model(model: ModelName, state: State) -> dict[str, Any]:
-    models = _models(await state.served.queues(state.client.redis, fresh=True))
+    models = _models(await state.served.queues(state.client, fresh=True))
     if model not in models:
         raise model_not_found(model, None)
     return _entry(model, models[model])

@@ -104,7 +104,7 @@ async def create_request(body: CreateRequest, state: State, response: Response,
             error.request_id = handle.id  # still queued: the caller can read it later
             raise error from exc
         response.status_code = 200
-        return view(handle, RequestState(result.status.value), result, handle.duplicate)
+        return view(handle, RequestState.of(result.status), result, handle.duplicate)
     if not handle.duplicate:
         return view(handle, RequestState.PENDING, duplicate=False)
     return await current(handle, duplicate=True)

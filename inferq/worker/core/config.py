@@ -28,9 +28,10 @@ def default_worker_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
-    #: May carry a password (``redis://user:pw@host``): kept out of ``repr``; log
-    #: ``connection.redacted_url`` instead.
-    redis_url: str = field(repr=False)
+    #: Where and how to connect: the SDK's settings (URL, TLS files, credentials, cluster
+    #: mode, failover timeout; ``inferq worker`` builds them from its flags and the
+    #: environment). Their repr hides the password.
+    connection: ConnectionSettings
     model_name: str
     model_spec: str
     task: str = "embed"
@@ -57,10 +58,6 @@ class WorkerConfig:
     namespace: str = DEFAULT_NAMESPACE
     worker_id: str = field(default_factory=default_worker_id)
     limits: Limits = DEFAULT_LIMITS
-    #: TLS files for a ``rediss://`` URL: CA bundle, client certificate and key (``--tls-*``).
-    tls_ca: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ConfigError:
@@ -93,12 +90,8 @@ class WorkerConfig:
             raise bad("metrics_port", "must be in [0, 65535] or None")
         if not 0 < self.retry_base_ms <= self.retry_max_ms:
             raise bad("retry_base_ms", "must be > 0 and <= retry_max_ms")
-        _ = self.connection  # validates the URL and the TLS files
-
-    @property
-    def connection(self) -> ConnectionSettings:
-        return ConnectionSettings(url=self.redis_url, ssl_ca_certs=self.tls_ca,
-                                  ssl_certfile=self.tls_cert, ssl_keyfile=self.tls_key)
+        if not isinstance(self.connection, ConnectionSettings):
+            raise bad("connection", "must be a ConnectionSettings")
 
     @property
     def heartbeat_s(self) -> float:

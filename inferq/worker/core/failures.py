@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferq.errors import DeviceOutOfMemory, InferqError
+from inferq.errors import MODEL_ERROR, DeviceOutOfMemory, InferqError
 from inferq.protocol.codec import ErrorInfo
 
 
@@ -33,7 +33,7 @@ def failure_of(exc: BaseException) -> Failure:
     else:
         # An unexpected exception may be transient (a CUDA hiccup); retries are bounded by the
         # request's max_attempts, after which it is dead-lettered with this error.
-        code, retryable = "model_error", True
+        code, retryable = MODEL_ERROR, True
     return Failure(ErrorInfo(code=code, message=f"{type(exc).__name__}: {exc}"[:2000]),
                    retryable)
 

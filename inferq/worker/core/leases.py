@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -134,13 +135,10 @@ class Heartbeat(threading.Thread):
     def __init__(self, settings: ConnectionSettings | str, keys: QueueKeys, worker_id: str,
                  book: LeaseBook, *, lease_ms: int, interval_s: float) -> None:
         super().__init__(name="inferq-heartbeat", daemon=True)
-        # A beat that hangs must not outlive the lease it renews: bounded well below it.
-        timeout = max(0.5, lease_ms / 2e3)
-        # No retries inside redis-py: ``run`` retries on its own schedule.
-        self._redis = connection.sync_client(settings, socket_timeout=timeout,
-                                             socket_connect_timeout=timeout,
-                                             retry=Retry(NoBackoff(), 0))
-        self._script = self._redis.register_script(scripts.HEARTBEAT)
+        self._settings = settings
+        #: Its own connection, made by the first beat (``first_beat``, off the event loop).
+        self._redis: Any = None
+        self._script: Any = None
         self._keys = keys
         self._worker_id = worker_id
         self._book = book
@@ -150,7 +148,18 @@ class Heartbeat(threading.Thread):
         #: Beats that got through (tests and ``/healthz`` read it).
         self.beats = 0
 
+    def _connect(self) -> None:
+        # A beat that hangs must not outlive the lease it renews: bounded well below it.
+        timeout = max(0.5, self._lease_ms / 2e3)
+        # No retries inside redis-py: ``run`` retries on its own schedule.
+        self._redis = connection.sync_client(self._settings, socket_timeout=timeout,
+                                             socket_connect_timeout=timeout,
+                                             retry=Retry(NoBackoff(), 0))
+        self._script = self._redis.register_script(scripts.ALL["heartbeat"])
+
     def beat(self) -> list[str]:
+        if self._redis is None:
+            self._connect()
         lost: list[str] = []
         for shard, leases in sorted(self._book.by_shard().items()):
             keys, args = ops.heartbeat_call(
@@ -206,6 +215,8 @@ class Heartbeat(threading.Thread):
         self._halt.set()
         if self.is_alive():
             self.join(timeout=max(1.0, self._lease_ms / 1e3))
+        if self._redis is None:
+            return
         if deregister:
             try:
                 self._redis.zrem(self._keys.workers, self._worker_id)

@@ -74,6 +74,12 @@ class QueueWorker(ABC, Generic[T]):
         self.metrics = WorkerMetrics(self.keys.queue, config.worker_id)
         self.health = HealthState(stale_after_s=max(10.0, config.lease_ms / 1e3))
         self.link = QueueLink(config, self.keys, self.book, self.metrics, clock)
+        #: The worker's main connection (made in ``run``, inside its event loop).
+        self.redis: Any = None
+        self.heartbeat = Heartbeat(config.connection, self.keys, config.worker_id, self.book,
+                                   lease_ms=config.lease_ms, interval_s=config.heartbeat_s)
+        #: The idle wait for new work (its lists are ``_wake_keys``, given in ``run``).
+        self._wake = WakeWaiter()
         self.metrics_server: ThreadingHTTPServer | None = None
         self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="inferq-prepare")
         self._pools = [self._prepare_pool]
@@ -81,6 +87,8 @@ class QueueWorker(ABC, Generic[T]):
         self._stopping: asyncio.Event | None = None
         #: Set when a stop's drain timeout passed with work still in hand.
         self.abandoned = False
+        #: Set once the worker serves (started, registered, heartbeating): a stop may come.
+        self.serving = asyncio.Event()
         self.watchdog = StopWatchdog(config.worker_id, hard_exit=False)
 
     def request_stop(self) -> None:
@@ -88,6 +96,7 @@ class QueueWorker(ABC, Generic[T]):
             log.info("stopping: no new claims; finishing %s (drain timeout %g s)",
                      self.finishing, self.config.drain_timeout_s)
             self.watchdog.arm(self.config.drain_timeout_s + STOP_GRACE_S, "stop")
+            self.health.stopping()
             self._stopping.set()
 
     def _on_signal(self, signum: int) -> None:
@@ -105,7 +114,7 @@ class QueueWorker(ABC, Generic[T]):
         self.watchdog = StopWatchdog(self.config.worker_id, hard_exit=install_signal_handlers)
         self.redis = self._connect()
         self.link.attach(self.redis, ops.register(self.redis))
-        self._wake = WakeWaiter(self._connect(), *self._wake_keys())
+        self._wake.connect(self._connect(), *self._wake_keys())
         if install_signal_handlers:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -117,9 +126,6 @@ class QueueWorker(ABC, Generic[T]):
             log.info("metrics and /healthz on port %d", self.metrics_server.server_address[1])
         await self._start()
         await self.link.register_queue()
-        self.heartbeat = Heartbeat(self.config.connection, self.keys, self.config.worker_id,
-                                   self.book, lease_ms=self.config.lease_ms,
-                                   interval_s=self.config.heartbeat_s)
         await asyncio.to_thread(self.heartbeat.first_beat)
         self.heartbeat.start()
         maintenance: asyncio.Task[None] | None = None
@@ -130,6 +136,7 @@ class QueueWorker(ABC, Generic[T]):
                      "%g ms)", self.config.worker_id, self.keys.queue, self._describe(),
                      self.config.lease_ms, self.config.heartbeat_s * 1e3,
                      self.config.reclaim_s * 1e3)
+            self.serving.set()
             maintenance = asyncio.create_task(self.link.maintain(
                 self.health, self.device, upkeep=self._upkeep, detail=self._health_detail,
                 stop=self._stopping))

@@ -26,7 +26,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from inferq.stats import run_async, sharded_queue_stats
+from inferq.plans import run_async
+from inferq.stats import sharded_queue_stats
 
 if TYPE_CHECKING:
     from redis import asyncio as aioredis
@@ -242,7 +243,14 @@ class HealthState:
         self.stale_after_s = stale_after_s
         self._last_ok = time.monotonic()
         self._detail: dict[str, Any] = {"status": "starting"}
+        self._stopping = False
         self._lock = threading.Lock()
+
+    def stopping(self) -> None:
+        """A stop was asked for: the worker claims nothing more and drains (``/healthz``
+        says ``"stopping": true`` from now on)."""
+        with self._lock:
+            self._stopping = True
 
     def ok(self, **detail: Any) -> None:
         with self._lock:
@@ -257,7 +265,8 @@ class HealthState:
         with self._lock:
             age = time.monotonic() - self._last_ok
             healthy = age <= self.stale_after_s and self._detail.get("status") == "ok"
-            return healthy, {**self._detail, "seconds_since_ok": round(age, 3)}
+            stopping = {"stopping": True} if self._stopping else {}
+            return healthy, {**self._detail, **stopping, "seconds_since_ok": round(age, 3)}
 
 
 def serve(metrics: WorkerMetrics, health: HealthState, port: int,

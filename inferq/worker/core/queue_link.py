@@ -1,7 +1,9 @@
 """Every Redis call a worker makes on its queue, but the heartbeat's (``leases``) and the
-wake-up BLPOP (``wake``): the scripts (several in one round trip: ``ScriptPipeline``), the
-queue registry, the priority check of a pre-claimed window, the window tuning, the stats hash,
-and the maintenance loop (reclaims, health).
+wake-up BLPOP (``wake``, whose lists ``follow_shards`` keeps on every shard): claims, starts,
+completions, releases and a generating worker's stream writes (``publish``), each one script
+call per shard of the leases concerned (``_per_shard``; several in one round trip:
+``ScriptPipeline``), the queue registry, the priority check of a pre-claimed window, the window
+tuning, the stats hash, and the maintenance loop (reclaims, health).
 
 Writes that follow a forward (results, stream text) are retried through a Redis outage for as
 long as the leases they carry can still be valid (``until_leases_expire``). After that the
@@ -15,12 +17,13 @@ import contextlib
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import RedisError, ResponseError
 
-from inferq import cluster
+from inferq import cluster, plans
 from inferq.protocol import ops, scores
 from inferq.protocol.keys import QueueKeys, queues_registry
 from inferq.protocol.settings import QueueSettings, settings_from_hash
@@ -28,6 +31,7 @@ from inferq.worker.core.backoff import RedisBackoff
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.leases import LeaseBook
 from inferq.worker.core.metrics import HealthState, WorkerMetrics
+from inferq.worker.core.wake import WakeWaiter
 
 log = logging.getLogger("inferq.worker")
 
@@ -176,16 +180,6 @@ class QueueLink:
                               next_retry_ms=min(retries, default=None), corrupt=corrupt,
                               garbage=garbage)
 
-    def _by_shard(self, request_ids: Sequence[str]) -> dict[int, list[int]]:
-        """Positions of ``request_ids`` grouped by the shard of their lease."""
-        shards = self.book.shards_of(request_ids)
-        if not any(shards):
-            return {0: list(range(len(request_ids)))}
-        groups: dict[int, list[int]] = {}
-        for i, shard in enumerate(shards):
-            groups.setdefault(shard, []).append(i)
-        return groups
-
     def note_damage(self, corrupt: Sequence[tuple[str, str]], garbage: Sequence[str]) -> None:
         """Log and count what a script found damaged: requests it answered
         ``corrupt_request``, and raw keys it dropped as garbage."""
@@ -209,16 +203,14 @@ class QueueLink:
         as long as the leases last (the worker gave up; nothing was counted, the requests
         will be reclaimed unchanged). Retried through Redis errors like a completion."""
         lost: list[str] = []
-        start = self.scripts["start"]
-        for shard, positions in self._by_shard([request_id for request_id, _ in leases]).items():
-            group = [leases[i] for i in positions]
-            keys, args = ops.start_call(self.keys.for_shard(shard), group)
-            reply = await self.until_leases_expire(
-                functools.partial(start, keys=keys, args=args), what="start",
-                request_ids=[request_id for request_id, _ in group])
-            if reply is None:
-                return None
-            lost += ops.parse_ids(reply)
+        ids = [request_id for request_id, _ in leases]
+        shards = self._per_shard(self.scripts["start"], ids, lambda keys, group: ops.start_call(
+            keys, [leases[i] for i in group]), retried="start")
+        async with contextlib.aclosing(shards):
+            async for _, reply in shards:
+                if reply is None:
+                    return None
+                lost += ops.parse_ids(reply)
         if lost:
             log.warning("%d claims lost their lease before they could start", len(lost))
             self.book.mark_lost(lost)
@@ -253,27 +245,70 @@ class QueueLink:
         ``until_leases_expire``): which of them were written (a refused one had lost its
         lease or was cancelled), or None when the worker gave up. Their leases leave the book
         either way."""
-        complete = (scripts or self.scripts)["complete"]
+        config = self.config
         written: list[bool] = [False] * len(completions)
         gave_up = False
         ids = [c.id for c in completions]
         self.book.completing(ids)
-        for shard, positions in self._by_shard(ids).items():
-            group = [completions[i] for i in positions]
-            group_ids = [ids[i] for i in positions]
-            keys, args = ops.complete_call(self.keys.for_shard(shard),
-                                           self.config.result_ttl_ms,
-                                           self.config.dead_letter_cap, group)
-            reply = await self.until_leases_expire(
-                functools.partial(complete, keys=keys, args=args), what="complete",
-                request_ids=group_ids)
+        async for positions, reply in self._per_shard(
+                (scripts or self.scripts)["complete"], ids,
+                lambda keys, group: ops.complete_call(keys, config.result_ttl_ms,
+                                                      config.dead_letter_cap,
+                                                      [completions[i] for i in group]),
+                retried="complete"):
             if reply is None:
                 gave_up = True
                 continue
             for i, ok in zip(positions, ops.parse_complete(reply), strict=True):
                 written[i] = ok
-            self.book.drop_many(group_ids)
+            self.book.drop_many([ids[i] for i in positions])
         return None if gave_up else written
+
+    async def publish(self, deltas: Sequence[ops.StreamDelta],
+                      completions: Sequence[ops.Completion], *,
+                      pipeline: ScriptPipeline | None = None) -> Published | None:
+        """A generating worker's write, in one round trip: each running generation's new
+        text (STREAM, token-checked) and the results of finished ones (COMPLETE, then
+        STREAM_END), one call of each per shard of their leases; retried like a completion
+        (``until_leases_expire``). None when the worker gave up; the leases of
+        ``completions`` leave the book either way. ``pipeline``: the connection and scripts
+        to use (default: the link's)."""
+        config, book = self.config, self.book
+        done_ids = [c.id for c in completions]
+        delta_shards = book.shards_of([d.id for d in deltas])
+        done_shards = book.shards_of(done_ids)
+        calls: list[tuple[str, ops.Call]] = []
+        stream_at: list[int] = []
+        complete_at: list[tuple[int, list[int]]] = []  # (call index, positions in completions)
+        for shard in sorted({0, *delta_shards, *done_shards}):
+            keys = self.keys.for_shard(shard)
+            stream_at.append(len(calls))
+            calls.append(("stream", ops.stream_call(
+                keys, config.result_ttl_ms,
+                [d for d, k in zip(deltas, delta_shards, strict=True) if k == shard])))
+            mine = [i for i, k in enumerate(done_shards) if k == shard]
+            if mine:
+                complete_at.append((len(calls), mine))
+                calls.append(("complete", ops.complete_call(
+                    keys, config.result_ttl_ms, config.dead_letter_cap,
+                    [completions[i] for i in mine])))
+                calls.append(("stream_end", ops.stream_end_call(
+                    keys, config.result_ttl_ms, [done_ids[i] for i in mine])))
+        book.completing(done_ids)
+        client, scripts = ((pipeline.client, pipeline.scripts) if pipeline is not None
+                           else (self.redis, self.scripts))
+        replies = await self.until_leases_expire(
+            lambda: run_script_calls(client, scripts, calls), what="publish",
+            request_ids=done_ids)
+        if replies is None:
+            return None
+        written = [False] * len(completions)
+        for at, mine in complete_at:
+            for i, ok in zip(mine, ops.parse_complete(replies[at]), strict=True):
+                written[i] = ok
+        book.drop_many(done_ids)
+        return Published(lost={i for at in stream_at for i in ops.parse_ids(replies[at])},
+                         written=written)
 
     async def release(self, leases: Sequence[tuple[str, str]], why: str = "") -> int:
         """Give claimed, unstarted requests back to pending; how many went back. On a Redis
@@ -282,10 +317,10 @@ class QueueLink:
             return 0
         released = 0
         try:
-            for shard, positions in self._by_shard([r for r, _ in leases]).items():
-                keys, args = ops.release_call(self.keys.for_shard(shard),
-                                              [leases[i] for i in positions])
-                released += int(await self.scripts["release"](keys=keys, args=args))
+            async for _, reply in self._per_shard(
+                    self.scripts["release"], [r for r, _ in leases],
+                    lambda keys, group: ops.release_call(keys, [leases[i] for i in group])):
+                released += int(reply)
         except RedisError as exc:
             log.warning("could not give %d claims back (%s); their leases will expire and "
                         "they will be reclaimed", len(leases), exc)
@@ -297,6 +332,38 @@ class QueueLink:
                 "gave %d unstarted requests back to the queue%s", released,
                 f" ({why})" if why else "")
         return released
+
+    async def _per_shard(self, script: Any, request_ids: Sequence[str],
+                         make: Callable[[QueueKeys, list[int]], ops.Call], *,
+                         retried: str | None = None) -> AsyncGenerator[tuple[list[int], Any]]:
+        """For each shard holding leases of ``request_ids`` (shard 0 alone for most queues):
+        the positions of its ids, and the reply of one ``script`` call for them (``make``
+        builds its keys and args from the shard's keys and those positions). ``retried``: the
+        call is retried like a write (``until_leases_expire``, named so in the logs); its
+        reply is None when that gave up."""
+        shards = self.book.shards_of(request_ids)
+        groups: dict[int, list[int]] = {0: list(range(len(request_ids)))}
+        if any(shards):
+            groups = {}
+            for i, shard in enumerate(shards):
+                groups.setdefault(shard, []).append(i)
+        for shard, positions in groups.items():
+            keys, args = make(self.keys.for_shard(shard), positions)
+            call = functools.partial(script, keys=keys, args=args)
+            if retried is None:
+                yield positions, await call()
+            else:
+                yield positions, await self.until_leases_expire(
+                    call, what=retried, request_ids=[request_ids[i] for i in positions])
+
+    def follow_shards(self, waiter: WakeWaiter, *first: str) -> None:
+        """Make ``waiter`` (an idle worker's wake-up BLPOP) block on the wake list of every
+        shard claims are taken from, after the lists in ``first`` (served before them: a
+        generate worker's cancel list). Call it after each claim: a sharded queue's shards
+        are read again about every second (``refresh_settings``)."""
+        lists = [*first, *(keys.wake for keys in self.shard_keys)]
+        if lists != waiter.keys:
+            waiter.set_keys(lists)
 
     async def pending_above(self, priority: int) -> int:
         """Pending requests of strictly higher priority than ``priority`` (one ZCOUNT per
@@ -401,10 +468,28 @@ class QueueLink:
                         "loses every queued request")
 
 
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What ``QueueLink.publish`` wrote."""
+
+    #: Ids whose stream write was refused: their lease is gone (cancelled by the producer,
+    #: finished elsewhere, reclaimed).
+    lost: set[str]
+    #: Per completion: written, or refused (its lease was lost).
+    written: list[bool]
+
+
+async def run_script_calls(client: Any, scripts: Mapping[str, Any],
+                           calls: Sequence[tuple[str, ops.Call]]) -> list[Any]:
+    """The queue's scripts ``calls`` (name, (keys, args)) in one round trip, in order
+    (``cluster.script_round``): their replies."""
+    return await plans.run_async(client, cluster.script_round(
+        [(scripts[name], keys, args) for name, (keys, args) in calls]))
+
+
 class ScriptPipeline:
     """Several of the queue's scripts in one round trip, in order, as plain EVALSHA on a
-    connection of their own (redis-py's pipelined script objects would first send SCRIPT
-    EXISTS: a second round trip at every call)."""
+    connection of their own (``run_script_calls``)."""
 
     def __init__(self, client: Any, names: Sequence[str]) -> None:
         self.client = client
@@ -412,35 +497,14 @@ class ScriptPipeline:
         self.scripts: Mapping[str, Any] = ops.register(client)
 
     async def load(self) -> None:
-        """Plain EVALSHA needs the scripts loaded; done at start and after a server lost them."""
+        """Load the scripts (a server that lost them later gets them again at the first
+        call that meets NOSCRIPT)."""
         for name in self.names:
             script = self.scripts[name]
             script.sha = await self.client.script_load(script.script)
 
     async def __call__(self, calls: Sequence[tuple[str, ops.Call]]) -> list[Any]:
         """The replies, in order. A server that lost its script cache (restart, SCRIPT FLUSH)
-        gets all of them loaded again, and only the calls it refused run again, so nothing is
-        written twice."""
-        replies: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        for attempt in (1, 2):
-            pipe = self.client.pipeline(transaction=False)
-            for i in todo:
-                name, (keys, args) = calls[i]
-                # As a raw command: redis-py's cluster pipelines refuse ``evalsha``.
-                pipe.execute_command("EVALSHA", self.scripts[name].sha, len(keys), *keys,
-                                     *args)
-            results = await pipe.execute(raise_on_error=False)
-            missing = []
-            for i, result in zip(todo, results, strict=True):
-                if isinstance(result, NoScriptError) and attempt == 1:
-                    missing.append(i)
-                elif isinstance(result, Exception):
-                    raise result
-                else:
-                    replies[i] = result
-            if not missing:
-                return replies
-            await self.load()
-            todo = missing
-        raise AssertionError("unreachable")
+        gets the refused scripts loaded again, and only the calls it refused run again, so
+        nothing is written twice."""
+        return await run_script_calls(self.client, self.scripts, calls)

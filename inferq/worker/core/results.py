@@ -52,6 +52,12 @@ class Claim:
                    claim.claimed_ms, **extra)
 
 
+def ran_before(claimed: ops.Claimed) -> bool:
+    """A request that ran before (its worker died while it ran, or its run failed): a
+    suspect, which runs alone so that it cannot take other requests' attempts with it."""
+    return claimed.attempt >= 2
+
+
 def decode_claims(config: WorkerConfig, claimed: Sequence[ops.Claimed], now_ms: int,
                   clock: Callable[[], float]) -> tuple[list[Claim], list[ops.Completion]]:
     """Decode and check claimed payloads: the valid ones (times put on ``clock``), and a

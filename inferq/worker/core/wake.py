@@ -27,12 +27,23 @@ BLOCK_S = 1.0
 
 
 class WakeWaiter:
-    def __init__(self, client: Any, *keys: str) -> None:
-        self._client = client
-        self._cluster = is_cluster_client(client)
+    """The wake-up wait of one worker: made with its lists, given a connection by
+    ``connect`` (when the worker starts)."""
+
+    def __init__(self, *keys: str) -> None:
+        self._client: Any = None
+        self._cluster = False
+        #: The lists it blocks on, in the order BLPOP serves them.
+        self.keys = list(keys)
         self._groups = self._group(keys)
         #: The BLPOP in flight for each group of lists (left running between calls).
         self._tasks: dict[tuple[str, ...], asyncio.Task[Any]] = {}
+
+    def connect(self, client: Any, *keys: str) -> None:
+        """The connection to block on (and, if given, the lists)."""
+        self._client = client
+        self._cluster = is_cluster_client(client)
+        self.set_keys(keys or self.keys)
 
     def _group(self, keys: Sequence[str]) -> list[tuple[str, ...]]:
         if not self._cluster:
@@ -45,6 +56,7 @@ class WakeWaiter:
     def set_keys(self, keys: Sequence[str]) -> None:
         """Block on these lists from the next BLPOP on (a sharded queue's wake lists); a BLPOP
         already in flight on the old ones is still heard once."""
+        self.keys = list(keys)
         self._groups = self._group(keys)
 
     async def wait(self, timeout: float | None, *,

@@ -12,9 +12,8 @@ Why decoding and tokenizing stay on a thread of this process rather than in a pr
 their own (as the generate worker's engine does): they already run while the forward is in
 flight (the collector prepares the next window on the helper thread; the tokenizer and torch
 release the GIL), and what is left between two forwards is measured as ``handoff_s`` in the
-stats hash (the ``embed`` benchmark prints it). With MiniLM on 2 CPU cores the model is busy
-97-99% of the wall time and full stack / bare model at its best batch is 0.98x (median of the
-recorded run in benchmarks/RESULTS.md); a second process would not add cores, and the
+stats hash (the ``embed`` benchmark prints it, with how close the full stack comes to the bare
+model: benchmarks/RESULTS.md); on a CPU machine a second process would not add cores, and the
 per-request Python work on the loop is small (one pydantic call and one packer pass per
 window, metrics per batch). What a split would still buy is a forward that never
 waits for this process's GIL on a GPU, where a small model's forward is mostly Python kernel
@@ -44,7 +43,13 @@ from inferq.worker.core.backoff import RedisBackoff
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.failures import Failure, free_device_cache
 from inferq.worker.core.lifecycle import QueueWorker, run_together
-from inferq.worker.core.results import Claim, batch_completions, expired, failed_completion
+from inferq.worker.core.results import (
+    Claim,
+    batch_completions,
+    expired,
+    failed_completion,
+    ran_before,
+)
 from inferq.worker.core.wake import wait_any
 from inferq.worker.models.base import BatchModel, ModelInput
 from inferq.worker.window.batch import Batch, Job
@@ -57,16 +62,11 @@ from inferq.worker.window.stats import WindowStats
 log = logging.getLogger("inferq.worker")
 
 
-def is_suspect(job: Job) -> bool:
-    """A request that ran before (its worker died or its run failed) runs alone."""
-    return job.claimed.attempt >= 2
-
-
 def _job_tokens(job: Job) -> int:
     return job.tokens
 
 
-class Worker(QueueWorker[Job]):
+class WindowWorker(QueueWorker[Job]):
     finishing = "the batch in hand"
     stats: WindowStats
 
@@ -92,7 +92,11 @@ class Worker(QueueWorker[Job]):
         self._next_retry_s: float | None = None
         #: Suspects lead the queue: claim one at a time (see ``_isolate_suspects``).
         self._suspects_ahead = False
-        self._wake_lists = [self.keys.wake]
+        #: Set while no forward runs; the next batch, handed from the collector to the
+        #: executor (None: the collector ended).
+        self._device_idle = asyncio.Event()
+        self._device_idle.set()
+        self._ready: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -108,9 +112,6 @@ class Worker(QueueWorker[Job]):
                 f"tuning {'resumed' if self.resumed_tuning else 'fresh'})")
 
     async def _serve(self) -> None:
-        self._device_idle = asyncio.Event()
-        self._device_idle.set()
-        self._ready: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=1)
         try:
             await run_together(self._collect_loop(), self._execute_loop())
         finally:
@@ -162,7 +163,7 @@ class Worker(QueueWorker[Job]):
             tokens = fill_tokens(jobs, _job_tokens)
             # A suspect in hand runs alone next, as soon as the device is free: no wait.
             full = (len(jobs) >= cfg.max_batch_size or (budget is not None and tokens >= budget)
-                    or any(map(is_suspect, jobs)))
+                    or any(ran_before(job.claimed) for job in jobs))
             if not self._device_idle.is_set():
                 # The model is busy: collecting more costs no latency. Wake on new work or
                 # when the device frees up.
@@ -212,7 +213,7 @@ class Worker(QueueWorker[Job]):
 
     def _release_batch(self, jobs: list[Job], budget: int | None,
                        reason: ReleaseReason) -> Batch:
-        suspect = next((job for job in jobs if is_suspect(job)), None)
+        suspect = next((job for job in jobs if ran_before(job.claimed)), None)
         if suspect is not None:
             # Its previous attempt crashed a worker or failed: it runs alone, so it cannot
             # burn other requests' attempts.
@@ -238,15 +239,12 @@ class Worker(QueueWorker[Job]):
         """Claim up to ``max_count`` requests, keeping at most one suspect in hand (see
         ``_isolate_suspects``); none while one already waits to run, and one at a time while
         suspects lead the queue."""
-        if any(map(is_suspect, self._carry)):
+        if any(ran_before(job.claimed) for job in self._carry):
             return []
         if self._suspects_ahead:
             max_count = 1
         reply, jobs, failures = await self._claim_prepared(max_count)
-        wakes = [keys.wake for keys in self.link.shard_keys]
-        if wakes != self._wake_lists:  # a sharded queue: idle, wake on any shard's enqueue
-            self._wake_lists = wakes
-            self._wake.set_keys(wakes)
+        self.link.follow_shards(self._wake)  # idle, wake on any shard's enqueue
         self._next_retry_s = (None if reply.next_retry_ms is None
                               else max(reply.next_retry_ms / 1e3, 0.001))
         await self._complete(failures)
@@ -261,7 +259,7 @@ class Worker(QueueWorker[Job]):
         back at once (attempt not counted), so every live worker takes one and the fleet
         isolates them in parallel. Until a claim brings no suspect, it then claims one request
         at a time (no window of suspects claimed, decoded and given back at every round)."""
-        suspects = [job for job in jobs if is_suspect(job)]
+        suspects = [job for job in jobs if ran_before(job.claimed)]
         self._suspects_ahead = len(suspects) > 1 or (self._suspects_ahead and bool(suspects))
         if len(suspects) <= 1:
             return jobs

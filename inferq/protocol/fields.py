@@ -1,0 +1,75 @@
+"""The one source of the names stored inside a request's Redis keys: the fields of its hash,
+the states that hash can be in, and the fields of its stream entries.
+
+Python reads these enums; the Lua scripts get the same names as ``local`` constants that the
+loader (``inferq.protocol.scripts``) generates from this module and puts in front of every
+script (``lua_constants``). A test (``tests/unit/test_script_headers.py``) fails if a script or
+a Python module spells one of these names as a literal instead. To add or rename a field, edit
+this module only.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Field(StrEnum):
+    """The fields of a request hash ``<prefix>req:<id>``. It exists exactly until the
+    request's result is written (the script that writes a result deletes it)."""
+
+    #: The msgpack payload (``codec.RequestPayload``).
+    PAYLOAD = "p"
+    #: The pending score: ``(100 - priority)·2^40 + seq`` (``scores``).
+    SCORE = "s"
+    #: Where the request waits: a ``HashState``.
+    STATE = "st"
+    #: Attempts used by runs that ended (failed and retried, or lost with their worker); a
+    #: run in progress is attempt ``a + 1``.
+    ATTEMPTS = "a"
+    MAX_ATTEMPTS = "ma"
+    #: Enqueue time (ms, Redis clock).
+    ENQUEUED = "eq"
+    #: Absolute deadline (ms, Redis clock); absent without one.
+    DEADLINE = "dl"
+    #: The reply inbox of the client that enqueued it; absent without one.
+    REPLY_TO = "rt"
+    #: The worker holding its lease, while in flight.
+    OWNER = "o"
+    #: The lease token of the current claim (proves that no result exists yet).
+    TOKEN = "t"
+    #: The time of the current claim (ms, Redis clock).
+    CLAIMED = "cl"
+
+
+class HashState(StrEnum):
+    """The values of ``Field.STATE``: a request that has no result yet."""
+
+    PENDING = "pending"
+    INFLIGHT = "inflight"
+    #: Waiting in the delayed set for its retry backoff to end.
+    DELAYED = "delayed"
+
+
+class StreamField(StrEnum):
+    """The fields of an entry of a generation's stream ``<prefix>stream:<id>``."""
+
+    #: The attempt that wrote the entry.
+    ATTEMPT = "a"
+    #: The text delta.
+    TEXT = "d"
+    #: The ids of the tokens behind the delta (decimal, space-separated).
+    TOKENS = "k"
+    #: 1: the end marker (the result exists).
+    END = "e"
+
+
+def lua_constants() -> str:
+    """The Lua ``local`` declarations of every name above (``F_STATE = 'st'``,
+    ``STATE_PENDING = 'pending'``, ``SF_TEXT = 'd'``): locals, so a script pays nothing to use
+    them."""
+    lines = ["-- generated from inferq/protocol/fields.py: edit the names there"]
+    for prefix, enum in (("F_", Field), ("STATE_", HashState), ("SF_", StreamField)):
+        names = [prefix + member.name for member in enum]
+        values = [f"'{member.value}'" for member in enum]
+        lines.append(f"local {', '.join(names)} = {', '.join(values)}")
+    return "\n".join(lines) + "\n"

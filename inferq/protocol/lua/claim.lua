@@ -1,0 +1,91 @@
+--[[
+  Claims up to N requests from the head of pending for one worker.
+
+  Input:
+    KEYS[1] pending
+    KEYS[2] inflight
+    KEYS[3] stats
+    KEYS[4] delayed
+    KEYS[5] wake
+    ARGV[1] prefix
+    ARGV[2] owner
+    ARGV[3] lease_ms
+    ARGV[4] max_count
+    ARGV[5] result_ttl_ms
+    ARGV[6] max_score ('' = any: a sharded claim takes one priority band)
+
+  First promotes retries whose backoff has passed from delayed to pending (original score),
+  each checked before it moves. Then reads up to max_count ids from the head of pending and
+  checks each request's fields; only then writes: the valid ones move to inflight (score =
+  lease deadline) with owner and a fresh lease token; the attempt count is not touched (START
+  counts runs). A request whose deadline already passed is answered 'expired' and never
+  runs; a damaged one is answered 'corrupt_request'; garbage is dropped and counted. When
+  pending is left empty the wake list is cleared, so stale tokens never accumulate.
+
+  Output: {now, {{id, payload, token, attempt (this run's number), enqueued ms,
+  deadline ms or ''}, ...}, expired, ms until the next delayed retry is due or -1,
+  {corrupt id, reason, ...}, {garbage key, ...}}
+]]
+-- @include clock
+-- @include request
+-- @include stats
+local pending, inflight, stats, delayed, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local prefix, owner = ARGV[1], ARGV[2]
+local lease, max_n, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local top = ARGV[6]
+if top == '' then top = '+inf' end
+local now = now_ms()
+local corrupt, garbage = {}, {}
+-- 1. due retries
+local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', num(now), 'LIMIT', 0, 1000)
+if #due > 0 then
+  local checked = check_all(prefix, due)
+  local zadd = {}
+  for i, id in ipairs(due) do
+    local kind, r = checked[i][1], checked[i][2]
+    if kind == 'ok' then
+      redis.call('HSET', prefix .. K_REQ .. id, F_STATE, STATE_PENDING)
+      zadd[#zadd + 1] = r.s
+      zadd[#zadd + 1] = id
+    else
+      drop_bad(prefix, id, kind, r, now, ttl, corrupt, garbage)
+    end
+  end
+  bulk('ZREM', delayed, due)
+  bulk('ZADD', pending, zadd)
+end
+-- 2. the claim: read and check the window, then write
+local ids = redis.call('ZRANGEBYSCORE', pending, '-inf', top, 'LIMIT', 0, max_n)
+local checked = check_all(prefix, ids)
+local out, expired, leases = {}, 0, {}
+local deadline, now_s = num(now + lease), num(now)
+for i, id in ipairs(ids) do
+  local kind, r = checked[i][1], checked[i][2]
+  local rkey = prefix .. K_REQ .. id
+  if kind == 'ok' and r.dl and r.dl <= now then
+    put_result(prefix, id, error_result(id, 'expired', 'deadline_exceeded',
+      'the deadline passed while the request was queued', r.a, r.eq, now), ttl, r.rt)
+    redis.call('DEL', rkey)
+    expired = expired + 1
+  elseif kind == 'ok' then
+    local attempt = r.a + 1
+    local token = owner .. '/' .. attempt .. '/' .. now_s
+    redis.call('HSET', rkey, F_STATE, STATE_INFLIGHT, F_OWNER, owner, F_TOKEN, token,
+               F_CLAIMED, now_s)
+    leases[#leases + 1] = deadline
+    leases[#leases + 1] = id
+    out[#out + 1] = {id, r.p, token, attempt, num(r.eq), r.dl and num(r.dl) or ''}
+  else
+    drop_bad(prefix, id, kind, r, now, ttl, corrupt, garbage)
+  end
+end
+bulk('ZADD', inflight, leases)
+bulk('ZREM', pending, ids)
+flush_inboxes(prefix, ttl)
+if expired > 0 then count_done(stats, 'expired', expired, now) end
+count_bad(stats, #corrupt / 2, #garbage, now)
+if redis.call('ZCARD', pending) == 0 then redis.call('DEL', wake) end
+local next_due = -1
+local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+if first[2] then next_due = math.max(tonumber(first[2]) - now, 0) end
+return {num(now), out, expired, next_due, corrupt, garbage}

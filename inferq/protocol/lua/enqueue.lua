@@ -1,0 +1,121 @@
+--[[
+  Queues requests: idempotent on the id, with priority-aware back-pressure.
+
+  Input:
+    KEYS[1] pending
+    KEYS[2] seq
+    KEYS[3] wake
+    KEYS[4] stats
+    ARGV[1] prefix
+    ARGV[2..] rows of 7: id, band, payload, deadline_ms, max_attempts, reply_to, depth_limit
+    ARGV[last] optional: atomic
+
+  A row: the id, the priority band of its score, the msgpack payload, the relative deadline
+  in ms or '', max attempts, the reply inbox or '', and the depth limit for its priority
+  (0 = unbounded). 'atomic' last: all or none; if any new request would be refused (shed),
+  every new request is refused and nothing is written.
+
+  Output: {depth, {outcome per request}, retry_after_ms}; each outcome is 'queued',
+  'pending', 'inflight', 'delayed', 'done' (a repeated id) or 'full' (shed: the queue is at
+  the depth limit of that priority). retry_after_ms estimates when the excess drains at the
+  recent completion rate.
+
+  Reads and checks everything, then takes one block of sequence numbers (INCRBY) and writes
+  each queued request with one HSET and all of them with one ZADD.
+]]
+-- @include clock
+-- @include checks
+-- @include bulk
+-- @include wake
+-- completions per second over the last 10 full seconds, from count_done's ring of slots
+local function recent_rate(stats, now)
+  local sec = math.floor(now / 1000)
+  local total = 0
+  for slot = 0, 63 do
+    local ts = int(redis.call('HGET', stats, 'ts:' .. slot)) or 0
+    if ts >= sec - 10 and ts < sec then
+      total = total + (int(redis.call('HGET', stats, 'n:' .. slot)) or 0)
+    end
+  end
+  return total / 10
+end
+local pending, seqkey, wake, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local prefix = ARGV[1]
+local n = #ARGV
+local atomic = (n - 1) % 7 == 1 and ARGV[n] == 'atomic'
+if atomic then n = n - 1 end
+for i = 2, n, 7 do
+  if not (int(ARGV[i + 1], 0, MAXI) and (ARGV[i + 3] == '' or int(ARGV[i + 3], 1, MAXI))
+          and int(ARGV[i + 4], 1, MAX_ATTEMPTS) and int(ARGV[i + 6], 0, MAXI)) then
+    return redis.error_reply('ERR inferq enqueue: bad arguments for ' .. tostring(ARGV[i]))
+  end
+end
+local now = now_ms()
+local depth = redis.call('ZCARD', pending)
+local out, queue, seen, worst_excess = {}, {}, {}, 0
+local WAITING = {[STATE_PENDING] = true, [STATE_INFLIGHT] = true, [STATE_DELAYED] = true}
+for i = 2, n, 7 do
+  local id = ARGV[i]
+  local rkey = prefix .. K_REQ .. id
+  local limit = tonumber(ARGV[i + 6])
+  if seen[id] then
+    out[#out + 1] = 'pending'  -- a repeat within this call
+  elseif redis.call('EXISTS', rkey, prefix .. K_RESULT .. id) > 0 then
+    local st = redis.pcall('HGET', rkey, F_STATE)
+    if type(st) == 'string' and WAITING[st] then
+      out[#out + 1] = st
+    elseif redis.call('EXISTS', prefix .. K_RESULT .. id) == 1 then
+      out[#out + 1] = 'done'
+    else
+      out[#out + 1] = 'pending'  -- a damaged hash: whoever meets it answers it
+    end
+  elseif limit > 0 and depth >= limit then
+    out[#out + 1] = 'full'
+    worst_excess = math.max(worst_excess, depth - limit + 1)
+  else
+    depth = depth + 1
+    queue[#queue + 1] = i
+    seen[id] = true
+    out[#out + 1] = 'queued'
+  end
+end
+if atomic and worst_excess > 0 then  -- one new request was shed: all of them are
+  queue = {}
+  for k = 1, #out do
+    if out[k] == 'queued' or (out[k] == 'pending' and seen[ARGV[2 + 7 * (k - 1)]]) then
+      out[k] = 'full'
+    end
+  end
+end
+if #queue > 0 then
+  local last = redis.call('INCRBY', seqkey, #queue)
+  local zadd = {}
+  for n, i in ipairs(queue) do
+    local score = num(tonumber(ARGV[i + 1]) + last - #queue + n)
+    local h = {F_PAYLOAD, ARGV[i + 2], F_SCORE, score, F_STATE, STATE_PENDING, F_ATTEMPTS, 0,
+               F_MAX_ATTEMPTS, ARGV[i + 4], F_ENQUEUED, num(now)}
+    if ARGV[i + 3] ~= '' then
+      h[#h + 1] = F_DEADLINE
+      h[#h + 1] = num(now + tonumber(ARGV[i + 3]))
+    end
+    if ARGV[i + 5] ~= '' then
+      h[#h + 1] = F_REPLY_TO
+      h[#h + 1] = ARGV[i + 5]
+    end
+    redis.call('HSET', prefix .. K_REQ .. ARGV[i], unpack(h))
+    zadd[#zadd + 1] = score
+    zadd[#zadd + 1] = ARGV[i]
+  end
+  bulk('ZADD', pending, zadd)
+  wake_workers(wake, #queue)
+end
+local retry_after = 0
+if worst_excess > 0 then
+  local rate = recent_rate(stats, now)
+  if rate > 0 then
+    retry_after = math.min(math.ceil(worst_excess / rate * 1000), 60000)
+  else
+    retry_after = 1000
+  end
+end
+return {depth, out, retry_after}

@@ -1,0 +1,41 @@
+--[[
+  Extends every lease whose token still matches and marks the worker alive.
+
+  Input:
+    KEYS[1] inflight
+    KEYS[2] workers
+    ARGV[1] prefix
+    ARGV[2] worker_id
+    ARGV[3] lease_ms
+    ARGV[4] liveness_ms
+    ARGV[5] packed rows of 2: id, token
+
+  Output: the ids whose lease was lost (reclaimed or finished elsewhere).
+]]
+-- @include clock
+-- @include rows
+-- @include bulk
+local inflight, workers = KEYS[1], KEYS[2]
+local prefix, worker = ARGV[1], ARGV[2]
+local lease, liveness = tonumber(ARGV[3]), tonumber(ARGV[4])
+local a = rows(ARGV[5], 2)
+if not a then return redis.error_reply('ERR inferq heartbeat: bad arguments') end
+local now = now_ms()
+local lost, renew = {}, {}
+local deadline = num(now + lease)
+for i = 1, #a, 2 do
+  local id, token = a[i], a[i + 1]
+  if not strings(id, token) then
+    return redis.error_reply('ERR inferq heartbeat: bad arguments')
+  end
+  if redis.pcall('HGET', prefix .. K_REQ .. id, F_TOKEN) == token then
+    renew[#renew + 1] = deadline
+    renew[#renew + 1] = id
+  else
+    lost[#lost + 1] = id
+  end
+end
+redis.call('ZADD', workers, num(now + liveness), worker)
+redis.call('ZREMRANGEBYSCORE', workers, '-inf', num(now - 60000))
+bulk('ZADD', inflight, renew, 'XX')
+return lost

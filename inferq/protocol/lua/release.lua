@@ -1,0 +1,45 @@
+--[[
+  Gives claims that did not run back to pending at once (clean shutdown, a displaced window,
+  a generation that never reached the model), with their original score and no attempt
+  counted (a START is undone). A claim whose score is no longer readable is left to expire:
+  RECLAIM answers it.
+
+  Input:
+    KEYS[1] inflight
+    KEYS[2] pending
+    KEYS[3] wake
+    KEYS[4] started
+    ARGV[1] prefix
+    ARGV[2] packed rows of 2: id, token
+
+  Output: how many were released.
+]]
+-- @include checks
+-- @include rows
+-- @include flight
+-- @include wake
+local inflight, pending, wake, started = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local prefix, a = ARGV[1], rows(ARGV[2], 2)
+if not a then return redis.error_reply('ERR inferq release: bad arguments') end
+local back = {}
+for i = 1, #a, 2 do
+  local id, token = a[i], a[i + 1]
+  if not strings(id, token) then return redis.error_reply('ERR inferq release: bad arguments') end
+  local h = fields(prefix .. K_REQ .. id, F_TOKEN, F_SCORE)
+  if h and h[1] == token and int(h[2], 0, MAXI) then
+    back[#back + 1] = {id, h[2]}
+  end
+end
+local ids, zadd = {}, {}
+for _, b in ipairs(back) do
+  local rkey = prefix .. K_REQ .. b[1]
+  redis.call('HSET', rkey, F_STATE, STATE_PENDING)
+  redis.call('HDEL', rkey, F_OWNER, F_TOKEN)
+  ids[#ids + 1] = b[1]
+  zadd[#zadd + 1] = b[2]
+  zadd[#zadd + 1] = b[1]
+end
+land(inflight, started, ids)
+bulk('ZADD', pending, zadd)
+if #ids > 0 then wake_workers(wake, #ids) end
+return #ids
