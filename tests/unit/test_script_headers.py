@@ -143,7 +143,7 @@ STREAM_CODES = {f.value for f in fields.StreamField}
 NOT_FIELDS = {
     # the stream entry fields of the generate package's publisher; its owner switches it
     # to ``fields.StreamField`` (the generate package is changed by its owner only)
-    ("worker/generate/publisher.py", "k"), ("worker/generate/publisher.py", "d"),
+
 }
 
 

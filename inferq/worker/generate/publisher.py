@@ -6,12 +6,12 @@ one: the tokens in a stream are what its producer was shown, and a retried or re
 generation goes on from them (``streamed``, read back with one XRANGE when it is claimed) instead
 of generating again, so its stream never contradicts itself.
 
-One pipelined round trip per write (``stream``, token checked; ``complete``; ``stream_end``),
-at most once per ``stream_interval_ms``: queued steps are merged into one write, so a fast
-model is not slowed by a write per step. The ``stream`` call reports requests whose lease is
-gone: cancelled by their producer (``Handle.cancel``) or taken over. Nothing is appended for
-them after that and the model thread drops them at its next step boundary, freeing the slot.
-"""
+One pipelined round trip per write (``QueueLink.publish``: ``stream``, token checked;
+``complete``; ``stream_end``), at most once per ``stream_interval_ms``: queued steps are merged
+into one write, so a fast model is not slowed by a write per step. The ``stream`` call reports
+requests whose lease is gone: cancelled by their producer (``Handle.cancel``) or taken over.
+Nothing is appended for them after that and the model thread drops them at its next step
+boundary, freeing the slot."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from typing import Any
 
 from inferq.protocol import ops
 from inferq.protocol.codec import Usage
+from inferq.protocol.fields import StreamField
 from inferq.protocol.generation import FinishReason
 from inferq.worker.core.failures import Failure, failure_of
 from inferq.worker.core.queue_link import QueueLink, ScriptPipeline
@@ -40,8 +41,8 @@ def streamed(entries: Sequence[tuple[Any, Mapping[Any, Any]]]) -> tuple[list[int
     text: list[str] = []
     for _entry_id, fields in entries:
         values = {ops.as_str(k): ops.as_str(v) for k, v in fields.items()}
-        tokens += [int(t) for t in values.get("k", "").split()]
-        text.append(values.get("d", ""))
+        tokens += [int(t) for t in values.get(StreamField.TOKENS, "").split()]
+        text.append(values.get(StreamField.TEXT, ""))
     return tokens, "".join(text)
 
 
@@ -147,51 +148,21 @@ class StreamPublisher:
         deltas = [ops.StreamDelta(g.id, claim_of(g).claimed.token, claim_of(g).claimed.attempt,
                                   text, tokens) for g, tokens, text in merged.values()]
         completions = [self._result(g) for g in finished]
-        config, book = self.link.config, self.link.book
-        # one stream (+ complete, stream_end) call per queue shard (one shard by default)
-        done_ids = [c.id for c in completions]
-        delta_shards = book.shards_of([d.id for d in deltas])
-        done_shards = book.shards_of(done_ids)
-        shards = sorted({0, *delta_shards, *done_shards})
-        calls: list[tuple[str, ops.Call]] = []
-        stream_at: list[int] = []
-        complete_at: list[tuple[int, list[int]]] = []  # (call index, positions in completions)
-        for shard in shards:
-            keys = self.link.keys.for_shard(shard)
-            stream_at.append(len(calls))
-            calls.append(("stream", ops.stream_call(
-                keys, config.result_ttl_ms,
-                [d for d, k in zip(deltas, delta_shards, strict=True) if k == shard])))
-            mine = [i for i, k in enumerate(done_shards) if k == shard]
-            if mine:
-                complete_at.append((len(calls), mine))
-                calls.append(("complete", ops.complete_call(
-                    keys, config.result_ttl_ms, config.dead_letter_cap,
-                    [completions[i] for i in mine])))
-                calls.append(("stream_end", ops.stream_end_call(
-                    keys, config.result_ttl_ms, [done_ids[i] for i in mine])))
-        book.completing(done_ids)
-        replies = await self.link.until_leases_expire(
-            lambda: self.pipeline(calls), what="publish", request_ids=done_ids)
-        if replies is None:
+        published = await self.link.publish(deltas, completions, pipeline=self.pipeline)
+        if published is None:
             return
-        lost = {i for at in stream_at for i in ops.parse_ids(replies[at])}
         now = self.link.clock()
         for g, _tokens, text in merged.values():
             claim = claim_of(g)
-            if text and g.id not in lost and claim.first_visible is None:
+            if text and g.id not in published.lost and claim.first_visible is None:
                 claim.first_visible = now
-        running_lost = [i for i in lost if i not in {c.id for c in completions}]
+        done = {c.id for c in completions}
+        running_lost = [i for i in published.lost if i not in done]
         if running_lost:
             self.steps.cancel(running_lost)
         if completions:
-            written = [False] * len(completions)
-            for at, mine in complete_at:
-                for i, ok in zip(mine, ops.parse_complete(replies[at]), strict=True):
-                    written[i] = ok
-            book.drop_many(done_ids)
-            self.stats.count(self.link.metrics, completions, written, lost)
-            for g, ok in zip(finished, written, strict=True):
+            self.stats.count(self.link.metrics, completions, published.written, published.lost)
+            for g, ok in zip(finished, published.written, strict=True):
                 if ok:
                     self._observe_latency(g)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from inferq.errors import InferqError, InvalidInput
+from inferq.errors import MODEL_ERROR, InferqError, InvalidInput
 from inferq.protocol import ops
 from inferq.protocol.codec import ErrorInfo
 from inferq.protocol.generation import parse_generation_params
@@ -29,7 +29,13 @@ from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.failures import Failure
 from inferq.worker.core.lifecycle import QueueWorker, cancel
 from inferq.worker.core.queue_link import ScriptPipeline
-from inferq.worker.core.results import Claim, decode_claims, expired, failed_completion
+from inferq.worker.core.results import (
+    Claim,
+    decode_claims,
+    expired,
+    failed_completion,
+    ran_before,
+)
 from inferq.worker.core.wake import wait_any
 from inferq.worker.generate.engine import Engine, Generation
 from inferq.worker.generate.engine_process import EngineProcess, EngineSpec
@@ -89,7 +95,6 @@ class GenerationWorker(QueueWorker[Generation]):
         # Cancellations first: BLPOP serves its lists in order, and the wake list of a busy
         # queue is never empty.
         self._cancels_key = self.keys.cancels(config.worker_id)
-        self._wake_lists = [self._cancels_key, self.keys.wake]
         if self.budget_known:
             log.info(describe_budget(self.budget, lm.kv))
 
@@ -229,6 +234,8 @@ class GenerationWorker(QueueWorker[Generation]):
         next step boundary. True when something was claimed."""
         self._head_read_at = self.clock()
         running, waiting = self.steps.held()
+        if any(g.alone for g in (*running, *waiting)):
+            return False  # nothing joins a batch that drains for a request running alone
         limit = self.settings.max_preemptions
         preemptible = [g.priority for g in running if g.preemptions < limit]
         if not preemptible:
@@ -283,10 +290,7 @@ class GenerationWorker(QueueWorker[Generation]):
         model thread; how many were claimed."""
         wakes = self._wakes
         reply, prepared, failures = await self._claim_generations(free, min_priority)
-        lists = [self._cancels_key, *(keys.wake for keys in self.link.shard_keys)]
-        if lists != self._wake_lists:  # a sharded queue: wake on any shard's enqueue
-            self._wake_lists = lists
-            self._wake.set_keys(lists)
+        self.link.follow_shards(self._wake, self._cancels_key)  # wake on any shard
         done = [g for g in prepared if g.finish is not None]
         generations = [g for g in prepared if g.finish is None]
         if done:
@@ -354,7 +358,7 @@ class GenerationWorker(QueueWorker[Generation]):
                                                priority=claim.payload.priority,
                                                order=next(self._order),
                                                tag=StreamClaim.of(claim),
-                                               alone=runs_alone(claim),
+                                               alone=ran_before(claim.claimed),
                                                streamed=tokens, shown=shown)
                 if not self.engine.fits_alone(g):
                     raise InvalidInput(
@@ -408,7 +412,7 @@ class GenerationWorker(QueueWorker[Generation]):
         self.stats.engine_restarts += 1
         if started:
             self.publisher.fail(Failure(ErrorInfo(
-                code="model_error", message=f"the engine process {why}"), True), started)
+                code=MODEL_ERROR, message=f"the engine process {why}"), True), started)
         if unstarted:
             self._background(self._release_generations(unstarted))
         self._nudge.set()
@@ -445,18 +449,6 @@ class GenerationWorker(QueueWorker[Generation]):
         m.running.labels(q).set(self.steps.running_count)
         if known:
             m.target_batch.labels(q).set(self.steps.max_slots)
-
-
-def ran_before(claimed: ops.Claimed) -> bool:
-    """Whether a claimed request may have streamed tokens already (an earlier attempt)."""
-    return claimed.attempt >= 2
-
-
-def runs_alone(claim: Claim) -> bool:
-    """A request on its second attempt or later runs alone: its previous attempt ended
-    without a result (its worker was killed, or a step failed), so it may be what crashes
-    workers, and it must not take the attempts of others with it."""
-    return ran_before(claim.claimed)
 
 
 def _unstarted(g: Generation) -> bool:
