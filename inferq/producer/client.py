@@ -155,6 +155,11 @@ class Client:
         * ``max_attempts``: runs allowed (default 3); a run counts when a worker starts it,
           not when it claims it; after the last failed or lost run it is dead-lettered;
         * ``messages``: ``generate`` chat input, ``[{"role", "content"}]`` (empty prompt).
+        * ``tenant``: who sends it (names as queue names): within a priority, tenants share
+          the queue by cost and weight (``inferq queue set --tenant-weight``); without one,
+          a request is in the default flow, FIFO within its priority;
+        * ``cost``: a custom task's cost in the tenant's account (default 1; the built-in
+          tasks estimate theirs from the text).
 
         Raises ``ValidationError``, ``QueueFull`` or ``BackendUnavailable``."""
         (p,) = self._route([common.prepare(prompt, request, self.options,

@@ -52,6 +52,8 @@ class EnqueueOptions(TypedDict, total=False):
     params: Mapping[str, Any] | None
     max_attempts: int
     messages: Sequence[Mapping[str, str]] | None
+    tenant: str | None
+    cost: int | None
 
 
 ENQUEUE_KEYS = frozenset(EnqueueOptions.__annotations__)
@@ -196,6 +198,8 @@ def prepare(prompt: object, request: Mapping[str, Any], options: ClientOptions,
         deadline_ms=None if payload.deadline_s is None else max(1, round(payload.deadline_s * 1e3)),
         max_attempts=payload.max_attempts,
         reply_to=reply_to,
+        tenant=payload.tenant or "",
+        cost=payload.fair_cost,
     )
     return Prepared(keys=keys, item=item, task=payload.task, model=payload.model,
                     priority=payload.priority)
@@ -231,16 +235,19 @@ def route(prepared: Prepared, settings: QueueSettings, options: ClientOptions) -
     """The request on its shard (``shard_of`` its id: a repeated id meets its first copy), with
     its share of the queue's depth limit. The limit (the queue's ``max_depth`` if set, else
     ``max_queue_depth``, times the priority's ``Shedding`` fraction) is split evenly over the
-    shards: each shard sheds at ``ceil(limit / shards)`` pending requests."""
+    shards: each shard sheds at ``ceil(limit / shards)`` pending requests. The tenant's weight
+    is the queue's (``inferq queue set --tenant-weight``), read with the settings."""
     max_depth = settings.max_depth if settings.max_depth is not None else options.max_queue_depth
     limit = options.shedding.limit(prepared.priority, max_depth)
     if limit and settings.shards > 1:
         limit = math.ceil(limit / settings.shards)
     keys = prepared.keys.for_shard(shard_of(prepared.item.id, settings.shards))
-    if keys == prepared.keys and limit == prepared.item.depth_limit:
+    weight = settings.weight(prepared.item.tenant)
+    if (keys == prepared.keys and limit == prepared.item.depth_limit
+            and weight == prepared.item.weight):
         return prepared
-    return dataclasses.replace(prepared, keys=keys,
-                               item=dataclasses.replace(prepared.item, depth_limit=limit))
+    return dataclasses.replace(prepared, keys=keys, item=dataclasses.replace(
+        prepared.item, depth_limit=limit, weight=weight))
 
 
 def prepare_many(

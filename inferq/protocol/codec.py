@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic import ValidationError as PydanticValidationError
 
 from inferq.errors import PayloadTooLarge, ValidationError
+from inferq.fairness.cost import ESTIMATED_TASKS, MAX_COST, estimate
 from inferq.protocol.generation import MAX_MESSAGES, ChatMessage, FinishReason
 from inferq.protocol.keys import NAME_RE
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
@@ -78,6 +79,12 @@ class RequestPayload(BaseModel):
     #: prompt is then empty. Absent (None) from payloads that do not use it.
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = (
         None)
+    #: Who sent it (``inferq.fairness``): fair shares within a priority are per tenant.
+    #: Absent (None) from payloads without one.
+    tenant: Annotated[str, Field(pattern=NAME_RE.pattern)] | None = None
+    #: The producer's cost of a request of a custom task (fair-share accounting; the built-in
+    #: tasks estimate theirs from the text). Absent (None) from payloads without one.
+    cost: Annotated[int, Field(ge=1, le=MAX_COST, strict=True)] | None = None
 
     @field_validator("deadline_s")
     @classmethod
@@ -90,7 +97,15 @@ class RequestPayload(BaseModel):
     def _prompt_or_messages(self) -> RequestPayload:
         if self.messages is not None and self.prompt:
             raise ValueError("give either a prompt or messages, not both")
+        if self.cost is not None and self.task in ESTIMATED_TASKS:
+            raise ValueError(f"cost is estimated from the text for task {self.task!r}; give "
+                             "it only for custom tasks")
         return self
+
+    @property
+    def fair_cost(self) -> int:
+        """The cost charged to the tenant at enqueue (``inferq.fairness.cost``)."""
+        return estimate(self.task, self.text_bytes, self.params, self.cost)
 
     @property
     def text_bytes(self) -> int:
@@ -231,13 +246,19 @@ def encode_request(payload: RequestPayload, limits: Limits = DEFAULT_LIMITS) -> 
         raise PayloadTooLarge(
             f"params of {params_bytes} bytes exceed the {limits.max_params_bytes}-byte limit"
         )
-    data = pack(payload.model_dump(mode="python",
-                                   exclude={"messages"} if payload.messages is None else None))
+    data = pack(payload.model_dump(mode="python", exclude=_absent(payload)))
     if len(data) > limits.max_payload_bytes:
         raise PayloadTooLarge(
             f"payload of {len(data)} bytes exceeds the {limits.max_payload_bytes}-byte limit"
         )
     return data
+
+
+def _absent(payload: RequestPayload) -> set[str] | None:
+    """The optional fields a payload leaves out (so one without them is as before they
+    existed)."""
+    absent = {name for name in ("messages", "tenant", "cost") if getattr(payload, name) is None}
+    return absent or None
 
 
 def decode_request(data: bytes, limits: Limits = DEFAULT_LIMITS) -> RequestPayload:

@@ -113,6 +113,12 @@ class QueueKeys:
         return self.prefix + "seq"
 
     @property
+    def fair(self) -> str:
+        """Hash of the shard's fair-share clocks (``inferq.fairness``): per band its epoch and
+        latest virtual finish time, per band and tenant the tenant's last finish time."""
+        return self.prefix + "fair"
+
+    @property
     def wake(self) -> str:
         """List of wake-up tokens: enqueue pushes, idle workers block on it (BLPOP)."""
         return self.prefix + "wake"

@@ -66,6 +66,11 @@ class EnqueueItem:
     reply_to: str | None = None
     #: Refuse (shed) when the pending depth is already at this limit; 0 = unbounded.
     depth_limit: int = 0
+    #: Fair shares within the band (``inferq.fairness``): the tenant ("" = none), its weight
+    #: and the request's cost.
+    tenant: str = ""
+    weight: int = 1
+    cost: int = 1
 
 
 def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem], *, atomic: bool = False) -> Call:
@@ -74,10 +79,10 @@ def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem], *, atomic: bool 
     for item in items:
         args += [item.id, item.band, item.payload,
                  "" if item.deadline_ms is None else item.deadline_ms, item.max_attempts,
-                 item.reply_to or "", item.depth_limit]
+                 item.reply_to or "", item.depth_limit, item.tenant, item.weight, item.cost]
     if atomic:
         args.append("atomic")
-    return [keys.pending, keys.seq, keys.wake, keys.stats], args
+    return [keys.pending, keys.seq, keys.wake, keys.stats, keys.fair], args
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,8 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-from inferq.protocol import fields, keys
+from inferq.fairness import cost
+from inferq.protocol import fields, keys, scores
 from inferq.protocol.codec import WIRE_VERSION
 
 #: Every script, by name (its file is ``lua/<name>.lua``).
@@ -56,7 +57,17 @@ def constants() -> str:
     names = ", ".join(f"K_{name.upper()}" for name in keys.PER_REQUEST)
     return (fields.lua_constants()
             + f"local {names} = {suffixes}\n"
-            + f"local RESULT_VERSION = {WIRE_VERSION}\n")
+            + f"local RESULT_VERSION = {WIRE_VERSION}\n"
+            + fair_constants())
+
+
+def fair_constants() -> str:
+    """The score layout and fair-share limits (``scores``, ``inferq.fairness``) as Lua."""
+    values = {"BAND_WIDTH": scores.SEQ_LIMIT, "TIE_LIMIT": scores.TIE_LIMIT,
+              "VT_LIMIT": scores.VT_LIMIT, "FAIR_RESET_AT": cost.RESET_AT,
+              "FAIR_MAX_WEIGHT": cost.MAX_WEIGHT, "FAIR_MAX_COST": cost.MAX_COST}
+    return (f"local {', '.join(values)} = "
+            f"{', '.join(str(v) for v in values.values())}\n")
 
 
 def _expand(text: str, done: set[str]) -> str:

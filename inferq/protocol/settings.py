@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from inferq.errors import ValidationError
+from inferq.fairness.cost import DEFAULT_WEIGHT, MAX_WEIGHT, check_tenant, check_weight
 
 MAX_SHARDS = 1024
 
@@ -22,10 +23,38 @@ class QueueSettings:
     #: Pending depth at which the queue sheds (per-priority shares apply); None = the
     #: producer's own ``max_queue_depth``.
     max_depth: int | None = None
+    #: Fair-share weight per named tenant (``inferq.fairness``), sorted by name.
+    tenant_weights: tuple[tuple[str, int], ...] = ()
+    #: The weight of every tenant not named in ``tenant_weights`` (and of requests without
+    #: a tenant).
+    default_weight: int = DEFAULT_WEIGHT
+    #: Pending-depth limit per named tenant (split over the shards like ``max_depth``).
+    tenant_max_depth: tuple[tuple[str, int], ...] = ()
 
     @property
     def claim_shards(self) -> int:
         return max(self.shards, self.shards_seen)
+
+    def weight(self, tenant: str | None) -> int:
+        """The fair-share weight of ``tenant`` (None: a request without one)."""
+        if tenant:
+            for name, weight in self.tenant_weights:
+                if name == tenant:
+                    return weight
+        return self.default_weight
+
+    def tenant_limit(self, tenant: str | None) -> int:
+        """The tenant's pending-depth limit (0: none)."""
+        if tenant:
+            for name, limit in self.tenant_max_depth:
+                if name == tenant:
+                    return limit
+        return 0
+
+    @property
+    def tenants(self) -> frozenset[str]:
+        """The tenants the operator named (the only ones with a metric label of their own)."""
+        return frozenset(n for n, _ in self.tenant_weights + self.tenant_max_depth)
 
 
 def check_shards(shards: int) -> int:
@@ -51,7 +80,70 @@ def settings_from_hash(raw: Mapping[Any, Any]) -> QueueSettings:
     seen = _int(raw, "shards_seen")
     seen = max(shards, seen if seen is not None and 1 <= seen <= MAX_SHARDS else 1)
     depth = _int(raw, "max_depth")
-    return QueueSettings(shards, seen, depth if depth is not None and depth >= 0 else None)
+    default = _int(raw, DEFAULT_WEIGHT_FIELD)
+    weights: dict[str, int] = {}
+    limits: dict[str, int] = {}
+    for key, value in raw.items():
+        name = key.decode() if isinstance(key, bytes) else str(key)
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            continue
+        if name.startswith(WEIGHT_PREFIX) and 1 <= number <= MAX_WEIGHT:
+            weights[name[len(WEIGHT_PREFIX):]] = number
+        elif name.startswith(TENANT_DEPTH_PREFIX) and number >= 1:
+            limits[name[len(TENANT_DEPTH_PREFIX):]] = number
+    return QueueSettings(
+        shards, seen, depth if depth is not None and depth >= 0 else None,
+        tenant_weights=tuple(sorted(weights.items())),
+        default_weight=default if default is not None and 1 <= default <= MAX_WEIGHT
+        else DEFAULT_WEIGHT,
+        tenant_max_depth=tuple(sorted(limits.items())))
+
+
+#: Fields of the config hash for fair shares: ``tenant_weight:<tenant>``,
+#: ``tenant_max_depth:<tenant>`` and ``default_weight``.
+WEIGHT_PREFIX = "tenant_weight:"
+TENANT_DEPTH_PREFIX = "tenant_max_depth:"
+DEFAULT_WEIGHT_FIELD = "default_weight"
+
+#: Update a queue's tenants atomically (its config hash). KEYS[1] = config; ARGV: triples
+#: (field, value, op), op ``set`` or ``del``. Returns the hash (HGETALL).
+SET_TENANTS = """
+for i = 1, #ARGV, 3 do
+  if ARGV[i + 2] == 'del' then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+  else
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+return redis.call('HGETALL', KEYS[1])
+"""
+
+
+def tenants_call(config_key: str, *, weights: Mapping[str, int] | None = None,
+                 default_weight: int | None = None,
+                 max_depths: Mapping[str, int] | None = None,
+                 remove: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """Keys and arguments of ``SET_TENANTS``: set weights, the default weight, per-tenant
+    depth limits (0 removes a tenant's limit), and ``remove`` tenants (weight and limit)."""
+    args: list[str] = []
+    for tenant, weight in (weights or {}).items():
+        check_weight(weight, f"the weight of tenant {check_tenant(tenant)!r}")
+        args += [WEIGHT_PREFIX + tenant, str(weight), "set"]
+    if default_weight is not None:
+        args += [DEFAULT_WEIGHT_FIELD, str(check_weight(default_weight, "default weight")),
+                 "set"]
+    for tenant, limit in (max_depths or {}).items():
+        check_tenant(tenant)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValidationError(
+                f"the max depth of tenant {tenant!r} must be an integer >= 0, got {limit!r}")
+        args += [TENANT_DEPTH_PREFIX + tenant, str(limit), "set" if limit else "del"]
+    for tenant in remove:
+        check_tenant(tenant)
+        args += [WEIGHT_PREFIX + tenant, "", "del", TENANT_DEPTH_PREFIX + tenant, "", "del"]
+    return [config_key], args
 
 
 #: Update a queue's settings atomically (one key: its config hash). KEYS[1] = config;

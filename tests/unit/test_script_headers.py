@@ -27,7 +27,8 @@ LUA = ROOT / "protocol" / "lua"
 KEYS = QueueKeys.for_model("embed", "m")
 #: The shard-wide keys a script may declare, by the ``QueueKeys`` attribute that names them.
 SHARD_KEYS = {getattr(KEYS, name): name for name in (
-    "pending", "inflight", "started", "seq", "wake", "delayed", "dead", "workers", "stats")}
+    "pending", "inflight", "started", "seq", "wake", "delayed", "dead", "workers", "stats",
+    "fair")}
 
 
 @dataclass

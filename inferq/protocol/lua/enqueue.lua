@@ -6,13 +6,15 @@
     KEYS[2] seq
     KEYS[3] wake
     KEYS[4] stats
+    KEYS[5] fair
     ARGV[1] prefix
-    ARGV[2..] rows of 7: id, band, payload, deadline_ms, max_attempts, reply_to, depth_limit
+    ARGV[2..] rows of 10: id, band, payload, deadline_ms, max_attempts, reply_to, depth_limit, tenant, weight, cost
     ARGV[last] optional: atomic
 
   A row: the id, the priority band of its score, the msgpack payload, the relative deadline
-  in ms or '', max attempts, the reply inbox or '', and the depth limit for its priority
-  (0 = unbounded). 'atomic' last: all or none; if any new request would be refused (shed),
+  in ms or '', max attempts, the reply inbox or '', the depth limit for its priority
+  (0 = unbounded), the tenant ('' = none), its weight and the request's cost (fair shares
+  inside the band: includes/fair.lua). 'atomic' last: all or none; if any new request would be refused (shed),
   every new request is refused and nothing is written.
 
   Output: {depth, {outcome per request}, retry_after_ms}; each outcome is 'queued',
@@ -20,13 +22,16 @@
   the depth limit of that priority). retry_after_ms estimates when the excess drains at the
   recent completion rate.
 
-  Reads and checks everything, then takes one block of sequence numbers (INCRBY) and writes
-  each queued request with one HSET and all of them with one ZADD.
+  Reads and checks everything, then takes one block of sequence numbers (INCRBY), computes
+  each queued request's score (priority band, then virtual finish time, then arrival), saves
+  the fair clocks (one HSET) and writes each queued request with one HSET and all of them with
+  one ZADD.
 ]]
 -- @include clock
 -- @include checks
 -- @include bulk
 -- @include wake
+-- @include fair
 -- completions per second over the last 10 full seconds, from count_done's ring of slots
 local function recent_rate(stats, now)
   local sec = math.floor(now / 1000)
@@ -39,14 +44,18 @@ local function recent_rate(stats, now)
   end
   return total / 10
 end
-local pending, seqkey, wake, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local pending, seqkey, wake, stats, fair = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = ARGV[1]
+local W = 10
 local n = #ARGV
-local atomic = (n - 1) % 7 == 1 and ARGV[n] == 'atomic'
+local atomic = (n - 1) % W == 1 and ARGV[n] == 'atomic'
 if atomic then n = n - 1 end
-for i = 2, n, 7 do
-  if not (int(ARGV[i + 1], 0, MAXI) and (ARGV[i + 3] == '' or int(ARGV[i + 3], 1, MAXI))
-          and int(ARGV[i + 4], 1, MAX_ATTEMPTS) and int(ARGV[i + 6], 0, MAXI)) then
+for i = 2, n, W do
+  local band = int(ARGV[i + 1], 0, BAND_WIDTH * 200)
+  if not (band and band % BAND_WIDTH == 0 and (ARGV[i + 3] == '' or int(ARGV[i + 3], 1, MAXI))
+          and int(ARGV[i + 4], 1, MAX_ATTEMPTS) and int(ARGV[i + 6], 0, MAXI)
+          and (ARGV[i + 7] == '' or string.find(ARGV[i + 7], '^[%w][%w._-]*$'))
+          and int(ARGV[i + 8], 1, FAIR_MAX_WEIGHT) and int(ARGV[i + 9], 1, FAIR_MAX_COST)) then
     return redis.error_reply('ERR inferq enqueue: bad arguments for ' .. tostring(ARGV[i]))
   end
 end
@@ -54,7 +63,7 @@ local now = now_ms()
 local depth = redis.call('ZCARD', pending)
 local out, queue, seen, worst_excess = {}, {}, {}, 0
 local WAITING = {[STATE_PENDING] = true, [STATE_INFLIGHT] = true, [STATE_DELAYED] = true}
-for i = 2, n, 7 do
+for i = 2, n, W do
   local id = ARGV[i]
   local rkey = prefix .. K_REQ .. id
   local limit = tonumber(ARGV[i + 6])
@@ -82,16 +91,22 @@ end
 if atomic and worst_excess > 0 then  -- one new request was shed: all of them are
   queue = {}
   for k = 1, #out do
-    if out[k] == 'queued' or (out[k] == 'pending' and seen[ARGV[2 + 7 * (k - 1)]]) then
+    if out[k] == 'queued' or (out[k] == 'pending' and seen[ARGV[2 + W * (k - 1)]]) then
       out[k] = 'full'
     end
   end
 end
 if #queue > 0 then
   local last = redis.call('INCRBY', seqkey, #queue)
+  local scores = {}
+  for n, i in ipairs(queue) do
+    scores[n] = num(fair_score(fair, pending, tonumber(ARGV[i + 1]), ARGV[i + 7],
+                               tonumber(ARGV[i + 8]), tonumber(ARGV[i + 9]), last - #queue + n))
+  end
+  fair_save(fair)
   local zadd = {}
   for n, i in ipairs(queue) do
-    local score = num(tonumber(ARGV[i + 1]) + last - #queue + n)
+    local score = scores[n]
     local h = {F_PAYLOAD, ARGV[i + 2], F_SCORE, score, F_STATE, STATE_PENDING, F_ATTEMPTS, 0,
                F_MAX_ATTEMPTS, ARGV[i + 4], F_ENQUEUED, num(now)}
     if ARGV[i + 3] ~= '' then

@@ -1,0 +1,72 @@
+-- @include checks
+-- @include clock
+-- Fair shares inside a priority band (inferq/fairness; the reference model is
+-- inferq/fairness/model.py, which must agree with this file step for step).
+-- The fair hash of the shard holds, per band level L (0..200, from the priority): 'e:L' its
+-- epoch and 'm:L' the latest virtual finish time of the epoch; per band and tenant
+-- 'f:L:<tenant>' = '<epoch> <finish>' (the tenant's last finish time). Finish times are
+-- doubles written with %.17g, so they read back exactly.
+local fair_bands, fair_tenants, fair_order = {}, {}, {}
+local function fair_number(x) return string.format('%.17g', x) end
+-- the band's clock: e epoch, m latest finish, v its virtual time now: the finish time of the
+-- head of the band's pending requests, or (none pending) m, after a reset to a new epoch
+-- once m has passed FAIR_RESET_AT
+local function fair_band(fair, pending, band)
+  local level = band / BAND_WIDTH
+  local b = fair_bands[level]
+  if b then return b, level end
+  local r = fields(fair, 'e:' .. level, 'm:' .. level) or {}
+  b = {e = tonumber(r[1]) or 0, m = tonumber(r[2]) or 0, dirty = false}
+  local head = redis.call('ZRANGEBYSCORE', pending, num(band), '(' .. num(band + BAND_WIDTH),
+                          'WITHSCORES', 'LIMIT', 0, 1)
+  if head[2] then
+    b.v = math.floor((tonumber(head[2]) - band) / TIE_LIMIT)
+  else
+    if b.m >= FAIR_RESET_AT then
+      b.e, b.m, b.dirty = b.e + 1, 0, true
+    end
+    b.v = b.m
+  end
+  fair_bands[level] = b
+  return b, level
+end
+-- the score of a request of tenant (''= none) with weight and cost, arriving as number seq
+-- of the shard: start = max(the tenant's last finish, the band's virtual time); finish =
+-- start + cost / weight; score = band + floor(finish) * TIE_LIMIT + seq % TIE_LIMIT
+local function fair_score(fair, pending, band, tenant, weight, cost, seq)
+  local b, level = fair_band(fair, pending, band)
+  local field = 'f:' .. level .. ':' .. tenant
+  local last = fair_tenants[field]
+  if last == nil then
+    last = 0
+    local raw = redis.pcall('HGET', fair, field)
+    if type(raw) == 'string' then
+      local e, f = string.match(raw, '^(%d+) (%S+)$')
+      if e and tonumber(e) == b.e and tonumber(f) then last = tonumber(f) end
+    end
+    fair_order[#fair_order + 1] = field
+  end
+  local finish = math.max(last, b.v) + cost / weight
+  fair_tenants[field] = finish
+  if finish > b.m then b.m, b.dirty = finish, true end
+  local vt = math.min(math.floor(finish), VT_LIMIT - 1)
+  return band + vt * TIE_LIMIT + seq % TIE_LIMIT
+end
+-- writes the clocks fair_score moved (one HSET)
+local function fair_save(fair)
+  local h = {}
+  for level, b in pairs(fair_bands) do
+    if b.dirty then
+      h[#h + 1] = 'e:' .. level
+      h[#h + 1] = b.e
+      h[#h + 1] = 'm:' .. level
+      h[#h + 1] = fair_number(b.m)
+    end
+  end
+  for _, field in ipairs(fair_order) do
+    local level = tonumber(string.match(field, '^f:(%d+):'))
+    h[#h + 1] = field
+    h[#h + 1] = fair_bands[level].e .. ' ' .. fair_number(fair_tenants[field])
+  end
+  if #h > 0 then redis.call('HSET', fair, unpack(h)) end
+end
