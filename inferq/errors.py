@@ -128,17 +128,21 @@ class BackendUnavailable(InferqError, redis.exceptions.ConnectionError,
 
 
 class QueueFull(InferqError):
-    """The queue is at the depth limit for this priority (back-pressure); retry after
-    ``retry_after_s``. Lower priorities are refused first (``inferq.Shedding``)."""
+    """The queue is at the depth limit for this priority (back-pressure), or the request's
+    tenant is at its own limit (``tenant``); retry after ``retry_after_s``. Lower priorities
+    are refused first (``inferq.Shedding``)."""
 
     code = "queue_full"
 
     def __init__(self, message: str, *, depth: int, max_depth: int,
                  accepted: list[Any] | None = None, refused: list[int] | None = None,
-                 retry_after_s: float = 1.0) -> None:
+                 retry_after_s: float = 1.0, tenant: str | None = None) -> None:
         super().__init__(message)
         self.depth = depth
         self.max_depth = max_depth
+        #: The tenant whose own limit (``inferq queue set --tenant-max-depth``) refused the
+        #: request; None when the queue's limit did.
+        self.tenant = tenant
         #: When the excess should have drained at the recent completion rate.
         self.retry_after_s = retry_after_s
         #: For ``enqueue_many``: handles of the requests that did get in, indices of the others.

@@ -17,7 +17,7 @@ from inferq.errors import RequestError, ResultTimeout, ValidationError
 from inferq.producer.client import Client, Handle
 from inferq.protocol.codec import Result
 
-SPEC_KEYS = {"prompt", "id", "priority", "deadline_s", "params", "max_attempts"}
+SPEC_KEYS = {"prompt", "id", "priority", "deadline_s", "params", "max_attempts", "tenant"}
 
 
 def add_parser(sub: Subcommands) -> None:
@@ -31,7 +31,7 @@ def add_parser(sub: Subcommands) -> None:
     e.add_argument("prompt", nargs="?", help="one prompt (or use --file)")
     e.add_argument("--file", metavar="PATH",
                    help="JSON lines of prompts ('-': stdin): each a string or an object with "
-                        "prompt and optional id, priority, deadline_s, params")
+                        "prompt and optional id, priority, deadline_s, params, tenant")
     e.add_argument("--out", metavar="PATH",
                    help="with --file: write one JSON result per line here (default stdout)")
     e.add_argument("--chunk", type=int, default=500, help="with --file: enqueue batch size")
@@ -40,6 +40,10 @@ def add_parser(sub: Subcommands) -> None:
                    help="the queue's task")
     e.add_argument("--priority", type=int, default=0, metavar="-100..100",
                    help="higher is served first; FIFO within one priority")
+    e.add_argument("--tenant", default=None, metavar="NAME",
+                   help="who sends it: fair shares by cost and weight within a priority "
+                        "(inferq queue set --tenant-weight); with --file, each line's "
+                        "tenant wins")
     e.add_argument("--deadline-s", type=float, default=None, metavar="S",
                    help="answer 'expired' if still queued after this many seconds "
                         "(default: no deadline)")
@@ -70,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         handle = client.enqueue("" if messages else args.prompt, model=args.model,
                                 task=args.task, priority=args.priority,
                                 deadline_s=args.deadline_s, params=_params(args),
-                                messages=messages)
+                                messages=messages, tenant=args.tenant)
         if args.no_wait:
             print(handle.id)
             return 0
@@ -155,7 +159,8 @@ def print_stream(handle: Handle, timeout: float, chat: bool = False) -> int:
 
 def read_requests(path: Path | str) -> list[dict[str, Any]]:
     """Each line: a JSON string (the prompt) or an object with ``prompt`` and optional
-    ``id``, ``priority``, ``deadline_s``, ``params``, ``max_attempts``. Blank lines skip.
+    ``id``, ``priority``, ``deadline_s``, ``params``, ``max_attempts``, ``tenant``. Blank
+    lines skip.
     ``-`` reads standard input."""
     with contextlib.ExitStack() as stack:
         if str(path) == "-":
@@ -217,7 +222,8 @@ def run_file(client: Client, args: argparse.Namespace) -> int:
     if args.out and not args.no_wait:
         _open_out(args.out).close()  # fail before queueing anything, not after
     defaults: dict[str, Any] = {"model": args.model, "task": args.task,
-                                "priority": args.priority, "deadline_s": args.deadline_s}
+                                "priority": args.priority, "deadline_s": args.deadline_s,
+                                "tenant": args.tenant}
     started = time.monotonic()
     handles: list[Handle] = []
     if not requests:

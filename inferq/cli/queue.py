@@ -8,6 +8,11 @@ hash) so that every producer and worker agrees on them without a flag to keep in
 * ``--max-depth N`` is the pending depth at which the queue sheds load (split evenly over the
   shards; the priority shares of ``Shedding`` apply); ``0`` is unbounded; ``--no-max-depth``
   removes it, so each producer's own ``max_queue_depth`` applies again.
+* ``--tenant-weight NAME=W`` (repeatable) sets a tenant's fair-share weight within every
+  priority (``--default-weight W``: every tenant not named, and requests without a tenant;
+  default 1); ``--tenant-max-depth NAME=N`` refuses that tenant's new requests
+  (``QueueFull``) once N of them are pending (0 removes the limit); ``--remove-tenant NAME``
+  drops both. New requests use them within a second; nothing restarts.
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ from inferq.errors import ValidationError
 from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys, queue_name, queues_registry
 from inferq.protocol.settings import (
     SET_SETTINGS,
+    SET_TENANTS,
     QueueSettings,
     pairs,
     settings_call,
     settings_from_hash,
+    tenants_call,
 )
 
 
@@ -48,7 +55,26 @@ def add_parser(sub: Subcommands) -> None:
                        help="pending depth at which the queue sheds load (0: unbounded)")
     depth.add_argument("--no-max-depth", action="store_true",
                        help="remove the queue's depth limit (producers' own applies)")
+    change.add_argument("--tenant-weight", action="append", default=[], metavar="NAME=W",
+                        type=_pair, help="a tenant's fair-share weight (repeatable)")
+    change.add_argument("--default-weight", type=int, default=None, metavar="W",
+                        help="the weight of tenants not named, and of requests without one")
+    change.add_argument("--tenant-max-depth", action="append", default=[], metavar="NAME=N",
+                        type=_pair, help="refuse a tenant's requests once N are pending "
+                                         "(0 removes the limit; repeatable)")
+    change.add_argument("--remove-tenant", action="append", default=[], metavar="NAME",
+                        help="drop a tenant's weight and depth limit (repeatable)")
     q.set_defaults(run=run)
+
+
+def _pair(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return name, int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=INTEGER, got {text!r}") from None
 
 
 def parse_queue(text: str, namespace: str) -> QueueKeys:
@@ -62,8 +88,15 @@ def parse_queue(text: str, namespace: str) -> QueueKeys:
 def format_settings(keys: QueueKeys, settings: QueueSettings) -> str:
     depth = "producers' own max_queue_depth" if settings.max_depth is None else (
         "unbounded" if settings.max_depth == 0 else str(settings.max_depth))
-    return (f"queue {keys.queue}\n  shards {settings.shards} (workers serve "
-            f"{settings.claim_shards}: every shard it has had)\n  max depth {depth}")
+    lines = [f"queue {keys.queue}", f"  shards {settings.shards} (workers serve "
+             f"{settings.claim_shards}: every shard it has had)", f"  max depth {depth}",
+             f"  default weight {settings.default_weight}"]
+    limits = dict(settings.tenant_max_depth)
+    for tenant in sorted(settings.tenants):
+        limit = limits.get(tenant)
+        lines.append(f"  tenant {tenant}: weight {settings.weight(tenant)}"
+                     + ("" if limit is None else f", max depth {limit}"))
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,9 +107,17 @@ def run(args: argparse.Namespace) -> int:
             max_depth: int | Literal["keep"] | None = (
                 None if args.no_max_depth else "keep" if args.max_depth is None
                 else args.max_depth)
-            if args.shards is None and max_depth == "keep":
-                raise ValidationError("nothing to set: give --shards, --max-depth or "
-                                      "--no-max-depth")
+            tenants = (args.tenant_weight or args.default_weight is not None
+                       or args.tenant_max_depth or args.remove_tenant)
+            if args.shards is None and max_depth == "keep" and not tenants:
+                raise ValidationError("nothing to set: give --shards, --max-depth, "
+                                      "--no-max-depth or a tenant option")
+            tenant_keys, tenant_args = tenants_call(
+                keys.config, weights=dict(args.tenant_weight),
+                default_weight=args.default_weight,
+                max_depths=dict(args.tenant_max_depth), remove=tuple(args.remove_tenant))
+            if tenant_args:
+                client.register_script(SET_TENANTS)(keys=tenant_keys, args=tenant_args)
             call_keys, call_args = settings_call(keys.config, args.shards, max_depth)
             raw = pairs(client.register_script(SET_SETTINGS)(keys=call_keys, args=call_args))
             # listed for ``inferq stats`` before any worker serves it
@@ -86,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         settings = settings_from_hash(raw)
         if args.json:
             print(json.dumps({"queue": keys.queue, **asdict(settings),
+                              "tenant_weights": dict(settings.tenant_weights),
+                              "tenant_max_depth": dict(settings.tenant_max_depth),
                               "claim_shards": settings.claim_shards}))
         else:
             print(format_settings(keys, settings))

@@ -57,6 +57,8 @@ class EnqueueOptions(TypedDict, total=False):
 
 
 ENQUEUE_KEYS = frozenset(EnqueueOptions.__annotations__)
+#: The enqueue outcome of a request its tenant's limit refused.
+TENANT_FULL = "tenant_full"
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,11 +245,14 @@ def route(prepared: Prepared, settings: QueueSettings, options: ClientOptions) -
         limit = math.ceil(limit / settings.shards)
     keys = prepared.keys.for_shard(shard_of(prepared.item.id, settings.shards))
     weight = settings.weight(prepared.item.tenant)
+    tenant_limit = settings.tenant_limit(prepared.item.tenant)
+    if tenant_limit and settings.shards > 1:
+        tenant_limit = math.ceil(tenant_limit / settings.shards)
     if (keys == prepared.keys and limit == prepared.item.depth_limit
-            and weight == prepared.item.weight):
+            and weight == prepared.item.weight and tenant_limit == prepared.item.tenant_limit):
         return prepared
     return dataclasses.replace(prepared, keys=keys, item=dataclasses.replace(
-        prepared.item, depth_limit=limit, weight=weight))
+        prepared.item, depth_limit=limit, weight=weight, tenant_limit=tenant_limit))
 
 
 def prepare_many(
@@ -290,6 +295,13 @@ def group_by_queue(prepared: Sequence[Prepared]) -> dict[QueueKeys, list[int]]:
 
 
 def check_full(reply: ops.EnqueueReply, prepared: Prepared, options: ClientOptions) -> None:
+    if reply.outcomes == [TENANT_FULL]:
+        raise QueueFull(
+            f"tenant {prepared.item.tenant!r} is at its limit of "
+            f"{prepared.item.tenant_limit} unfinished requests on queue "
+            f"{prepared.keys.queue}; retry after {reply.retry_after_ms / 1e3:.1f} s",
+            depth=reply.depth, max_depth=prepared.item.tenant_limit,
+            retry_after_s=reply.retry_after_ms / 1e3, tenant=prepared.item.tenant)
     if reply.outcomes and all(o == "full" for o in reply.outcomes):
         raise QueueFull(
             f"queue {prepared.keys.queue} is full for this priority ({reply.depth} pending, "
@@ -349,25 +361,31 @@ def collect_handles(
     """Turn the pipelined enqueue replies into handles, in request order."""
     handles: list[H | None] = [None] * len(prepared)
     refused: list[int] = []
+    tenants: set[str] = set()
     depth, retry_after_ms = 0, 0
     for (keys, indices), raw in zip(groups.items(), replies, strict=True):
         reply = ops.parse_enqueue(raw)
         depth = reply.depth
         retry_after_ms = max(retry_after_ms, reply.retry_after_ms)
         for index, outcome in zip(indices, reply.outcomes, strict=True):
-            if outcome == "full":
+            if outcome == TENANT_FULL:
+                tenants.add(prepared[index].item.tenant)
+            if outcome in ("full", TENANT_FULL):
                 refused.append(index)
             else:
                 handles[index] = make_handle(keys, prepared[index].item.id, outcome)
     accepted = [h for h in handles if h is not None]
     if refused:
         max_depth = max(prepared[i].item.depth_limit for i in refused)
+        why = "queue full for their priority" + (
+            f" or tenant {', '.join(map(repr, sorted(tenants)))} at its limit" if tenants
+            else "")
         raise QueueFull(
-            f"{len(refused)} of {len(prepared)} requests refused: queue full for their "
-            f"priority (max depth {max_depth} per shard); retry after "
-            f"{retry_after_ms / 1e3:.1f} s",
+            f"{len(refused)} of {len(prepared)} requests refused: {why} (max depth "
+            f"{max_depth} per shard); retry after {retry_after_ms / 1e3:.1f} s",
             depth=depth, max_depth=max_depth,
             accepted=accepted, refused=sorted(refused), retry_after_s=retry_after_ms / 1e3,
+            tenant=min(tenants) if len(tenants) == 1 else None,
         )
     return accepted
 

@@ -19,7 +19,7 @@ class Field(StrEnum):
 
     #: The msgpack payload (``codec.RequestPayload``).
     PAYLOAD = "p"
-    #: The pending score: ``(100 - priority)·2^40 + seq`` (``scores``).
+    #: The pending score: ``(100 - priority)·2^45 + tag`` (``scores``).
     SCORE = "s"
     #: Where the request waits: a ``HashState``.
     STATE = "st"
@@ -39,6 +39,8 @@ class Field(StrEnum):
     TOKEN = "t"
     #: The time of the current claim (ms, Redis clock).
     CLAIMED = "cl"
+    #: The tenant that sent it (``inferq.fairness``); absent without one.
+    TENANT = "tn"
 
 
 class HashState(StrEnum):

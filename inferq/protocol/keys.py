@@ -35,6 +35,10 @@ PER_REQUEST = {"req": "req:", "result": "result:", "stream": "stream:", "inbox":
                "cancels": "cancels:"}
 _REQ, _RESULT, _STREAM, _INBOX, _CANCELS = PER_REQUEST.values()
 
+#: The field prefix, in a shard's stats hash, of a tenant's count of unfinished requests
+#: (``lua/includes/tenants.lua``).
+TENANT_COUNT = "tenant:"
+
 #: Registry of queue names (a plain set, outside any queue's slot) for ``inferq stats``.
 def queues_registry(namespace: str = DEFAULT_NAMESPACE) -> str:
     """Set of the queues (``task:model``) some worker has served (each adds its own)."""

@@ -71,6 +71,9 @@ class EnqueueItem:
     tenant: str = ""
     weight: int = 1
     cost: int = 1
+    #: Refuse the request (``tenant_full``) when its tenant already has this many unfinished
+    #: requests on the shard; 0 = no limit.
+    tenant_limit: int = 0
 
 
 def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem], *, atomic: bool = False) -> Call:
@@ -79,7 +82,8 @@ def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem], *, atomic: bool 
     for item in items:
         args += [item.id, item.band, item.payload,
                  "" if item.deadline_ms is None else item.deadline_ms, item.max_attempts,
-                 item.reply_to or "", item.depth_limit, item.tenant, item.weight, item.cost]
+                 item.reply_to or "", item.depth_limit, item.tenant, item.weight, item.cost,
+                 item.tenant_limit]
     if atomic:
         args.append("atomic")
     return [keys.pending, keys.seq, keys.wake, keys.stats, keys.fair], args
@@ -88,7 +92,8 @@ def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem], *, atomic: bool 
 @dataclass(frozen=True, slots=True)
 class EnqueueReply:
     depth: int
-    #: Per item: queued, or pending/inflight/delayed/done for a repeated id, or full (shed).
+    #: Per item: queued, or pending/inflight/delayed/done for a repeated id, or full (shed),
+    #: or tenant_full (the tenant's limit).
     outcomes: list[str]
     retry_after_ms: int
 

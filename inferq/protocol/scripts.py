@@ -39,6 +39,7 @@ from importlib import resources
 from inferq.fairness import cost
 from inferq.protocol import fields, keys, scores
 from inferq.protocol.codec import WIRE_VERSION
+from inferq.protocol.keys import TENANT_COUNT
 
 #: Every script, by name (its file is ``lua/<name>.lua``).
 NAMES = ("enqueue", "claim", "peek", "start", "heartbeat", "complete", "reclaim", "release",
@@ -67,7 +68,8 @@ def fair_constants() -> str:
               "VT_LIMIT": scores.VT_LIMIT, "FAIR_RESET_AT": cost.RESET_AT,
               "FAIR_MAX_WEIGHT": cost.MAX_WEIGHT, "FAIR_MAX_COST": cost.MAX_COST}
     return (f"local {', '.join(values)} = "
-            f"{', '.join(str(v) for v in values.values())}\n")
+            f"{', '.join(str(v) for v in values.values())}\n"
+            f"local TENANT_COUNT = '{TENANT_COUNT}'\n")
 
 
 def _expand(text: str, done: set[str]) -> str:

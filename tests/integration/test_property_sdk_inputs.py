@@ -46,7 +46,7 @@ from tests.support.property import InputCounter, examples
 
 LIMITS = inferq.Limits(max_prompt_bytes=256, max_params_bytes=128, max_payload_bytes=512)
 OPTIONS = inferq.ClientOptions(limits=LIMITS)
-SEQ_BITS = 40  # scores.py: score = (100 - priority) * 2**40 + seq
+SEQ_BITS = 45  # scores.py: score = (100 - priority) * 2**45 + tag
 
 # The documented contract, restated independently of inferq's code.
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")

@@ -20,6 +20,7 @@
 -- @include checks
 -- @include results
 -- @include stats
+-- @include tenants
 local pending, inflight, stats, delayed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local started = KEYS[5]
 local prefix, id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -29,7 +30,7 @@ if redis.call('EXISTS', rkey) == 0 then
   if redis.call('EXISTS', prefix .. K_RESULT .. id) == 1 then return 'done' end
   return 'unknown'
 end
-local h = fields(rkey, F_ATTEMPTS, F_ENQUEUED, F_OWNER, F_REPLY_TO) or {}
+local h = fields(rkey, F_ATTEMPTS, F_ENQUEUED, F_OWNER, F_REPLY_TO, F_TENANT) or {}
 local owner = type(h[3]) == 'string' and h[3] or nil
 local now = now_ms()
 redis.call('ZREM', pending, id)
@@ -43,6 +44,8 @@ redis.call('SREM', started, id)
 put_result(prefix, id, error_result(id, 'cancelled', 'cancelled', 'cancelled by the producer',
   int(h[1], 0, MAX_ATTEMPTS), int(h[2], 0, MAXI), now), ttl, h[4] or nil)
 redis.call('DEL', rkey)
+tenant_done(h[5])
+tenant_flush(stats)
 flush_inboxes(prefix, ttl)
 count_done(stats, 'cancelled', 1, now)
 return 'cancelled'

@@ -66,6 +66,7 @@ for i, id in ipairs(ids) do
     put_result(prefix, id, error_result(id, 'expired', 'deadline_exceeded',
       'the deadline passed while the request was queued', r.a, r.eq, now), ttl, r.rt)
     redis.call('DEL', rkey)
+    tenant_done(r.tn)
     expired = expired + 1
   elseif kind == 'ok' then
     local attempt = r.a + 1
@@ -84,6 +85,7 @@ bulk('ZREM', pending, ids)
 flush_inboxes(prefix, ttl)
 if expired > 0 then count_done(stats, 'expired', expired, now) end
 count_bad(stats, #corrupt / 2, #garbage, now)
+tenant_flush(stats)
 if redis.call('ZCARD', pending) == 0 then redis.call('DEL', wake) end
 local next_due = -1
 local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')

@@ -27,6 +27,7 @@
 -- @include request
 -- @include flight
 -- @include stats
+-- @include tenants
 -- @include wake
 local inflight, stats, delayed, dead, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local started = KEYS[6]
@@ -40,9 +41,11 @@ for i = 1, #a, 5 do
   if not (strings(a[i], a[i + 1]) and strings(a[i + 2], a[i + 3])) then
     return redis.error_reply('ERR inferq complete: bad arguments')
   end
-  local h = fields(prefix .. K_REQ .. a[i], F_TOKEN, F_REPLY_TO, F_ATTEMPTS, F_ENQUEUED)
+  local h = fields(prefix .. K_REQ .. a[i], F_TOKEN, F_REPLY_TO, F_ATTEMPTS, F_ENQUEUED,
+                   F_TENANT)
   local ok = h ~= nil and h[1] == a[i + 1]
   reads[#reads + 1] = {ok = ok, rt = ok and h[2] or nil, a = ok and int(h[3], 0, MAX_ATTEMPTS),
+                       tn = ok and h[5] or nil,
                        eq = ok and int(h[4], 0, MAXI) or nil,
                        delay = int(a[i + 4], 0, MAXI)}
 end
@@ -64,13 +67,14 @@ for n, r in ipairs(reads) do
     out[n] = 1
   elseif status == 'retry' then
     fail_corrupt(prefix, id, {why = 'its attempt count is not an integer >= 0', a = r.a,
-      eq = r.eq, rt = r.rt}, now, ttl)
+      eq = r.eq, rt = r.rt, tn = r.tn}, now, ttl)
     corrupt[#corrupt + 1] = id
     done[#done + 1] = id
     out[n] = 1
   else
     put_result(prefix, id, a[i + 3], ttl, r.rt)
     redis.call('DEL', rkey)
+    tenant_done(r.tn)
     if status == 'dead' then
       deads[#deads + 1] = num(now)
       deads[#deads + 1] = id
@@ -85,6 +89,7 @@ flush_inboxes(prefix, ttl)
 dead_letter(dead, deads, cap)
 for status, c in pairs(counts) do count_done(stats, status, c, now) end
 count_bad(stats, #corrupt, 0, now)
+tenant_flush(stats)
 if refused > 0 then redis.call('HINCRBY', stats, 'refused', refused) end
 if #retry > 0 then
   bulk('ZADD', delayed, retry)

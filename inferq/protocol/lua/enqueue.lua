@@ -8,18 +8,19 @@
     KEYS[4] stats
     KEYS[5] fair
     ARGV[1] prefix
-    ARGV[2..] rows of 10: id, band, payload, deadline_ms, max_attempts, reply_to, depth_limit, tenant, weight, cost
+    ARGV[2..] rows of 11: id, band, payload, deadline_ms, max_attempts, reply_to, depth_limit, tenant, weight, cost, tenant_limit
     ARGV[last] optional: atomic
 
   A row: the id, the priority band of its score, the msgpack payload, the relative deadline
   in ms or '', max attempts, the reply inbox or '', the depth limit for its priority
   (0 = unbounded), the tenant ('' = none), its weight and the request's cost (fair shares
-  inside the band: includes/fair.lua). 'atomic' last: all or none; if any new request would be refused (shed),
+  inside the band: includes/fair.lua), and the tenant's limit of unfinished requests on this
+  shard (0 = none; includes/tenants.lua). 'atomic' last: all or none; if any new request would be refused (shed),
   every new request is refused and nothing is written.
 
   Output: {depth, {outcome per request}, retry_after_ms}; each outcome is 'queued',
-  'pending', 'inflight', 'delayed', 'done' (a repeated id) or 'full' (shed: the queue is at
-  the depth limit of that priority). retry_after_ms estimates when the excess drains at the
+  'pending', 'inflight', 'delayed', 'done' (a repeated id), 'full' (shed: the queue is at
+  the depth limit of that priority) or 'tenant_full' (the tenant is at its limit). retry_after_ms estimates when the excess drains at the
   recent completion rate.
 
   Reads and checks everything, then takes one block of sequence numbers (INCRBY), computes
@@ -32,6 +33,7 @@
 -- @include bulk
 -- @include wake
 -- @include fair
+-- @include tenants
 -- completions per second over the last 10 full seconds, from count_done's ring of slots
 local function recent_rate(stats, now)
   local sec = math.floor(now / 1000)
@@ -46,7 +48,7 @@ local function recent_rate(stats, now)
 end
 local pending, seqkey, wake, stats, fair = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = ARGV[1]
-local W = 10
+local W = 11
 local n = #ARGV
 local atomic = (n - 1) % W == 1 and ARGV[n] == 'atomic'
 if atomic then n = n - 1 end
@@ -55,13 +57,24 @@ for i = 2, n, W do
   if not (band and band % BAND_WIDTH == 0 and (ARGV[i + 3] == '' or int(ARGV[i + 3], 1, MAXI))
           and int(ARGV[i + 4], 1, MAX_ATTEMPTS) and int(ARGV[i + 6], 0, MAXI)
           and (ARGV[i + 7] == '' or string.find(ARGV[i + 7], '^[%w][%w._-]*$'))
-          and int(ARGV[i + 8], 1, FAIR_MAX_WEIGHT) and int(ARGV[i + 9], 1, FAIR_MAX_COST)) then
+          and int(ARGV[i + 8], 1, FAIR_MAX_WEIGHT) and int(ARGV[i + 9], 1, FAIR_MAX_COST)
+          and int(ARGV[i + 10], 0, MAXI)) then
     return redis.error_reply('ERR inferq enqueue: bad arguments for ' .. tostring(ARGV[i]))
   end
 end
 local now = now_ms()
 local depth = redis.call('ZCARD', pending)
 local out, queue, seen, worst_excess = {}, {}, {}, 0
+local owned = {}  -- tenant -> its unfinished requests, counting those queued by this call
+local function owned_by(tn)
+  if not owned[tn] then owned[tn] = int(redis.call('HGET', stats, TENANT_COUNT .. tn)) or 0 end
+  return owned[tn]
+end
+-- how far a new request of tn would go past its limit (0: within it, or no limit)
+local function tenant_excess(tn, limit)
+  if tn == '' or limit == 0 then return 0 end
+  return math.max(owned_by(tn) - limit + 1, 0)
+end
 local WAITING = {[STATE_PENDING] = true, [STATE_INFLIGHT] = true, [STATE_DELAYED] = true}
 for i = 2, n, W do
   local id = ARGV[i]
@@ -81,7 +94,12 @@ for i = 2, n, W do
   elseif limit > 0 and depth >= limit then
     out[#out + 1] = 'full'
     worst_excess = math.max(worst_excess, depth - limit + 1)
+  elseif tenant_excess(ARGV[i + 7], tonumber(ARGV[i + 10])) > 0 then
+    out[#out + 1] = 'tenant_full'
+    worst_excess = math.max(worst_excess, tenant_excess(ARGV[i + 7], tonumber(ARGV[i + 10])))
   else
+    local tn = ARGV[i + 7]
+    if tn ~= '' then owned[tn] = owned_by(tn) + 1 end
     depth = depth + 1
     queue[#queue + 1] = i
     seen[id] = true
@@ -104,7 +122,7 @@ if #queue > 0 then
                                tonumber(ARGV[i + 8]), tonumber(ARGV[i + 9]), last - #queue + n))
   end
   fair_save(fair)
-  local zadd = {}
+  local zadd, counted = {}, {}
   for n, i in ipairs(queue) do
     local score = scores[n]
     local h = {F_PAYLOAD, ARGV[i + 2], F_SCORE, score, F_STATE, STATE_PENDING, F_ATTEMPTS, 0,
@@ -117,11 +135,17 @@ if #queue > 0 then
       h[#h + 1] = F_REPLY_TO
       h[#h + 1] = ARGV[i + 5]
     end
+    if ARGV[i + 7] ~= '' then
+      h[#h + 1] = F_TENANT
+      h[#h + 1] = ARGV[i + 7]
+      counted[ARGV[i + 7]] = (counted[ARGV[i + 7]] or 0) + 1
+    end
     redis.call('HSET', prefix .. K_REQ .. ARGV[i], unpack(h))
     zadd[#zadd + 1] = score
     zadd[#zadd + 1] = ARGV[i]
   end
   bulk('ZADD', pending, zadd)
+  for tn, c in pairs(counted) do redis.call('HINCRBY', stats, TENANT_COUNT .. tn, c) end
   wake_workers(wake, #queue)
 end
 local retry_after = 0

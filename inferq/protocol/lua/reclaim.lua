@@ -53,6 +53,7 @@ for i, id in ipairs(ids) do
         'lease expired on all ' .. used .. ' attempts (last owner ' .. (r.owner or '?') .. ')',
         used, r.eq, now), ttl, r.rt)
       redis.call('DEL', rkey)
+      tenant_done(r.tn)
       deads[#deads + 1] = num(now)
       deads[#deads + 1] = id
       died = died + 1
@@ -77,4 +78,5 @@ if #requeue > 0 then
   wake_workers(wake, #requeue / 2)
 end
 count_bad(stats, #corrupt / 2, #garbage, now)
+tenant_flush(stats)
 return {#requeue / 2, died, corrupt, garbage, unstarted}

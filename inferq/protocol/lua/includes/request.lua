@@ -1,14 +1,15 @@
 -- @include checks
 -- @include results
+-- @include tenants
 -- The checked fields of a request hash read as HMGET of READ (h: its reply, or nil for a key
 -- of another type). Returns kind, r: kind 'ok' (r: the numbers), 'garbage' (no payload and
 -- no enqueue time: nothing ties it to a request) or 'corrupt' (r.why says what).
 local READ = {F_PAYLOAD, F_SCORE, F_ATTEMPTS, F_MAX_ATTEMPTS, F_ENQUEUED, F_DEADLINE,
-              F_REPLY_TO}
+              F_REPLY_TO, F_TENANT}
 local function check(h)
   if not h then return 'corrupt', {why = 'the request key is not a hash'} end
   if not h[1] and not h[5] then return 'garbage', {} end
-  local r = {p = h[1], rt = h[7] or nil}
+  local r = {p = h[1], rt = h[7] or nil, tn = h[8] or nil}
   r.a = int(h[3], 0, MAX_ATTEMPTS)
   r.eq = int(h[5], 0, MAXI)
   if not h[1] then r.why = 'it has no payload'
@@ -31,11 +32,13 @@ local function check_all(prefix, ids)
   end
   return checked
 end
--- answers a damaged request with a corrupt_request result and deletes its key
+-- answers a damaged request with a corrupt_request result and deletes its key (the caller
+-- then calls tenant_flush)
 local function fail_corrupt(prefix, id, r, now, ttl)
   put_result(prefix, id, error_result(id, 'failed', 'corrupt_request',
     'the stored request is damaged: ' .. r.why, r.a, r.eq, now), ttl, r.rt)
   redis.call('DEL', prefix .. K_REQ .. id)
+  tenant_done(r.tn)
 end
 -- a request check() did not pass: a damaged one ('corrupt') is answered (fail_corrupt) and
 -- noted in corrupt (id, reason); garbage is deleted and its key noted in garbage
