@@ -4,9 +4,10 @@ FastAPI spends most of a small request's CPU outside the route: resolving its de
 (auth, state, three optional headers, the body) and matching the route, about as much as
 everything else the gateway does per call. This ASGI middleware serves the common case
 directly: a JSON body that ``EmbeddingsRequest`` accepts, the right bearer token (when one is
-configured) and none of the ``X-Priority`` / ``X-Deadline-S`` / ``X-Timeout-S`` headers. It
-runs the very same code as the route (``embeddings_response``) and renders errors with the same
-functions as the app's exception handlers, so the answers are the same.
+configured) and none of the ``X-Priority`` / ``X-Deadline-S`` / ``X-Timeout-S`` /
+``X-Inferq-Tenant`` headers. It runs the very same code as the route (``embeddings_response``)
+and renders errors with the same functions as the app's exception handlers, so the answers
+are the same.
 
 Everything else (a body that fails validation, a missing or wrong token, those headers, any
 other path) goes to the FastAPI app unchanged, with the body replayed: 422s naming the field,
@@ -28,7 +29,7 @@ from inferq.gateway.schemas import EmbeddingsRequest
 from inferq.gateway.state import GatewayState
 
 PATH = "/v1/embeddings"
-_SLOW_HEADERS = frozenset({b"x-priority", b"x-deadline-s", b"x-timeout-s"})
+_SLOW_HEADERS = frozenset({b"x-priority", b"x-deadline-s", b"x-timeout-s", b"x-inferq-tenant"})
 
 
 class EmbeddingsFastPath:

@@ -42,7 +42,8 @@ class EmbeddingsRequest(_Body):
                                                "not supported: inferq tokenizes on the worker)")
     model: ModelName
     encoding_format: Literal["float", "base64"] = "float"
-    user: str | None = Field(default=None, description="accepted for compatibility; unused")
+    user: str | None = Field(default=None, description="the tenant (fair shares) when "
+                                                       "INFERQ_GATEWAY_TENANT_FROM=user")
     dimensions: int | None = Field(default=None, description="not supported: models return "
                                                              "their native size")
     # inferq extensions (the OpenAI SDK sends them with ``extra_body=``); they win over the
@@ -117,7 +118,8 @@ class _GenerationBody(_Body):
                                                     "`data: [DONE]`")
     stream_options: StreamOptions | None = None
     n: Literal[1] | None = Field(default=None, description="only 1 is supported")
-    user: str | None = Field(default=None, description="accepted for compatibility; unused")
+    user: str | None = Field(default=None, description="the tenant (fair shares) when "
+                                                       "INFERQ_GATEWAY_TENANT_FROM=user")
     # inferq extensions (the OpenAI SDK sends them with ``extra_body=``); priority and
     # deadline_s win over the X-Priority / X-Deadline-S headers.
     top_k: Annotated[int, Field(ge=0, le=1_000_000, strict=True)] | None = None
@@ -234,6 +236,8 @@ class CreateRequest(_Body):
     task: TaskName = "embed"
     priority: Priority | None = Field(default=None, description="default: X-Priority, else 0")
     deadline_s: DeadlineS | None = Field(default=None, description="default: X-Deadline-S")
+    tenant: str | None = Field(default=None, description="the tenant (fair shares) when "
+                                                         "INFERQ_GATEWAY_TENANT_FROM=user")
     id: RequestId | None = Field(default=None, description="idempotency key: an existing id "
                                                            "returns that request")
     params: dict[str, Any] | None = Field(

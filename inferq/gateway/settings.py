@@ -13,6 +13,7 @@
 | ``INFERQ_GATEWAY_COALESCE`` | true | one ``enqueue_many`` per loop turn for concurrent calls |
 | ``INFERQ_GATEWAY_FAST_PATH`` | true | serve plain ``/v1/embeddings`` calls outside FastAPI |
 | ``INFERQ_GATEWAY_READY_MODEL`` / ``_READY_TASK`` | ``minilm`` / ``embed`` | ``/readyz`` default |
+| ``INFERQ_GATEWAY_TENANT_FROM`` | ``none`` | the request's tenant: ``user`` (OpenAI's ``user`` field), ``header`` (``X-Inferq-Tenant``) or ``none`` |
 
 The Redis URL and the token are ``SecretStr``: neither appears in a repr or a log line; log
 ``redacted_redis_url`` instead.
@@ -21,7 +22,7 @@ The Redis URL and the token are ``SecretStr``: neither appears in a repr or a lo
 from __future__ import annotations
 
 import os
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -59,6 +60,11 @@ class GatewaySettings(BaseSettings):
     fast_path: bool = True
     ready_model: Name = "minilm"
     ready_task: Name = "embed"
+    #: Where a call's tenant (fair shares, ``inferq.fairness``) comes from: OpenAI's ``user``
+    #: field (``user``; the native route's ``tenant`` field), the ``X-Inferq-Tenant`` header
+    #: (``header``), or nowhere (``none``: every call is in the default flow). The operator
+    #: picks one so that callers cannot choose a source the operator does not trust.
+    tenant_from: Literal["none", "user", "header"] = "none"
     #: ``/readyz`` gives up on Redis after this long (the SDK's sockets never time out).
     ready_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 2.0
 

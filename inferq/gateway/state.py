@@ -50,6 +50,12 @@ class GatewayState:
             return await self.coalescer.enqueue_many(prompts, **fields)
         return await self.client.enqueue_many(prompts, **fields)
 
+    def tenant(self, user: str | None, header: str | None) -> str | None:
+        """A call's tenant, from where ``INFERQ_GATEWAY_TENANT_FROM`` says (the SDK validates
+        the name: a bad one is a 422 naming ``tenant``)."""
+        source = self.settings.tenant_from
+        return user if source == "user" else header if source == "header" else None
+
     def timeout(self, asked: float | None, param: str) -> float:
         """The caller's wait (seconds), else the default; above the maximum is a 422."""
         if asked is None:

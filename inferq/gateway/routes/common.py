@@ -20,6 +20,9 @@ PriorityHeader = Annotated[int | None, Header(
 DeadlineHeader = Annotated[float | None, Header(
     alias="X-Deadline-S", gt=0, allow_inf_nan=False,
     description="relative deadline (s) when the body has none")]
+TenantHeader = Annotated[str | None, Header(
+    alias="X-Inferq-Tenant",
+    description="the tenant (fair shares) when INFERQ_GATEWAY_TENANT_FROM=header")]
 TimeoutHeader = Annotated[float | None, Header(
     alias="X-Timeout-S", gt=0, allow_inf_nan=False,
     description="how long to wait for the result (s); default INFERQ_GATEWAY_TIMEOUT_S")]

@@ -23,7 +23,12 @@ from starlette.types import Receive, Scope, Send
 
 from inferq.errors import InferqError, RequestError, ResultTimeout
 from inferq.gateway.errors import ApiError, from_inferq
-from inferq.gateway.routes.common import DeadlineHeader, PriorityHeader, TimeoutHeader
+from inferq.gateway.routes.common import (
+    DeadlineHeader,
+    PriorityHeader,
+    TenantHeader,
+    TimeoutHeader,
+)
 from inferq.gateway.schemas import (
     ERROR_RESPONSES,
     AssistantMessage,
@@ -78,7 +83,8 @@ async def cancel_shielded(handle: AsyncHandle) -> None:
 
 
 async def enqueue(state: GatewayState, body: ChatCompletionRequest | CompletionRequest,
-                  priority: int | None, deadline_s: float | None) -> AsyncHandle:
+                  priority: int | None, deadline_s: float | None,
+                  tenant: str | None = None) -> AsyncHandle:
     if isinstance(body, ChatCompletionRequest):
         prompt = ""
         messages: list[Mapping[str, str]] | None = [m.model_dump() for m in body.messages]
@@ -89,7 +95,7 @@ async def enqueue(state: GatewayState, body: ChatCompletionRequest | CompletionR
         prompt, messages=messages, model=body.model, task=GENERATE_TASK,
         priority=body.priority if body.priority is not None else (priority or 0),
         deadline_s=body.deadline_s if body.deadline_s is not None else deadline_s,
-        params=body.params())
+        params=body.params(), tenant=state.tenant(body.user, tenant))
 
 
 async def wait(handle: AsyncHandle, timeout: float) -> Result:
@@ -207,13 +213,14 @@ def stream_response(state: GatewayState, handle: AsyncHandle, chunks: Chunks, ti
 
 async def respond(state: GatewayState, body: ChatCompletionRequest | CompletionRequest,
                   headers: tuple[int | None, float | None, float | None],
-                  answer: Callable[[Chunks, Result], CompletionResponse | ChatCompletionResponse]
-                  ) -> Response:
+                  answer: Callable[[Chunks, Result], CompletionResponse | ChatCompletionResponse],
+                  tenant: str | None = None) -> Response:
     """Both routes: queue the request, then stream its chunks, or wait and ``answer`` with the
-    response body made of the result. ``headers``: X-Priority, X-Deadline-S, X-Timeout-S."""
+    response body made of the result. ``headers``: X-Priority, X-Deadline-S, X-Timeout-S;
+    ``tenant``: X-Inferq-Tenant."""
     priority, deadline_s, timeout_s = headers
     timeout = state.timeout(timeout_s, "X-Timeout-S")
-    handle = await enqueue(state, body, priority, deadline_s)
+    handle = await enqueue(state, body, priority, deadline_s, tenant)
     chat = isinstance(body, ChatCompletionRequest)
     chunks = Chunks(chat=chat, id=f"{'chatcmpl' if chat else 'cmpl'}-{handle.id}",
                     model=body.model, created=int(time.time()))
@@ -229,13 +236,14 @@ async def respond(state: GatewayState, body: ChatCompletionRequest | CompletionR
 async def create_completion(body: CompletionRequest, state: State,
                             x_priority: PriorityHeader = None,
                             x_deadline_s: DeadlineHeader = None,
-                            x_timeout_s: TimeoutHeader = None) -> Response:
+                            x_timeout_s: TimeoutHeader = None,
+                            x_inferq_tenant: TenantHeader = None) -> Response:
     """Continues ``prompt`` (task ``generate``); ``usage`` is the worker tokenizer's count."""
     return await respond(state, body, (x_priority, x_deadline_s, x_timeout_s),
                          lambda chunks, result: CompletionResponse(
         id=chunks.id, created=chunks.created, model=body.model, usage=usage_of(result),
         choices=[CompletionChoice(text=text_of(result, body.model),
-                                  finish_reason=finish_reason(result))]))
+                                  finish_reason=finish_reason(result))]), x_inferq_tenant)
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
@@ -243,10 +251,11 @@ async def create_completion(body: CompletionRequest, state: State,
 async def create_chat_completion(body: ChatCompletionRequest, state: State,
                                  x_priority: PriorityHeader = None,
                                  x_deadline_s: DeadlineHeader = None,
-                                 x_timeout_s: TimeoutHeader = None) -> Response:
+                                 x_timeout_s: TimeoutHeader = None,
+                                 x_inferq_tenant: TenantHeader = None) -> Response:
     """Answers ``messages`` (rendered with the model's chat template on the worker)."""
     return await respond(state, body, (x_priority, x_deadline_s, x_timeout_s),
                          lambda chunks, result: ChatCompletionResponse(
         id=chunks.id, created=chunks.created, model=body.model, usage=usage_of(result),
         choices=[ChatChoice(message=AssistantMessage(content=text_of(result, body.model)),
-                            finish_reason=finish_reason(result))]))
+                            finish_reason=finish_reason(result))]), x_inferq_tenant)

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Query, Response
 
 from inferq.errors import ResultTimeout
 from inferq.gateway.errors import ApiError, from_inferq
-from inferq.gateway.routes.common import DeadlineHeader, PriorityHeader
+from inferq.gateway.routes.common import DeadlineHeader, PriorityHeader, TenantHeader
 from inferq.gateway.schemas import (
     ERROR_RESPONSES,
     CreateRequest,
@@ -84,6 +84,7 @@ async def wait_for(state: GatewayState, handle: AsyncHandle, timeout: float) -> 
 async def create_request(body: CreateRequest, state: State, response: Response,
                          x_priority: PriorityHeader = None,
                          x_deadline_s: DeadlineHeader = None,
+                         x_inferq_tenant: TenantHeader = None,
                          wait: WaitQuery = False,
                          timeout_s: TimeoutQuery = None) -> RequestView:
     """202 with the id once queued (or, for an existing ``id``, that request's state). With
@@ -95,7 +96,8 @@ async def create_request(body: CreateRequest, state: State, response: Response,
         body.prompt, model=body.model, task=body.task,
         priority=body.priority if body.priority is not None else (x_priority or 0),
         deadline_s=body.deadline_s if body.deadline_s is not None else x_deadline_s,
-        id=body.id, params=body.params, max_attempts=body.max_attempts)
+        id=body.id, params=body.params, max_attempts=body.max_attempts,
+        tenant=state.tenant(body.tenant, x_inferq_tenant))
     if wait:
         try:
             result = await wait_for(state, handle, timeout)

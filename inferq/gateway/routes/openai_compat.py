@@ -17,6 +17,7 @@ from inferq.gateway.routes.common import (
     DeadlineHeader,
     InputFailed,
     PriorityHeader,
+    TenantHeader,
     TimeoutHeader,
     wait_all,
 )
@@ -58,15 +59,18 @@ def as_vector(output: Any, index: int, model: str) -> list[float]:
 async def create_embeddings(body: EmbeddingsRequest, state: State,
                             x_priority: PriorityHeader = None,
                             x_deadline_s: DeadlineHeader = None,
-                            x_timeout_s: TimeoutHeader = None) -> Response:
+                            x_timeout_s: TimeoutHeader = None,
+                            x_inferq_tenant: TenantHeader = None) -> Response:
     """Queues every input (task ``embed``) in one round trip and waits for all of them. If one
     fails or the wait times out, the others are cancelled and the call fails as a whole."""
-    return await embeddings_response(state, body, x_priority, x_deadline_s, x_timeout_s)
+    return await embeddings_response(state, body, x_priority, x_deadline_s, x_timeout_s,
+                                     x_inferq_tenant)
 
 
 async def embeddings_response(state: GatewayState, body: EmbeddingsRequest,
                               x_priority: int | None = None, x_deadline_s: float | None = None,
-                              x_timeout_s: float | None = None) -> Response:
+                              x_timeout_s: float | None = None,
+                              x_tenant: str | None = None) -> Response:
     """The work of ``POST /v1/embeddings``, shared by the route and the gateway's fast path
     (``inferq.gateway.fastpath``): raises ``ApiError`` or an ``InferqError`` on failure."""
     settings = state.settings
@@ -86,7 +90,8 @@ async def embeddings_response(state: GatewayState, body: EmbeddingsRequest,
     await state.require_served("embed", body.model)
     try:
         handles = await state.enqueue_many(
-            texts, model=body.model, task="embed", priority=priority, deadline_s=deadline_s)
+            texts, model=body.model, task="embed", priority=priority, deadline_s=deadline_s,
+            tenant=state.tenant(body.user, x_tenant))
     except QueueFull as exc:
         # Some inputs may have got in before the queue filled: all or nothing.
         await cancel_quietly(exc.accepted)
