@@ -13,7 +13,7 @@
 | ``INFERQ_GATEWAY_COALESCE`` | true | one ``enqueue_many`` per loop turn for concurrent calls |
 | ``INFERQ_GATEWAY_FAST_PATH`` | true | serve plain ``/v1/embeddings`` calls outside FastAPI |
 | ``INFERQ_GATEWAY_READY_MODEL`` / ``_READY_TASK`` | ``minilm`` / ``embed`` | ``/readyz`` default |
-| ``INFERQ_GATEWAY_TENANT_FROM`` | ``none`` | a call's tenant: ``user`` field, ``header`` or ``none`` |
+| ``INFERQ_GATEWAY_TENANT_FROM`` | ``none`` | the tenant: ``user`` field, ``header``, ``none`` |
 
 The Redis URL and the token are ``SecretStr``: neither appears in a repr or a log line; log
 ``redacted_redis_url`` instead.
