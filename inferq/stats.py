@@ -21,6 +21,7 @@ from inferq.plans import Command, Plan, call, run
 from inferq.protocol import scores
 from inferq.protocol.keys import (
     DEFAULT_NAMESPACE,
+    TENANT_COUNT,
     QueueKeys,
     queues_registry,
     requested_registry,
@@ -43,6 +44,9 @@ class QueueStats:
     windows: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Shards read (a sharded queue: every shard it ever had, summed here).
     shards: int = 1
+    #: Unfinished requests (waiting, running or waiting for a retry) per tenant, for the
+    #: requests that name one (``inferq.fairness``).
+    tenants: dict[str, int] = field(default_factory=dict)
 
     @property
     def pending(self) -> int:
@@ -106,12 +110,16 @@ def _window(raw: dict[Any, Any]) -> dict[str, Any]:
 def queue_stats(keys: QueueKeys, *, detail: bool = True) -> Plan[QueueStats]:
     """Depths, live workers and, with ``detail``, the counters, the recent throughput and
     each live worker's window. Without it (a worker's metrics): the gauges only."""
-    now, inflight, dead, *counted = yield [
+    now, inflight, dead, counted = yield [
         call("execute_command", "TIME"), call("zcard", keys.inflight), call("zcard", keys.dead),
-        *([call("hgetall", keys.stats)] if detail else [])]
+        call("hgetall", keys.stats)]
     live = yield from live_workers(keys, now)
     pending = yield from pending_by_priority(keys)
-    stats = {as_str(k): as_str(v) for raw in counted for k, v in raw.items()}
+    stats = {as_str(k): as_str(v) for k, v in counted.items()}
+    tenants = {k[len(TENANT_COUNT):]: int(v) for k, v in stats.items()
+               if k.startswith(TENANT_COUNT)}
+    if not detail:
+        stats = {}
     seconds = int(now[0])
     recent = 0
     for slot in range(64):
@@ -129,6 +137,7 @@ def queue_stats(keys: QueueKeys, *, detail: bool = True) -> Plan[QueueStats]:
         throughput_per_s=recent / THROUGHPUT_WINDOW_S,
         windows={w: fields for w, raw in zip(live, windows, strict=False)
                  if (fields := _window(raw))},
+        tenants=tenants,
     )
 
 
@@ -161,7 +170,10 @@ def merge(parts: list[QueueStats]) -> QueueStats:
     pending: dict[int, int] = {}
     counters: dict[str, int] = {}
     windows: dict[str, dict[str, Any]] = {}
+    tenants: dict[str, int] = {}
     for part in parts:
+        for tenant, count in part.tenants.items():
+            tenants[tenant] = tenants.get(tenant, 0) + count
         for priority, count in part.pending_by_priority.items():
             pending[priority] = pending.get(priority, 0) + count
         for name, value in part.counters.items():
@@ -177,6 +189,7 @@ def merge(parts: list[QueueStats]) -> QueueStats:
         throughput_per_s=sum(p.throughput_per_s for p in parts),
         windows=windows,
         shards=len(parts),
+        tenants=tenants,
     )
 
 

@@ -50,6 +50,9 @@ def format_stats(all_stats: list[QueueStats]) -> str:
             lines.append(f"  NO LIVE WORKER: {st.pending} request(s) wait for one "
                          f"(inferq worker --task {st.queue.partition(':')[0]} "
                          f"--model {st.queue.partition(':')[2]})")
+        if st.tenants:
+            owned = ", ".join(f"{t}={n}" for t, n in sorted(st.tenants.items()))
+            lines.append(f"  tenants (queued or running) {owned}")
         if st.counters:
             totals = "  ".join(f"{k}={v}" for k, v in sorted(st.counters.items()))
             lines.append(f"  totals (since the queue was created) {totals}")

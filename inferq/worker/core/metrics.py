@@ -123,6 +123,19 @@ class WorkerMetrics:
         self.ttft = Histogram("inferq_time_to_first_token_seconds",
                               "generate: from enqueue to the first text in the stream",
                               ["queue", "priority"], buckets=LATENCY_BUCKETS, registry=r)
+        # Fair shares (``inferq.fairness``): the tenant label is bounded, see ``tenant_label``.
+        tenant = ["queue", "tenant"]
+        self.tenant_depth = Gauge(
+            "inferq_tenant_depth", "Unfinished requests (waiting, running or retrying) per "
+            "tenant (named tenants; the others summed as other)", tenant, registry=r)
+        self.tenant_wait = Histogram(
+            "inferq_tenant_queue_wait_seconds", "From enqueue to claim, by tenant", tenant,
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.tenant_cost = Counter(
+            "inferq_tenant_cost_total", "Cost served (the fair-share token estimate) by "
+            "tenant: its rate is the tenant's served cost per second", tenant, registry=r)
+        #: The tenants the queue's settings name: the only ones with a label of their own.
+        self.tenants: frozenset[str] = frozenset()
         self.info = Gauge("inferq_worker_info", "Constant 1, labelled with the worker's id",
                           ["queue", "worker"], registry=r)
         self.info.labels(queue, worker_id).set(1)
@@ -152,6 +165,13 @@ class WorkerMetrics:
         self.inflight.labels(q).set(sample.inflight)
         self.dead_letter_depth.labels(q).set(sample.dead_lettered)
         self.live_workers.labels(q).set(len(sample.live_workers))
+        self.tenant_depth.clear()
+        depths: dict[str, int] = {}
+        for tenant, count in sample.tenants.items():
+            label = self.tenant_label(tenant)
+            depths[label] = depths.get(label, 0) + count
+        for label, count in depths.items():
+            self.tenant_depth.labels(q, label).set(count)
         if self.device_memory_source is not None:
             allocated, reserved = self.device_memory_source()
         elif device.startswith("cuda"):
@@ -162,6 +182,25 @@ class WorkerMetrics:
             return
         self.device_memory.labels(q, "allocated").set(allocated)
         self.device_memory.labels(q, "reserved").set(reserved)
+
+    def tenant_label(self, tenant: str | None) -> str:
+        """A tenant's metric label: its name when the queue's settings name it (a weight or a
+        limit), else ``other`` (requests without a tenant too), so the label's values stay as
+        few as the operator's list."""
+        return tenant if tenant is not None and tenant in self.tenants else "other"
+
+    def observe_tenants(self, claims: Iterable[Claim]) -> None:
+        """Queue wait and served cost per tenant label, of requests that finished."""
+        waits: dict[str, list[float]] = {}
+        costs: dict[str, int] = {}
+        for claim in claims:
+            label = self.tenant_label(claim.payload.tenant)
+            waits.setdefault(label, []).append(
+                max(claim.claimed_ms - claim.claimed.enqueued_ms, 0) / 1e3)
+            costs[label] = costs.get(label, 0) + claim.payload.fair_cost
+        for label, values in waits.items():
+            observe_many(self.tenant_wait.labels(self.queue, label), values)
+            self.tenant_cost.labels(self.queue, label).inc(costs[label])
 
     def count_expired(self, requests: int) -> None:
         """Requests the claim script answered ``expired`` (deadline passed while pending)."""
@@ -183,10 +222,12 @@ class WorkerMetrics:
             max(claim.claimed_ms - claim.claimed.enqueued_ms, 0) / 1e3)
         self.claim_to_result.labels(self.queue, priority).observe(
             max(finished_ms - claim.claimed_ms, 0) / 1e3)
+        self.observe_tenants((claim,))
 
     def observe_latencies(self, claims: Iterable[Claim], finished_ms: int) -> None:
         """``observe_latency`` for requests that finished together (a batch): each histogram
         child is looked up once per priority and fed all its values at once."""
+        claims = list(claims)
         waits: dict[int, list[float]] = {}
         runs: dict[int, list[float]] = {}
         for claim in claims:
@@ -198,6 +239,7 @@ class WorkerMetrics:
         for priority, values in waits.items():
             observe_many(self.queue_wait.labels(self.queue, str(priority)), values)
             observe_many(self.claim_to_result.labels(self.queue, str(priority)), runs[priority])
+        self.observe_tenants(claims)
 
     def observe_outcome(self, status: str, written: bool, count: int = 1) -> None:
         """``count`` completions the worker sent with this status: counted by what the server

@@ -99,6 +99,7 @@ class QueueLink:
         self._settings_read_at = now
         before = self.settings.claim_shards
         self.settings = settings_from_hash(await self.redis.hgetall(self.keys.config))
+        self.metrics.tenants = self.settings.tenants
         if self.settings.claim_shards != before:
             log.info("queue %s: claiming from %d shards", self.keys.queue,
                      self.settings.claim_shards)
