@@ -17,6 +17,7 @@ import contextlib
 import functools
 import json
 import logging
+from bisect import bisect_left
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -69,6 +70,10 @@ class QueueLink:
         #: second after: a sharded queue is claimed from every shard it has had.
         self.settings = QueueSettings()
         self._settings_read_at: float | None = None
+        #: Which shard a sharded claim round starts with: it moves one shard per round, so
+        #: every shard of the best band is drained at the same pace (fair shares hold per
+        #: shard, and so across shards; see README, Fair sharing).
+        self._shard_turn = 0
 
     def attach(self, redis: Any, scripts: Mapping[str, Any]) -> None:
         """The connection and registered scripts to use (made in the worker's event loop)."""
@@ -112,7 +117,8 @@ class QueueLink:
         that priority); their leases go into the book. A queue of one shard: one CLAIM call. A
         sharded queue: a PEEK at every shard's head first, then CLAIMs of the best priority
         band present only, from the shards that have it, so a lower priority is never taken
-        while a higher one waits in another shard."""
+        while a higher one waits in another shard; each round starts with the next shard, so
+        the shards of a band are drained at the same pace."""
         await self.refresh_settings()
         shards = self.settings.claim_shards
         floor = None if min_priority is None else band_top(min_priority)
@@ -157,9 +163,13 @@ class QueueLink:
             # Nothing below the priority asked for (due retries are still promoted by the
             # claims below, and taken only if they reach it).
             top = floor if top is None else min(top, floor)
+        turn = self._shard_turn % shards
+        self._shard_turn += 1
         candidates = [k for k, p in enumerate(peeks)
                       if (p.head is not None and p.head <= (top or 0))
                       or p.next_retry_ms == 0]
+        candidates = candidates[bisect_left(candidates, turn):] + candidates[
+            :bisect_left(candidates, turn)]
         now_ms = self.now_ms()
         claimed: list[ops.Claimed] = []
         expired = 0
