@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from inferq.errors import ValidationError
@@ -103,3 +105,31 @@ def test_scores_stay_exact_doubles_at_the_clamp() -> None:
     shard.enqueue([Arrival(f"r{i}", -100, "a", 1, MAX_COST) for i in range(5)])
     top = scores.band(-100) + scores.SEQ_LIMIT
     assert all(s < top for s in shard.pending.values())
+
+
+@settings(max_examples=150, deadline=None)
+@given(weights=st.tuples(st.integers(1, 6), st.integers(1, 6)),
+       costs=st.tuples(st.lists(st.integers(1, 300), min_size=30, max_size=60),
+                       st.lists(st.integers(1, 300), min_size=30, max_size=60)),
+       batches=st.integers(1, 8))
+def test_two_waiting_tenants_stay_within_one_request_of_each_other(
+        weights: tuple[int, int], costs: tuple[list[int], list[int]], batches: int) -> None:
+    """README, Fair sharing: while two tenants both have requests pending in a band (of one
+    shard), their served cost per weight differs by less than the larger cost / weight of one
+    request, plus one cost unit, after every claim."""
+    shard = FairShard()
+    for part in range(batches):  # arrivals spread over several enqueue calls
+        shard.enqueue([Arrival(f"{t}{i:03d}", 0, t, weights[k], c)
+                       for k, t in enumerate("xy") for i, c in enumerate(costs[k])
+                       if i % batches == part])
+    cost = {f"{t}{i:03d}": c for k, t in enumerate("xy") for i, c in enumerate(costs[k])}
+    served = {"x": 0.0, "y": 0.0}
+    left = {"x": len(costs[0]), "y": len(costs[1])}
+    bound = max(max(costs[0]) / weights[0], max(costs[1]) / weights[1]) + 1
+    while left["x"] and left["y"]:
+        (request_id,) = shard.claim(1)
+        tenant = request_id[0]
+        served[tenant] += cost[request_id] / weights["xy".index(tenant)]
+        left[tenant] -= 1
+        if left["x"] and left["y"]:
+            assert abs(served["x"] - served["y"]) < bound
