@@ -176,3 +176,13 @@ def test_the_quota_counts_expired_and_dead_lettered_requests_out(
     assert [c.id for c in claimed] and len(claimed) == 1
     complete(r, claimed, Status.DEAD)
     assert r.hget(KEYS.stats, TENANT_COUNT + "a") is None
+
+
+def test_a_damaged_request_answered_by_the_claim_leaves_the_count(
+        fc: inferq.Client, r: redis.Redis) -> None:
+    set_tenants(r, max_depths={"a": 5})
+    handle = fc.enqueue("x", model="fair", tenant="a")
+    r.hset(KEYS.request(handle.id), "a", "not a number")  # damaged in place
+    assert claim(r, 10) == []  # answered corrupt_request by the claim script
+    assert handle.status() is inferq.RequestState.FAILED
+    assert r.hget(KEYS.stats, TENANT_COUNT + "a") is None
