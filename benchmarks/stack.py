@@ -375,7 +375,8 @@ class Drained:
 def fill_and_drain(cleanup: Cleanup, url: str, model: str, prompts: Sequence[str], *,
                    chunk: int, paused_workers: Sequence[WorkerProc],
                    active: Sequence[WorkerProc], server: int | None, timeout_s: float,
-                   poll_s: float = 0.01, priority: int = 0) -> Drained:
+                   poll_s: float = 0.01, priority: int = 0, tenant: str | None = None
+                   ) -> Drained:
     """Pause ``paused_workers`` (SIGSTOP), enqueue ``prompts`` (``AsyncClient.enqueue_many`` in
     chunks), resume ``active`` and wait until the queue is empty; the others stay paused until
     it is. Measures the drain alone: the producer only polls the queue depth meanwhile. The
@@ -390,7 +391,8 @@ def fill_and_drain(cleanup: Cleanup, url: str, model: str, prompts: Sequence[str
         async with AsyncClient(url) as producer:
             for start in range(0, len(prompts), chunk):
                 handles = await producer.enqueue_many(prompts[start:start + chunk],
-                                                      model=model, priority=priority)
+                                                      model=model, priority=priority,
+                                                      tenant=tenant)
                 ids += [h.id for h in handles]
         return ids
 

@@ -1,0 +1,329 @@
+"""Scenario ``fairness``: tenants sharing one queue inside a priority band, side by side in one
+run: weights 3:2:1 under floods with a light tenant beside them, 10x longer prompts at equal
+weights, and one tenant alone against no tenant (throughput and Redis commands per request);
+the method is in benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from benchmarks.framework import ByMode, Run, Scenario, positive_float, positive_int, render
+from benchmarks.harness import Cleanup, markdown_table, say, stop_child, verdict
+from benchmarks.stack import (
+    WorkerProc,
+    add_worker_arguments,
+    check_alive,
+    fill_and_drain,
+    paused,
+    pcts,
+    read_results,
+    sleep_model,
+    spawn_worker,
+    wait_registered,
+    window_flags,
+)
+
+if TYPE_CHECKING:
+    from inferq.protocol.codec import Result
+
+SEED = 20261202
+SHARE_TOLERANCE = 0.05  # ±5 points of the ideal share
+THROUGHPUT_TOLERANCE = 0.03
+WAIT_FACTOR = 2.0
+CHUNK = 500
+WEIGHTS = {"a": 3, "b": 2, "c": 1}
+
+
+@dataclass(frozen=True)
+class FairnessConfig:
+    seconds: float
+    batch_ms: float
+    item_ms: float
+    max_batch_size: int
+    max_wait_ms: float
+    overload: float
+    light_share: float
+    prompt_bytes: int
+    alone_requests: int
+    alone_trials: int
+
+    @property
+    def full_batch_ms(self) -> float:
+        return self.batch_ms + self.item_ms * self.max_batch_size
+
+    @property
+    def capacity(self) -> float:
+        """Requests/s one worker serves running full batches back to back."""
+        return self.max_batch_size / (self.full_batch_ms / 1e3)
+
+    @property
+    def backlog(self) -> int:
+        """Requests each flooding tenant queues: ``overload`` x what the worker serves in
+        ``seconds`` (each alone would keep it busy past the end)."""
+        return int(self.overload * self.capacity * self.seconds)
+
+
+def _configure(url: str, queue: str, weights: Mapping[str, int]) -> None:
+    from inferq.protocol.keys import QueueKeys
+    from inferq.protocol.settings import SET_TENANTS, tenants_call
+
+    task, _, model = queue.partition(":")
+    keys, args = tenants_call(QueueKeys.for_model(task, model).config, weights=dict(weights))
+    client = redis.Redis.from_url(url)
+    client.register_script(SET_TENANTS)(keys=keys, args=args)
+    client.close()
+
+
+def _text(n: int, tag: str) -> str:
+    return (tag + "-" + "x" * n)[:n]
+
+
+def flood(cleanup: Cleanup, url: str, cfg: FairnessConfig, worker: WorkerProc,
+          prompts: Mapping[str, str], light: bool, server: int | None) -> dict[str, Any]:
+    """With the worker paused, each tenant of ``prompts`` queues ``cfg.backlog`` requests (in
+    interleaved chunks); then the worker runs for ``cfg.seconds`` while, with ``light``, a
+    light tenant sends Poisson arrivals at ``light_share`` of capacity, each awaited. Served
+    cost and requests per tenant are read from the results written before the worker stops."""
+    from inferq.fairness import estimate
+    from inferq.producer.aio import AsyncClient
+
+    rng = random.Random(SEED)
+    ids: dict[str, list[str]] = {t: [] for t in prompts}
+    light_waits: list[float] = []
+
+    async def fill() -> None:
+        async with AsyncClient(url) as producer:
+            for start in range(0, cfg.backlog, CHUNK):
+                for tenant, prompt in prompts.items():
+                    n = min(CHUNK, cfg.backlog - start)
+                    handles = await producer.enqueue_many([prompt] * n, model=worker.model,
+                                                          tenant=tenant)
+                    ids[tenant] += [h.id for h in handles]
+
+    async def trickle() -> None:
+        rate = cfg.light_share * cfg.capacity
+        async with AsyncClient(url) as producer:
+            async def one(i: int) -> None:
+                handle = await producer.enqueue(_text(cfg.prompt_bytes, f"light{i}"),
+                                                model=worker.model, tenant="light")
+                result = await handle.result(timeout=cfg.seconds + 60)
+                if result.queue_wait_ms is not None:
+                    light_waits.append(result.queue_wait_ms)
+            tasks = []
+            t0 = time.perf_counter()
+            i = 0
+            while time.perf_counter() - t0 < cfg.seconds - 1.0:
+                tasks.append(asyncio.create_task(one(i)))
+                i += 1
+                await asyncio.sleep(rng.expovariate(rate))
+            await asyncio.gather(*tasks)
+
+    client = redis.Redis.from_url(url)
+    with paused(cleanup, [worker.pid]) as resume:
+        asyncio.run(fill())
+        resume([worker.pid])
+        t0 = time.perf_counter()
+        if light:
+            asyncio.run(trickle())
+        while time.perf_counter() - t0 < cfg.seconds:
+            check_alive([worker])
+            time.sleep(0.1)
+    stop_child(worker.child)
+    served: dict[str, dict[str, float]] = {}
+    for tenant, tenant_ids in ids.items():
+        pipe = client.pipeline(transaction=False)
+        for request_id in tenant_ids:
+            pipe.exists(worker.keys.result(request_id))
+        done = [i for i, e in zip(tenant_ids, pipe.execute(), strict=True) if e]
+        results: list[Result] = read_results(client, worker.keys, done)
+        cost = estimate("embed", len(prompts[tenant].encode()), {}, None)
+        served[tenant] = {"requests": len(results), "cost": len(results) * cost}
+    client.close()
+    total_cost = sum(s["cost"] for s in served.values()) or 1
+    total_requests = sum(s["requests"] for s in served.values()) or 1
+    for s in served.values():
+        s["cost_share"] = s["cost"] / total_cost
+        s["request_share"] = s["requests"] / total_requests
+    say("  served " + ", ".join(f"{t}: {s['requests']:.0f} requests, {s['cost_share']:.1%} of "
+                                f"the cost" for t, s in served.items()))
+    out: dict[str, Any] = {"served": served}
+    if light:
+        out["light_wait_ms"] = pcts(light_waits)
+        out["light_requests"] = len(light_waits)
+        say(f"  light tenant: {len(light_waits)} requests, queue wait p50/p99 "
+            f"{out['light_wait_ms']['p50']:.0f}/{out['light_wait_ms']['p99']:.0f} ms")
+    return out
+
+
+def alone(cleanup: Cleanup, url: str, cfg: FairnessConfig, worker: WorkerProc,
+          server: int | None) -> dict[str, Any]:
+    """The same backlog drained by one echo worker without a tenant and with one tenant,
+    alternating; requests/s (Redis clock) and Redis commands per request, fill and drain."""
+    prompts = [_text(cfg.prompt_bytes, f"p{i}") for i in range(cfg.alone_requests)]
+    runs: dict[str, list[dict[str, float]]] = {"none": [], "one": []}
+    for trial in range(cfg.alone_trials):
+        for mode in (("none", "one") if trial % 2 == 0 else ("one", "none")):
+            drained = fill_and_drain(cleanup, url, worker.model, prompts, chunk=CHUNK,
+                                     paused_workers=[worker], active=[worker], server=server,
+                                     timeout_s=300, tenant=None if mode == "none" else "solo")
+            runs[mode].append({
+                "throughput": drained.throughput,
+                "fill_commands": drained.redis_fill.commands_per_request,
+                "fill_client_commands": drained.redis_fill.client_commands_per_request,
+                "drain_commands": drained.redis_drain.commands_per_request,
+                "drain_client_commands": drained.redis_drain.client_commands_per_request})
+            say(f"  {mode} tenant: {drained.throughput:.0f} req/s, Redis commands/request "
+                f"fill {drained.redis_fill.commands_per_request:.2f} + drain "
+                f"{drained.redis_drain.commands_per_request:.2f}")
+
+    def median(mode: str, key: str) -> float:
+        values = sorted(r[key] for r in runs[mode])
+        return values[len(values) // 2]
+
+    keys = ("throughput", "fill_commands", "fill_client_commands", "drain_commands",
+            "drain_client_commands")
+    out: dict[str, Any] = {m: {k: median(m, k) for k in keys} for m in runs}
+    out["runs"] = runs
+    out["throughput_ratio"] = out["one"]["throughput"] / out["none"]["throughput"]
+    return out
+
+
+def figures(cfg: FairnessConfig, weights: Mapping[str, Any], tokens: Mapping[str, Any],
+            solo: Mapping[str, Any]) -> dict[str, Any]:
+    total_w = sum(WEIGHTS.values())
+    weight_err = max(abs(weights["served"][t]["cost_share"] - w / total_w)
+                     for t, w in WEIGHTS.items())
+    token_err = max(abs(s["cost_share"] - 1 / 3) for s in tokens["served"].values())
+    reference = cfg.max_wait_ms + cfg.full_batch_ms
+    light_p99 = weights["light_wait_ms"]["p99"]
+    commands_delta = (solo["one"]["fill_commands"] + solo["one"]["drain_commands"]
+                      - solo["none"]["fill_commands"] - solo["none"]["drain_commands"])
+    return {
+        "weights": weights, "tokens": tokens, "alone": solo,
+        "target": {
+            "weight_share_error": weight_err,
+            "weight_verdict": verdict(weight_err, SHARE_TOLERANCE, at_most=True),
+            "token_share_error": token_err,
+            "token_verdict": verdict(token_err, SHARE_TOLERANCE, at_most=True),
+            "light_reference_ms": reference,
+            "light_p99_over_reference": None if light_p99 is None else light_p99 / reference,
+            "light_verdict": verdict(None if light_p99 is None else light_p99 / reference,
+                                     WAIT_FACTOR, at_most=True),
+            "throughput_loss": 1 - solo["throughput_ratio"],
+            "throughput_verdict": verdict(1 - solo["throughput_ratio"], THROUGHPUT_TOLERANCE,
+                                          at_most=True),
+            "commands_delta": commands_delta}}
+
+
+def results_markdown(r: Mapping[str, Any]) -> str:
+    t = r["target"]
+    share_rows = []
+    for label, part, ideal in (("weights 3:2:1", r["weights"], {"a": 3 / 6, "b": 2 / 6,
+                                                                "c": 1 / 6}),
+                               ("equal weights, a's prompts 10x longer", r["tokens"],
+                                {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})):
+        for tenant, s in part["served"].items():
+            share_rows.append([label, tenant, f"{s['requests']:.0f}",
+                               f"{s['request_share']:.1%}", f"{s['cost_share']:.1%}",
+                               f"{ideal[tenant]:.1%}"])
+    a = r["alone"]
+    alone_rows = [[mode, f"{a[mode]['throughput']:.0f}",
+                   f"{a[mode]['fill_commands']:.2f} ({a[mode]['fill_client_commands']:.2f})",
+                   f"{a[mode]['drain_commands']:.2f} ({a[mode]['drain_client_commands']:.2f})"]
+                  for mode in ("none", "one")]
+    lw = r["weights"]["light_wait_ms"]
+    verdict_rows = [
+        ["weights 3:2:1: largest distance of a cost share from 50/33/17 %",
+         f"{t['weight_share_error']:.1%}", "<= 5 points", t["weight_verdict"]],
+        ["10x prompts, equal weights: largest distance of a token share from 33 %",
+         f"{t['token_share_error']:.1%}", "<= 5 points", t["token_verdict"]],
+        [f"light tenant queue wait p99 / (window + one batch = {t['light_reference_ms']:.0f} "
+         "ms)", f"{t['light_p99_over_reference']:.2f} (p50 {lw['p50']:.0f} ms, p99 "
+                f"{lw['p99']:.0f} ms)", f"<= {WAIT_FACTOR:g}", t["light_verdict"]],
+        ["one tenant alone: requests/s lost vs no tenant", f"{t['throughput_loss']:.1%}",
+         "<= 3 %", t["throughput_verdict"]],
+        ["one tenant alone: Redis commands/request more than no tenant (fill + drain)",
+         f"{t['commands_delta']:+.2f}", "unchanged", ""]]
+    return render(
+        "fairness", r,
+        share_table=markdown_table(["run", "tenant", "requests served", "share of requests",
+                                    "share of cost", "ideal cost share"], share_rows),
+        alone_table=markdown_table(["tenant", "requests/s (Redis clock)",
+                                    "commands/request, fill (client)",
+                                    "commands/request, drain (client)"], alone_rows),
+        verdict_table=markdown_table(["measure", "value", "target", "verdict"], verdict_rows))
+
+
+class Fairness(Scenario[FairnessConfig]):
+    name = "fairness"
+    title = "fair shares between tenants inside a priority band"
+    quick_help = "8 s floods, 5,000 requests alone (~1-2 min)"
+    config = FairnessConfig
+    trials = None
+    markdown = staticmethod(results_markdown)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--seconds", type=positive_float, default=ByMode(60.0, 8.0),
+                            help="how long the worker serves each flood (default %(default)s)")
+        add_worker_arguments(parser, max_batch_size=32, max_wait_ms=10.0, batch_ms=40.0,
+                             item_ms=0.5)
+        parser.add_argument("--overload", type=positive_float, default=1.2,
+                            help="each flooding tenant's backlog / what the worker serves in "
+                                 "--seconds (default 1.2)")
+        parser.add_argument("--light-share", type=positive_float, default=0.05,
+                            help="the light tenant's arrival rate / capacity (default 0.05)")
+        parser.add_argument("--prompt-bytes", type=positive_int, default=40,
+                            help="prompt size (cost = bytes / 4; tenant a's long prompts are "
+                                 "10x) (default 40)")
+        parser.add_argument("--alone-requests", type=positive_int,
+                            default=ByMode(20_000, 5_000),
+                            help="requests per pass of the one-tenant comparison (echo model) "
+                                 "(default %(default)s)")
+        parser.add_argument("--alone-trials", type=positive_int, default=ByMode(4, 2),
+                            help="passes per mode of that comparison (default %(default)s)")
+
+    def measure(self, run: Run[FairnessConfig]) -> dict[str, Any]:
+        cfg = run.cfg
+        server, url = run.server()
+        say(f"{self.name} benchmark: sleep model, full batch {cfg.full_batch_ms:.0f} ms -> "
+            f"capacity {cfg.capacity:.0f} req/s; each flooding tenant queues {cfg.backlog} "
+            f"requests; {cfg.seconds:g} s per flood")
+        flags = window_flags(cfg.max_batch_size, cfg.max_wait_ms)
+        model = sleep_model("fair-w", cfg.batch_ms, cfg.item_ms)
+        short = _text(cfg.prompt_bytes, "s")
+        _configure(url, "embed:fair-w", {**WEIGHTS, "light": 1})
+        w1 = spawn_worker(run.cleanup, url, model_arg=model, worker_id="fair-w",
+                          log_dir=run.log_dir, flags=flags)
+        wait_registered(url, [w1])
+        say("weights 3:2:1, each flooding, and a light tenant")
+        weights = flood(run.cleanup, url, cfg, w1, {t: short for t in WEIGHTS}, True,
+                        server.pid)
+        w2 = spawn_worker(run.cleanup, url, worker_id="fair-t", log_dir=run.log_dir,
+                          flags=flags, model_arg=sleep_model("fair-t", cfg.batch_ms,
+                                                             cfg.item_ms))
+        wait_registered(url, [w2])
+        say("equal weights, tenant a's prompts 10x longer")
+        tokens = flood(run.cleanup, url, cfg, w2,
+                       {"a": _text(10 * cfg.prompt_bytes, "l"), "b": short, "c": short}, False,
+                       server.pid)
+        w3 = spawn_worker(run.cleanup, url, model_arg="fair-echo=builtin:echo",
+                          worker_id="fair-echo", log_dir=run.log_dir,
+                          flags=window_flags(256, 1.0))
+        wait_registered(url, [w3])
+        say("one tenant alone vs no tenant (echo model)")
+        solo = alone(run.cleanup, url, cfg, w3, server.pid)
+        stop_child(w3.child)
+        server.stop()
+        return figures(cfg, weights, tokens, solo)
+
+
+SCENARIO = Fairness()
