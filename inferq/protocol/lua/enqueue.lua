@@ -99,7 +99,7 @@ for i = 2, n, W do
     worst_excess = math.max(worst_excess, tenant_excess(ARGV[i + 7], tonumber(ARGV[i + 10])))
   else
     local tn = ARGV[i + 7]
-    if tn ~= '' then owned[tn] = owned_by(tn) + 1 end
+    if tn ~= '' and tonumber(ARGV[i + 10]) > 0 then owned[tn] = owned_by(tn) + 1 end
     depth = depth + 1
     queue[#queue + 1] = i
     seen[id] = true

@@ -6,17 +6,19 @@
 -- epoch and 'm:L' the latest virtual finish time of the epoch; per band and tenant
 -- 'f:L:<tenant>' = '<epoch> <finish>' (the tenant's last finish time). Finish times are
 -- doubles written with %.17g, so they read back exactly.
-local fair_bands, fair_tenants, fair_order = {}, {}, {}
+local fair_bands, fair_order = {}, {}
 local function fair_number(x) return string.format('%.17g', x) end
 -- the band's clock: e epoch, m latest finish, v its virtual time now: the finish time of the
 -- head of the band's pending requests, or (none pending) m, after a reset to a new epoch
 -- once m has passed FAIR_RESET_AT
-local function fair_band(fair, pending, band)
+-- (tenant: the first tenant seen in the band, whose field is read in the same HMGET; the
+-- reply's third value, or nil when the band was already loaded)
+local function fair_band(fair, pending, band, tenant)
   local level = band / BAND_WIDTH
   local b = fair_bands[level]
-  if b then return b, level end
-  local r = fields(fair, 'e:' .. level, 'm:' .. level) or {}
-  b = {e = tonumber(r[1]) or 0, m = tonumber(r[2]) or 0, dirty = false}
+  if b then return b, level, nil end
+  local r = fields(fair, 'e:' .. level, 'm:' .. level, 'f:' .. level .. ':' .. tenant) or {}
+  b = {e = tonumber(r[1]) or 0, m = tonumber(r[2]) or 0, dirty = false, tenants = {}}
   local head = redis.call('ZRANGEBYSCORE', pending, num(band), '(' .. num(band + BAND_WIDTH),
                           'WITHSCORES', 'LIMIT', 0, 1)
   if head[2] then
@@ -28,26 +30,26 @@ local function fair_band(fair, pending, band)
     b.v = b.m
   end
   fair_bands[level] = b
-  return b, level
+  return b, level, r[3] or false
 end
 -- the score of a request of tenant (''= none) with weight and cost, arriving as number seq
 -- of the shard: start = max(the tenant's last finish, the band's virtual time); finish =
 -- start + cost / weight; score = band + floor(finish) * TIE_LIMIT + seq % TIE_LIMIT
 local function fair_score(fair, pending, band, tenant, weight, cost, seq)
-  local b, level = fair_band(fair, pending, band)
-  local field = 'f:' .. level .. ':' .. tenant
-  local last = fair_tenants[field]
-  if last == nil then
-    last = 0
-    local raw = redis.pcall('HGET', fair, field)
+  local b, level, raw = fair_band(fair, pending, band, tenant)
+  local t = b.tenants[tenant]
+  if not t then
+    t = {field = 'f:' .. level .. ':' .. tenant, last = 0, band = b}
+    if raw == nil then raw = redis.pcall('HGET', fair, t.field) end
     if type(raw) == 'string' then
       local e, f = string.match(raw, '^(%d+) (%S+)$')
-      if e and tonumber(e) == b.e and tonumber(f) then last = tonumber(f) end
+      if e and tonumber(e) == b.e and tonumber(f) then t.last = tonumber(f) end
     end
-    fair_order[#fair_order + 1] = field
+    b.tenants[tenant] = t
+    fair_order[#fair_order + 1] = t
   end
-  local finish = math.max(last, b.v) + cost / weight
-  fair_tenants[field] = finish
+  local finish = math.max(t.last, b.v) + cost / weight
+  t.last = finish
   if finish > b.m then b.m, b.dirty = finish, true end
   local vt = math.min(math.floor(finish), VT_LIMIT - 1)
   return band + vt * TIE_LIMIT + seq % TIE_LIMIT
@@ -63,10 +65,9 @@ local function fair_save(fair)
       h[#h + 1] = fair_number(b.m)
     end
   end
-  for _, field in ipairs(fair_order) do
-    local level = tonumber(string.match(field, '^f:(%d+):'))
-    h[#h + 1] = field
-    h[#h + 1] = fair_bands[level].e .. ' ' .. fair_number(fair_tenants[field])
+  for _, t in ipairs(fair_order) do
+    h[#h + 1] = t.field
+    h[#h + 1] = t.band.e .. ' ' .. fair_number(t.last)
   end
   if #h > 0 then redis.call('HSET', fair, unpack(h)) end
 end
