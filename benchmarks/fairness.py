@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import statistics
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -186,8 +187,7 @@ def alone(cleanup: Cleanup, url: str, cfg: FairnessConfig, worker: WorkerProc,
                 f"{drained.redis_drain.commands_per_request:.2f}")
 
     def median(mode: str, key: str) -> float:
-        values = sorted(r[key] for r in runs[mode])
-        return values[len(values) // 2]
+        return statistics.median(r[key] for r in runs[mode])
 
     keys = ("throughput", "fill_commands", "fill_client_commands", "drain_commands",
             "drain_client_commands")
@@ -266,7 +266,7 @@ def results_markdown(r: Mapping[str, Any]) -> str:
 class Fairness(Scenario[FairnessConfig]):
     name = "fairness"
     title = "fair shares between tenants inside a priority band"
-    quick_help = "8 s floods, 5,000 requests alone (~1-2 min)"
+    quick_help = "8 s floods, 5,000 requests alone x 3 (~2 min)"
     config = FairnessConfig
     trials = None
     markdown = staticmethod(results_markdown)
@@ -288,7 +288,7 @@ class Fairness(Scenario[FairnessConfig]):
                             default=ByMode(20_000, 5_000),
                             help="requests per pass of the one-tenant comparison (echo model) "
                                  "(default %(default)s)")
-        parser.add_argument("--alone-trials", type=positive_int, default=ByMode(4, 2),
+        parser.add_argument("--alone-trials", type=positive_int, default=ByMode(5, 3),
                             help="passes per mode of that comparison (default %(default)s)")
 
     def measure(self, run: Run[FairnessConfig]) -> dict[str, Any]:
