@@ -236,7 +236,11 @@ def results_markdown(r: Mapping[str, Any]) -> str:
                                f"{s['request_share']:.1%}", f"{s['cost_share']:.1%}",
                                f"{ideal[tenant]:.1%}"])
     a = r["alone"]
-    alone_rows = [[mode, f"{a[mode]['throughput']:.0f}",
+    def spread(mode: str) -> str:
+        values = [run["throughput"] for run in a["runs"][mode]]
+        return f"{a[mode]['throughput']:.0f} ({min(values):.0f}..{max(values):.0f})"
+
+    alone_rows = [[mode, spread(mode),
                    f"{a[mode]['fill_commands']:.2f} ({a[mode]['fill_client_commands']:.2f})",
                    f"{a[mode]['drain_commands']:.2f} ({a[mode]['drain_client_commands']:.2f})"]
                   for mode in ("none", "one")]
@@ -257,7 +261,7 @@ def results_markdown(r: Mapping[str, Any]) -> str:
         "fairness", r,
         share_table=markdown_table(["run", "tenant", "requests served", "share of requests",
                                     "share of cost", "ideal cost share"], share_rows),
-        alone_table=markdown_table(["tenant", "requests/s (Redis clock)",
+        alone_table=markdown_table(["tenant", "requests/s, median (min..max)",
                                     "commands/request, fill (client)",
                                     "commands/request, drain (client)"], alone_rows),
         verdict_table=markdown_table(["measure", "value", "target", "verdict"], verdict_rows))

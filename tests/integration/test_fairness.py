@@ -186,3 +186,23 @@ def test_a_damaged_request_answered_by_the_claim_leaves_the_count(
     assert claim(r, 10) == []  # answered corrupt_request by the claim script
     assert handle.status() is inferq.RequestState.FAILED
     assert r.hget(KEYS.stats, TENANT_COUNT + "a") is None
+
+
+def test_fair_shares_cost_three_commands_per_enqueue_call_whatever_its_size(
+        fc: inferq.Client, r: redis.Redis) -> None:
+    """README, Fair sharing: the fair hash costs one HMGET, one ZRANGEBYSCORE (the band's head)
+    and one HSET per enqueue call and band, not per request; a tenant adds one HINCRBY."""
+    fc.enqueue("warm", model="fair")  # scripts loaded, settings cached
+
+    def calls(**kw: object) -> Counter[str]:
+        r.config_resetstat()
+        fc.enqueue_many([f"x{i}" for i in range(500)], model="fair", **kw)  # type: ignore[arg-type]
+        stats = r.info("commandstats")
+        return Counter({k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items()})
+
+    plain = calls()
+    assert plain["evalsha"] == 1
+    assert (plain["hmget"], plain["zrangebyscore"], plain["hset"]) == (1, 1, 501)
+    tenant = calls(tenant="a")
+    assert tenant["hincrby"] == plain["hincrby"] + 1
+    assert tenant["hset"] == plain["hset"]
