@@ -1,6 +1,6 @@
-"""Fair shares through a real window worker over a sharded queue: three tenants with weights
-3:2:1 flood three shards; the order the model ran them in gives each its share of the cost,
-the worker's metrics and ``inferq stats`` count per tenant."""
+"""Fair shares through real window workers over a sharded queue: three tenants with weights
+3:2:1 flood three shards served by two workers; the order the models ran them in gives each
+its share of the cost, the workers' metrics and ``inferq stats`` count per tenant."""
 
 from __future__ import annotations
 
@@ -44,13 +44,15 @@ async def test_three_shards_serve_weighted_cost_shares(redis_url: str, r: redis.
         waiting = stats.read_queue(r, KEYS)
         assert waiting.tenants == {t: PER_TENANT for t in WEIGHTS}  # summed over 3 shards
         assert waiting.shards == 3
-        worker = WindowWorker(config(redis_url, max_batch_size=6),
-                              SleepModel(batch_ms=2, record=str(tmp_path)))
-        task = await run_worker(worker)
+        model = SleepModel(batch_ms=2, record=str(tmp_path))  # one file: the order they ran in
+        workers = [WindowWorker(config(redis_url, max_batch_size=6, worker_id=f"w{k}"), model)
+                   for k in range(2)]
+        tasks = [await run_worker(w) for w in workers]
         try:
             await asyncio.gather(*(h.result(timeout=60) for h in handles))
         finally:
-            await stop(worker, task)
+            for worker, task in zip(workers, tasks, strict=True):
+                await stop(worker, task)
     (ran_file,) = tmp_path.glob("*.ran")
     ran = [line.split("-")[0] for line in ran_file.read_text().splitlines()]
     assert len(ran) == 3 * PER_TENANT
@@ -59,8 +61,11 @@ async def test_three_shards_serve_weighted_cost_shares(redis_url: str, r: redis.
     total = sum(first.values())
     for tenant, weight in WEIGHTS.items():
         assert abs(first[tenant] / total - weight / 6) <= 0.05, (tenant, first)
-    samples = {(s.name, s.labels.get("tenant")): s.value
-               for metric in worker.metrics.registry.collect() for s in metric.samples}
+    samples: Counter[tuple[str, str | None]] = Counter()
+    for worker in workers:
+        for metric in worker.metrics.registry.collect():
+            for s in metric.samples:
+                samples[(s.name, s.labels.get("tenant"))] += s.value
     for tenant in WEIGHTS:  # named in the queue's settings: a label of its own
         assert samples[("inferq_tenant_cost_total", tenant)] == 10 * PER_TENANT
         assert samples[("inferq_tenant_queue_wait_seconds_count", tenant)] == PER_TENANT
