@@ -473,7 +473,7 @@ def check_stored(r: redis.Redis, before: dict[bytes, bytes], verdicts: list[Verd
             continue
         first[keys.queue, handle.id] = index
         assert handle.outcome == "queued", handle
-        expected_keys |= {keys.pending, keys.seq, keys.wake, keys.request(handle.id)}
+        expected_keys |= {keys.pending, keys.seq, keys.wake, keys.fair, keys.request(handle.id)}
         pending.setdefault(keys.pending, set()).add(handle.id)
         stored_hash = r.hgetall(keys.request(handle.id))
         stored = msgpack.unpackb(stored_hash[b"p"], raw=False)

@@ -209,7 +209,7 @@ def test_no_key_is_left_behind_but_unexpired_results(redis_url: str, r: redis.Re
             assert r.pttl(key) > 0, f"{name} has no TTL"
     assert counts["result"] == 301
     # Per-request state is gone; what remains is bounded bookkeeping, one key each.
-    assert set(counts) <= {"result", "inbox", "tuning", "window", "stats", "seq", "workers",
+    assert set(counts) <= {"result", "inbox", "tuning", "window", "stats", "seq", "workers", "fair",
                            "inferq:queues", "inferq:queues:requested"}
     assert all(n == 1 for kind, n in counts.items() if kind != "result")
 
