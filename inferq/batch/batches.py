@@ -10,10 +10,10 @@ from typing import Any
 
 from inferq.batch import ops
 from inferq.batch.config import BatchConfig
+from inferq.batch.envelope import TASKS, check_file
 from inferq.batch.fields import BatchField as B
 from inferq.batch.files import Files, content_name
 from inferq.batch.keys import BatchKeys, Index
-from inferq.batch.lines import ENDPOINTS, check_file
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
 
 WINDOWS = {"24h": 24 * 3600}
@@ -106,9 +106,9 @@ class Batches:
 
     async def create(self, input_file_id: str, endpoint: str, completion_window: str,
                      metadata: dict[str, str] | None) -> dict[str, Any]:
-        if endpoint not in ENDPOINTS:
+        if endpoint not in TASKS:
             raise BatchRefused(400, "invalid_request", f"endpoint must be one of "
-                               f"{sorted(ENDPOINTS)}, got {endpoint!r}", "endpoint")
+                               f"{sorted(TASKS)}, got {endpoint!r}", "endpoint")
         if completion_window not in WINDOWS:
             raise BatchRefused(400, "invalid_request", f"completion_window must be one of "
                                f"{sorted(WINDOWS)}, got {completion_window!r}",
@@ -128,7 +128,7 @@ class Batches:
         total, model = await asyncio.to_thread(
             lambda: check_file(store.blocks(content_name(input_file_id)), endpoint,
                                self.config.max_batch_lines))
-        task, _ = ENDPOINTS[endpoint]
+        task = TASKS[endpoint]
         batch_id = f"batch_{uuid.uuid4().hex[:24]}"
         keys = BatchKeys.of(batch_id, task, model, self.namespace)
         seconds, micros = await self.redis.time()

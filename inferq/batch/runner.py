@@ -28,19 +28,12 @@ from itertools import islice
 
 from inferq.batch import ops
 from inferq.batch.batches import Batches, decode
+from inferq.batch.envelope import line_request_id, read_lines
 from inferq.batch.feed import Feed
 from inferq.batch.fields import BatchField as B
 from inferq.batch.files import content_name
 from inferq.batch.keys import BatchKeys, inbox_name
-from inferq.batch.lines import (
-    LineRefused,
-    error_line,
-    line_request_id,
-    outcome,
-    parse_line,
-    read_lines,
-    response_line,
-)
+from inferq.batch.lines import LineRefused, error_line, outcome, parse_line, response_line
 from inferq.producer import common
 from inferq.producer.aio import AsyncClient
 from inferq.protocol import ops as queue_ops

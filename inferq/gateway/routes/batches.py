@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferq.batch.batches import BatchRefused
-from inferq.batch.lines import FileInvalid
+from inferq.batch.envelope import FileInvalid
 from inferq.gateway.batch_state import BatchDep
 from inferq.gateway.errors import INVALID, ApiError
 from inferq.gateway.schemas import ERROR_RESPONSES
