@@ -4,11 +4,19 @@ of a queue and answers it), and waiting on a batch's status through the HTTP API
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
+import httpx
 import redis
 
+from inferq.embedded import free_port
 from inferq.protocol import ops
 from inferq.protocol.codec import Result, Status, Usage, decode_request, encode_result
 from inferq.protocol.keys import QueueKeys
@@ -82,3 +90,44 @@ def wait_status(get: Callable[[], dict[str, Any]], *statuses: str,
 
 def read_jsonl(data: bytes) -> list[dict[str, Any]]:
     return [json.loads(line) for line in data.splitlines() if line]
+
+
+class GatewayProcess:
+    """``python -m inferq.gateway`` in a subprocess (so it can be SIGKILLed), its log kept."""
+
+    def __init__(self, redis_url: str, log_dir: Path, **settings: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"gateway-{self.port}.log"
+        env = {**os.environ, "INFERQ_REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1",
+               **{f"INFERQ_GATEWAY_{k.upper()}": v for k, v in settings.items()}}
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "inferq.gateway", "--host", "127.0.0.1", "--port",
+                 str(self.port), "--log-level", "info"], stdout=log, stderr=subprocess.STDOUT,
+                env=env)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{self.base}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.log
+            time.sleep(0.05)
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
