@@ -194,19 +194,60 @@ class Batches:
 
     async def stats(self) -> dict[str, Any]:
         """Batches by status, lines by outcome, and the progress of the active ones."""
-        by_status: dict[str, int] = {}
-        lines = {"completed": 0, "failed": 0, "invalid": 0, "expired": 0, "withdrawn": 0}
-        active = []
+        items = []
         for raw in await self.redis.zrange(self.index.batches, 0, -1):
             item = await self.get(_text(raw))
-            if item is None:
-                continue
-            by_status[item["status"]] = by_status.get(item["status"], 0) + 1
-            lines["completed"] += item["request_counts"]["completed"]
-            lines["failed"] += item["request_counts"]["failed"] - item["inferq"]["invalid"] \
-                - item["inferq"]["expired"]
-            for name in ("invalid", "expired", "withdrawn"):
-                lines[name] += item["inferq"][name]
-            if item["status"] in ACTIVE:
-                active.append(item)
-        return {"batches": by_status, "lines": lines, "active": active}
+            if item is not None:
+                items.append(item)
+        return summarize(items)
+
+
+def summarize(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{"batches": {status: n}, "lines": {outcome: n}, "active": [batch, ...]}``."""
+    by_status: dict[str, int] = {}
+    lines = {"completed": 0, "failed": 0, "invalid": 0, "expired": 0, "withdrawn": 0}
+    active = []
+    for item in items:
+        by_status[item["status"]] = by_status.get(item["status"], 0) + 1
+        extra = item["inferq"]
+        lines["completed"] += item["request_counts"]["completed"]
+        lines["failed"] += item["request_counts"]["failed"] - extra["invalid"] - extra["expired"]
+        for name in ("invalid", "expired", "withdrawn"):
+            lines[name] += extra[name]
+        if item["status"] in ACTIVE:
+            active.append(item)
+    return {"batches": by_status, "lines": lines, "active": active}
+
+
+def read_sync(client: Any, namespace: str) -> dict[str, Any]:
+    """``summarize`` of every batch, on a sync client (``inferq stats``)."""
+    index = Index(namespace)
+    items = []
+    for raw in client.zrange(index.batches, 0, -1):
+        batch_id = _text(raw)
+        queue = client.hget(index.where, batch_id)
+        if queue is None:
+            continue
+        task, model = _text(queue).split(":", 1)
+        h = decode(client.hgetall(BatchKeys.of(batch_id, task, model, namespace).batch))
+        if h:
+            items.append(batch_object(batch_id, h))
+    return summarize(items)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The text of ``inferq stats``'s batches section ('' without batches)."""
+    if not summary["batches"]:
+        return ""
+    by_status = ", ".join(f"{k}={v}" for k, v in sorted(summary["batches"].items()))
+    by_outcome = ", ".join(f"{k}={v}" for k, v in summary["lines"].items())
+    out = [f"batches {by_status}", f"  lines {by_outcome}"]
+    for b in summary["active"]:
+        counts = b["request_counts"]
+        done = counts["completed"] + counts["failed"]
+        share = done / counts["total"] if counts["total"] else 0.0
+        out.append(f"  batch {b['id']} {b['status']} {b['endpoint']} {b['model']}: "
+                   f"{done}/{counts['total']} done ({share:.0%}), "
+                   f"{b['inferq']['ingested']} queued so far, priority "
+                   f"{b['inferq']['priority']}")
+    return "\n".join(out)

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from inferq.batch.keys import Index
-from inferq.batch.store import FileStore
+
+if TYPE_CHECKING:  # fsspec is the gateway's: ``inferq stats`` reads batches without it
+    from inferq.batch.store import FileStore
 
 #: OpenAI's purposes; a batch's input must be ``batch``, its outputs are ``batch_output``.
 PURPOSES = ("assistants", "assistants_output", "batch", "batch_output", "fine-tune",

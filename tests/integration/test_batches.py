@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from inferq.batch.envelope import line_request_id
 from inferq.batch.fields import BatchField
 from inferq.batch.keys import BatchKeys
+from inferq.cli.stats import batch_section
 from inferq.protocol import scores
 from tests.support.batch import (
     EMBED,
@@ -297,7 +298,18 @@ def test_the_feed_bounds_the_lines_waiting_in_the_queue(
             wait_until(lambda: r.zcard(EMBED.pending) > 0, what="lines queued")
             assert r.zcard(EMBED.pending) <= 5
             answered += len(answer(r, limit=2))
+            if answered == 10:  # progress, as inferq stats and the stats route show it
+                section = batch_section(r)
+                assert section.startswith("batches in_progress=1")
+                assert f"batch {batch['id']} in_progress /v1/embeddings echo" in section
+                stats = api.get("/v1/batches/stats").json()
+                assert stats["batches"] == {"in_progress": 1}
+                assert [b["id"] for b in stats["active"]] == [batch["id"]]
         done = wait_status(get, "completed")
+        stats = api.get("/v1/batches/stats").json()
+        assert stats["batches"] == {"completed": 1} and stats["active"] == []
+        assert stats["lines"]["completed"] == 20
+        assert "lines completed=20, failed=0" in batch_section(r)
         assert done["request_counts"] == {"total": 20, "completed": 20, "failed": 0}
         assert len(content(api, done["output_file_id"])) == 20
 
