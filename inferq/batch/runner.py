@@ -159,8 +159,7 @@ class BatchRunner:
     async def _step(self, held: Held) -> tuple[bool, str | None]:
         status = held.status
         if status in ("completed", "failed", "expired", "cancelled"):
-            await self.redis.srem(self.batches.index.active, held.keys.batch_id)
-            self._feeds.pop(held.keys.batch_id, None)
+            await self.clean_up(held.keys)  # a holder died between the status and this
             return True, None
         if status == "validating":
             await self.move(held, ("validating",), "in_progress", B.IN_PROGRESS_AT)
@@ -362,7 +361,12 @@ class BatchRunner:
             values.append((B.ERROR_FILE_ID, err_id))
         final = held.h.get(B.FINAL_STATUS) or "completed"
         await self.move(held, ("finalizing",), final, f"{final}_at", values)
-        await self.redis.srem(self.batches.index.active, batch_id)
-        await self.redis.delete(held.keys.lines)
-        await asyncio.to_thread(self.store.delete, f"batches/{batch_id}")
-        self._feeds.pop(batch_id, None)
+        await self.clean_up(held.keys)
+
+    async def clean_up(self, keys: BatchKeys) -> None:
+        """After the terminal status (a finalization redone needs the parts): the parts, the
+        lines hash, the active entry."""
+        await asyncio.to_thread(self.store.delete, f"batches/{keys.batch_id}")
+        await self.redis.delete(keys.lines)
+        await self.redis.srem(self.batches.index.active, keys.batch_id)
+        self._feeds.pop(keys.batch_id, None)

@@ -330,3 +330,45 @@ def test_re_ingesting_a_line_queues_it_once(batch_api: TestClient, r: redis.Redi
     assert len(content(batch_api, done["output_file_id"])) == 2
 
 
+
+
+async def test_one_holder_at_a_time_and_a_stale_holder_cannot_commit(
+        redis_url: str, tmp_path: Path) -> None:
+    from inferq.batch import ops
+    from inferq.batch.batches import Batches
+    from inferq.batch.config import BatchConfig
+    from inferq.batch.files import Files
+    from inferq.batch.keys import Index
+    from inferq.batch.runner import BatchRunner, Held, LeaseLost
+    from inferq.batch.store import FileStore
+    from inferq.producer.aio import AsyncClient
+
+    async with AsyncClient(redis_url) as client:
+        files = Files(client.redis, FileStore(str(tmp_path)), Index())
+        batches = Batches(client.redis, files, BatchConfig(lease_s=30), "inferq")
+        import io
+        made = await files.upload("in.jsonl", "batch", io.BytesIO(jsonl([embed_line("a", "x")])),
+                                  1 << 20)
+        assert made is not None
+        batch = await batches.create(made["id"], "/v1/embeddings", "24h", None)
+        keys = await batches.keys_of(batch["id"])
+        assert keys is not None
+        first, second = BatchRunner(batches, client), BatchRunner(batches, client)
+        assert await first.lease(keys) == "validating"
+        assert await second.lease(keys) is None  # held
+        assert await first.lease(keys) == "validating"  # renewed: the second call
+        worked, _ = await second.step(batch["id"])
+        assert worked is False
+        # The first holder's lease lapses (it stalled); the second takes the batch over.
+        await client.redis.hset(keys.batch, BatchField.LEASE_UNTIL, 0)
+        assert await second.lease(keys) == "validating"
+        stale = Held(keys, {BatchField.STATUS: "validating"})
+        with pytest.raises(LeaseLost):
+            await first.commit(stale, ops.Step(0, False, 0, 1, 10))
+        with pytest.raises(LeaseLost):
+            await first.move(stale, ("validating",), "in_progress", "in_progress_at")
+        assert (await batches.get(batch["id"]) or {})["status"] == "validating"
+        # The holder's step with a stale position is refused, not applied twice.
+        k, a = ops.commit_call(keys, second.token, ops.Step(5, True, 0, 1, 10))
+        assert await batches.scripts["commit"](keys=k, args=a) == b"stale"
+        assert (await batches.get(batch["id"]) or {})["inferq"]["ingested"] == 0
