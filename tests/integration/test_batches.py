@@ -18,6 +18,7 @@ from inferq.batch.fields import BatchField
 from inferq.batch.keys import BatchKeys
 from inferq.cli.stats import batch_section
 from inferq.protocol import scores
+from inferq.protocol.fields import Field
 from tests.support.batch import (
     EMBED,
     GENERATE,
@@ -138,9 +139,12 @@ def test_an_invalid_file_is_a_400_naming_the_line(
 
 
 def test_create_refusals(make_api: MakeApi, tmp_path: Path) -> None:
-    with make_api(file_store=str(tmp_path), max_batch_lines=2) as api:
+    with make_api(file_store=str(tmp_path), max_batch_lines=2, max_batch_bytes=400) as api:
         three = upload(api, jsonl([embed_line(str(i), "x") for i in range(3)]))["id"]
         assert create(api, three).json()["error"]["code"] == "too_many_lines"
+        big = upload(api, jsonl([embed_line("a", "x" * 400)]))["id"]
+        too_big = create(api, big)
+        assert too_big.status_code == 400 and too_big.json()["error"]["code"] == "file_too_large"
         one = upload(api, jsonl([embed_line("a", "x")]))["id"]
         assert create(api, one, endpoint="/v1/moderations").status_code == 400
         assert create(api, one, completion_window="1h").status_code == 400
@@ -168,8 +172,11 @@ def test_an_embeddings_batch_runs_to_completed(batch_api: TestClient, r: redis.R
     get = getter(batch_api, batch_id)
     wait_until(lambda: r.zcard(EMBED.pending) == 7, what="7 lines queued")
     # Batch lines wait at the batch band, below normal traffic.
-    _, score = r.zrange(EMBED.pending, 0, 0, withscores=True)[0]
+    head, score = r.zrange(EMBED.pending, 0, 0, withscores=True)[0]
     assert int(score) >> scores.SEQ_BITS == scores.PRIORITY_MAX - (-50)
+    # Its deadline is the end of the completion window (Redis clock, ms).
+    deadline_ms = int(r.hget(EMBED.request(head.decode()), Field.DEADLINE) or 0)
+    assert abs(deadline_ms / 1000 - created["expires_at"]) <= 2
     assert answer(r, fail_on="poison")
     done = wait_status(get, "completed")
     assert done["request_counts"] == {"total": 8, "completed": 6, "failed": 2}
