@@ -91,3 +91,16 @@ def test_an_empty_file_is_refused() -> None:
     with pytest.raises(FileInvalid) as refused:
         check_file([b""], "/v1/embeddings", 10)
     assert refused.value.code == "empty_file" and refused.value.line is None
+
+
+def test_the_sleep_model_answers_vectors_when_asked() -> None:
+    from inferq.errors import ConfigError
+    from inferq.worker.models.base import ModelInput
+    from inferq.worker.models.builtin import SleepModel
+
+    model = SleepModel.from_options({"batch_ms": "0", "vector": "1"})
+    assert model.forward([ModelInput(1, "abc")]) == [[3.0, 1.0]]
+    assert SleepModel.from_options({"batch_ms": "0"}).forward([ModelInput(1, "abc")]) == [
+        "abc"]
+    with pytest.raises(ConfigError):
+        SleepModel.from_options({"vector": "yes"})
