@@ -31,7 +31,15 @@ from benchmarks.framework import (
     positive_int,
     render,
 )
-from benchmarks.harness import BenchmarkFailed, Cleanup, fmt_range, markdown_table, say, verdict
+from benchmarks.harness import (
+    BenchmarkFailed,
+    Cleanup,
+    CpuProbe,
+    fmt_range,
+    markdown_table,
+    say,
+    verdict,
+)
 from benchmarks.loadgen import open_loop, poisson
 from benchmarks.stack import (
     WorkerProc,
@@ -39,7 +47,6 @@ from benchmarks.stack import (
     check_alive,
     load_str,
     pcts,
-    queue_probe,
     spawn_workers,
     summarize_trials,
     wait_registered,
@@ -177,7 +184,10 @@ def run_trial(run: Run[BatchConfig], url: str, server: int | None, trial: int,
                             log_dir=run.log_dir, model_arg=_model_arg(model, cfg),
                             flags=window_flags(cfg.max_batch_size, cfg.max_wait_ms))
     wait_registered(url, workers)
-    probe = queue_probe(server, [w.pid for w in workers])
+    # The gateway's CPU is ours, not another tenant's load.
+    probe = CpuProbe({"producer": None, "server": server,
+                      "gateway": gateway.child.process.pid,
+                      **{f"worker{i}": w.pid for i, w in enumerate(workers)}}, children=True)
     probe.start()
     cap = asyncio.run(capacity(url, model, max(500, int(cfg.nominal_capacity * 4))))
     rate = cfg.online_load * cap
@@ -207,8 +217,9 @@ def run_trial(run: Run[BatchConfig], url: str, server: int | None, trial: int,
     if final["status"] in ("completed", "finalizing"):
         raise BenchmarkFailed(f"the batch ended before the schedule did: raise --lines "
                               f"(now {cfg.lines})")
-    gateway.api.call("POST", f"/v1/batches/{batch['id']}/cancel")
     cpu = probe.stop()
+    gateway.api.call("POST", f"/v1/batches/{batch['id']}/cancel")
+    lines_done = final["request_counts"]["completed"] + final["request_counts"]["failed"]
     idle_lines = sum(marks[k + 1][1] - marks[k][1] for k in range(1, len(marks) - 1, 2))
     idle_time = sum(marks[k + 1][0] - marks[k][0] for k in range(1, len(marks) - 1, 2))
     burst_lines = sum(marks[k + 1][1] - marks[k][1] for k in range(0, len(marks) - 1, 2))
@@ -222,6 +233,9 @@ def run_trial(run: Run[BatchConfig], url: str, server: int | None, trial: int,
         "idle_batch_per_s": idle_lines / max(idle_time, 1e-9),
         "burst_batch_per_s": burst_lines / max(burst_time, 1e-9),
         "cpu_seconds": dict(cpu), "other_load": cpu.get("other_load"),
+        "batch_lines_done": lines_done,
+        # the gateway's CPU per batch line (ingestion, draining, the output parts)
+        "gateway_cpu_us_per_line": (cpu.get("gateway") or 0.0) / max(lines_done, 1) * 1e6,
     }
     out["idle_over_capacity"] = out["idle_batch_per_s"] / cap
     say(f"  online p50/p99 alone {a['p50']:.0f}/{a['p99']:.0f} ms, with the batch "
@@ -237,7 +251,8 @@ def figures(trials: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for key in ("online_alone_ms", "online_with_batch_ms"):
         s[key] = {q: summarize_trials(trials, [key, q]) for q in ("p50", "p90", "p99")}
     for key in ("capacity_per_s", "online_rate_per_s", "p50_ratio", "p99_ratio",
-                "idle_batch_per_s", "burst_batch_per_s", "idle_over_capacity", "other_load"):
+                "idle_batch_per_s", "burst_batch_per_s", "idle_over_capacity", "other_load",
+                "gateway_cpu_us_per_line"):
         s[key] = summarize_trials(trials, [key])
     p99, idle = s["p99_ratio"]["median"], s["idle_over_capacity"]["median"]
     return {"summary": s, "trials": list(trials),
@@ -260,7 +275,9 @@ def results_markdown(r: Mapping[str, Any]) -> str:
          f">= {IDLE_TARGET:g}", t["idle_verdict"]],
         ["capacity (saturating flood), req/s", fmt_range(s["capacity_per_s"], 0), "", ""],
         ["batch lines/s in idle phases", fmt_range(s["idle_batch_per_s"], 0), "", ""],
-        ["batch lines/s during bursts", fmt_range(s["burst_batch_per_s"], 0), "", ""]]
+        ["batch lines/s during bursts", fmt_range(s["burst_batch_per_s"], 0), "", ""],
+        ["gateway CPU per batch line, us (upper bound: the online phase's too)",
+         fmt_range(s["gateway_cpu_us_per_line"], 0), "", ""]]
     return render("batch", r,
                   latency=markdown_table(["online latency, ms", "p50", "p90", "p99"], latency),
                   table=markdown_table(["measure", "median (min..max)", "target", "verdict"],

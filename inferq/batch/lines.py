@@ -17,6 +17,7 @@ import pydantic
 
 from inferq.errors import RequestError
 from inferq.gateway.errors import ApiError, from_inferq
+from inferq.gateway.jsonenc import dumps
 from inferq.gateway.routes.completions import finish_reason, text_of, usage_of
 from inferq.gateway.routes.openai_compat import as_vector, encode_base64, estimate_tokens
 from inferq.gateway.schemas import (
@@ -96,7 +97,8 @@ def parse_line(raw: bytes, endpoint: str) -> LineRequest | LineRefused:
 
 
 def _json(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    # orjson (the gateway's encoder): the vectors of an embeddings batch are most of the bytes
+    return dumps(value) + b"\n"
 
 
 def response_line(request_id: str, custom_id: str, status_code: int,
