@@ -37,7 +37,7 @@ from inferq.batch.lines import LineRefused, error_line, outcome, parse_line, res
 from inferq.producer import common
 from inferq.producer.aio import AsyncClient
 from inferq.protocol import ops as queue_ops
-from inferq.protocol.codec import decode_result
+from inferq.protocol.codec import Status, decode_result
 
 log = logging.getLogger("inferq.gateway.batch")
 
@@ -224,8 +224,11 @@ class BatchRunner:
     async def ingest(self, held: Held, *, expire: bool) -> bool:
         """Queue the next lines (or, once the window is over, write them expired)."""
         outstanding = held.n(B.CURSOR) - held.accounted
-        room = self.config.chunk if expire else min(self.config.chunk,
-                                                    held.feed.room(outstanding))
+        if not expire:
+            held.feed.observe(time.monotonic(), await self.queue_done(held.keys),
+                              held.accounted)
+        room = self.config.chunk if expire else min(
+            self.config.chunk, held.feed.room(outstanding, time.monotonic()))
         if room <= 0:
             return False
         lines = await asyncio.to_thread(self._lines, held, room)
@@ -314,8 +317,13 @@ class BatchRunner:
         await self.commit(held, ops.Step(parts=held.n(B.PARTS), wrote_part=True, cursor=cursor,
                                          new_cursor=cursor, new_offset=held.n(B.OFFSET),
                                          drained=len(entries), **tally))
-        held.feed.finished(len(entries), time.monotonic())
         return True
+
+    async def queue_done(self, keys: BatchKeys) -> int:
+        """Requests the batch's queue (shard 0) has finished, from its stats counters: with
+        the batch's own, the feed tells online traffic."""
+        values = await self.redis.hmget(keys.queue.stats, [s.value for s in Status])
+        return sum(int(v) for v in values if v is not None)
 
     def _ids(self, held: Held) -> Iterator[str]:
         """The ids of the lines ingested so far, and of one chunk more (a step that queued

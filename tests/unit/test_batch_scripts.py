@@ -62,17 +62,24 @@ def test_batch_scripts_spell_no_batch_field_and_get_the_queue_prelude() -> None:
         assert ops.ALL[name].startswith(scripts.constants())
 
 
-def test_the_feed_follows_the_completion_rate_between_its_bounds() -> None:
-    feed = Feed(floor=10, ceiling=100, lead_s=2.0)
-    assert feed.target() == 10 and feed.room(4) == 6 and feed.room(50) == 0
-    feed.finished(0, 0.0)
-    feed.finished(40, 1.0)  # 40 lines/s -> 80 in flight keeps workers busy for 2 s
-    assert feed.target() == 80
-    feed.finished(1000, 2.0)  # a burst: capped
-    assert feed.target() == 100
-    for t in range(3, 30):
-        feed.finished(0, float(t))  # nothing finishes: back to the floor
-    assert feed.target() == 10
+def test_the_feed_fills_idle_capacity_and_yields_to_online_traffic() -> None:
+    feed = Feed(floor=10, ceiling=1000, lead_s=1.0, busy_floor=4, quiet_s=1.0)
+    assert feed.target(0.0) == 10 and feed.room(4, 0.0) == 6 and feed.room(50, 0.0) == 0
+    feed.observe(0.0, queue_done=0, batch_done=0)
+    feed.observe(1.0, queue_done=400, batch_done=400)  # the batch alone: 400/s
+    assert feed.target(1.0) == 400  # the whole fleet for one lead time
+    feed.observe(2.0, queue_done=800, batch_done=500)  # online: 300/s of the 400
+    # online traffic gets twice its rate first: nothing left but the busy floor
+    assert feed.target(2.0) == 4
+    feed.observe(2.5, queue_done=880, batch_done=580)  # online stops
+    assert feed.target(2.9) == 4  # not quiet for quiet_s yet
+    assert feed.target(3.1) == 400  # quiet: the fleet is the batch's again
+    feed.observe(3.5, queue_done=1880, batch_done=1580)  # a burst of the batch: capped
+    assert feed.target(4.0) == 1000
+    busy = Feed(floor=10, ceiling=1000, lead_s=1.0, busy_floor=4)
+    busy.observe(0.0, 0, 0)
+    busy.observe(1.0, 500, 400)  # light online traffic (100/s) leaves the batch 300/s
+    assert busy.target(1.0) == 300
 
 
 def test_read_lines_tracks_offsets_across_blocks() -> None:
