@@ -31,9 +31,9 @@ class FileStore:
         self.url = url
         self.fs: fsspec.AbstractFileSystem = fs
         self.root = root.rstrip("/")
+        # A local directory is made on the first write (not here: a gateway that serves no
+        # files must start where its default folder cannot be made).
         self.local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-        if self.local:
-            fs.makedirs(self.root, exist_ok=True)
 
     def path(self, name: str) -> str:
         return f"{self.root}/{name}"

@@ -19,6 +19,11 @@
 | ``INFERQ_GATEWAY_BATCH_RUNNER`` | true | this process works on batches |
 | ``INFERQ_GATEWAY_BATCH_LEASE_S`` | 15 | another gateway takes a batch over after this long |
 | ``INFERQ_GATEWAY_BATCH_MAX_OUTSTANDING`` | 4096 | most lines of one batch in the queue |
+| ``INFERQ_GATEWAY_BATCH_CHUNK`` | 256 | lines a batch runner queues or drains per step |
+| ``INFERQ_GATEWAY_BATCH_IDLE_S`` | 1 | a batch runner with nothing to do blocks this long |
+| ``INFERQ_GATEWAY_MAX_FILE_BYTES`` | 536870912 | largest upload (OpenAI's 512 MB) |
+| ``INFERQ_GATEWAY_MAX_BATCH_BYTES`` | 209715200 | largest batch input (200 MB) |
+| ``INFERQ_GATEWAY_MAX_BATCH_LINES`` | 50000 | most lines per batch |
 
 The Redis URL and the token are ``SecretStr``: neither appears in a repr or a log line; log
 ``redacted_redis_url`` instead.

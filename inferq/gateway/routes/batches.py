@@ -44,6 +44,9 @@ async def create_batch(state: BatchDep, body: CreateBatch) -> dict[str, Any]:
     except FileInvalid as exc:
         raise ApiError(400, INVALID, exc.code, exc.message,
                        param=None if exc.line is None else f"line {exc.line}") from exc
+    except FileNotFoundError as exc:  # metadata without content: the store lost it
+        raise ApiError(400, INVALID, "file_missing", f"the content of {body.input_file_id} "
+                       "is not in the file store", param="input_file_id") from exc
 
 
 @router.get("/v1/batches/stats", responses=ERROR_RESPONSES, summary="Batch statistics")
