@@ -84,7 +84,8 @@ class GatewaySettings(BaseSettings):
     batch_lease_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 15.0
     batch_chunk: Annotated[int, Field(ge=1)] = 256
     batch_max_outstanding: Annotated[int, Field(ge=1)] = 4096
-    batch_idle_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
+    #: A blocking read: at most 5 s, well inside the connections' read timeout.
+    batch_idle_s: Annotated[float, Field(gt=0, le=5, allow_inf_nan=False)] = 1.0
 
     @field_validator("token")
     @classmethod

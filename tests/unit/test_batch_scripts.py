@@ -111,3 +111,23 @@ def test_the_sleep_model_answers_vectors_when_asked() -> None:
         "abc"]
     with pytest.raises(ConfigError):
         SleepModel.from_options({"vector": "yes"})
+
+
+def test_batch_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    from inferq.gateway.batch_state import batch_config
+    from inferq.gateway.settings import GatewaySettings
+
+    monkeypatch.setenv("INFERQ_GATEWAY_FILE_STORE", "s3://bucket/prefix")
+    monkeypatch.setenv("INFERQ_GATEWAY_FILE_STORE_OPTIONS", '{"endpoint_url": "http://s3:9000"}')
+    monkeypatch.setenv("INFERQ_GATEWAY_BATCH_PRIORITY", "-20")
+    monkeypatch.setenv("INFERQ_GATEWAY_BATCH_MAX_OUTSTANDING", "10")
+    settings = GatewaySettings.from_env()
+    assert settings.file_store == "s3://bucket/prefix"
+    assert settings.file_store_options == {"endpoint_url": "http://s3:9000"}
+    config = batch_config(settings)
+    assert (config.priority, config.max_outstanding, config.min_outstanding) == (-20, 10, 10)
+    monkeypatch.setenv("INFERQ_GATEWAY_BATCH_PRIORITY", "-200")
+    with pytest.raises(ValidationError, match="batch_priority"):
+        GatewaySettings.from_env()
