@@ -379,3 +379,23 @@ async def test_one_holder_at_a_time_and_a_stale_holder_cannot_commit(
         k, a = ops.commit_call(keys, second.token, ops.Step(5, True, 0, 1, 10))
         assert await batches.scripts["commit"](keys=k, args=a) == b"stale"
         assert (await batches.get(batch["id"]) or {})["inferq"]["ingested"] == 0
+
+
+def test_ingestion_waits_out_a_full_queue(make_api: MakeApi, tmp_path: Path,
+                                          r: redis.Redis) -> None:
+    """Back-pressure: the queue sheds priority -50 at half its depth (2 of 4 here); the lines
+    it refuses are queued by later steps, none twice, none lost."""
+    with make_api(file_store=str(tmp_path), batch_idle_s=0.2, max_queue_depth=4) as api:
+        file_id = upload(api, jsonl([embed_line(f"q{i}", f"t{i}") for i in range(7)]))["id"]
+        batch = create(api, file_id).json()
+        keys = BatchKeys.of(batch["id"], "embed", "echo")
+        served: list[str] = []
+        while len(served) < 7:
+            wait_until(lambda: r.zcard(EMBED.pending) > 0, what="lines queued")
+            assert r.zcard(EMBED.pending) <= 2
+            assert int(r.hget(keys.batch, BatchField.CURSOR) or 0) <= len(served) + 2
+            served += answer(r)
+        done = wait_status(getter(api, batch["id"]), "completed")
+        assert len(served) == len(set(served)) == 7
+        assert sorted(line["custom_id"] for line in content(api, done["output_file_id"])) == [
+            f"q{i}" for i in range(7)]
