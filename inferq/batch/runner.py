@@ -64,6 +64,8 @@ class Held:
     keys: BatchKeys
     h: dict[str, str]
     feed: Feed = field(default_factory=Feed)
+    #: Redis' clock (unix seconds), read once per step.
+    now_s: int = 0
 
     def n(self, f: B) -> int:
         return int(self.h.get(f, 0) or 0)
@@ -89,6 +91,8 @@ class BatchRunner:
         self.queue_scripts = client.scripts
         self.token = uuid.uuid4().hex
         self._feeds: dict[str, Feed] = {}
+        #: A batch's keys never change: read from the index once.
+        self._keys: dict[str, BatchKeys] = {}
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
@@ -136,10 +140,11 @@ class BatchRunner:
     async def step(self, batch_id: str) -> tuple[bool, str | None]:
         """One bounded piece of work on a batch: (whether work was done, an inbox to wait
         on)."""
-        keys = await self.batches.keys_of(batch_id)
+        keys = self._keys.get(batch_id) or await self.batches.keys_of(batch_id)
         if keys is None:
             await self.redis.srem(self.batches.index.active, batch_id)
             return True, None
+        self._keys[batch_id] = keys
         status = await self.lease(keys)
         if status == "":  # the batch is gone
             await self.redis.srem(self.batches.index.active, batch_id)
@@ -167,8 +172,8 @@ class BatchRunner:
         if status == "finalizing":
             await self.finalize(held)
             return True, None
-        expiring = status == "in_progress" and await self.batches.now_s() >= held.n(
-            B.EXPIRES_AT)
+        held.now_s = await self.batches.now_s()
+        expiring = status == "in_progress" and held.now_s >= held.n(B.EXPIRES_AT)
         if status == "cancelling" and not held.n(B.SWEPT):
             await self.withdraw(held, "cancel")
             return True, None
@@ -236,7 +241,7 @@ class BatchRunner:
             return False
         batch_id = held.keys.batch_id
         endpoint = held.h[B.ENDPOINT]
-        deadline_s = max(1.0, float(held.n(B.EXPIRES_AT) - await self.batches.now_s()))
+        deadline_s = max(1.0, float(held.n(B.EXPIRES_AT) - held.now_s))
         #: Per line: its error line, or the index of its queue item.
         made: list[bytes | int] = []
         mapping: dict[str, str] = {}
@@ -299,7 +304,7 @@ class BatchRunner:
             head, _, body = data.partition(b" ")
             parsed.append((head.decode(), body))
         metas = await self.redis.hmget(held.keys.lines, [i for i, _ in parsed])
-        created = await self.batches.now_s()
+        created = held.now_s
         out: list[bytes] = []
         err: list[bytes] = []
         tally = {"completed": 0, "failed": 0, "expired": 0}
@@ -378,3 +383,4 @@ class BatchRunner:
         await self.redis.delete(keys.lines)
         await self.redis.srem(self.batches.index.active, keys.batch_id)
         self._feeds.pop(keys.batch_id, None)
+        self._keys.pop(keys.batch_id, None)
