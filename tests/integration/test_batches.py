@@ -399,3 +399,74 @@ def test_ingestion_waits_out_a_full_queue(make_api: MakeApi, tmp_path: Path,
         assert len(served) == len(set(served)) == 7
         assert sorted(line["custom_id"] for line in content(api, done["output_file_id"])) == [
             f"q{i}" for i in range(7)]
+
+
+async def test_a_holder_dying_mid_drain_or_mid_finalization_changes_nothing(
+        redis_url: str, tmp_path: Path, r: redis.Redis) -> None:
+    """A holder that dies after writing a part but before its commit, and one that dies in
+    the middle of finalization: the next holder redoes both, and the output has every line
+    exactly once."""
+    import io
+
+    from inferq.batch.batches import Batches
+    from inferq.batch.config import BatchConfig
+    from inferq.batch.files import Files
+    from inferq.batch.keys import Index
+    from inferq.batch.runner import BatchRunner
+    from inferq.batch.store import FileStore
+    from inferq.producer.aio import AsyncClient
+
+    class Killed(Exception):
+        pass
+
+    async with AsyncClient(redis_url) as client:
+        store = FileStore(str(tmp_path))
+        files = Files(client.redis, store, Index())
+        batches = Batches(client.redis, files, BatchConfig(lease_s=30), "inferq")
+        made = await files.upload("in.jsonl", "batch", io.BytesIO(jsonl(
+            [embed_line(f"k{i}", f"t{i}") for i in range(5)])), 1 << 20)
+        assert made is not None
+        batch_id = (await batches.create(made["id"], "/v1/embeddings", "24h", None))["id"]
+        keys = BatchKeys.of(batch_id, "embed", "echo")
+
+        async def status() -> str:
+            return (await batches.get(batch_id) or {})["status"]
+
+        async def take_over(runner: BatchRunner) -> None:
+            await client.redis.hset(keys.batch, BatchField.LEASE_UNTIL, 0)  # the lease lapses
+            assert await runner.lease(keys) is not None
+
+        first = BatchRunner(batches, client)
+        while r.zcard(EMBED.pending) < 5:
+            await first.step(batch_id)
+        assert answer(r)
+
+        async def die(*_: Any) -> None:
+            raise Killed
+
+        first.commit = die  # type: ignore[method-assign]
+        with pytest.raises(Killed):  # the part is written, the commit never happens
+            await first.step(batch_id)
+        assert r.llen(keys.inbox) == 5 and store.exists(f"batches/{batch_id}/part-0.out")
+
+        second = BatchRunner(batches, client)
+        await take_over(second)
+        while await status() != "finalizing":
+            await second.step(batch_id)
+        files.record = die  # type: ignore[method-assign]
+        with pytest.raises(Killed):  # the output file is written, not yet recorded
+            await second.step(batch_id)
+        assert await status() == "finalizing"
+        del files.record  # the next process is healthy
+
+        third = BatchRunner(batches, client)
+        await take_over(third)
+        while await status() != "completed":
+            await third.step(batch_id)
+        done = await batches.get(batch_id)
+        assert done is not None and done["request_counts"]["completed"] == 5
+        data = b"".join(store.blocks(f"files/{done['output_file_id']}"))
+        assert sorted(line["custom_id"] for line in read_jsonl(data)) == [
+            f"k{i}" for i in range(5)]
+        assert not store.exists(f"batches/{batch_id}")
+        assert r.llen(keys.inbox) == 0
