@@ -127,8 +127,10 @@ def watch(client: redis.Redis, queues: list[str] | None, interval: float, *,
             else:
                 if tty:
                     print("\x1b[2J\x1b[H", end="")  # clear the screen, cursor home
+                batches = batch_section(client)
                 print(f"inferq stats  {stamp}  (every {interval:g} s, Ctrl-C to stop)\n"
-                      f"{format_stats(all_stats)}\n", flush=True)
+                      f"{format_stats(all_stats)}\n{batches + chr(10) if batches else ''}",
+                      flush=True)
             done += 1
             if rounds is None or done < rounds:
                 time.sleep(interval)
