@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from inferq.batch.envelope import line_request_id
 from inferq.batch.fields import BatchField
 from inferq.batch.keys import BatchKeys
-from inferq.cli.stats import batch_section
+from inferq.cli.stats import batch_section, watch
 from inferq.protocol import scores
 from inferq.protocol.fields import Field
 from tests.support.batch import (
@@ -294,7 +294,8 @@ def test_lines_still_waiting_at_the_end_of_the_window_are_expired(
 
 
 def test_the_feed_bounds_the_lines_waiting_in_the_queue(
-        make_api: MakeApi, tmp_path: Path, r: redis.Redis) -> None:
+        make_api: MakeApi, tmp_path: Path, r: redis.Redis,
+        capsys: pytest.CaptureFixture[str]) -> None:
     with make_api(file_store=str(tmp_path), batch_idle_s=0.2, batch_chunk=3,
                   batch_max_outstanding=5) as api:
         file_id = upload(api, jsonl([embed_line(f"f{i}", f"t{i}") for i in range(20)]))["id"]
@@ -317,6 +318,8 @@ def test_the_feed_bounds_the_lines_waiting_in_the_queue(
         assert stats["batches"] == {"completed": 1} and stats["active"] == []
         assert stats["lines"]["completed"] == 20
         assert "lines completed=20, failed=0" in batch_section(r)
+        watch(r, None, 0.01, as_json=False, rounds=1)
+        assert "batches completed=1" in capsys.readouterr().out
         assert done["request_counts"] == {"total": 20, "completed": 20, "failed": 0}
         assert len(content(api, done["output_file_id"])) == 20
 
