@@ -124,6 +124,9 @@ ACL_COMMANDS: tuple[str, ...] = (
     # ClientOptions(durability="replica"): WAIT after enqueue. durability="fsync" needs
     # +waitaof too, which servers before 7.2 do not know (ACL SETUSER refuses it there)
     "wait",
+    # the gateway's batch jobs (files, batches, their runner): indexes, the wake list, a
+    # batch's inbox, the metadata transactions
+    "lrange", "lpush", "zrank", "zrevrank", "multi", "exec",
 )
 
 

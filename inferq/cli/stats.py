@@ -13,7 +13,7 @@ import redis
 from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
 from inferq.connection import sync_client
 from inferq.errors import ValidationError
-from inferq.protocol.keys import QueueKeys
+from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys
 from inferq.stats import QueueStats, read_all
 
 
@@ -84,6 +84,13 @@ def format_generation(worker: str, w: dict[str, Any]) -> str:
     )
 
 
+def batch_section(client: redis.Redis) -> str:
+    """Batch jobs (``inferq batch``): by status, lines by outcome, active batches' progress."""
+    from inferq.batch.batches import format_summary, read_sync
+
+    return format_summary(read_sync(client, DEFAULT_NAMESPACE))
+
+
 def run(args: argparse.Namespace) -> int:
     client = sync_client(connection_from_args(args))
     queues = [QueueKeys(q).queue for q in args.queue] if args.queue else None
@@ -94,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
                 print(json.dumps([s.as_dict() for s in all_stats], indent=2))
             else:
                 print(format_stats(all_stats))
+                if batches := batch_section(client):
+                    print(batches)
             return 0
         return watch(client, queues, args.interval, as_json=args.json)
     finally:
@@ -118,8 +127,10 @@ def watch(client: redis.Redis, queues: list[str] | None, interval: float, *,
             else:
                 if tty:
                     print("\x1b[2J\x1b[H", end="")  # clear the screen, cursor home
+                batches = batch_section(client)
                 print(f"inferq stats  {stamp}  (every {interval:g} s, Ctrl-C to stop)\n"
-                      f"{format_stats(all_stats)}\n", flush=True)
+                      f"{format_stats(all_stats)}\n{batches + chr(10) if batches else ''}",
+                      flush=True)
             done += 1
             if rounds is None or done < rounds:
                 time.sleep(interval)

@@ -13,8 +13,9 @@ from fastapi import Depends, FastAPI
 import inferq
 from inferq.gateway import errors
 from inferq.gateway.auth import bearer_auth
+from inferq.gateway.batch_state import BatchState
 from inferq.gateway.fastpath import EmbeddingsFastPath
-from inferq.gateway.routes import completions, health, models, native, openai_compat
+from inferq.gateway.routes import batches, completions, files, health, models, native, openai_compat
 from inferq.gateway.settings import GatewaySettings
 from inferq.gateway.state import GatewayState
 from inferq.producer.aio import AsyncClient
@@ -34,11 +35,13 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                                 max_connections=settings.max_connections, warn_no_worker=False)
         client = AsyncClient(settings.redis_url.get_secret_value(), options=options)
         app.state.gateway = GatewayState(settings=settings, client=client)
+        app.state.batch = BatchState.open(settings, client)
         log.info("inferq gateway: redis %s, auth %s", settings.redacted_redis_url,
                  "bearer token" if settings.token is not None else "OFF")
         try:
             yield
         finally:
+            await app.state.batch.close()
             await client.aclose()
 
     app = FastAPI(title="inferq gateway", version=inferq.__version__, lifespan=lifespan,
@@ -55,4 +58,6 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(completions.router, dependencies=authenticated)
     app.include_router(native.router, dependencies=authenticated)
     app.include_router(models.router, dependencies=authenticated)
+    app.include_router(files.router, dependencies=authenticated)
+    app.include_router(batches.router, dependencies=authenticated)
     return app
