@@ -5,18 +5,20 @@ stream lengths only): the arrival rate, each worker's fitted batch latency ``a·
 the backlog. From them:
 
 * A worker that batches ``n`` requests serves ``mu(n) = n / (a·n + b)`` requests per second.
-* Arrivals at ``lam`` spread over ``W`` workers reach each at ``lam / W``; at that rate the
-  window's pay rule (``worker.window.policy``: wait while ``(n+1)·g + n·a < b``, ``g`` the
-  gap between arrivals) releases batches of ``n_w = ceil((b - g) / (g + a))``, at least 1
-  and at most the batch limit ``N``.
-* A backlog ``B`` is claimed in full batches (the requests are already there): drained at
-  ``mu(N)`` per worker, within the target wait ``T`` it needs ``B / (T·mu(N))`` workers.
+* Under load the window does not wait for arrivals: while a batch runs, the next one gathers
+  (``worker.window``), so batches grow with the load, up to the batch limit ``N``. A request
+  that arrives during a batch waits for it to end, so a batch must last at most the target
+  wait ``T``: the batch the window settles on under the target is
+  ``n_T = min(N, max(1, floor((T - b) / a)))``, and a worker's capacity is ``mu(n_T)``.
+* A backlog ``B`` must drain within ``T`` on top of the arrivals: ``B / (T·mu(n_T))``
+  workers.
 * Utilisation is kept at ``rho`` (0.8) or below, so waits stay bounded, not just finite.
 
-``desired = min W >= 1 with W >= lam / (rho·mu(n_W)) + B / (T·mu(N))`` (a larger ``W``
-means smaller per-worker batches, so the need grows with ``W``: the search goes upward).
+``desired = max(1, ceil(lam / (rho·mu(n_T)) + B / (T·mu(n_T))))`` while there is demand.
 Scale to zero: 0 once nothing arrived, waited or ran for ``idle_s``; any request (an
-arrival, a pending or running one) activates it again at once (desired >= 1).
+arrival, a pending or running one) activates it again at once (desired >= 1). A target
+shorter than one batch of one (``T < a + b``) cannot be met: the count then assumes batches
+of one.
 
 Where there is no fit yet (no worker ever ran a batch: a queue scaled to zero from the
 start), the signal is 1 while there is demand: the first worker measures, then the signal
@@ -49,7 +51,7 @@ DEFAULT_IDLE_S = 300.0
 DEFAULT_BATCH_LIMIT = 32
 #: Utilisation kept at or below this.
 DEFAULT_UTILISATION = 0.8
-#: The most workers the search considers (a bound, not a recommendation).
+#: The most workers the signal asks for (a bound, not a recommendation).
 MAX_WORKERS = 10_000
 
 
@@ -66,15 +68,11 @@ class Fit:
         latency = self.a_s * n + self.b_s
         return math.inf if latency <= 0 else n / latency
 
-    def batch_at(self, rate: float) -> int:
-        """The batch the window's pay rule releases at ``rate`` arrivals per second."""
-        if rate <= 0:
-            return 1
-        gap = 1.0 / rate
-        if gap + self.a_s <= 0:
-            return self.batch_limit
-        n = math.ceil((self.b_s - gap) / (gap + self.a_s))
-        return max(1, min(self.batch_limit, n))
+    def batch_within(self, wait_s: float) -> int:
+        """The largest batch (at most the limit, at least 1) that lasts at most ``wait_s``."""
+        if self.a_s <= 0:
+            return self.batch_limit if self.b_s <= wait_s else 1
+        return max(1, min(self.batch_limit, math.floor((wait_s - self.b_s) / self.a_s)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,14 +101,11 @@ def desired_workers(demand: Demand, fit: Fit | None, target: Target) -> int:
         return 0
     if fit is None:
         return 1
-    drain = demand.backlog / (target.wait_s * fit.capacity(fit.batch_limit))
-    for workers in range(1, MAX_WORKERS + 1):
-        per_worker = demand.arrival_rate / workers
-        serve = demand.arrival_rate / (target.utilisation
-                                       * fit.capacity(fit.batch_at(per_worker)))
-        if workers >= serve + drain:
-            return workers
-    return MAX_WORKERS
+    capacity = fit.capacity(fit.batch_within(target.wait_s))
+    need = (demand.arrival_rate / (target.utilisation * capacity)
+            + demand.backlog / (target.wait_s * capacity))
+    # a hair under an integer is that integer (float noise must not add a worker)
+    return int(min(MAX_WORKERS, max(1, math.ceil(need - 1e-9))))
 
 
 @dataclass

@@ -51,7 +51,7 @@ def add_parser(sub: Subcommands) -> None:
         p = actions.add_parser(name, help=text)
         add_connection_options(p)
         p.add_argument("queue", metavar="TASK:MODEL", help="e.g. embed:minilm")
-        p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+        p.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="key prefix of the queue")
         p.add_argument("--id", action="append", default=[], dest="ids", metavar="ID",
                        help="only this request id (repeatable)")
         p.add_argument("--error-code", default=None, metavar="CODE",

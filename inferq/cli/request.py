@@ -23,7 +23,7 @@ def add_parser(sub: Subcommands) -> None:
     r.add_argument("id", metavar="ID", help="the request id")
     r.add_argument("--queue", metavar="TASK:MODEL", default=None,
                    help="look only in this queue (default: every known queue)")
-    r.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    r.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="key prefix of the queues")
     r.add_argument("--json", action="store_true", help="machine-readable output")
     r.set_defaults(run=run)
 

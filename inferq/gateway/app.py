@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 import inferq
-from inferq.gateway import errors
+from inferq.gateway import admin, errors
 from inferq.gateway.auth import bearer_auth
 from inferq.gateway.fastpath import EmbeddingsFastPath
 from inferq.gateway.routes import completions, health, models, native, openai_compat
@@ -34,6 +34,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                                 max_connections=settings.max_connections, warn_no_worker=False)
         client = AsyncClient(settings.redis_url.get_secret_value(), options=options)
         app.state.gateway = GatewayState(settings=settings, client=client)
+        app.state.ops = admin.OpsState(client=client, token=settings.token)
         log.info("inferq gateway: redis %s, auth %s", settings.redacted_redis_url,
                  "bearer token" if settings.token is not None else "OFF")
         try:
@@ -55,4 +56,6 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(completions.router, dependencies=authenticated)
     app.include_router(native.router, dependencies=authenticated)
     app.include_router(models.router, dependencies=authenticated)
+    app.include_router(admin.api)  # the token, or the dashboard's cookie
+    app.include_router(admin.open_routes)
     return app
