@@ -109,3 +109,16 @@ def test_the_dashboard_asks_for_the_token_and_sets_a_cookie(admin: TestClient) -
     admin.cookies.set(COOKIE, "sesame")
     assert "/admin/overview" in admin.get("/dashboard").text
     assert admin.get("/admin/overview").status_code == 200
+
+
+def test_the_overview_combines_the_workers_queue_waits(admin: TestClient, client: inferq.Client,
+                                                       r: redis.Redis) -> None:
+    client.enqueue("a", model="m")
+    (now_s, _) = r.time()
+    for worker, p50, p99 in (("w1", 10, 90), ("w2", 30, 400), ("w3", 20, 100)):
+        r.zadd(KEYS.workers, {worker: (now_s + 60) * 1000})  # live
+        r.hset(KEYS.window(worker), mapping={"wait_p50_ms": p50, "wait_p99_ms": p99,
+                                              "batches": 1})
+    (queue,) = admin.get("/admin/overview", headers=AUTH).json()["queues"]
+    assert queue["live_workers"] == ["w1", "w2", "w3"]
+    assert (queue["wait_p50_ms"], queue["wait_p99_ms"]) == (20, 400)  # median p50, worst p99

@@ -17,6 +17,7 @@ from inferq.cli.main import main
 from inferq.protocol import ops
 from inferq.protocol.codec import ErrorInfo, Result, Status, encode_result
 from inferq.protocol.fields import Field
+from inferq.stats import read_queue
 from tests.integration.test_protocol import KEYS, Scripts
 
 TTL_MS = 60_000
@@ -73,7 +74,8 @@ def test_both_ways_to_die_keep_a_record_that_lists_with_its_error(
 def test_requeue_keeps_id_priority_and_tenant_resets_attempts_and_is_idempotent(
         client: inferq.Client, scripts: Scripts, r: redis.Redis) -> None:
     client.enqueue("low", model="m", id="low", priority=1)
-    handle = client.enqueue("again", model="m", id="x", max_attempts=2, priority=9)
+    handle = client.enqueue("again", model="m", id="x", max_attempts=2, priority=9,
+                            deadline_s=600)
     # A field the worker does not know (fair sharing's tenant): it survives a requeue.
     r.hset(KEYS.request("x"), "tenant_extra", "acme")
     first = scripts.claim("w1", 1).claimed  # x: higher priority
@@ -91,6 +93,7 @@ def test_requeue_keeps_id_priority_and_tenant_resets_attempts_and_is_idempotent(
     assert letters.show("x") is not None and letters.show("x").extra == {  # type: ignore[union-attr]
         "tenant_extra": "acme"}
 
+    r.hset(KEYS.config, "max_depth", 1)  # an operator's requeue skips the depth limit
     done = letters.requeue(ids=["x"])
     assert done.outcomes == {"requeued": ["x"]}
     assert r.zscore(KEYS.pending, "x") == float(score)  # its priority and place
@@ -99,12 +102,14 @@ def test_requeue_keeps_id_priority_and_tenant_resets_attempts_and_is_idempotent(
     assert h[Field.STATE.encode()] == b"pending"
     assert h[b"tenant_extra"] == b"acme"
     assert Field.OWNER.encode() not in h and Field.TOKEN.encode() not in h
+    assert Field.DEADLINE.encode() not in h and Field.REPLY_TO.encode() not in h
     assert r.exists(KEYS.result("x")) == 0 and r.zcard(KEYS.dead) == 0
     assert r.hlen(KEYS.dead_letters) == 0
     # idempotent: the second call finds nothing to requeue, queues nothing twice
     assert letters.requeue(ids=["x"]).outcomes == {"absent": ["x"]}
     assert r.zcard(KEYS.pending) == 2
     assert letters.list().requeued == 1
+    assert read_queue(r, KEYS).counters["dead_requeued"] == 1  # inferq stats shows it
     # it runs from attempt 1, ahead of the lower priority, and its result arrives
     again = scripts.claim("w1", 1).claimed
     assert [(c.id, c.attempt) for c in again] == [("x", 1)]
