@@ -276,3 +276,28 @@ def test_inferq_request_shows_a_request_in_any_queue_and_one_line_when_unknown(
     assert "state      pending" in out and "attempts   0 of 3" in out
     code, out, _ = cli(capsys, redis_url, "request", "nope")
     assert code == 1 and out.count("\n") == 1 and "unknown" in out
+
+
+def test_a_sharded_queue_lists_and_requeues_dead_letters_in_every_shard(
+        client: inferq.Client, r: redis.Redis) -> None:
+    r.hset(KEYS.config, mapping={"shards": 2, "shards_seen": 2})
+    ids = [f"s{i}" for i in range(12)]
+    for request_id in ids:
+        client.enqueue("p", model="m", id=request_id, max_attempts=1)
+    for shard in (0, 1):
+        keys = KEYS.for_shard(shard)
+        s = ops.register(r)
+        k, a = ops.claim_call(keys, "w", 30_000, 100, TTL_MS)
+        claimed = ops.parse_claim(s["claim"](keys=k, args=a)).claimed
+        assert claimed, f"shard {shard} got none of the ids"
+        rows = [ops.Completion(c.id, c.token, Status.DEAD.value, encode_result(Result(
+            id=c.id, status=Status.DEAD, error=ErrorInfo(code="model_error", message="x"))))
+            for c in claimed]
+        k, a = ops.complete_call(keys, TTL_MS, 100, rows)
+        s["complete"](keys=k, args=a)
+    letters = client.dead_letters(model="m")
+    report = letters.list(limit=None)
+    assert sorted(x.id for x in report.letters) == sorted(ids) and report.total == 12
+    assert {x.shard for x in report.letters} == {0, 1}
+    assert sorted(letters.requeue(error_code="model_error").outcomes["requeued"]) == sorted(ids)
+    assert r.zcard(KEYS.pending) + r.zcard(KEYS.for_shard(1).pending) == 12
