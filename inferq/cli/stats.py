@@ -43,8 +43,11 @@ def format_stats(all_stats: list[QueueStats]) -> str:
         lines.append(f"queue {st.queue}")
         by_prio = ", ".join(f"p{p}={n}" for p, n in sorted(st.pending_by_priority.items(),
                                                            reverse=True)) or "-"
+        cap = st.counters.get("dead_cap")
+        dead = (f"{st.dead_lettered}" if cap is None else
+                f"{st.dead_lettered} (cap {cap}, {st.counters.get('dead_dropped', 0)} fell off)")
         lines.append(f"  pending {st.pending} ({by_prio})  in flight {st.inflight}  "
-                     f"dead-lettered {st.dead_lettered}")
+                     f"dead-lettered {dead}")
         lines.append(f"  live workers {len(st.live_workers)}  "
                      f"throughput {st.throughput_per_s:.1f}/s (last 10 s)")
         if not st.live_workers and st.pending:

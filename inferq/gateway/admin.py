@@ -15,7 +15,8 @@ Routes (``{queue}`` is ``TASK:MODEL``):
   KEDA's ``metrics-api`` scaler (``valueLocation: desired``).
 * ``GET /metrics/autoscale``: the same signal in Prometheus' text format (open, as the
   workers' ``/metrics`` are: numbers and queue names only).
-* ``GET /dashboard``: the page; ``POST /dashboard/login``: its token form.
+* ``GET /dashboard``: the page; ``POST /dashboard/login``: its token form. The page uses
+  relative URLs, so it works behind a proxy prefix (``--root-path``).
 
 The token (``INFERQ_GATEWAY_TOKEN``) protects all but ``/metrics/autoscale``: as a bearer
 header, or as the ``inferq_token`` cookie the dashboard's form sets (``HttpOnly``,
@@ -269,7 +270,8 @@ async def login(request: Request, state: Ops) -> Any:
     token = (form.get("token") or [""])[0]
     if not _valid(state, token):
         return HTMLResponse(_login("wrong token"), status_code=401)
-    response = RedirectResponse("/dashboard", status_code=303)
+    response = RedirectResponse(f"{request.scope.get('root_path', '')}/dashboard",
+                                status_code=303)
     response.set_cookie(COOKIE, token, httponly=True, samesite="strict",
                         secure=request.url.scheme == "https")
     return response

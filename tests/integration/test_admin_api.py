@@ -122,3 +122,21 @@ def test_the_overview_combines_the_workers_queue_waits(admin: TestClient, client
     (queue,) = admin.get("/admin/overview", headers=AUTH).json()["queues"]
     assert queue["live_workers"] == ["w1", "w2", "w3"]
     assert (queue["wait_p50_ms"], queue["wait_p99_ms"]) == (20, 400)  # median p50, worst p99
+
+
+def test_inferq_dashboard_serves_the_same_without_a_gateway(redis_url: str,
+                                                           client: inferq.Client) -> None:
+    from inferq.cli.main import build_parser
+    from inferq.gateway.opsapp import create_ops_app
+
+    args = build_parser().parse_args(["dashboard", "--port", "9999", "--token", "t"])
+    assert (args.host, args.port, args.token) == ("127.0.0.1", 9999, "t")
+    client.enqueue("a", model="m")
+    with TestClient(create_ops_app(redis_url, token="t")) as ops:
+        assert ops.get("/healthz").status_code == 200
+        assert 'name="token"' in ops.get("/dashboard").text
+        assert ops.get("/admin/overview").status_code == 401
+        view = ops.get("/admin/overview", headers={"Authorization": "Bearer t"}).json()
+        assert [q["queue"] for q in view["queues"]] == ["embed:m"]
+        assert 'inferq_workers_desired{queue="embed:m"} 1' in ops.get("/metrics/autoscale").text
+        assert not any(p.startswith("/v1") for p in ops.get("/openapi.json").json()["paths"])

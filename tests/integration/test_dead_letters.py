@@ -237,6 +237,8 @@ def test_the_cli_lists_shows_requeues_and_purges(
     kill_by_worker(scripts, 1, code="out_of_memory")
     code, out, _ = cli(capsys, redis_url, "dead-letter", "list", "embed:m")
     assert code == 0 and "3 dead letter(s), cap 100, 0 fell off the cap" in out
+    assert main(["stats", "--redis-url", redis_url, "--queue", "embed:m"]) == 0
+    assert "dead-lettered 3 (cap 100, 0 fell off)" in capsys.readouterr().out
     assert "r0" in out and "[model_error] boom r0" in out and "'prompt 0'" in out
     code, out, _ = cli(capsys, redis_url, "dead-letter", "show", "embed:m", "--id", "r2")
     assert code == 0 and "error         [out_of_memory] boom r2" in out and "r0" not in out

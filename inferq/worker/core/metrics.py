@@ -53,6 +53,8 @@ class WorkerMetrics:
         #: The queue waits (s) of the last requests this worker finished, for the p50/p99 it
         #: publishes in its window hash (the dashboard reads them without Prometheus).
         self.recent_waits: deque[float] = deque(maxlen=RECENT_WAITS)
+        #: The last CUDA memory sample (allocated, reserved bytes), for the dashboard.
+        self.last_device_memory: tuple[int, int] | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         q = ["queue"]
@@ -166,6 +168,7 @@ class WorkerMetrics:
             allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
         else:
             return
+        self.last_device_memory = (int(allocated), int(reserved))
         self.device_memory.labels(q, "allocated").set(allocated)
         self.device_memory.labels(q, "reserved").set(reserved)
 
@@ -207,14 +210,22 @@ class WorkerMetrics:
             observe_many(self.queue_wait.labels(self.queue, str(priority)), values)
             observe_many(self.claim_to_result.labels(self.queue, str(priority)), runs[priority])
 
-    def wait_fields(self) -> dict[str, str]:
-        """p50 and p99 of the recent queue waits (ms), for the worker's window hash."""
+    def dashboard_fields(self) -> dict[str, str]:
+        """For the worker's window hash (the dashboard reads it): p50 and p99 of the recent
+        queue waits (ms) and the last CUDA memory sample (MiB), those it has."""
+        fields: dict[str, str] = {}
+        if self.last_device_memory is not None:
+            allocated, reserved = self.last_device_memory
+            fields.update(device_memory_mb=f"{allocated / 2**20:.0f}",
+                          device_reserved_mb=f"{reserved / 2**20:.0f}")
         if not self.recent_waits:
-            return {}
+            return fields
         ordered = sorted(self.recent_waits)
+
         def at(q: float) -> str:
             return f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3:.1f}"
-        return {"wait_p50_ms": at(0.50), "wait_p99_ms": at(0.99),
+
+        return {**fields, "wait_p50_ms": at(0.50), "wait_p99_ms": at(0.99),
                 "wait_samples": str(len(ordered))}
 
     def observe_outcome(self, status: str, written: bool, count: int = 1) -> None:

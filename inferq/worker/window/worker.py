@@ -384,7 +384,7 @@ class WindowWorker(QueueWorker[Job]):
             "latency_a_ms": f"{self.policy.latency.a * 1e3:.4f}",
             "latency_b_ms": f"{self.policy.latency.b * 1e3:.4f}",
             "batch_limit": str(self.config.max_batch_size),
-            **self.metrics.wait_fields(),
+            **self.metrics.dashboard_fields(),
             "model": self.model.model_id,
             "device": self.model.device,
         })
