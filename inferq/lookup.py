@@ -13,7 +13,7 @@ from typing import Any
 
 from inferq.deadletters import parse_record
 from inferq.plans import Plan, call
-from inferq.producer.common import ClientOptions
+from inferq.producer.common import ClientOptions, RequestState
 from inferq.producer.info import RequestInfo, as_info
 from inferq.protocol.keys import QueueKeys
 from inferq.stats import shard_keys
@@ -31,6 +31,16 @@ class Lookup:
     dead_ms: int | None
     #: Redis's clock when it was read (ms).
     now_ms: int
+    #: The dead letter's error (code, message), kept after its result expired.
+    dead_error: tuple[str, str] | None = None
+
+    @property
+    def error(self) -> tuple[str, str] | None:
+        """(code, message) of its error: from its result, else from its dead letter."""
+        result = self.info.result
+        if result is not None and result.error is not None:
+            return result.error.code, result.error.message
+        return self.dead_error
 
     def head(self, chars: int = HEAD_CHARS) -> str | None:
         """The start of its result's output (text, or the shape of an embedding)."""
@@ -50,15 +60,14 @@ class Lookup:
 
     def as_dict(self) -> dict[str, Any]:
         info = self.info
-        result = info.result
         return {
             "id": info.id, "queue": self.queue, "shard": self.shard, "state": info.state.value,
             "attempts": info.attempts, "max_attempts": info.max_attempts, "owner": info.owner,
             "enqueued_ms": info.enqueued_ms, "claimed_ms": info.claimed_ms,
             "deadline_ms": info.deadline_ms, "finished_ms": info.finished_ms,
             "now_ms": self.now_ms, "dead_lettered_ms": self.dead_ms,
-            "error": ({"code": result.error.code, "message": result.error.message}
-                      if result is not None and result.error is not None else None),
+            "error": (None if self.error is None
+                      else {"code": self.error[0], "message": self.error[1]}),
             "result_head": self.head(),
         }
 
@@ -78,11 +87,16 @@ def find(request_id: str, queues: list[QueueKeys], options: ClientOptions) -> Pl
             if raw is None and dead is None and all(v is None for v in values):
                 continue
             info = as_info(request_id, [values, raw], options)
+            dead_error = None
             if dead is not None:  # its dead-letter record knows what an expired result knew
                 letter = parse_record(keys, request_id, int(dead), record)
                 info = replace(info, enqueued_ms=info.enqueued_ms or letter.enqueued_ms,
                                max_attempts=info.max_attempts or letter.max_attempts,
-                               attempts=info.attempts or letter.attempts)
+                               attempts=info.attempts or letter.attempts,
+                               state=(RequestState.DEAD if info.state is RequestState.UNKNOWN
+                                      else info.state))
+                if letter.error_code:
+                    dead_error = (letter.error_code, letter.error_message)
             return Lookup(keys.queue, keys.shard, info,
-                          None if dead is None else int(dead), now_ms)
+                          None if dead is None else int(dead), now_ms, dead_error)
     return None

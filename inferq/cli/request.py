@@ -34,7 +34,6 @@ def _ms(start: int | None, end: int | None) -> str:
 
 def format_lookup(found: Lookup) -> str:
     info = found.info
-    result = info.result
     lines = [f"request {info.id} in {found.queue}"
              + (f" (shard {found.shard})" if found.shard else ""),
              f"  state      {info.state.value}"
@@ -53,8 +52,8 @@ def format_lookup(found: Lookup) -> str:
                      f"(total {_ms(info.enqueued_ms, info.finished_ms)})")
     if info.deadline_ms is not None:
         lines.append(f"  deadline   {info.deadline_ms}")
-    if result is not None and result.error is not None:
-        lines.append(f"  error      [{result.error.code}] {result.error.message}")
+    if found.error is not None:
+        lines.append(f"  error      [{found.error[0]}] {found.error[1]}")
     head = found.head()
     if head is not None:
         lines.append(f"  result     {head}")

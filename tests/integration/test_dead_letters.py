@@ -259,7 +259,7 @@ def test_the_cli_lists_shows_requeues_and_purges(
 
 
 def test_inferq_request_shows_a_request_in_any_queue_and_one_line_when_unknown(
-        client: inferq.Client, scripts: Scripts, redis_url: str,
+        client: inferq.Client, scripts: Scripts, redis_url: str, r: redis.Redis,
         capsys: pytest.CaptureFixture[str]) -> None:
     client.enqueue("hello", model="m", id="ok1")
     client.enqueue("poison", model="m", id="dead1", max_attempts=1)
@@ -273,6 +273,9 @@ def test_inferq_request_shows_a_request_in_any_queue_and_one_line_when_unknown(
     found: dict[str, Any] = json.loads(out)
     assert found["state"] == "dead" and found["error"]["code"] == "model_error"
     assert found["dead_lettered_ms"] is not None and found["enqueued_ms"] <= found["now_ms"]
+    r.delete(KEYS.result("dead1"))  # its result expired: the dead letter still tells
+    code, out, _ = cli(capsys, redis_url, "request", "dead1")
+    assert code == 0 and "state      dead" in out and "error      [model_error] boom dead1" in out
     client.enqueue("waiting", model="m", id="p1", priority=4)
     code, out, _ = cli(capsys, redis_url, "request", "p1")
     assert "state      pending" in out and "attempts   0 of 3" in out
