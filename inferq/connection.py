@@ -116,6 +116,9 @@ ACL_COMMANDS: tuple[str, ...] = (
     "blpop", "sadd", "expire",
     # inferq stats
     "smembers", "hgetall", "zcount",
+    # dead letters (requeue, purge, inferq request), the autoscaling signal (GET of the
+    # enqueue counter)
+    "zscore", "get",
     # connection health checks; SELECT only for a database other than 0
     "ping", "select",
     # cluster mode: the detection (INFO cluster), redis-py's slot map (CLUSTER SLOTS) and

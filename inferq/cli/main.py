@@ -19,7 +19,19 @@ from redis.exceptions import (
 )
 
 import inferq
-from inferq.cli import batch, convert, demo, enqueue, gateway, queue, stats, worker
+from inferq.cli import (
+    batch,
+    convert,
+    dashboard,
+    deadletter,
+    demo,
+    enqueue,
+    gateway,
+    queue,
+    stats,
+    worker,
+)
+from inferq.cli import request as request_cmd
 from inferq.cli.options import HelpFormatter
 from inferq.connection import describe_error, url_from_env
 from inferq.errors import BackendUnavailable, InferqError
@@ -42,7 +54,8 @@ Every command that talks to Redis takes --redis-url (default $INFERQ_REDIS_URL o
 redis://localhost:6379/0). `inferq COMMAND --help` shows a command's options."""
 
 #: In the order ``inferq --help`` lists them.
-COMMANDS = (worker, stats, queue, enqueue, gateway, batch, convert, demo)
+COMMANDS = (worker, stats, queue, enqueue, gateway, batch, convert, demo, deadletter,
+            request_cmd, dashboard)
 #: Failures to reach or log in to the server; anything else keeps its traceback.
 CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, NoPermissionError,
                      AuthenticationWrongNumberOfArgsError, InvalidResponse)

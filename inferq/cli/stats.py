@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 
+from inferq.cli import statsview
 from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
 from inferq.connection import sync_client
 from inferq.errors import ValidationError
@@ -42,8 +43,11 @@ def format_stats(all_stats: list[QueueStats]) -> str:
         lines.append(f"queue {st.queue}")
         by_prio = ", ".join(f"p{p}={n}" for p, n in sorted(st.pending_by_priority.items(),
                                                            reverse=True)) or "-"
+        cap = st.counters.get("dead_cap")
+        dead = (f"{st.dead_lettered}" if cap is None else
+                f"{st.dead_lettered} (cap {cap}, {st.counters.get('dead_dropped', 0)} fell off)")
         lines.append(f"  pending {st.pending} ({by_prio})  in flight {st.inflight}  "
-                     f"dead-lettered {st.dead_lettered}")
+                     f"dead-lettered {dead}")
         lines.append(f"  live workers {len(st.live_workers)}  "
                      f"throughput {st.throughput_per_s:.1f}/s (last 10 s)")
         if not st.live_workers and st.pending:
@@ -116,6 +120,8 @@ def watch(client: redis.Redis, queues: list[str] | None, interval: float, *,
     if not interval > 0:
         raise ValidationError(f"--interval must be > 0, got {interval}")
     tty = sys.stdout.isatty() and not as_json
+    if tty and statsview.available():
+        return watch_rich(client, queues, interval, rounds=rounds)
     done = 0
     try:
         while rounds is None or done < rounds:
@@ -134,6 +140,26 @@ def watch(client: redis.Redis, queues: list[str] | None, interval: float, *,
             done += 1
             if rounds is None or done < rounds:
                 time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def watch_rich(client: redis.Redis, queues: list[str] | None, interval: float, *,
+               rounds: int | None = None, console: Any = None) -> int:
+    """``watch`` on a terminal with ``rich`` installed (``inferq[cli]``): a live table."""
+    from rich.live import Live
+
+    done = 0
+    try:
+        with Live(statsview.view(read_all(client, queues), interval), console=console,
+                  auto_refresh=False, screen=False) as live:
+            while True:
+                done += 1
+                if rounds is not None and done >= rounds:
+                    break
+                time.sleep(interval)
+                live.update(statsview.view(read_all(client, queues), interval), refresh=True)
     except KeyboardInterrupt:
         pass
     return 0

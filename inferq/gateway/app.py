@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 import inferq
-from inferq.gateway import errors
+from inferq.gateway import admin, errors
 from inferq.gateway.auth import bearer_auth
 from inferq.gateway.batch_state import BatchState
 from inferq.gateway.fastpath import EmbeddingsFastPath
@@ -36,6 +36,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         client = AsyncClient(settings.redis_url.get_secret_value(), options=options)
         app.state.gateway = GatewayState(settings=settings, client=client)
         app.state.batch = BatchState.open(settings, client)
+        app.state.ops = admin.OpsState(client=client, token=settings.token)
         log.info("inferq gateway: redis %s, auth %s", settings.redacted_redis_url,
                  "bearer token" if settings.token is not None else "OFF")
         try:
@@ -60,4 +61,6 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(models.router, dependencies=authenticated)
     app.include_router(files.router, dependencies=authenticated)
     app.include_router(batches.router, dependencies=authenticated)
+    app.include_router(admin.api)  # the token, or the dashboard's cookie
+    app.include_router(admin.open_routes)
     return app
