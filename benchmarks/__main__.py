@@ -14,7 +14,8 @@ from benchmarks.framework import Scenario
 
 #: Every scenario, in the order ``--help`` lists them.
 SCENARIOS = ("embed", "embed-load", "generate", "engines", "overhead", "serve", "scaleout",
-             "priority", "priority-generate", "chaos", "cluster", "durability", "fairness")
+             "priority", "priority-generate", "chaos", "cluster", "durability", "batch",
+             "fairness")
 
 
 def scenario(name: str) -> Scenario[Any]:

@@ -13,6 +13,9 @@ hash) so that every producer and worker agrees on them without a flag to keep in
   default 1); ``--tenant-max-depth NAME=N`` refuses that tenant's new requests
   (``QueueFull``) once N of them are pending (0 removes the limit); ``--remove-tenant NAME``
   drops both. New requests use them within a second; nothing restarts.
+* ``--target-wait-ms MS`` is the queue wait the autoscaling signal (``inferq_workers_desired``)
+  keeps under; ``--scale-to-zero-after MINUTES`` lets it drop to 0 workers after that long
+  idle (defaults: 1000 ms and 5 minutes).
 """
 
 from __future__ import annotations
@@ -64,6 +67,10 @@ def add_parser(sub: Subcommands) -> None:
                                          "(0 removes the limit; repeatable)")
     change.add_argument("--remove-tenant", action="append", default=[], metavar="NAME",
                         help="drop a tenant's weight and depth limit (repeatable)")
+    change.add_argument("--target-wait-ms", type=int, default=None, metavar="MS",
+                        help="queue wait the autoscaling signal keeps under")
+    change.add_argument("--scale-to-zero-after", type=float, default=None, metavar="MINUTES",
+                        help="the autoscaling signal drops to 0 after this long idle")
     q.set_defaults(run=run)
 
 
@@ -90,6 +97,8 @@ def format_settings(keys: QueueKeys, settings: QueueSettings) -> str:
         "unbounded" if settings.max_depth == 0 else str(settings.max_depth))
     lines = [f"queue {keys.queue}", f"  shards {settings.shards} (workers serve "
              f"{settings.claim_shards}: every shard it has had)", f"  max depth {depth}",
+             f"  target wait {settings.target_wait_ms or 'default (1000)'} ms, scale to zero "
+             f"after {settings.scale_to_zero_after_s or 'default (300)'} s idle",
              f"  default weight {settings.default_weight}"]
     limits = dict(settings.tenant_max_depth)
     for tenant in sorted(settings.tenants):
@@ -107,18 +116,25 @@ def run(args: argparse.Namespace) -> int:
             max_depth: int | Literal["keep"] | None = (
                 None if args.no_max_depth else "keep" if args.max_depth is None
                 else args.max_depth)
+            idle = args.scale_to_zero_after
             tenants = (args.tenant_weight or args.default_weight is not None
                        or args.tenant_max_depth or args.remove_tenant)
-            if args.shards is None and max_depth == "keep" and not tenants:
+            if args.shards is None and max_depth == "keep" and (
+                    args.target_wait_ms is None and idle is None and not tenants):
                 raise ValidationError("nothing to set: give --shards, --max-depth, "
-                                      "--no-max-depth or a tenant option")
+                                      "--no-max-depth, --target-wait-ms, "
+                                      "--scale-to-zero-after or a tenant option")
+            if idle is not None and not idle * 60 >= 1:
+                raise ValidationError(f"--scale-to-zero-after must be >= 1 s, got {idle} min")
             tenant_keys, tenant_args = tenants_call(
                 keys.config, weights=dict(args.tenant_weight),
                 default_weight=args.default_weight,
                 max_depths=dict(args.tenant_max_depth), remove=tuple(args.remove_tenant))
             if tenant_args:
                 client.register_script(SET_TENANTS)(keys=tenant_keys, args=tenant_args)
-            call_keys, call_args = settings_call(keys.config, args.shards, max_depth)
+            call_keys, call_args = settings_call(
+                keys.config, args.shards, max_depth, target_wait_ms=args.target_wait_ms,
+                scale_to_zero_after_s=None if idle is None else round(idle * 60))
             raw = pairs(client.register_script(SET_SETTINGS)(keys=call_keys, args=call_args))
             # listed for ``inferq stats`` before any worker serves it
             client.sadd(queues_registry(args.namespace), keys.queue)

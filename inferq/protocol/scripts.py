@@ -43,7 +43,7 @@ from inferq.protocol.keys import TENANT_COUNT
 
 #: Every script, by name (its file is ``lua/<name>.lua``).
 NAMES = ("enqueue", "claim", "peek", "start", "heartbeat", "complete", "reclaim", "release",
-         "cancel", "stream", "stream_end")
+         "cancel", "stream", "stream_end", "requeue", "purge")
 
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.MULTILINE)
 

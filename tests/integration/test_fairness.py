@@ -206,3 +206,16 @@ def test_fair_shares_cost_three_commands_per_enqueue_call_whatever_its_size(
     tenant = calls(tenant="a")
     assert tenant["hincrby"] == plain["hincrby"] + 1
     assert tenant["hset"] == plain["hset"]
+
+
+def test_a_requeued_dead_letter_counts_for_its_tenant_again(
+        fc: inferq.Client, r: redis.Redis) -> None:
+    handle = fc.enqueue("dies", model="fair", tenant="a", max_attempts=1)
+    complete(r, claim(r, 1), Status.DEAD)
+    assert r.hget(KEYS.stats, TENANT_COUNT + "a") is None
+    keys, args = ops.requeue_call(KEYS, [handle.id])
+    assert ops.register(r)["requeue"](keys=keys, args=args) == [b"requeued"]
+    assert r.hget(KEYS.stats, TENANT_COUNT + "a") == b"1"
+    assert r.hget(KEYS.request(handle.id), "tn") == b"a"
+    complete(r, claim(r, 1))
+    assert r.hget(KEYS.stats, TENANT_COUNT + "a") is None

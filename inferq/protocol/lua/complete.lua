@@ -8,6 +8,7 @@
     KEYS[4] dead
     KEYS[5] wake
     KEYS[6] started
+    KEYS[7] dead_letters
     ARGV[1] prefix
     ARGV[2] result_ttl_ms
     ARGV[3] dead_letter_cap
@@ -26,11 +27,12 @@
 -- @include rows
 -- @include request
 -- @include flight
+-- @include graves
 -- @include stats
 -- @include tenants
 -- @include wake
 local inflight, stats, delayed, dead, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local started = KEYS[6]
+local started, records = KEYS[6], KEYS[7]
 local prefix, ttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local a = rows(ARGV[4], 5)
 if not a then return redis.error_reply('ERR inferq complete: bad arguments') end
@@ -50,7 +52,7 @@ for i = 1, #a, 5 do
                        delay = int(a[i + 4], 0, MAXI)}
 end
 -- write
-local out, refused, counts, done, retry, deads, corrupt = {}, 0, {}, {}, {}, {}, {}
+local out, refused, counts, done, retry, corrupt = {}, 0, {}, {}, {}, {}
 for n, r in ipairs(reads) do
   local i = 1 + (n - 1) * 5
   local id, status = a[i], a[i + 2]
@@ -73,12 +75,12 @@ for n, r in ipairs(reads) do
     out[n] = 1
   else
     put_result(prefix, id, a[i + 3], ttl, r.rt)
+    if status == 'dead' then
+      local code, message, attempts = result_error(a[i + 3])
+      bury(rkey, id, code, message, attempts, now)
+    end
     redis.call('DEL', rkey)
     tenant_done(r.tn)
-    if status == 'dead' then
-      deads[#deads + 1] = num(now)
-      deads[#deads + 1] = id
-    end
     counts[status] = (counts[status] or 0) + 1
     done[#done + 1] = id
     out[n] = 1
@@ -86,7 +88,7 @@ for n, r in ipairs(reads) do
 end
 land(inflight, started, done)
 flush_inboxes(prefix, ttl)
-dead_letter(dead, deads, cap)
+dead_letter(dead, records, stats, cap)
 for status, c in pairs(counts) do count_done(stats, status, c, now) end
 count_bad(stats, #corrupt, 0, now)
 tenant_flush(stats)
