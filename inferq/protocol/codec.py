@@ -21,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Field,
     TypeAdapter,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -97,10 +98,16 @@ class RequestPayload(BaseModel):
     def _prompt_or_messages(self) -> RequestPayload:
         if self.messages is not None and self.prompt:
             raise ValueError("give either a prompt or messages, not both")
-        if self.cost is not None and self.task in ESTIMATED_TASKS:
-            raise ValueError(f"cost is estimated from the text for task {self.task!r}; give "
-                             "it only for custom tasks")
         return self
+
+    @field_validator("cost")
+    @classmethod
+    def _cost_of_custom_tasks(cls, value: int | None, info: ValidationInfo) -> int | None:
+        task = info.data.get("task")
+        if value is not None and task in ESTIMATED_TASKS:
+            raise ValueError(f"cost is estimated from the text for task {task!r}; give it "
+                             "only for custom tasks")
+        return value
 
     @property
     def fair_cost(self) -> int:

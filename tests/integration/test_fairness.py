@@ -128,8 +128,9 @@ def test_tenant_names_are_validated_like_queue_names(fc: inferq.Client) -> None:
         with pytest.raises(ValidationError) as info:
             fc.enqueue("x", model="fair", tenant=bad)
         assert info.value.field == "tenant"
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError) as info:
         fc.enqueue("x", model="fair", cost=5)  # embed estimates its cost itself
+    assert info.value.field == "cost"
 
 
 def test_the_tenant_quota_refuses_naming_the_tenant_and_frees_as_requests_end(
@@ -219,3 +220,14 @@ def test_a_requeued_dead_letter_counts_for_its_tenant_again(
     assert r.hget(KEYS.request(handle.id), "tn") == b"a"
     complete(r, claim(r, 1))
     assert r.hget(KEYS.stats, TENANT_COUNT + "a") is None
+
+
+def test_a_custom_task_is_charged_the_cost_its_producer_gives(
+        fc: inferq.Client, r: redis.Redis) -> None:
+    keys = QueueKeys.for_model("classify", "fair")
+    fc.enqueue_many([{"prompt": "[1]", "id": f"x-{i}", "cost": 30} for i in range(10)],
+                    model="fair", task="classify", tenant="x")
+    fc.enqueue_many([{"prompt": "[1]", "id": f"y-{i}"} for i in range(60)],  # cost 1 each
+                    model="fair", task="classify", tenant="y")
+    shares = Counter(tenant_of(c.id) for c in claim(r, 32, keys))
+    assert shares["x"] <= 2 and shares["y"] >= 30
