@@ -56,6 +56,8 @@ class FairnessConfig:
     prompt_bytes: int
     alone_requests: int
     alone_trials: int
+    generate: bool
+    generate_backlog: int
 
     @property
     def full_batch_ms(self) -> float:
@@ -89,7 +91,9 @@ def _text(n: int, tag: str) -> str:
 
 
 def flood(cleanup: Cleanup, url: str, cfg: FairnessConfig, worker: WorkerProc,
-          prompts: Mapping[str, str], light: bool, server: int | None) -> dict[str, Any]:
+          prompts: Mapping[str, str], light: bool, server: int | None,
+          params: Mapping[str, Any] | None = None, backlog: int | None = None
+          ) -> dict[str, Any]:
     """With the worker paused, each tenant of ``prompts`` queues ``cfg.backlog`` requests (in
     interleaved chunks); then the worker runs for ``cfg.seconds`` while, with ``light``, a
     light tenant sends Poisson arrivals at ``light_share`` of capacity, each awaited. Served
@@ -98,16 +102,18 @@ def flood(cleanup: Cleanup, url: str, cfg: FairnessConfig, worker: WorkerProc,
     from inferq.producer.aio import AsyncClient
 
     rng = random.Random(SEED)
+    backlog = cfg.backlog if backlog is None else backlog
     ids: dict[str, list[str]] = {t: [] for t in prompts}
     light_waits: list[float] = []
 
     async def fill() -> None:
         async with AsyncClient(url) as producer:
-            for start in range(0, cfg.backlog, CHUNK):
+            for start in range(0, backlog, CHUNK):
                 for tenant, prompt in prompts.items():
-                    n = min(CHUNK, cfg.backlog - start)
-                    handles = await producer.enqueue_many([prompt] * n, model=worker.model,
-                                                          tenant=tenant)
+                    n = min(CHUNK, backlog - start)
+                    handles = await producer.enqueue_many(
+                        [prompt] * n, model=worker.model, task=worker.task, tenant=tenant,
+                        params=dict(params or {}))
                     ids[tenant] += [h.id for h in handles]
 
     async def trickle() -> None:
@@ -146,7 +152,7 @@ def flood(cleanup: Cleanup, url: str, cfg: FairnessConfig, worker: WorkerProc,
             pipe.exists(worker.keys.result(request_id))
         done = [i for i, e in zip(tenant_ids, pipe.execute(), strict=True) if e]
         results: list[Result] = read_results(client, worker.keys, done)
-        cost = estimate("embed", len(prompts[tenant].encode()), {}, None)
+        cost = estimate(worker.task, len(prompts[tenant].encode()), params or {}, None)
         served[tenant] = {"requests": len(results), "cost": len(results) * cost}
     client.close()
     total_cost = sum(s["cost"] for s in served.values()) or 1
@@ -198,7 +204,7 @@ def alone(cleanup: Cleanup, url: str, cfg: FairnessConfig, worker: WorkerProc,
 
 
 def figures(cfg: FairnessConfig, weights: Mapping[str, Any], tokens: Mapping[str, Any],
-            solo: Mapping[str, Any]) -> dict[str, Any]:
+            solo: Mapping[str, Any], generate: Mapping[str, Any] | None) -> dict[str, Any]:
     total_w = sum(WEIGHTS.values())
     weight_err = max(abs(weights["served"][t]["cost_share"] - w / total_w)
                      for t, w in WEIGHTS.items())
@@ -207,9 +213,13 @@ def figures(cfg: FairnessConfig, weights: Mapping[str, Any], tokens: Mapping[str
     light_p99 = weights["light_wait_ms"]["p99"]
     commands_delta = (solo["one"]["fill_commands"] + solo["one"]["drain_commands"]
                       - solo["none"]["fill_commands"] - solo["none"]["drain_commands"])
+    generate_err = None if generate is None else max(
+        abs(generate["served"][t]["cost_share"] - w / total_w) for t, w in WEIGHTS.items())
     return {
-        "weights": weights, "tokens": tokens, "alone": solo,
+        "weights": weights, "tokens": tokens, "alone": solo, "generate": generate,
         "target": {
+            "generate_share_error": generate_err,
+            "generate_verdict": verdict(generate_err, SHARE_TOLERANCE, at_most=True),
             "weight_share_error": weight_err,
             "weight_verdict": verdict(weight_err, SHARE_TOLERANCE, at_most=True),
             "token_share_error": token_err,
@@ -227,10 +237,13 @@ def figures(cfg: FairnessConfig, weights: Mapping[str, Any], tokens: Mapping[str
 def results_markdown(r: Mapping[str, Any]) -> str:
     t = r["target"]
     share_rows = []
-    for label, part, ideal in (("weights 3:2:1", r["weights"], {"a": 3 / 6, "b": 2 / 6,
-                                                                "c": 1 / 6}),
-                               ("equal weights, a's prompts 10x longer", r["tokens"],
-                                {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})):
+    parts = [("weights 3:2:1", r["weights"], {"a": 3 / 6, "b": 2 / 6, "c": 1 / 6}),
+             ("equal weights, a's prompts 10x longer", r["tokens"],
+              {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})]
+    if r.get("generate"):
+        parts.append(("generate worker (tiny Llama), weights 3:2:1", r["generate"],
+                      {"a": 3 / 6, "b": 2 / 6, "c": 1 / 6}))
+    for label, part, ideal in parts:
         for tenant, s in part["served"].items():
             share_rows.append([label, tenant, f"{s['requests']:.0f}",
                                f"{s['request_share']:.1%}", f"{s['cost_share']:.1%}",
@@ -250,6 +263,9 @@ def results_markdown(r: Mapping[str, Any]) -> str:
          f"{t['weight_share_error']:.1%}", "<= 5 points", t["weight_verdict"]],
         ["10x prompts, equal weights: largest distance of a token share from 33 %",
          f"{t['token_share_error']:.1%}", "<= 5 points", t["token_verdict"]],
+        *([["generate worker, weights 3:2:1: largest distance of a cost share from "
+            "50/33/17 %", f"{t['generate_share_error']:.1%}", "<= 5 points",
+            t["generate_verdict"]]] if t.get("generate_share_error") is not None else []),
         [f"light tenant queue wait p99 / (window + one batch = {t['light_reference_ms']:.0f} "
          "ms)", f"{t['light_p99_over_reference']:.2f} (p50 {lw['p50']:.0f} ms, p99 "
                 f"{lw['p99']:.0f} ms)", f"<= {WAIT_FACTOR:g}", t["light_verdict"]],
@@ -292,6 +308,12 @@ class Fairness(Scenario[FairnessConfig]):
                             default=ByMode(20_000, 5_000),
                             help="requests per pass of the one-tenant comparison (echo model) "
                                  "(default %(default)s)")
+        parser.add_argument("--no-generate", dest="generate", action="store_false",
+                            help="skip the generate worker part (tiny random Llama)")
+        parser.add_argument("--generate-backlog", type=positive_int,
+                            default=ByMode(3000, 600),
+                            help="requests each tenant queues for the generate worker "
+                                 "(default %(default)s)")
         parser.add_argument("--alone-trials", type=positive_int, default=ByMode(5, 3),
                             help="passes per mode of that comparison (default %(default)s)")
 
@@ -326,8 +348,30 @@ class Fairness(Scenario[FairnessConfig]):
         say("one tenant alone vs no tenant (echo model)")
         solo = alone(run.cleanup, url, cfg, w3, server.pid)
         stop_child(w3.child)
+        generate = None
+        if cfg.generate:
+            generate = self.generate(run, url, server.pid)
         server.stop()
-        return figures(cfg, weights, tokens, solo)
+        return figures(cfg, weights, tokens, solo, generate)
+
+    def generate(self, run: Run[FairnessConfig], url: str, server: int | None
+                 ) -> dict[str, Any]:
+        """Weights 3:2:1 through a ``generate`` worker on the tiny random Llama (continuous
+        batching, 8 slots): cost = prompt tokens + max_new_tokens."""
+        from benchmarks.models import generation_source
+
+        cfg = run.cfg
+        source = generation_source("tiny", run.out)
+        _configure(url, "generate:fair-g", WEIGHTS)
+        worker = spawn_worker(run.cleanup, url, model_arg=f"fair-g={source}",
+                              worker_id="fair-g", log_dir=run.log_dir, task="generate",
+                              flags=["--device", "cpu", "--max-slots", "8"])
+        wait_registered(url, [worker])
+        say("weights 3:2:1 through a generate worker (tiny Llama)")
+        prompt = _text(cfg.prompt_bytes, "g")
+        return flood(run.cleanup, url, cfg, worker, {t: prompt for t in WEIGHTS}, False,
+                     server, params={"max_new_tokens": 16, "ignore_eos": True},
+                     backlog=cfg.generate_backlog)
 
 
 SCENARIO = Fairness()
