@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import random
 import statistics
 import time
@@ -58,6 +59,7 @@ class FairnessConfig:
     alone_trials: int
     generate: bool
     generate_backlog: int
+    generate_seconds: float
 
     @property
     def full_batch_ms(self) -> float:
@@ -311,9 +313,12 @@ class Fairness(Scenario[FairnessConfig]):
         parser.add_argument("--no-generate", dest="generate", action="store_false",
                             help="skip the generate worker part (tiny random Llama)")
         parser.add_argument("--generate-backlog", type=positive_int,
-                            default=ByMode(3000, 600),
+                            default=ByMode(3000, 1000),
                             help="requests each tenant queues for the generate worker "
                                  "(default %(default)s)")
+        parser.add_argument("--generate-seconds", type=positive_float,
+                            default=ByMode(60.0, 20.0),
+                            help="how long the generate worker serves (default %(default)s)")
         parser.add_argument("--alone-trials", type=positive_int, default=ByMode(5, 3),
                             help="passes per mode of that comparison (default %(default)s)")
 
@@ -367,10 +372,16 @@ class Fairness(Scenario[FairnessConfig]):
                               worker_id="fair-g", log_dir=run.log_dir, task="generate",
                               flags=["--device", "cpu", "--max-slots", "8"])
         wait_registered(url, [worker])
+        import inferq
+
+        with inferq.Client(url) as client:  # warm: the engine process has loaded the weights
+            client.enqueue("warm up", model=worker.model, task="generate",
+                           params={"max_new_tokens": 2}).result(timeout=300)
         say("weights 3:2:1 through a generate worker (tiny Llama)")
         prompt = _text(cfg.prompt_bytes, "g")
-        return flood(run.cleanup, url, cfg, worker, {t: prompt for t in WEIGHTS}, False,
-                     server, params={"max_new_tokens": 16, "ignore_eos": True},
+        return flood(run.cleanup, url, dataclasses.replace(cfg, seconds=cfg.generate_seconds),
+                     worker, {t: prompt for t in WEIGHTS}, False, server,
+                     params={"max_new_tokens": 16, "ignore_eos": True},
                      backlog=cfg.generate_backlog)
 
 
