@@ -219,6 +219,22 @@ async def test_the_worker_serves_vllm_through_the_queue(
          for p in PROMPTS * 2], model="smollm2", task="generate")
     refused = await aclient.enqueue(prompt="hi", model="smollm2", task="generate",
                                     params={"max_new_tokens": 4, "min_p": 0.1})
+    # Lowest priority with a short deadline: still queued (3 slots, 9 ahead) when it passes.
+    late = await aclient.enqueue(prompt="late", model="smollm2", task="generate", priority=-9,
+                                 deadline_s=1.0, params={"max_new_tokens": 4})
+    # Urgent and long: cancelled once it streams, it leaves vLLM at the next step.
+    doomed = await aclient.enqueue(prompt=PROMPTS[0], model="smollm2", task="generate",
+                                   priority=9, params={"max_new_tokens": 500,
+                                                       "ignore_eos": True})
+    items: list[Any] = []
+    async for item in doomed.stream(timeout=300):
+        if not items and isinstance(item, str) and item:
+            await doomed.cancel()
+        items.append(item)
+    assert items[-1].finish_reason is inferq.FinishReason.CANCELLED
+    assert len(items) < 100  # text deltas: it stopped long before its 500 tokens
+    with pytest.raises(inferq.DeadlineExceeded):
+        await late.result(timeout=300)
 
     async def collect(handle: inferq.AsyncHandle) -> list[Any]:
         return [item async for item in handle.stream(timeout=300)]
