@@ -251,3 +251,30 @@ async def test_the_worker_serves_vllm_through_the_queue(
     metrics = worker.metrics.render().decode()
     assert "inferq_kv_cache_usage_ratio" in metrics
     assert "inferq_engine_preemptions" in metrics
+
+
+async def test_a_killed_vllm_engine_process_resumes_generations_from_their_streams(
+        vllm_worker: Any, aclient: inferq.AsyncClient) -> None:
+    import os
+    import signal
+
+    worker = vllm_worker
+    params = {"max_new_tokens": 40, "ignore_eos": True}
+    reference = await (await aclient.enqueue(PROMPTS[1], model="smollm2", task="generate",
+                                             params=params)).result(timeout=300)
+    handle = await aclient.enqueue(PROMPTS[1], model="smollm2", task="generate", params=params)
+    items: list[Any] = []
+    killed = False
+    async for item in handle.stream(timeout=600):
+        items.append(item)
+        if not killed and len(items) >= 5:
+            os.kill(worker.steps.pid, signal.SIGKILL)  # the engine process, with vLLM in it
+            killed = True
+    *deltas, result = items
+    assert killed and worker.steps.restarts == 1
+    assert isinstance(result, inferq.Result) and result.ok
+    # The retry went on from the streamed tokens (a token prompt): the stream never
+    # contradicts itself, and greedy decoding gives the tokens of the run never killed.
+    assert "".join(deltas) == result.output["text"] == reference.output["text"]
+    assert result.output["token_ids"] == reference.output["token_ids"]
+    assert result.attempts == 2
