@@ -28,7 +28,7 @@ from benchmarks.harness import (
     verdict,
 )
 from benchmarks.models import generation_source
-from benchmarks.stack import WorkerProc, spawn_worker
+from benchmarks.stack import WorkerProc, spawn_worker, wait_registered
 from inferq.protocol.keys import QueueKeys
 
 VARIANTS = ("alone", "preempt", "no-preempt")
@@ -86,6 +86,7 @@ async def _variant(url: str, worker: WorkerProc, variant: str, cfg: PriorityGene
             break
         arrivals.append(t)
     flood_ids: list[str] = []
+    wait_registered(url, [worker])
     r = redis.Redis.from_url(url)
     async with inferq.AsyncClient(url) as client:
         warm = await client.enqueue("warm up", model=worker.model, task="generate",

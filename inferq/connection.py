@@ -116,6 +116,9 @@ ACL_COMMANDS: tuple[str, ...] = (
     "blpop", "sadd", "expire",
     # inferq stats
     "smembers", "hgetall", "zcount",
+    # dead letters (requeue, purge, inferq request), the autoscaling signal (GET of the
+    # enqueue counter)
+    "zscore", "get",
     # connection health checks; SELECT only for a database other than 0
     "ping", "select",
     # cluster mode: the detection (INFO cluster), redis-py's slot map (CLUSTER SLOTS) and
@@ -124,6 +127,9 @@ ACL_COMMANDS: tuple[str, ...] = (
     # ClientOptions(durability="replica"): WAIT after enqueue. durability="fsync" needs
     # +waitaof too, which servers before 7.2 do not know (ACL SETUSER refuses it there)
     "wait",
+    # the gateway's batch jobs (files, batches, their runner): indexes, the wake list, a
+    # batch's inbox, the metadata transactions
+    "lrange", "lpush", "zrank", "zrevrank", "multi", "exec",
 )
 
 

@@ -19,7 +19,19 @@ from redis.exceptions import (
 )
 
 import inferq
-from inferq.cli import convert, demo, enqueue, gateway, queue, stats, worker
+from inferq.cli import (
+    batch,
+    convert,
+    dashboard,
+    deadletter,
+    demo,
+    enqueue,
+    gateway,
+    queue,
+    stats,
+    worker,
+)
+from inferq.cli import request as request_cmd
 from inferq.cli.options import HelpFormatter
 from inferq.connection import describe_error, url_from_env
 from inferq.errors import BackendUnavailable, InferqError
@@ -36,12 +48,14 @@ Start a worker for a model, enqueue prompts from anywhere, watch the queue:
   inferq enqueue "hello" --model minilm         queue one prompt and print its result
   inferq stats                                  queue depths, in flight, workers, throughput
   inferq gateway                                OpenAI-compatible HTTP API (needs inferq[gateway])
+  inferq batch submit in.jsonl --endpoint /v1/embeddings   a batch job through the gateway
 
 Every command that talks to Redis takes --redis-url (default $INFERQ_REDIS_URL or
 redis://localhost:6379/0). `inferq COMMAND --help` shows a command's options."""
 
 #: In the order ``inferq --help`` lists them.
-COMMANDS = (worker, stats, queue, enqueue, gateway, convert, demo)
+COMMANDS = (worker, stats, queue, enqueue, gateway, batch, convert, demo, deadletter,
+            request_cmd, dashboard)
 #: Failures to reach or log in to the server; anything else keeps its traceback.
 CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, NoPermissionError,
                      AuthenticationWrongNumberOfArgsError, InvalidResponse)

@@ -8,6 +8,9 @@ hash) so that every producer and worker agrees on them without a flag to keep in
 * ``--max-depth N`` is the pending depth at which the queue sheds load (split evenly over the
   shards; the priority shares of ``Shedding`` apply); ``0`` is unbounded; ``--no-max-depth``
   removes it, so each producer's own ``max_queue_depth`` applies again.
+* ``--target-wait-ms MS`` is the queue wait the autoscaling signal (``inferq_workers_desired``)
+  keeps under; ``--scale-to-zero-after MINUTES`` lets it drop to 0 workers after that long
+  idle (defaults: 1000 ms and 5 minutes).
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ def add_parser(sub: Subcommands) -> None:
                        help="pending depth at which the queue sheds load (0: unbounded)")
     depth.add_argument("--no-max-depth", action="store_true",
                        help="remove the queue's depth limit (producers' own applies)")
+    change.add_argument("--target-wait-ms", type=int, default=None, metavar="MS",
+                        help="queue wait the autoscaling signal keeps under")
+    change.add_argument("--scale-to-zero-after", type=float, default=None, metavar="MINUTES",
+                        help="the autoscaling signal drops to 0 after this long idle")
     q.set_defaults(run=run)
 
 
@@ -63,7 +70,9 @@ def format_settings(keys: QueueKeys, settings: QueueSettings) -> str:
     depth = "producers' own max_queue_depth" if settings.max_depth is None else (
         "unbounded" if settings.max_depth == 0 else str(settings.max_depth))
     return (f"queue {keys.queue}\n  shards {settings.shards} (workers serve "
-            f"{settings.claim_shards}: every shard it has had)\n  max depth {depth}")
+            f"{settings.claim_shards}: every shard it has had)\n  max depth {depth}\n"
+            f"  target wait {settings.target_wait_ms or 'default (1000)'} ms, scale to zero "
+            f"after {settings.scale_to_zero_after_s or 'default (300)'} s idle")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,10 +83,17 @@ def run(args: argparse.Namespace) -> int:
             max_depth: int | Literal["keep"] | None = (
                 None if args.no_max_depth else "keep" if args.max_depth is None
                 else args.max_depth)
-            if args.shards is None and max_depth == "keep":
-                raise ValidationError("nothing to set: give --shards, --max-depth or "
-                                      "--no-max-depth")
-            call_keys, call_args = settings_call(keys.config, args.shards, max_depth)
+            idle = args.scale_to_zero_after
+            if args.shards is None and max_depth == "keep" and (
+                    args.target_wait_ms is None and idle is None):
+                raise ValidationError("nothing to set: give --shards, --max-depth, "
+                                      "--no-max-depth, --target-wait-ms or "
+                                      "--scale-to-zero-after")
+            if idle is not None and not idle * 60 >= 1:
+                raise ValidationError(f"--scale-to-zero-after must be >= 1 s, got {idle} min")
+            call_keys, call_args = settings_call(
+                keys.config, args.shards, max_depth, target_wait_ms=args.target_wait_ms,
+                scale_to_zero_after_s=None if idle is None else round(idle * 60))
             raw = pairs(client.register_script(SET_SETTINGS)(keys=call_keys, args=call_args))
             # listed for ``inferq stats`` before any worker serves it
             client.sadd(queues_registry(args.namespace), keys.queue)

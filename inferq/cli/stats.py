@@ -10,10 +10,11 @@ from typing import Any
 
 import redis
 
+from inferq.cli import statsview
 from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
 from inferq.connection import sync_client
 from inferq.errors import ValidationError
-from inferq.protocol.keys import QueueKeys
+from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys
 from inferq.stats import QueueStats, read_all
 
 
@@ -42,8 +43,11 @@ def format_stats(all_stats: list[QueueStats]) -> str:
         lines.append(f"queue {st.queue}")
         by_prio = ", ".join(f"p{p}={n}" for p, n in sorted(st.pending_by_priority.items(),
                                                            reverse=True)) or "-"
+        cap = st.counters.get("dead_cap")
+        dead = (f"{st.dead_lettered}" if cap is None else
+                f"{st.dead_lettered} (cap {cap}, {st.counters.get('dead_dropped', 0)} fell off)")
         lines.append(f"  pending {st.pending} ({by_prio})  in flight {st.inflight}  "
-                     f"dead-lettered {st.dead_lettered}")
+                     f"dead-lettered {dead}")
         lines.append(f"  live workers {len(st.live_workers)}  "
                      f"throughput {st.throughput_per_s:.1f}/s (last 10 s)")
         if not st.live_workers and st.pending:
@@ -84,6 +88,13 @@ def format_generation(worker: str, w: dict[str, Any]) -> str:
     )
 
 
+def batch_section(client: redis.Redis) -> str:
+    """Batch jobs (``inferq batch``): by status, lines by outcome, active batches' progress."""
+    from inferq.batch.batches import format_summary, read_sync
+
+    return format_summary(read_sync(client, DEFAULT_NAMESPACE))
+
+
 def run(args: argparse.Namespace) -> int:
     client = sync_client(connection_from_args(args))
     queues = [QueueKeys(q).queue for q in args.queue] if args.queue else None
@@ -94,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
                 print(json.dumps([s.as_dict() for s in all_stats], indent=2))
             else:
                 print(format_stats(all_stats))
+                if batches := batch_section(client):
+                    print(batches)
             return 0
         return watch(client, queues, args.interval, as_json=args.json)
     finally:
@@ -107,6 +120,8 @@ def watch(client: redis.Redis, queues: list[str] | None, interval: float, *,
     if not interval > 0:
         raise ValidationError(f"--interval must be > 0, got {interval}")
     tty = sys.stdout.isatty() and not as_json
+    if tty and statsview.available():
+        return watch_rich(client, queues, interval, rounds=rounds)
     done = 0
     try:
         while rounds is None or done < rounds:
@@ -118,11 +133,33 @@ def watch(client: redis.Redis, queues: list[str] | None, interval: float, *,
             else:
                 if tty:
                     print("\x1b[2J\x1b[H", end="")  # clear the screen, cursor home
+                batches = batch_section(client)
                 print(f"inferq stats  {stamp}  (every {interval:g} s, Ctrl-C to stop)\n"
-                      f"{format_stats(all_stats)}\n", flush=True)
+                      f"{format_stats(all_stats)}\n{batches + chr(10) if batches else ''}",
+                      flush=True)
             done += 1
             if rounds is None or done < rounds:
                 time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def watch_rich(client: redis.Redis, queues: list[str] | None, interval: float, *,
+               rounds: int | None = None, console: Any = None) -> int:
+    """``watch`` on a terminal with ``rich`` installed (``inferq[cli]``): a live table."""
+    from rich.live import Live
+
+    done = 0
+    try:
+        with Live(statsview.view(read_all(client, queues), interval), console=console,
+                  auto_refresh=False, screen=False) as live:
+            while True:
+                done += 1
+                if rounds is not None and done >= rounds:
+                    break
+                time.sleep(interval)
+                live.update(statsview.view(read_all(client, queues), interval), refresh=True)
     except KeyboardInterrupt:
         pass
     return 0

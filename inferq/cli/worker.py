@@ -35,7 +35,7 @@ log = logging.getLogger("inferq.worker")
 
 #: ``WorkerConfig`` fields set by flags of the same name, when given.
 CONFIG_FLAGS = ("device", "dtype", "lease_ms", "heartbeat_ms", "drain_timeout_s",
-                "result_ttl_s", "worker_id")
+                "result_ttl_s", "worker_id", "dead_letter_cap")
 WINDOW_FLAGS = ("max_batch_size", "max_batch_tokens", "max_wait_ms")
 #: ``GenerationSettings`` fields set by flags of the same name, when given.
 CONTINUOUS_FLAGS = ("max_slots", "kv_cache_mb", "max_prefill_tokens", "stream_interval_ms",
@@ -82,6 +82,9 @@ def add_parser(sub: Subcommands) -> None:
                         "after that")
     w.add_argument("--result-ttl-s", type=float, metavar="S",
                    help="how long results stay readable (default: 3600)")
+    w.add_argument("--dead-letter-cap", type=int, metavar="N",
+                   help="dead letters kept per queue shard, the newest (default: 10000); "
+                        "what falls off is counted (inferq dead-letter list)")
     w.add_argument("--worker-id", metavar="ID",
                    help="name in stats, logs and metrics (default: host-pid-random)")
     w.add_argument("--metrics-port", type=int, metavar="PORT",

@@ -11,10 +11,11 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 import inferq
-from inferq.gateway import errors
+from inferq.gateway import admin, errors
 from inferq.gateway.auth import bearer_auth
+from inferq.gateway.batch_state import BatchState
 from inferq.gateway.fastpath import EmbeddingsFastPath
-from inferq.gateway.routes import completions, health, models, native, openai_compat
+from inferq.gateway.routes import batches, completions, files, health, models, native, openai_compat
 from inferq.gateway.settings import GatewaySettings
 from inferq.gateway.state import GatewayState
 from inferq.producer.aio import AsyncClient
@@ -34,11 +35,14 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                                 max_connections=settings.max_connections, warn_no_worker=False)
         client = AsyncClient(settings.redis_url.get_secret_value(), options=options)
         app.state.gateway = GatewayState(settings=settings, client=client)
+        app.state.batch = BatchState.open(settings, client)
+        app.state.ops = admin.OpsState(client=client, token=settings.token)
         log.info("inferq gateway: redis %s, auth %s", settings.redacted_redis_url,
                  "bearer token" if settings.token is not None else "OFF")
         try:
             yield
         finally:
+            await app.state.batch.close()
             await client.aclose()
 
     app = FastAPI(title="inferq gateway", version=inferq.__version__, lifespan=lifespan,
@@ -55,4 +59,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(completions.router, dependencies=authenticated)
     app.include_router(native.router, dependencies=authenticated)
     app.include_router(models.router, dependencies=authenticated)
+    app.include_router(files.router, dependencies=authenticated)
+    app.include_router(batches.router, dependencies=authenticated)
+    app.include_router(admin.api)  # the token, or the dashboard's cookie
+    app.include_router(admin.open_routes)
     return app

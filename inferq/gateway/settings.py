@@ -13,6 +13,17 @@
 | ``INFERQ_GATEWAY_COALESCE`` | true | one ``enqueue_many`` per loop turn for concurrent calls |
 | ``INFERQ_GATEWAY_FAST_PATH`` | true | serve plain ``/v1/embeddings`` calls outside FastAPI |
 | ``INFERQ_GATEWAY_READY_MODEL`` / ``_READY_TASK`` | ``minilm`` / ``embed`` | ``/readyz`` default |
+| ``INFERQ_GATEWAY_FILE_STORE`` | ``~/.inferq/files`` | file contents: a directory or ``s3://b/p`` |
+| ``INFERQ_GATEWAY_FILE_STORE_OPTIONS`` | ``{}`` | fsspec options as JSON (``endpoint_url``) |
+| ``INFERQ_GATEWAY_BATCH_PRIORITY`` | -50 | batch lines' priority (``metadata.priority`` wins) |
+| ``INFERQ_GATEWAY_BATCH_RUNNER`` | true | this process works on batches |
+| ``INFERQ_GATEWAY_BATCH_LEASE_S`` | 15 | another gateway takes a batch over after this long |
+| ``INFERQ_GATEWAY_BATCH_MAX_OUTSTANDING`` | 4096 | most lines of one batch in the queue |
+| ``INFERQ_GATEWAY_BATCH_CHUNK`` | 256 | lines a batch runner queues or drains per step |
+| ``INFERQ_GATEWAY_BATCH_IDLE_S`` | 1 | a batch runner with nothing to do blocks this long |
+| ``INFERQ_GATEWAY_MAX_FILE_BYTES`` | 536870912 | largest upload (OpenAI's 512 MB) |
+| ``INFERQ_GATEWAY_MAX_BATCH_BYTES`` | 209715200 | largest batch input (200 MB) |
+| ``INFERQ_GATEWAY_MAX_BATCH_LINES`` | 50000 | most lines per batch |
 
 The Redis URL and the token are ``SecretStr``: neither appears in a repr or a log line; log
 ``redacted_redis_url`` instead.
@@ -21,7 +32,7 @@ The Redis URL and the token are ``SecretStr``: neither appears in a repr or a lo
 from __future__ import annotations
 
 import os
-from typing import Annotated, Self
+from typing import Annotated, Any, Self
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -29,6 +40,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from inferq.connection import DEFAULT_URL, URL_ENV, redact_url
 from inferq.errors import ConfigError
 from inferq.protocol.keys import DEFAULT_NAMESPACE, NAME_RE
+from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
 
 ENV_PREFIX = "INFERQ_GATEWAY_"
 Name = Annotated[str, Field(pattern=NAME_RE.pattern)]
@@ -61,6 +73,19 @@ class GatewaySettings(BaseSettings):
     ready_task: Name = "embed"
     #: ``/readyz`` gives up on Redis after this long (the SDK's sockets never time out).
     ready_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 2.0
+    # Files and batches (``inferq.batch``).
+    file_store: str = Field(default_factory=lambda: os.path.expanduser("~/.inferq/files"))
+    file_store_options: dict[str, Any] = Field(default_factory=dict)
+    max_file_bytes: Annotated[int, Field(ge=1)] = 512 << 20
+    max_batch_bytes: Annotated[int, Field(ge=1)] = 200 << 20
+    max_batch_lines: Annotated[int, Field(ge=1)] = 50_000
+    batch_priority: Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)] = -50
+    batch_runner: bool = True
+    batch_lease_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 15.0
+    batch_chunk: Annotated[int, Field(ge=1)] = 256
+    batch_max_outstanding: Annotated[int, Field(ge=1)] = 4096
+    #: A blocking read: at most 5 s, well inside the connections' read timeout.
+    batch_idle_s: Annotated[float, Field(gt=0, le=5, allow_inf_nan=False)] = 1.0
 
     @field_validator("token")
     @classmethod

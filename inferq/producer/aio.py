@@ -14,6 +14,7 @@ from inferq import connection, plans, stats
 from inferq.connection import ConnectionSettings, wrap_connection_errors
 from inferq.plans import Plan
 from inferq.producer import common
+from inferq.producer.admin import AsyncDeadLetters
 from inferq.producer.common import (
     BLOCKING_DEFAULTS,
     ClientOptions,
@@ -166,6 +167,12 @@ class AsyncClient:
         """``handle``, after reading the queue's settings (cached): right on a sharded queue."""
         await self.queue_settings(QueueKeys.for_model(task, model, self.options.namespace))
         return self.handle(request_id, model=model, task=task)
+
+    def dead_letters(self, *, model: str, task: str = "embed") -> AsyncDeadLetters:
+        """The queue's dead letters: ``list``, ``show``, ``requeue``, ``purge`` (see
+        ``inferq.producer.admin``)."""
+        keys = QueueKeys.for_model(task, model, self.options.namespace)
+        return AsyncDeadLetters(self.redis, self.scripts, self.connection, keys)
 
     def handle(self, request_id: str, *, model: str, task: str = "embed") -> AsyncHandle:
         """A handle for a request enqueued elsewhere. On a sharded queue, its shard comes from

@@ -15,6 +15,7 @@ from inferq import connection, plans, stats
 from inferq.connection import ConnectionSettings, wrap_connection_errors
 from inferq.plans import Plan
 from inferq.producer import common
+from inferq.producer.admin import DeadLetters
 from inferq.producer.common import (
     BLOCKING_DEFAULTS,
     ClientOptions,
@@ -211,6 +212,12 @@ class Client:
         """The queues (``task:model``) some worker has ever served (the queue registry)."""
         with wrap_connection_errors(self.connection):
             return plans.run(self.redis, stats.served_queues(self.options.namespace))
+
+    def dead_letters(self, *, model: str, task: str = "embed") -> DeadLetters:
+        """The queue's dead letters: ``list``, ``show``, ``requeue``, ``purge`` (see
+        ``inferq.producer.admin``)."""
+        keys = QueueKeys.for_model(task, model, self.options.namespace)
+        return DeadLetters(self.redis, self.scripts, self.connection, keys)
 
     def handle(self, request_id: str, *, model: str, task: str = "embed") -> Handle:
         """A handle for a request enqueued elsewhere (another process, an earlier run). On a

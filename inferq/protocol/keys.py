@@ -6,7 +6,8 @@ S shards uses ``{task:model#k}``, so the shards hash to different slots and can 
 Redis Cluster masters. No script touches two shards: a worker calls each script once per shard.
 
 Every script declares in KEYS the shard-wide keys it touches (``pending``, ``inflight``,
-``started``, ``delayed``, ``dead``, ``wake``, ``stats``, ``seq``, ``workers``); the first
+``started``, ``delayed``, ``dead``, ``dead_letters``, ``wake``, ``stats``, ``seq``,
+``workers``); the first
 declared key always names the shard's slot. Per-request keys (``req:<id>``, ``result:<id>``,
 ``stream:<id>``, ``inbox:<client>``, ``cancels:<worker>``) are built inside the scripts from the
 ``prefix`` argument, because a script learns which ids it acts on only while it runs (the head
@@ -125,6 +126,12 @@ class QueueKeys:
     @property
     def dead(self) -> str:
         return self.prefix + "dead"
+
+    @property
+    def dead_letters(self) -> str:
+        """Hash: dead-lettered id -> msgpack record of the request as it died (its hash's
+        fields, error code and message, attempts, time), for showing and requeueing it."""
+        return self.prefix + "deadrec"
 
     @property
     def workers(self) -> str:

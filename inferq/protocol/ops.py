@@ -18,6 +18,7 @@ its ``<name>_call`` here), in a request's life:
 * ``reclaim``: expired leases back to pending (attempt counted only if started) or dead.
 * ``release``: claims that did not run back to pending at once (undoes a ``start``).
 * ``cancel``, ``stream``, ``stream_end``: cancellation and a generation's text stream.
+* ``requeue``, ``purge``: an operator's actions on dead letters (``inferq.deadletters``).
 
 Every script checks the fields it acts on before its first write (see ``scripts``)."""
 
@@ -198,7 +199,8 @@ def complete_call(keys: QueueKeys, result_ttl_ms: int, dead_cap: int,
     values: list[Any] = []
     for item in items:
         values += (item.id, item.token, item.status, item.body, item.retry_delay_ms)
-    return ([keys.inflight, keys.stats, keys.delayed, keys.dead, keys.wake, keys.started],
+    return ([keys.inflight, keys.stats, keys.delayed, keys.dead, keys.wake, keys.started,
+             keys.dead_letters],
             [keys.prefix, result_ttl_ms, dead_cap, packed(values)])
 
 
@@ -207,7 +209,8 @@ def parse_complete(reply: Any) -> list[bool]:
 
 
 def reclaim_call(keys: QueueKeys, max_count: int, result_ttl_ms: int, dead_cap: int) -> Call:
-    return ([keys.inflight, keys.pending, keys.dead, keys.wake, keys.stats, keys.started],
+    return ([keys.inflight, keys.pending, keys.dead, keys.wake, keys.stats, keys.started,
+             keys.dead_letters],
             [keys.prefix, max_count, result_ttl_ms, dead_cap])
 
 
@@ -264,3 +267,12 @@ def stream_call(keys: QueueKeys, result_ttl_ms: int, items: Iterable[StreamDelta
 
 def stream_end_call(keys: QueueKeys, result_ttl_ms: int, request_ids: Iterable[str]) -> Call:
     return [keys.inflight], [keys.prefix, result_ttl_ms, *request_ids]
+
+
+def requeue_call(keys: QueueKeys, request_ids: Iterable[str]) -> Call:
+    return ([keys.dead, keys.dead_letters, keys.pending, keys.wake, keys.stats],
+            [keys.prefix, *request_ids])
+
+
+def purge_call(keys: QueueKeys, request_ids: Iterable[str]) -> Call:
+    return [keys.dead, keys.dead_letters, keys.stats], [keys.prefix, *request_ids]

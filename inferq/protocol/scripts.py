@@ -41,7 +41,7 @@ from inferq.protocol.codec import WIRE_VERSION
 
 #: Every script, by name (its file is ``lua/<name>.lua``).
 NAMES = ("enqueue", "claim", "peek", "start", "heartbeat", "complete", "reclaim", "release",
-         "cancel", "stream", "stream_end")
+         "cancel", "stream", "stream_end", "requeue", "purge")
 
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.MULTILINE)
 

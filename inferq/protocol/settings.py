@@ -22,6 +22,10 @@ class QueueSettings:
     #: Pending depth at which the queue sheds (per-priority shares apply); None = the
     #: producer's own ``max_queue_depth``.
     max_depth: int | None = None
+    #: The queue wait the autoscaling signal keeps under (ms); None: ``autoscale``'s default.
+    target_wait_ms: int | None = None
+    #: The autoscaling signal drops to 0 after this long idle (s); None: its default.
+    scale_to_zero_after_s: float | None = None
 
     @property
     def claim_shards(self) -> int:
@@ -51,11 +55,16 @@ def settings_from_hash(raw: Mapping[Any, Any]) -> QueueSettings:
     seen = _int(raw, "shards_seen")
     seen = max(shards, seen if seen is not None and 1 <= seen <= MAX_SHARDS else 1)
     depth = _int(raw, "max_depth")
-    return QueueSettings(shards, seen, depth if depth is not None and depth >= 0 else None)
+    wait = _int(raw, "target_wait_ms")
+    idle = _int(raw, "scale_to_zero_after_s")
+    return QueueSettings(shards, seen, depth if depth is not None and depth >= 0 else None,
+                         wait if wait is not None and wait >= 1 else None,
+                         float(idle) if idle is not None and idle >= 1 else None)
 
 
 #: Update a queue's settings atomically (one key: its config hash). KEYS[1] = config;
-#: ARGV[1] = shards ("" keeps it), ARGV[2] = max_depth ("" keeps it, "-" removes it).
+#: ARGV[1] = shards ("" keeps it), ARGV[2] = max_depth ("" keeps it, "-" removes it),
+#: ARGV[3..] = optional (name, value) pairs of the autoscaling settings.
 #: ``shards_seen`` becomes the most shards ever set, so lowering the count keeps old shards
 #: served. Returns the hash (HGETALL). Kept here, beside the settings it writes; it touches
 #: no queue state, only the settings hash.
@@ -73,19 +82,30 @@ if ARGV[2] == '-' then
 elseif ARGV[2] ~= '' then
   redis.call('HSET', KEYS[1], 'max_depth', ARGV[2])
 end
+for i = 3, #ARGV - 1, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 return redis.call('HGETALL', KEYS[1])
 """
 
 
 def settings_call(config_key: str, shards: int | None,
-                  max_depth: int | Literal["keep"] | None) -> tuple[list[str], list[str]]:
-    """Keys and arguments of ``SET_SETTINGS``; ``max_depth`` None removes the queue's limit."""
+                  max_depth: int | Literal["keep"] | None, *,
+                  target_wait_ms: int | None = None,
+                  scale_to_zero_after_s: int | None = None) -> tuple[list[str], list[str]]:
+    """Keys and arguments of ``SET_SETTINGS``; ``max_depth`` None removes the queue's limit;
+    the autoscaling settings are kept when None."""
     if shards is not None:
         check_shards(shards)
     if isinstance(max_depth, int) and (isinstance(max_depth, bool) or max_depth < 0):
         raise ValidationError(f"max_depth must be an integer >= 0, got {max_depth!r}")
     depth = "" if max_depth == "keep" else "-" if max_depth is None else str(max_depth)
-    return [config_key], ["" if shards is None else str(shards), depth]
+    args = ["" if shards is None else str(shards), depth]
+    for name, value in (("target_wait_ms", target_wait_ms),
+                        ("scale_to_zero_after_s", scale_to_zero_after_s)):
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValidationError(f"{name} must be an integer >= 1, got {value!r}")
+            args += [name, str(value)]
+    return [config_key], args
 
 
 def pairs(raw: Any) -> dict[str, str]:

@@ -344,3 +344,33 @@ def test_tls_works_unchanged_on_a_cluster(tmp_path: Path) -> None:
             with connection.sync_client(settings) as direct:
                 assert sorted(serve(direct, keys)) == sorted(h.id for h in many)
             assert [h.result(timeout=5).output for h in many] == [h.id for h in many]
+
+
+def test_dead_letters_of_a_sharded_queue_on_a_cluster_list_requeue_and_purge(
+        redis_cluster: LocalCluster, cluster_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    model = spread_model(redis_cluster)
+    assert main(["queue", "set", f"embed:{model}", "--shards", "3",
+                 "--redis-url", cluster_url]) == 0
+    keys = QueueKeys.for_model("embed", model)
+    ids = [f"d-{i}" for i in range(30)]
+    with inferq.Client(cluster_url) as client:
+        client.enqueue_many([{"prompt": i, "id": i, "max_attempts": 1} for i in ids],
+                            model=model)
+        scripts = ops.register(client.redis)
+        for shard in range(3):  # every shard's requests die in their worker
+            k, a = ops.claim_call(keys.for_shard(shard), "w", 30_000, 100, TTL_MS)
+            claimed = ops.parse_claim(scripts["claim"](keys=k, args=a)).claimed
+            dead = [ops.Completion(c.id, c.token, "dead", encode_result(Result(
+                id=c.id, status=Status.DEAD, attempts=1))) for c in claimed]
+            k, a = ops.complete_call(keys.for_shard(shard), TTL_MS, 100, dead)
+            assert all(ops.parse_complete(scripts["complete"](keys=k, args=a)))
+        letters = client.dead_letters(model=model)
+        report = letters.list(limit=None)
+        assert sorted(x.id for x in report.letters) == sorted(ids)
+        assert {x.shard for x in report.letters} == {0, 1, 2}
+        assert sorted(letters.requeue(ids=ids[:10]).outcomes["requeued"]) == sorted(ids[:10])
+        assert main(["dead-letter", "purge", f"embed:{model}", "--all",
+                     "--redis-url", cluster_url]) == 0
+        assert "purge: 20 purged" in capsys.readouterr().out
+        assert letters.list().total == 0
+        assert client.handle(ids[0], model=model).status() == inferq.RequestState.PENDING

@@ -103,3 +103,30 @@ async def test_mutual_tls_needs_the_client_certificate(mtls: SecureServer,
     await round_trip(combined, worker_config(ConnectionSettings(
         url, ssl_ca_certs=str(certs.ca), ssl_certfile=str(certs.client_cert),
         ssl_keyfile=str(certs.client_key)), "mtls"))
+
+
+def test_the_minimal_acl_user_can_operate_dead_letters_and_read_the_signal(
+        acl_server: SecureServer) -> None:
+    from inferq import plans
+    from inferq.autoscale import Tracker
+    from inferq.lookup import find
+    from inferq.protocol import ops
+    from inferq.protocol.codec import Result, Status, encode_result
+    from inferq.protocol.keys import QueueKeys
+
+    conn = ConnectionSettings(acl_server.url(), username=ACL_USER, password=ACL_PASSWORD)
+    keys = QueueKeys.for_model("embed", "acl-dead")
+    with inferq.Client(conn, options=inferq.ClientOptions(warn_no_worker=False)) as client:
+        client.enqueue("x", model="acl-dead", id="d1", max_attempts=1)
+        s = client.scripts
+        k, a = ops.claim_call(keys, "w", 30_000, 10, 60_000)
+        (c,) = ops.parse_claim(s["claim"](keys=k, args=a)).claimed
+        body = encode_result(Result(id=c.id, status=Status.DEAD, attempts=1))
+        k, a = ops.complete_call(keys, 60_000, 10, [ops.Completion(c.id, c.token, "dead", body)])
+        s["complete"](keys=k, args=a)
+        letters = client.dead_letters(model="acl-dead")
+        assert [x.id for x in letters.list().letters] == ["d1"]
+        assert plans.run(client.redis, find("d1", [keys], client.options)) is not None
+        assert plans.run(client.redis, Tracker().read(keys)).desired == 1
+        assert letters.requeue(ids=["d1"]).count("requeued") == 1
+        assert letters.purge(ids=["d1"]).outcomes == {"absent": ["d1"]}

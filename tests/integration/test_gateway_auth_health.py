@@ -41,9 +41,19 @@ def test_probes_and_schema_are_outside_auth(make_api: MakeApi) -> None:
 def test_openapi_lists_the_routes(api: TestClient) -> None:
     schema = api.get("/openapi.json").json()
     paths = schema["paths"]
-    assert set(paths) == {"/healthz", "/readyz", "/v1/embeddings", "/v1/completions",
+    # the operator's routes (inferq.gateway.admin), listed apart
+    admin = {"/admin/overview", "/admin/queues/{queue}/dead-letters",
+             "/admin/queues/{queue}/dead-letters/{request_id}",
+             "/admin/queues/{queue}/dead-letters/{action}", "/admin/requests/{request_id}",
+             "/autoscale", "/autoscale/{queue}", "/metrics/autoscale", "/dashboard"}
+    assert admin <= set(paths)
+    assert set(paths) - admin == {"/healthz", "/readyz", "/v1/embeddings", "/v1/completions",
                           "/v1/chat/completions", "/v1/requests", "/v1/requests/{request_id}",
-                          "/v1/models", "/v1/models/{model}"}
+                          "/v1/models", "/v1/models/{model}",
+                          # the Files and Batches APIs (batch jobs)
+                          "/v1/files", "/v1/files/{file_id}", "/v1/files/{file_id}/content",
+                          "/v1/batches", "/v1/batches/stats", "/v1/batches/{batch_id}",
+                          "/v1/batches/{batch_id}/cancel"}
     assert set(paths["/v1/requests/{request_id}"]) == {"get", "delete"}
     assert set(paths["/v1/completions"]) == set(paths["/v1/chat/completions"]) == {"post"}
     assert "HTTPBearer" in schema["components"]["securitySchemes"]

@@ -90,6 +90,12 @@ async def test_retryable_failures_retry_with_backoff_then_dead_letter(
     assert r.zscore(KEYS.dead, poison.id) is not None
     assert int(r.hget(KEYS.stats, "retried") or 0) == 3  # flaky once, poison twice
     assert r.zcard(KEYS.delayed) == 0
+    # the worker's own dead result fills the dead letter's record: its code, message, attempts
+    letter = await aclient.dead_letters(model="t").show(poison.id)
+    assert letter is not None and letter.requeueable
+    assert (letter.error_code, letter.attempts, letter.prompt_head()) == ("model_error", 3,
+                                                                         "poison")
+    assert "poison" in letter.error_message
 
 
 async def test_retried_request_runs_alone(redis_url: str, r: redis.Redis,

@@ -27,7 +27,8 @@ LUA = ROOT / "protocol" / "lua"
 KEYS = QueueKeys.for_model("embed", "m")
 #: The shard-wide keys a script may declare, by the ``QueueKeys`` attribute that names them.
 SHARD_KEYS = {getattr(KEYS, name): name for name in (
-    "pending", "inflight", "started", "seq", "wake", "delayed", "dead", "workers", "stats")}
+    "pending", "inflight", "started", "seq", "wake", "delayed", "dead", "dead_letters", "workers",
+    "stats")}
 
 
 @dataclass
@@ -92,6 +93,8 @@ CALLS: dict[str, Callable[[int], ops.Call]] = {
     "stream": lambda n: ops.stream_call(
         KEYS, 60_000, [ops.StreamDelta(f"r{i}", "t", 1, "text", (1, 2)) for i in range(n)]),
     "stream_end": lambda n: ops.stream_end_call(KEYS, 60_000, [f"r{i}" for i in range(n)]),
+    "requeue": lambda n: ops.requeue_call(KEYS, [f"r{i}" for i in range(n)]),
+    "purge": lambda n: ops.purge_call(KEYS, [f"r{i}" for i in range(n)]),
 }
 
 

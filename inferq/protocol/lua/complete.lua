@@ -8,6 +8,7 @@
     KEYS[4] dead
     KEYS[5] wake
     KEYS[6] started
+    KEYS[7] dead_letters
     ARGV[1] prefix
     ARGV[2] result_ttl_ms
     ARGV[3] dead_letter_cap
@@ -26,10 +27,11 @@
 -- @include rows
 -- @include request
 -- @include flight
+-- @include graves
 -- @include stats
 -- @include wake
 local inflight, stats, delayed, dead, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local started = KEYS[6]
+local started, records = KEYS[6], KEYS[7]
 local prefix, ttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local a = rows(ARGV[4], 5)
 if not a then return redis.error_reply('ERR inferq complete: bad arguments') end
@@ -47,7 +49,7 @@ for i = 1, #a, 5 do
                        delay = int(a[i + 4], 0, MAXI)}
 end
 -- write
-local out, refused, counts, done, retry, deads, corrupt = {}, 0, {}, {}, {}, {}, {}
+local out, refused, counts, done, retry, corrupt = {}, 0, {}, {}, {}, {}
 for n, r in ipairs(reads) do
   local i = 1 + (n - 1) * 5
   local id, status = a[i], a[i + 2]
@@ -70,11 +72,11 @@ for n, r in ipairs(reads) do
     out[n] = 1
   else
     put_result(prefix, id, a[i + 3], ttl, r.rt)
-    redis.call('DEL', rkey)
     if status == 'dead' then
-      deads[#deads + 1] = num(now)
-      deads[#deads + 1] = id
+      local code, message, attempts = result_error(a[i + 3])
+      bury(rkey, id, code, message, attempts, now)
     end
+    redis.call('DEL', rkey)
     counts[status] = (counts[status] or 0) + 1
     done[#done + 1] = id
     out[n] = 1
@@ -82,7 +84,7 @@ for n, r in ipairs(reads) do
 end
 land(inflight, started, done)
 flush_inboxes(prefix, ttl)
-dead_letter(dead, deads, cap)
+dead_letter(dead, records, stats, cap)
 for status, c in pairs(counts) do count_done(stats, status, c, now) end
 count_bad(stats, #corrupt, 0, now)
 if refused > 0 then redis.call('HINCRBY', stats, 'refused', refused) end

@@ -13,6 +13,7 @@
     KEYS[4] wake
     KEYS[5] stats
     KEYS[6] started
+    KEYS[7] dead_letters
     ARGV[1] prefix
     ARGV[2] max_count
     ARGV[3] result_ttl_ms
@@ -23,10 +24,11 @@
 -- @include clock
 -- @include request
 -- @include flight
+-- @include graves
 -- @include stats
 -- @include wake
 local inflight, pending, dead, wake, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local started = KEYS[6]
+local started, records = KEYS[6], KEYS[7]
 local prefix, max_n = ARGV[1], tonumber(ARGV[2])
 local ttl, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
@@ -41,7 +43,7 @@ for i, id in ipairs(ids) do
   r.owner = h and h[#READ + 1] or nil
   checked[i] = {kind, r}
 end
-local requeue, deads, corrupt, garbage = {}, {}, {}, {}
+local requeue, corrupt, garbage = {}, {}, {}
 local died, unstarted = 0, 0
 for i, id in ipairs(ids) do
   local kind, r = checked[i][1], checked[i][2]
@@ -49,12 +51,12 @@ for i, id in ipairs(ids) do
   if kind == 'ok' then
     local used = r.a + (r.ran and 1 or 0)
     if used >= r.ma then
-      put_result(prefix, id, error_result(id, 'dead', 'max_attempts',
-        'lease expired on all ' .. used .. ' attempts (last owner ' .. (r.owner or '?') .. ')',
-        used, r.eq, now), ttl, r.rt)
+      local message = 'lease expired on all ' .. used .. ' attempts (last owner '
+        .. (r.owner or '?') .. ')'
+      put_result(prefix, id, error_result(id, 'dead', 'max_attempts', message, used, r.eq, now),
+        ttl, r.rt)
+      bury(rkey, id, 'max_attempts', message, used, now)
       redis.call('DEL', rkey)
-      deads[#deads + 1] = num(now)
-      deads[#deads + 1] = id
       died = died + 1
     else
       redis.call('HSET', rkey, F_STATE, STATE_PENDING, F_ATTEMPTS, used)
@@ -70,7 +72,7 @@ end
 land(inflight, started, ids)
 bulk('ZADD', pending, requeue)
 flush_inboxes(prefix, ttl)
-dead_letter(dead, deads, cap)
+dead_letter(dead, records, stats, cap)
 if died > 0 then count_done(stats, 'dead', died, now) end
 if #requeue > 0 then
   redis.call('HINCRBY', stats, 'reclaimed', #requeue / 2)

@@ -13,6 +13,7 @@ import json
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 FORWARD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+#: Queue waits kept for the published p50/p99.
+RECENT_WAITS = 2048
 RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 
@@ -50,6 +53,11 @@ class WorkerMetrics:
         #: The generate worker's engine statistics: () -> (KV cache usage 0..1, requests the
         #: engine preempted itself); set with ``--engine vllm`` (vLLM's own stats).
         self.engine_stats_source: Callable[[], tuple[float, int]] | None = None
+        #: The queue waits (s) of the last requests this worker finished, for the p50/p99 it
+        #: publishes in its window hash (the dashboard reads them without Prometheus).
+        self.recent_waits: deque[float] = deque(maxlen=RECENT_WAITS)
+        #: The last CUDA memory sample (allocated, reserved bytes), for the dashboard.
+        self.last_device_memory: tuple[int, int] | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         q = ["queue"]
@@ -175,6 +183,7 @@ class WorkerMetrics:
             allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
         else:
             return
+        self.last_device_memory = (int(allocated), int(reserved))
         self.device_memory.labels(q, "allocated").set(allocated)
         self.device_memory.labels(q, "reserved").set(reserved)
 
@@ -194,8 +203,9 @@ class WorkerMetrics:
     def observe_latency(self, claim: Claim, finished_ms: int) -> None:
         """Time in the queue and from claim to result, of a request that finished."""
         priority = str(claim.payload.priority)
-        self.queue_wait.labels(self.queue, priority).observe(
-            max(claim.claimed_ms - claim.claimed.enqueued_ms, 0) / 1e3)
+        wait = max(claim.claimed_ms - claim.claimed.enqueued_ms, 0) / 1e3
+        self.recent_waits.append(wait)
+        self.queue_wait.labels(self.queue, priority).observe(wait)
         self.claim_to_result.labels(self.queue, priority).observe(
             max(finished_ms - claim.claimed_ms, 0) / 1e3)
 
@@ -211,8 +221,27 @@ class WorkerMetrics:
             waits[priority].append(max(claim.claimed_ms - claim.claimed.enqueued_ms, 0) / 1e3)
             runs[priority].append(max(finished_ms - claim.claimed_ms, 0) / 1e3)
         for priority, values in waits.items():
+            self.recent_waits.extend(values)
             observe_many(self.queue_wait.labels(self.queue, str(priority)), values)
             observe_many(self.claim_to_result.labels(self.queue, str(priority)), runs[priority])
+
+    def dashboard_fields(self) -> dict[str, str]:
+        """For the worker's window hash (the dashboard reads it): p50 and p99 of the recent
+        queue waits (ms) and the last CUDA memory sample (MiB), those it has."""
+        fields: dict[str, str] = {}
+        if self.last_device_memory is not None:
+            allocated, reserved = self.last_device_memory
+            fields.update(device_memory_mb=f"{allocated / 2**20:.0f}",
+                          device_reserved_mb=f"{reserved / 2**20:.0f}")
+        if not self.recent_waits:
+            return fields
+        ordered = sorted(self.recent_waits)
+
+        def at(q: float) -> str:
+            return f"{ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3:.1f}"
+
+        return {**fields, "wait_p50_ms": at(0.50), "wait_p99_ms": at(0.99),
+                "wait_samples": str(len(ordered))}
 
     def observe_outcome(self, status: str, written: bool, count: int = 1) -> None:
         """``count`` completions the worker sent with this status: counted by what the server

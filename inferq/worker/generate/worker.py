@@ -451,7 +451,8 @@ class GenerationWorker(QueueWorker[Generation]):
 
     async def _publish_stats(self) -> None:
         fields = self.stats.as_fields(self.steps.running_count, self.steps.waiting_count)
-        fields.update({"model": self.lm.model_id, "device": self.lm.device})
+        fields.update({"model": self.lm.model_id, "device": self.lm.device,
+                       **self.metrics.dashboard_fields()})
         known, budget = self.budget_known, self.budget  # in this order: see _adopt_budget
         if known:  # not before the engine process sized it
             fields.update({"max_slots": str(budget.max_slots),

@@ -59,8 +59,12 @@ class EchoModel(BatchModel):
 
 class SleepModel(EchoModel):
     def __init__(self, batch_ms: float = 50.0, item_ms: float = 0.0,
-                 fail_on: str | None = None, record: str | None = None) -> None:
+                 fail_on: str | None = None, record: str | None = None,
+                 vector: bool = False) -> None:
         super().__init__(fail_on)
+        #: Answer a small vector instead of the prompt (an embedding model's shape, for the
+        #: OpenAI endpoints of the gateway: the ``batch`` benchmark).
+        self.vector = vector
         if batch_ms < 0 or item_ms < 0:
             raise ConfigError(f"sleep model times must be >= 0, got {batch_ms=} {item_ms=}")
         if record is not None and not Path(record).is_dir():
@@ -73,15 +77,19 @@ class SleepModel(EchoModel):
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SleepModel:
-        unknown = set(options) - {"batch_ms", "item_ms", "fail_on", "record"}
+        unknown = set(options) - {"batch_ms", "item_ms", "fail_on", "record", "vector"}
         if unknown:
             raise ConfigError(f"unknown sleep model option(s) {sorted(unknown)}; "
-                              "known: batch_ms, item_ms, fail_on, record")
+                              "known: batch_ms, item_ms, fail_on, record, vector")
+        if options.get("vector", "0") not in ("0", "1"):
+            raise ConfigError(f"sleep model vector= must be 0 or 1, got {options['vector']!r}")
         try:
-            times = {k: float(v) for k, v in options.items() if k not in ("fail_on", "record")}
+            times = {k: float(v) for k, v in options.items()
+                     if k not in ("fail_on", "record", "vector")}
         except ValueError as exc:
             raise ConfigError(f"sleep model options must be numbers: {exc}") from exc
-        return cls(**times, fail_on=options.get("fail_on"), record=options.get("record"))
+        return cls(**times, fail_on=options.get("fail_on"), record=options.get("record"),
+                   vector=options.get("vector") == "1")
 
     def forward(self, batch: Sequence[ModelInput]) -> list[Any]:
         if self.record is not None:
@@ -91,6 +99,8 @@ class SleepModel(EchoModel):
             self._ran.flush()
         time.sleep(self.batch_s + self.item_s * len(batch))
         self._check(batch)
+        if self.vector:
+            return [[float(len(item.data)), 1.0] for item in batch]
         return [item.data for item in batch]
 
     def close(self) -> None:

@@ -383,6 +383,8 @@ class WindowWorker(QueueWorker[Job]):
             "arrival_rate": f"{self.policy.arrivals.rate(now):.3f}",
             "latency_a_ms": f"{self.policy.latency.a * 1e3:.4f}",
             "latency_b_ms": f"{self.policy.latency.b * 1e3:.4f}",
+            "batch_limit": str(self.config.max_batch_size),
+            **self.metrics.dashboard_fields(),
             "model": self.model.model_id,
             "device": self.model.device,
         })

@@ -1,0 +1,277 @@
+"""The operator's HTTP surface: dead letters, request lookup, the live dashboard and the
+autoscaling signal. Mounted by the gateway (``create_app``) and by ``inferq dashboard``
+(``inferq.gateway.opsapp``, for a setup without a gateway).
+
+Routes (``{queue}`` is ``TASK:MODEL``):
+
+* ``GET /admin/overview``: every queue (pending by priority, in flight, dead-lettered with
+  the cap and what fell off it, throughput, queue wait p50/p99, live workers with their
+  windows, desired workers) and its newest dead letters: what the dashboard draws.
+* ``GET /admin/queues/{queue}/dead-letters`` (``id``, ``error_code``, ``older_than_s``,
+  ``limit``), ``GET .../dead-letters/{id}``, ``POST .../dead-letters/requeue`` and
+  ``POST .../dead-letters/purge`` (a JSON body with the same filters; ``all: true`` when none).
+* ``GET /admin/requests/{id}``: ``inferq request ID``.
+* ``GET /autoscale`` and ``GET /autoscale/{queue}``: the desired-workers signal as JSON, for
+  KEDA's ``metrics-api`` scaler (``valueLocation: desired``).
+* ``GET /metrics/autoscale``: the same signal in Prometheus' text format (open, as the
+  workers' ``/metrics`` are: numbers and queue names only).
+* ``GET /dashboard``: the page; ``POST /dashboard/login``: its token form. The page uses
+  relative URLs, so it works behind a proxy prefix (``--root-path``).
+
+The token (``INFERQ_GATEWAY_TOKEN``) protects all but ``/metrics/autoscale``: as a bearer
+header, or as the ``inferq_token`` cookie the dashboard's form sets (``HttpOnly``,
+``SameSite=Strict``, so another site cannot make a browser requeue or purge).
+
+The dashboard is one static page (``dashboard.html``) that fetches ``/admin/overview`` every
+second and draws it with a few lines of plain JavaScript. Why not Jinja2 + htmx: both would
+be new dependencies of the gateway's install (htmx vendored, as no CDN may be reachable from
+a cluster), and a JSON endpoint is what an operator's scripts want anyway; one page over the
+JSON the admin API already serves needs no build step, no template engine and no Node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Annotated, Any
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Body, Depends, Query, Request
+from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field, SecretStr
+
+from inferq import autoscale, deadletters, plans, stats
+from inferq.autoscale import Signal, Tracker
+from inferq.deadletters import DeadLetterFilter
+from inferq.gateway.errors import ApiError
+from inferq.lookup import find
+from inferq.producer.aio import AsyncClient
+from inferq.protocol.keys import QueueKeys, queue_name, queues_registry, requested_registry
+from inferq.protocol.ops import as_str
+
+COOKIE = "inferq_token"
+#: Dead letters per queue in the overview.
+OVERVIEW_LETTERS = 20
+
+_bearer = HTTPBearer(auto_error=False, description="INFERQ_GATEWAY_TOKEN")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+@dataclass
+class OpsState:
+    """What the routes share: the app's ``AsyncClient`` and the signal's tracker."""
+
+    client: AsyncClient
+    token: SecretStr | None
+    tracker: Tracker = field(default_factory=Tracker)
+    #: One signal reading at a time (the tracker's readings are ordered in time).
+    signal_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def ops_state(request: Request) -> OpsState:
+    state: OpsState = request.app.state.ops
+    return state
+
+
+Ops = Annotated[OpsState, Depends(ops_state)]
+
+
+def _valid(state: OpsState, given: str | None) -> bool:
+    if state.token is None:
+        return True
+    expected = state.token.get_secret_value().encode()
+    return secrets.compare_digest((given or "").encode(), expected)
+
+
+async def require_token(request: Request, state: Ops, credentials: Credentials) -> None:
+    """The bearer token, or the dashboard's cookie."""
+    given = credentials.credentials if credentials is not None else request.cookies.get(COOKIE)
+    if not _valid(state, given):
+        raise ApiError(401, "authentication_error", "invalid_api_key",
+                       "missing or invalid bearer token (or dashboard cookie)",
+                       headers={"WWW-Authenticate": "Bearer"})
+
+
+def queue_keys(queue: str, state: OpsState) -> QueueKeys:
+    task, sep, model = queue.partition(":")
+    try:
+        if not sep:
+            raise ValueError(queue)
+        queue_name(task, model)
+    except Exception as exc:
+        raise ApiError(400, "invalid_request_error", "invalid_queue",
+                       f"queue must be TASK:MODEL (letters, digits, '.', '_', '-'), got "
+                       f"{queue!r}", param="queue") from exc
+    return QueueKeys.for_model(task, model, state.client.options.namespace)
+
+
+class DeadLetterAction(BaseModel):
+    """Which dead letters to requeue or purge: every given filter must hold; with none,
+    ``all`` must be true."""
+
+    ids: list[str] = Field(default_factory=list, max_length=10_000)
+    error_code: str | None = None
+    older_than_s: float | None = Field(default=None, ge=0)
+    limit: int | None = Field(default=None, ge=1)
+    all: bool = False
+
+    def filter(self) -> DeadLetterFilter:
+        flt = DeadLetterFilter(tuple(self.ids), self.error_code, self.older_than_s, self.limit)
+        if not flt.narrows and not self.all:
+            raise ApiError(400, "invalid_request_error", "no_filter",
+                           "give ids, error_code or older_than_s, or all: true")
+        return flt
+
+
+api = APIRouter(tags=["admin"], dependencies=[Depends(require_token)])
+open_routes = APIRouter(tags=["admin"])
+
+
+async def _run(state: OpsState, plan: plans.Plan[Any]) -> Any:
+    return await plans.run_async(state.client.redis, plan)
+
+
+async def _queues(state: OpsState) -> list[QueueKeys]:
+    namespace = state.client.options.namespace
+    pipe = state.client.redis.pipeline(transaction=False)
+    pipe.smembers(queues_registry(namespace))
+    pipe.smembers(requested_registry(namespace))
+    served, requested = await pipe.execute()
+    names = sorted({as_str(q) for q in served} | {as_str(q) for q in requested})
+    return [QueueKeys(name, namespace) for name in names]
+
+
+async def _signal(state: OpsState, keys: QueueKeys) -> Signal:
+    async with state.signal_lock:
+        signal: Signal = await _run(state, state.tracker.read(keys))
+        return signal
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+@api.get("/admin/overview", summary="Every queue, its workers and its newest dead letters")
+async def overview(state: Ops) -> dict[str, Any]:
+    out = []
+    for keys in await _queues(state):
+        st = await _run(state, stats.sharded_queue_stats(keys))
+        letters = await _run(state, deadletters.report(
+            keys, DeadLetterFilter(limit=OVERVIEW_LETTERS)))
+        signal = await _signal(state, keys)
+        windows = st.windows
+        p50s = [float(w["wait_p50_ms"]) for w in windows.values() if "wait_p50_ms" in w]
+        p99s = [float(w["wait_p99_ms"]) for w in windows.values() if "wait_p99_ms" in w]
+        out.append({
+            "queue": keys.queue, "pending": st.pending,
+            "pending_by_priority": {str(p): n for p, n in sorted(
+                st.pending_by_priority.items(), reverse=True)},
+            "inflight": st.inflight, "dead_lettered": st.dead_lettered,
+            "throughput_per_s": st.throughput_per_s,
+            # each worker's recent waits: the median of their p50s, the worst of their p99s
+            "wait_p50_ms": _median(p50s), "wait_p99_ms": max(p99s) if p99s else None,
+            "live_workers": st.live_workers, "workers": windows,
+            "desired_workers": signal.desired, "signal": signal.as_dict(),
+            "dead_letters": letters.as_dict(),
+        })
+    return {"queues": out}
+
+
+@api.get("/admin/queues/{queue}/dead-letters", summary="A queue's dead letters, newest first")
+async def list_dead_letters(state: Ops, queue: str,
+                            id: Annotated[list[str] | None, Query()] = None,
+                            error_code: str | None = None,
+                            older_than_s: Annotated[float | None, Query(ge=0)] = None,
+                            limit: Annotated[int | None, Query(ge=1)] = 100) -> dict[str, Any]:
+    keys = queue_keys(queue, state)
+    flt = DeadLetterFilter(tuple(id or ()), error_code, older_than_s, limit)
+    report: deadletters.DeadLetterReport = await _run(state, deadletters.report(keys, flt))
+    return report.as_dict()
+
+
+@api.get("/admin/queues/{queue}/dead-letters/{request_id}", summary="One dead letter")
+async def show_dead_letter(state: Ops, queue: str, request_id: str) -> dict[str, Any]:
+    keys = queue_keys(queue, state)
+    letters = await _run(state, deadletters.select(keys, deadletters.ids_filter([request_id])))
+    if not letters:
+        raise ApiError(404, "invalid_request_error", "not_found",
+                       f"no dead letter {request_id!r} in {keys.queue}")
+    result: dict[str, Any] = letters[0].as_dict()
+    return result
+
+
+@api.post("/admin/queues/{queue}/dead-letters/{action}",
+          summary="Requeue or purge dead letters (action: requeue | purge)")
+async def act_on_dead_letters(state: Ops, queue: str, action: str,
+                              body: Annotated[DeadLetterAction, Body()]) -> dict[str, Any]:
+    keys = queue_keys(queue, state)
+    if action not in ("requeue", "purge"):
+        raise ApiError(404, "invalid_request_error", "not_found",
+                       f"unknown action {action!r}: requeue or purge")
+    plan = (deadletters.requeue if action == "requeue" else deadletters.purge)(
+        keys, body.filter(), state.client.scripts)
+    done: deadletters.ActionReport = await _run(state, plan)
+    return done.as_dict()
+
+
+@api.get("/admin/requests/{request_id}", summary="One request, in any known queue")
+async def request_info(state: Ops, request_id: str) -> dict[str, Any]:
+    found = await _run(state, find(request_id, await _queues(state), state.client.options))
+    if found is None:
+        raise ApiError(404, "invalid_request_error", "not_found",
+                       f"request {request_id!r}: unknown (or its result has expired)")
+    result: dict[str, Any] = found.as_dict()
+    return result
+
+
+@api.get("/autoscale", summary="Desired workers of every queue (KEDA metrics-api)")
+async def autoscale_all(state: Ops) -> dict[str, Any]:
+    signals = [await _signal(state, keys) for keys in await _queues(state)]
+    return {"queues": {s.queue: s.as_dict() for s in signals}}
+
+
+@api.get("/autoscale/{queue}", summary="Desired workers of one queue (KEDA metrics-api)")
+async def autoscale_one(state: Ops, queue: str) -> dict[str, Any]:
+    return (await _signal(state, queue_keys(queue, state))).as_dict()
+
+
+@open_routes.get("/metrics/autoscale", response_class=PlainTextResponse,
+                 summary="inferq_workers_desired{queue} in Prometheus' text format")
+async def autoscale_metrics(state: Ops) -> PlainTextResponse:
+    signals = [await _signal(state, keys) for keys in await _queues(state)]
+    return PlainTextResponse(autoscale.prometheus_text(signals),
+                             media_type="text/plain; version=0.0.4")
+
+
+def _page(name: str) -> str:
+    return (resources.files("inferq.gateway") / name).read_text(encoding="utf-8")
+
+
+def _login(message: str = "") -> str:
+    return _page("dashboard_login.html").replace("{{message}}", message)
+
+
+@open_routes.get("/dashboard", response_class=HTMLResponse, summary="The live dashboard")
+async def dashboard(request: Request, state: Ops) -> HTMLResponse:
+    if not _valid(state, request.cookies.get(COOKIE)):
+        return HTMLResponse(_login())
+    return HTMLResponse(_page("dashboard.html"))
+
+
+@open_routes.post("/dashboard/login", response_class=HTMLResponse, include_in_schema=False)
+async def login(request: Request, state: Ops) -> Any:
+    form = parse_qs((await request.body()).decode("utf-8", "replace"))
+    token = (form.get("token") or [""])[0]
+    if not _valid(state, token):
+        return HTMLResponse(_login("wrong token"), status_code=401)
+    response = RedirectResponse(f"{request.scope.get('root_path', '')}/dashboard",
+                                status_code=303)
+    response.set_cookie(COOKIE, token, httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
+    return response

@@ -1,0 +1,48 @@
+"""The live dashboard in a real browser (headless Chromium over WebDriver): the token form,
+the queue depth changing as requests flow, and a click on requeue that shrinks the
+dead-letter set. Skips, saying why, where Chromium or its driver is not installed."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+import inferq
+from tests.integration.test_dead_letters import kill_by_worker
+from tests.integration.test_protocol import KEYS, Scripts
+from tests.support.gateway import TOKEN
+from tests.support.webdriver import chromium, missing
+
+pytestmark = [pytest.mark.skipif(missing() is not None, reason=str(missing())),
+              pytest.mark.filterwarnings("ignore::inferq.NoWorkerWarning")]
+
+PENDING = 'section[data-queue="embed:m"] td.pending'
+LETTERS = 'section[data-queue="embed:m"] tr.dead-letter'
+
+
+def test_the_dashboard_shows_depth_and_requeues_a_dead_letter_on_click(
+        gateway: str, client: inferq.Client, r: redis.Redis) -> None:
+    base = gateway.removesuffix("/v1")
+    scripts = Scripts(r)
+    for i in range(3):
+        client.enqueue(f"prompt {i}", model="m", id=f"r{i}", max_attempts=1)
+    with chromium() as browser:
+        browser.get(f"{base}/dashboard")
+        browser.type('input[name="token"]', TOKEN)
+        browser.click("#sign-in")
+        browser.wait(lambda: browser.text(PENDING) == "3", "3 pending")
+        # requests flow: two more arrive, then a worker takes three and answers them dead
+        client.enqueue("prompt 3", model="m", id="r3", max_attempts=1)
+        client.enqueue("prompt 4", model="m", id="r4", max_attempts=1)
+        browser.wait(lambda: browser.text(PENDING) == "5", "5 pending")
+        kill_by_worker(scripts, 3)
+        browser.wait(lambda: browser.text(PENDING) == "2", "2 pending")
+        browser.wait(lambda: len(browser.find_all(LETTERS)) == 3, "3 dead letters")
+        assert browser.text(f'{LETTERS}[data-id="r1"] td.err') == "model_error"
+        browser.click(f'{LETTERS}[data-id="r1"] button.requeue')
+        browser.wait(lambda: len(browser.find_all(LETTERS)) == 2, "the set shrink to 2")
+        assert r.zscore(KEYS.dead, "r1") is None and r.zscore(KEYS.pending, "r1") is not None
+        browser.wait(lambda: browser.text(PENDING) == "3", "the requeued request pending")
+        browser.click(f'{LETTERS}[data-id="r0"] button.purge')
+        browser.wait(lambda: len(browser.find_all(LETTERS)) == 1, "the set shrink to 1")
+        assert r.zcard(KEYS.dead) == 1
