@@ -52,7 +52,7 @@ def start_vllm(lm: CausalLM, *, path: str, dtype: str, device: str,
 
     stats = VllmStats()
 
-    class _Recorder(StatLoggerBase):
+    class _Recorder(StatLoggerBase):  # type: ignore[misc]  # vLLM's types are Any here
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
