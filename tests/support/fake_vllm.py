@@ -11,6 +11,7 @@ one never interrupted.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -36,8 +37,10 @@ class FakeRequest:
 
 
 class FakeCore:
-    def __init__(self, max_num_seqs: int = 4) -> None:
+    def __init__(self, max_num_seqs: int = 4, *, gated: bool = False) -> None:
         self.max_num_seqs = max_num_seqs
+        #: With ``gated``, each step takes a permit (``allow``): a test paces the engine.
+        self.gate = threading.Semaphore(0) if gated else None
         self.requests: dict[str, FakeRequest] = {}
         self.added: list[FakeRequest] = []
         self.aborted: list[str] = []
@@ -59,7 +62,13 @@ class FakeCore:
             if self.requests.pop(i, None) is not None:
                 self.aborted.append(i)
 
+    def allow(self, steps: int) -> None:
+        assert self.gate is not None
+        self.gate.release(steps)
+
     def step(self) -> list[Any]:
+        if self.gate is not None:
+            assert self.gate.acquire(timeout=30), "the test never allowed this step"
         self.steps += 1
         batch = sorted(self.requests.values(), key=lambda r: (r.priority, r.arrival))
         batch = batch[:self.max_num_seqs]
@@ -71,6 +80,10 @@ class FakeCore:
             if forced:
                 token = forced.pop(0)
             r.output.append(token)
+            tokens = [token]
+            if r.params.get("burst"):  # as speculative decoding would: two tokens at once
+                tokens.append(next_token(r.prompt + r.output))
+                r.output.append(tokens[-1])
             reason = None
             if token in (r.params["stop_token_ids"] or ()):
                 reason = "stop"
@@ -80,7 +93,7 @@ class FakeCore:
                 del self.requests[r.id]
             outputs.append(SimpleNamespace(
                 request_id=r.id, finished=reason is not None,
-                outputs=[SimpleNamespace(token_ids=[token], finish_reason=reason)]))
+                outputs=[SimpleNamespace(token_ids=tokens, finish_reason=reason)]))
         return outputs
 
 

@@ -16,7 +16,7 @@ from inferq.worker.generate.scheduler import Budget
 from inferq.worker.generate.settings import GenerationSettings
 from inferq.worker.generate.steploop import StepLoop
 from inferq.worker.generate.vllm.capacity import KV_HIGH_WATERMARK, SchedulerState, usable_slots
-from inferq.worker.generate.vllm.engine import VllmEngine
+from inferq.worker.generate.vllm.engine import MultiTokenStep, VllmEngine
 from inferq.worker.generate.vllm.options import engine_kwargs, parse_options
 from inferq.worker.generate.vllm.sampling import check_supported, sampling_kwargs, unsupported
 from inferq.worker.models.lm import CausalLM
@@ -193,7 +193,7 @@ def test_a_generation_streams_vllms_tokens_with_its_priority_reversed(lm: Causal
 
 def test_a_higher_priority_preempts_the_lowest_which_resumes_from_its_streamed_tokens(
         lm: CausalLM) -> None:
-    core = FakeCore(max_num_seqs=2)
+    core = FakeCore(max_num_seqs=2, gated=True)
     engine = engine_on(lm, core)
     events = RecordingEvents()
     loop = StepLoop(engine, events, swap_bytes=0)
@@ -201,6 +201,7 @@ def test_a_higher_priority_preempts_the_lowest_which_resumes_from_its_streamed_t
     loop.start()
     try:
         loop.submit(low)
+        core.allow(4)  # then the loop waits inside its fifth step
         while min(len(g.tokens) for g in low) < 4:
             loop.take_outputs(arm=True) or events.changed.wait(10)
             events.changed.clear()
@@ -208,6 +209,7 @@ def test_a_higher_priority_preempts_the_lowest_which_resumes_from_its_streamed_t
         assert all(g.finish is None for g in low)
         high = gen(engine, lm, "high", priority=5, max_new=6, order=9)
         loop.submit([high])
+        core.allow(100_000)
         run(loop, events, [high])
         run(loop, events, low)
     finally:
@@ -219,7 +221,7 @@ def test_a_higher_priority_preempts_the_lowest_which_resumes_from_its_streamed_t
     assert len(resumed) == 2
     # Resumed as a token prompt of prompt + the tokens streamed so far, max_tokens reduced.
     streamed = len(resumed[1].prompt) - len(victim.prompt_ids)
-    assert streamed >= 4 and resumed[1].prompt == victim.prompt_ids + victim.tokens[:streamed]
+    assert streamed == 5 and resumed[1].prompt == victim.prompt_ids + victim.tokens[:streamed]
     assert resumed[1].params["max_tokens"] == LONG - streamed
     # High ran while the victim waited: never three in vLLM's batch.
     assert all(len(b) <= 2 for b in core.batches)
@@ -230,7 +232,7 @@ def test_a_higher_priority_preempts_the_lowest_which_resumes_from_its_streamed_t
 
 def test_a_cancelled_generation_is_aborted_at_the_next_step_and_reported(
         lm: CausalLM) -> None:
-    core = FakeCore()
+    core = FakeCore(gated=True)
     engine = engine_on(lm, core)
     events = RecordingEvents()
     loop = StepLoop(engine, events)
@@ -238,15 +240,18 @@ def test_a_cancelled_generation_is_aborted_at_the_next_step_and_reported(
     loop.start()
     try:
         loop.submit([a, b])
+        core.allow(2)  # two steps, then the loop waits inside the third
         while len(a.tokens) < 2:
             loop.take_outputs(arm=True) or events.changed.wait(10)
             events.changed.clear()
         loop.cancel(["a"])
+        core.allow(1000)
         run(loop, events, [a, b])
     finally:
         loop.stop()
         loop.join(10)
     assert a.finish is FinishReason.CANCELLED and core.aborted == ["a"]
+    assert len(a.tokens) <= 3  # the step in flight when the cancellation came, at most
     assert [g.id for batch in events.left_batches for g in batch] == ["a"]
     assert max(loop.cancel_lags) <= 1
     assert b.finish is FinishReason.LENGTH and len(b.tokens) == 8
@@ -326,3 +331,16 @@ def test_claims_stop_when_vllm_queues_or_its_kv_cache_fills(lm: CausalLM) -> Non
     finally:
         loop.stop()
         loop.join(10)
+
+
+def test_several_tokens_in_one_step_fail_the_step_instead_of_losing_tokens(
+        lm: CausalLM) -> None:
+    core = FakeCore()
+    engine = engine_on(lm, core)
+    g = gen(engine, lm, "spec", max_new=10)
+    engine.step([g])
+    core.requests["spec"].params["burst"] = True
+    with pytest.raises(MultiTokenStep, match="2 tokens in one step"):
+        engine.step()
+    assert len(g.tokens) == 1  # nothing half-applied
+    assert engine.clear() == [g] and core.aborted == ["spec"] and engine.in_core == 0

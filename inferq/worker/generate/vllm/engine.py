@@ -69,6 +69,12 @@ class CoreLike(Protocol):
     def step(self) -> Sequence[Any]: ...
 
 
+class MultiTokenStep(RuntimeError):
+    """vLLM emitted more than one token for a request in one step (speculative decoding):
+    the step fails (its sequences are admitted again, then fail alone) rather than lose
+    tokens from the stream."""
+
+
 class VllmStats:
     """vLLM's scheduler state and preemption count, as its stat logger last recorded them
     (written on the step thread, read anywhere)."""
@@ -148,6 +154,11 @@ class VllmEngine(Engine):
             if seq is None or seq.finish is not None:
                 continue  # aborted here meanwhile
             completion = out.outputs[0]
+            if len(completion.token_ids) > 1:
+                # The step loop streams one token per sequence and step (speculative decoding
+                # is refused in ``options``): never drop tokens silently.
+                raise MultiTokenStep(f"vLLM gave request {seq.id} {len(completion.token_ids)} "
+                                     "tokens in one step")
             for token in completion.token_ids:
                 if seq.finish is None:
                     self._accept(seq, int(token))
