@@ -227,10 +227,15 @@ async def test_the_worker_serves_vllm_through_the_queue(
                                    priority=9, params={"max_new_tokens": 500,
                                                        "ignore_eos": True})
     items: list[Any] = []
+    kv_seen: list[tuple[float, int]] = []
     async for item in doomed.stream(timeout=300):
         if not items and isinstance(item, str) and item:
+            # While it runs: vLLM's KV usage reaches the worker's metrics source.
+            assert worker.metrics.engine_stats_source is not None
+            kv_seen.append(worker.metrics.engine_stats_source())
             await doomed.cancel()
         items.append(item)
+    assert kv_seen and 0 < kv_seen[0][0] < 1 and kv_seen[0][1] == 0
     assert items[-1].finish_reason is inferq.FinishReason.CANCELLED
     assert len(items) < 100  # text deltas: it stopped long before its 500 tokens
     with pytest.raises(inferq.DeadlineExceeded):
