@@ -47,6 +47,9 @@ class PriorityGenerateConfig:
     rate: float
     seconds: float
     seed: int
+    #: The worker's ``--engine``: transformers (inferq's loop) or vllm (vLLM's engine, started
+    #: with ``enforce_eager``: no minutes of compilation per worker).
+    engine: str = "transformers"
 
 
 def _worker(run: Run[PriorityGenerateConfig], url: str, variant: str, trial: int,
@@ -54,7 +57,9 @@ def _worker(run: Run[PriorityGenerateConfig], url: str, variant: str, trial: int
     cfg = run.cfg
     queue_model = f"pg-{variant}-t{trial}"
     flags = ["--device", "cpu", "--max-slots", str(cfg.slots),
-             *(["--max-preemptions", "0"] if variant == "no-preempt" else [])]
+             *(["--max-preemptions", "0"] if variant == "no-preempt" else []),
+             *(["--engine", "vllm", "--vllm-option", "enforce_eager=true"]
+               if cfg.engine == "vllm" else [])]
     return spawn_worker(run.cleanup, url, model_arg=f"{queue_model}={source}",
                         worker_id=f"bench-{queue_model}", log_dir=run.log_dir, flags=flags,
                         log_level="INFO", task="generate")
@@ -206,6 +211,9 @@ class PriorityGenerate(Scenario[PriorityGenerateConfig]):
         parser.add_argument("--seconds", type=positive_float, default=ByMode(60.0, 5.0),
                             help="how long chats arrive")
         parser.add_argument("--seed", type=int, default=7)
+        parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
+                            help="the workers' --engine (vllm: needs vLLM installed, and "
+                                 "--model smollm2)")
 
     def measure(self, run: Run[PriorityGenerateConfig]) -> dict[str, Any]:
         cfg = run.cfg

@@ -39,13 +39,22 @@ CONFIG_FLAGS = ("device", "dtype", "lease_ms", "heartbeat_ms", "drain_timeout_s"
 WINDOW_FLAGS = ("max_batch_size", "max_batch_tokens", "max_wait_ms")
 #: ``GenerationSettings`` fields set by flags of the same name, when given.
 CONTINUOUS_FLAGS = ("max_slots", "kv_cache_mb", "max_prefill_tokens", "stream_interval_ms",
-                    "engine_process", "max_preemptions", "swap_mb")
+                    "engine_process", "max_preemptions", "swap_mb", "engine", "vllm_option")
+#: Continuous-worker flags that only one engine takes, with why the other refuses them.
+ENGINE_FLAGS = {
+    "transformers": {"vllm_option": "vLLM's engine arguments are for --engine vllm"},
+    "vllm": {"swap_mb": "vLLM keeps its KV blocks; a preempted generation is recomputed from "
+                        "its streamed tokens",
+             "engine_process": "vLLM's engine always runs in the engine process"},
+}
 
 
 def add_parser(sub: Subcommands) -> None:
     w = sub.add_parser(
         "worker", help="run a worker that serves one model (needs inferq[worker])",
         argument_default=argparse.SUPPRESS,
+        # --engine must never be taken for an abbreviation of --engine-process.
+        allow_abbrev=False,
         description="Serve the queue TASK:NAME: claim requests in batches, run them through "
                     "the model, write each result. Checks Redis and the model's source before "
                     "loading it; stops cleanly on SIGTERM/Ctrl-C (finishes the batch in hand, "
@@ -117,6 +126,13 @@ def add_parser(sub: Subcommands) -> None:
                         "weights load only there (this process loads the tokenizer), and the "
                         "KV budget is sized there after them (default: on; "
                         "--no-engine-process runs them on a thread of the worker process)")
+    g.add_argument("--engine", choices=["transformers", "vllm"],
+                   help="what runs the model: transformers (inferq's own KV-cache loop, the "
+                        "default) or vllm (vLLM's engine in the engine process; needs "
+                        "inferq[vllm], or vLLM's CPU build, see the README)")
+    g.add_argument("--vllm-option", action="append", metavar="KEY=VALUE",
+                   help="--engine vllm: an EngineArgs field passed through to vLLM "
+                        "(e.g. tensor_parallel_size=2, enforce_eager=true); repeatable")
     w.set_defaults(run=run)
 
 
@@ -147,6 +163,41 @@ def refuse_foreign_flags(args: argparse.Namespace, builtin: bool, continuous: bo
         raise ConfigError(f"{_flags(foreign)}: only the continuous {GENERATE_TASK} worker has "
                           f"slots, a KV cache and token streams; this worker ({served}) batches "
                           "adaptive windows")
+
+
+def refuse_engine_flags(args: argparse.Namespace) -> None:
+    """A flag of one engine given to the other is an error that says why."""
+    engine = vars(args).get("engine", "transformers")
+    foreign = given(args, tuple(ENGINE_FLAGS[engine]))
+    if engine == "vllm" and foreign.get("engine_process") is True:
+        foreign.pop("engine_process")  # --engine-process is what vllm does anyway
+    if foreign:
+        name = next(iter(foreign))
+        flag = ("--no-engine-process" if name == "engine_process"
+                else "--" + name.replace("_", "-"))
+        raise ConfigError(f"{flag}: not for --engine {engine}: {ENGINE_FLAGS[engine][name]}")
+
+
+def generation_settings(args: argparse.Namespace) -> Any:
+    """``GenerationSettings`` from the continuous worker's flags (``--vllm-option`` parsed)."""
+    from inferq.worker.generate.settings import GenerationSettings
+    from inferq.worker.generate.vllm.options import parse_options
+
+    refuse_engine_flags(args)
+    flags = given(args, CONTINUOUS_FLAGS)
+    options = flags.pop("vllm_option", None)
+    if options is not None:
+        flags["vllm_options"] = parse_options(options)
+    return GenerationSettings(**flags)
+
+
+def check_vllm() -> None:
+    """``--engine vllm`` where vLLM cannot be imported: say how to install it, now."""
+    from inferq.worker.generate.vllm.load import vllm_available
+
+    if not vllm_available():
+        raise ConfigError("--engine vllm: vLLM is not installed here (CUDA: pip install "
+                          "'inferq[vllm]'; CPU: see the README's vLLM section)")
 
 
 def check_server(settings: ConnectionSettings) -> None:
@@ -206,6 +257,9 @@ def run(args: argparse.Namespace) -> int:
     continuous = (args.task == GENERATE_TASK and not builtin
                   and vars(args).get("batching", "continuous") == "continuous")
     refuse_foreign_flags(args, builtin, continuous)
+    settings = generation_settings(args) if continuous else None
+    if settings is not None and settings.engine == "vllm":
+        check_vllm()
     window = given(args, WINDOW_FLAGS)
     if "max_batch_tokens" in window:
         window["max_batch_tokens"] = window["max_batch_tokens"] or None
@@ -225,11 +279,10 @@ def run(args: argparse.Namespace) -> int:
     check_source(spec)
     quiet_progress_bars()
     if continuous:
-        from inferq.worker.generate.settings import GenerationSettings
         from inferq.worker.generate.worker import GenerationWorker
         from inferq.worker.models.registry import load_causal_lm
 
-        settings = GenerationSettings(**given(args, CONTINUOUS_FLAGS))
+        assert settings is not None
         # With an engine process the weights load there, and only there: this process needs
         # the tokenizer and configs (prompts, context length, end-of-sequence ids).
         weights = not settings.engine_process

@@ -24,6 +24,8 @@ MAX_STOP_STRINGS = 8
 MAX_STOP_CHARS = 128
 MAX_MESSAGES = 256
 SEED_MAX = (1 << 63) - 1
+MAX_STOP_TOKEN_IDS = 16
+TOKEN_ID_MAX = (1 << 31) - 1
 
 
 class FinishReason(StrEnum):
@@ -60,8 +62,17 @@ class GenerationParams(BaseModel):
     stop: Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] = Field(default_factory=list)
     #: Keep generating past the end-of-sequence token (benchmarks, tests: exact lengths).
     ignore_eos: Annotated[bool, Field(strict=True)] = False
+    #: vLLM's sampling options (``inferq worker --engine vllm``; the transformers engine refuses
+    #: a value other than the default, see ``inferq.worker.generate.vllm.sampling``): drop
+    #: tokens below ``min_p`` x the top token's probability; stop at any of these token ids;
+    #: penalise tokens already in the prompt or output (1.0: none).
+    min_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = 0.0
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0, le=TOKEN_ID_MAX, strict=True)]],
+                              Field(max_length=MAX_STOP_TOKEN_IDS)] = Field(
+                                  default_factory=list)
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0, allow_inf_nan=False)] = 1.0
 
-    @field_validator("temperature", "top_p", mode="before")
+    @field_validator("temperature", "top_p", "min_p", "repetition_penalty", mode="before")
     @classmethod
     def _number(cls, value: object) -> object:
         if isinstance(value, bool) or not isinstance(value, int | float):

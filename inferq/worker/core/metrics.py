@@ -50,6 +50,9 @@ class WorkerMetrics:
         #: Where the device memory gauges come from when the model lives in another process
         #: (the generate worker's engine process): () -> (allocated, reserved) bytes.
         self.device_memory_source: Callable[[], tuple[int, int]] | None = None
+        #: The generate worker's engine statistics: () -> (KV cache usage 0..1, requests the
+        #: engine preempted itself); set with ``--engine vllm`` (vLLM's own stats).
+        self.engine_stats_source: Callable[[], tuple[float, int]] | None = None
         #: The queue waits (s) of the last requests this worker finished, for the p50/p99 it
         #: publishes in its window hash (the dashboard reads them without Prometheus).
         self.recent_waits: deque[float] = deque(maxlen=RECENT_WAITS)
@@ -124,6 +127,14 @@ class WorkerMetrics:
         self.device_memory = Gauge("inferq_device_memory_bytes",
                                    "CUDA memory in use (allocated) and reserved by torch",
                                    ["queue", "kind"], registry=r)
+        self.kv_cache_usage = Gauge("inferq_kv_cache_usage_ratio",
+                                    "KV cache blocks in use, 0..1 (--engine vllm: vLLM's)",
+                                    q, registry=r)
+        self.engine_preemptions = Gauge(
+            "inferq_engine_preemptions",
+            "Requests the engine preempted itself for lack of KV cache since it started "
+            "(--engine vllm: vLLM's count; inferq's priority preemptions are "
+            "inferq_preemptions_total)", q, registry=r)
         self.running = Gauge("inferq_running_sequences",
                              "generate: sequences in the running batch", q, registry=r)
         self.generated_tokens = Counter("inferq_generated_tokens_total",
@@ -180,6 +191,10 @@ class WorkerMetrics:
             depths[label] = depths.get(label, 0) + count
         for label, count in depths.items():
             self.tenant_depth.labels(q, label).set(count)
+        if self.engine_stats_source is not None:
+            usage, preempted = self.engine_stats_source()
+            self.kv_cache_usage.labels(q).set(usage)
+            self.engine_preemptions.labels(q).set(preempted)
         if self.device_memory_source is not None:
             allocated, reserved = self.device_memory_source()
         elif device.startswith("cuda"):

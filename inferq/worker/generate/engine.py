@@ -221,6 +221,11 @@ class Engine:
     def footprint(self, rows: int, longest: int) -> int:
         return footprint(rows, longest, self.budget.max_slots)
 
+    def slots_now(self) -> int:
+        """Slots that may hold a sequence now: the budget's (the vLLM engine offers fewer
+        when its scheduler has no room, see ``vllm.capacity``)."""
+        return self.budget.max_slots
+
     def fits_alone(self, generation: Generation) -> bool:
         return scheduler.fits_alone(generation.reserve_tokens, self.budget, self.footprint)
 

@@ -49,7 +49,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
@@ -85,6 +85,10 @@ class EngineSpec:
     settings: GenerationSettings
     torch_threads: int
     log_level: int
+    #: ``transformers`` (``Engine``) or ``vllm`` (``vllm.engine.VllmEngine``), and the vLLM
+    #: ``EngineArgs`` given with ``--vllm-option``.
+    engine: str = "transformers"
+    vllm_options: dict[str, Any] = field(default_factory=dict)
 
 
 def describe_exit(code: int | None) -> str:
@@ -223,6 +227,13 @@ class EngineProcess:
     def step(self) -> int:
         """The engine's step count, as it last reported it."""
         return self._state.step
+
+    @property
+    def engine_stats(self) -> tuple[float, int]:
+        """(KV cache usage 0..1, requests vLLM preempted itself), as the engine last reported
+        (``--engine vllm``; (0.0, 0) with the transformers engine)."""
+        state = self._state
+        return state.kv_usage, state.engine_preemptions
 
     @property
     def device_memory(self) -> tuple[int, int]:
@@ -520,16 +531,30 @@ class _EngineSide:
             torch.set_num_threads(spec.torch_threads)
         started = time.monotonic()
         device = torch.device(spec.device)
-        lm = CausalLM(spec.path, device=device, dtype=resolve_dtype(spec.dtype, device),
-                      model_id=spec.model_id)
-        # After the weights: on CUDA the KV cache takes a share of the memory they left free.
-        budget = spec.settings.budget(lm)
+        dtype = resolve_dtype(spec.dtype, device)
+        swap_bytes = spec.settings.swap_bytes
+        self.engine: Engine
+        if spec.engine == "vllm":
+            from inferq.worker.generate.vllm.load import start_vllm
+
+            # vLLM loads the weights; this process keeps the tokenizer (detokenizing, stops).
+            lm = CausalLM(spec.path, device=device, dtype=dtype, model_id=spec.model_id,
+                          weights=False)
+            self.engine, _ = start_vllm(lm, path=spec.path, dtype=str(dtype).removeprefix(
+                "torch."), device=spec.device, settings=spec.settings,
+                options=spec.vllm_options)
+            swap_bytes = 0  # vLLM's KV blocks are its own: a preempted sequence recomputes
+        else:
+            lm = CausalLM(spec.path, device=device, dtype=dtype, model_id=spec.model_id)
+            # After the weights: on CUDA the KV cache takes a share of the memory they left
+            # free.
+            self.engine = Engine(lm, spec.settings.budget(lm))
+        budget = self.engine.budget
         self.load_s = time.monotonic() - started
-        log.info("loaded model %s (weights) on %s in %.1f s; %s", spec.model_id, lm.device,
-                 self.load_s, describe_budget(budget, lm.kv))
-        self.engine = Engine(lm, budget)
+        log.info("loaded model %s (%s engine) on %s in %.1f s; %s", spec.model_id, spec.engine,
+                 lm.device, self.load_s, describe_budget(budget, lm.kv))
         self.steps = StepLoop(self.engine, self, max_preemptions=spec.settings.max_preemptions,
-                              swap_bytes=spec.settings.swap_bytes)
+                              swap_bytes=swap_bytes)
         self.outbox = Outbox(conn, self.steps, self._state)
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             wire.Submit: self._on_submit, wire.Cancel: self._on_cancel,
@@ -568,9 +593,20 @@ class _EngineSide:
 
     def _state(self) -> wire.EngineState:
         allocated, reserved = self._device_memory()
+        kv_usage, preemptions = self._engine_stats()
         return wire.EngineState(running=self.steps.running_count, due=self.steps.due,
-                                max_slots=self.engine.budget.max_slots, step=self.engine.steps,
-                                device_allocated=allocated, device_reserved=reserved)
+                                max_slots=self.engine.slots_now(), step=self.engine.steps,
+                                device_allocated=allocated, device_reserved=reserved,
+                                kv_usage=kv_usage, engine_preemptions=preemptions)
+
+    def _engine_stats(self) -> tuple[float, int]:
+        """vLLM's KV cache usage and own preemptions ((0.0, 0) for the transformers engine)."""
+        from inferq.worker.generate.vllm.engine import VllmEngine
+
+        if not isinstance(self.engine, VllmEngine):
+            return 0.0, 0
+        stats = self.engine.stats
+        return stats.state.kv_usage, stats.preemptions
 
     def _device_memory(self) -> tuple[int, int]:
         """(allocated, reserved) bytes of CUDA memory in this process (0, 0 on the CPU): the

@@ -3,7 +3,9 @@ of its KV cache on the device it runs on."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from inferq.errors import ConfigError
 from inferq.worker.generate.scheduler import Budget
@@ -43,8 +45,24 @@ class GenerationSettings:
     #: wait (a preemption beyond it is recomputed when the sequence resumes); None: as much as
     #: the KV cache budget; 0: always recompute.
     swap_mb: float | None = None
+    #: The engine that runs the model: ``transformers`` (inferq's own KV-cache loop) or
+    #: ``vllm`` (vLLM's ``LLMEngine`` in the engine process, ``generate.vllm``), and the
+    #: vLLM ``EngineArgs`` passed through (``--vllm-option``, ``vllm.options``).
+    engine: str = "transformers"
+    vllm_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.engine not in ("transformers", "vllm"):
+            raise ConfigError(f"engine must be transformers or vllm, got {self.engine!r}")
+        if self.engine == "vllm":
+            if not self.engine_process:
+                raise ConfigError("engine_process: the vllm engine runs in the engine process "
+                                  "(--no-engine-process is for the transformers engine)")
+            if self.swap_mb is not None:
+                raise ConfigError("swap_mb: the vllm engine keeps no swapped caches (a "
+                                  "preempted generation is recomputed from its tokens)")
+        elif self.vllm_options:
+            raise ConfigError("vllm_options: only the vllm engine takes vLLM options")
         if self.max_slots < 1:
             raise ConfigError(f"max_slots must be >= 1, got {self.max_slots}")
         if self.kv_cache_mb is not None and not self.kv_cache_mb > 0:

@@ -180,7 +180,7 @@ class StepLoop:
         with self._cond:
             if self._alone_running or any(g.alone for g in self._waiting):
                 return 0
-            return self.engine.budget.max_slots - self._running + self._due - len(self._waiting)
+            return self.engine.slots_now() - self._running + self._due - len(self._waiting)
 
     @property
     def running_count(self) -> int:

@@ -87,6 +87,10 @@ class EngineState(_Part, frozen=True):
     step: int
     device_allocated: int = 0
     device_reserved: int = 0
+    #: vLLM's KV cache usage (0..1) and the requests it preempted itself, since it started
+    #: (``--engine vllm``; 0 with the transformers engine).
+    kv_usage: float = 0.0
+    engine_preemptions: int = 0
 
 
 class Advanced(_Part, frozen=True):

@@ -50,6 +50,7 @@ from inferq.worker.generate.scheduler import Budget
 from inferq.worker.generate.settings import GenerationSettings, describe_budget
 from inferq.worker.generate.stats import GenerationStats
 from inferq.worker.generate.steploop import StepLoop, Steps
+from inferq.worker.generate.vllm.sampling import check_supported
 from inferq.worker.models.lm import CausalLM
 
 log = logging.getLogger("inferq.worker")
@@ -117,6 +118,8 @@ class GenerationWorker(QueueWorker[Generation]):
         if self.settings.engine_process:
             engine = EngineProcess(self._engine_spec(), events)
             self.metrics.device_memory_source = lambda: engine.device_memory
+            if self.settings.engine == "vllm":
+                self.metrics.engine_stats_source = lambda: engine.engine_stats
             self.steps = engine
         else:
             self.steps = StepLoop(self.engine, events,
@@ -137,7 +140,9 @@ class GenerationWorker(QueueWorker[Generation]):
                           dtype=self.config.dtype,
                           model_id=self.lm.model_id, settings=self.settings,
                           torch_threads=torch.get_num_threads(),
-                          log_level=logging.getLogger("inferq").getEffectiveLevel())
+                          log_level=logging.getLogger("inferq").getEffectiveLevel(),
+                          engine=self.settings.engine,
+                          vllm_options=dict(self.settings.vllm_options))
 
     def _adopt_budget(self, budget: Budget) -> None:
         """The budget the engine process sized after loading the weights (called on its reader
@@ -151,7 +156,8 @@ class GenerationWorker(QueueWorker[Generation]):
 
     def _describe(self) -> str:
         where = "in an engine process" if self.settings.engine_process else "in a thread"
-        return f"with continuous batching (device {self.lm.device}, model {where})"
+        return (f"with continuous batching (device {self.lm.device}, {self.settings.engine} "
+                f"engine {where})")
 
     def _summary(self) -> str:
         s = self.stats
@@ -350,6 +356,7 @@ class GenerationWorker(QueueWorker[Generation]):
                 if isinstance(ids, InferqError):
                     raise ids
                 params = parse_generation_params(claim.payload.params)
+                check_supported(params, self.settings.engine)
                 if len(ids) >= self.lm.max_positions:
                     raise InvalidInput(f"the prompt has {len(ids)} tokens; the model's context "
                                        f"is {self.lm.max_positions}")
@@ -360,7 +367,7 @@ class GenerationWorker(QueueWorker[Generation]):
                                                tag=StreamClaim.of(claim),
                                                alone=ran_before(claim.claimed),
                                                streamed=tokens, shown=shown)
-                if not self.engine.fits_alone(g):
+                if not self._fits_alone(g):
                     raise InvalidInput(
                         f"prompt ({len(ids)} tokens) + max_new_tokens ({g.max_new}) exceed "
                         f"this worker's KV cache budget of {self.budget.kv_tokens} tokens")
@@ -369,6 +376,11 @@ class GenerationWorker(QueueWorker[Generation]):
                 continue
             generations.append(g)
         return generations, failures
+
+    def _fits_alone(self, g: Generation) -> bool:
+        if self.settings.engine == "vllm":  # paged: a sequence takes the blocks it fills
+            return g.reserve_tokens <= self.budget.kv_tokens
+        return self.engine.fits_alone(g)
 
     async def _expire_waiting(self) -> None:
         now = self.clock()
