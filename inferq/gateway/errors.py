@@ -175,6 +175,10 @@ def install(app: FastAPI, retry_after_s: int) -> None:
 
     async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400:
+            # FastAPI's answer to a body that is not JSON (or not UTF-8): name the body.
+            return ApiError(400, INVALID, "invalid_json", f"body: {exc.detail}: send a JSON "
+                            "object", param="body").response()
         kind = {401: "authentication_error", 404: "not_found_error"}.get(exc.status_code, INVALID)
         code = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed"}.get(
             exc.status_code, "http_error")

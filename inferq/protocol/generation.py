@@ -74,7 +74,7 @@ def join_content_parts(value: Any) -> Any:
                              "(e.g. {'type': 'text', 'text': '...'})")
         if kind not in TEXT_PARTS:
             raise PydanticCustomError(
-                UNSUPPORTED, "content[{index}]: content part type {kind!r} is not supported: "
+                UNSUPPORTED, "content[{index}]: content part type '{kind}' is not supported: "
                 "the models served take text only (send 'text' parts)",
                 {"index": i, "kind": kind})
         text = part.get("text")
