@@ -28,14 +28,16 @@ import pytest
 
 from inferq.embedded import free_port
 from tests.support.generation import MODEL
-from tests.support.processes import WorkerProcess
+from tests.support.processes import WorkerProcess, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @contextmanager
-def gateway_process(redis_url: str, log: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``python -m inferq.gateway`` (no token) on a free port: its base URL and process."""
+def gateway_process(redis_url: str, log: Path, *, ready: tuple[tuple[str, str], ...] = (
+        (MODEL, "generate"),)) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``python -m inferq.gateway`` (no token) on a free port, once ``/readyz`` says a worker
+    serves each (model, task) of ``ready``: its base URL and process."""
     port = free_port()
     env = {**os.environ, "INFERQ_REDIS_URL": redis_url, "INFERQ_GATEWAY_TIMEOUT_S": "120",
            "PYTHONUNBUFFERED": "1"}
@@ -54,6 +56,10 @@ def gateway_process(redis_url: str, log: Path) -> Iterator[tuple[str, subprocess
                 pass
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
+        for model, task in ready:
+            wait_until(lambda m=model, t=task: httpx.get(  # type: ignore[misc]
+                f"{base}/readyz", params={"model": m, "task": t}).status_code == 200,
+                timeout=180, what=f"a worker serving {model} ({task})")
         yield base, proc
     finally:
         if proc.poll() is None:
@@ -95,7 +101,8 @@ def workers(tiny_path: Path, start_worker: Callable[..., WorkerProcess]) -> None
 
 def test_every_request_shape_of_vllms_benchmark_client_gets_through(
         redis_url: str, tmp_path: Path, workers: None) -> None:
-    with gateway_process(redis_url, tmp_path / "gw.log") as (base, _), \
+    with gateway_process(redis_url, tmp_path / "gw.log",
+                         ready=((MODEL, "generate"), ("minilm", "embed"))) as (base, _), \
             httpx.Client(base_url=base, timeout=180) as http:
         prompt = "the queue worker asks what is the capital of France"
         chat = {"model": MODEL, "messages": [{"role": "user", "content": [
