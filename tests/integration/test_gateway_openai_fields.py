@@ -157,3 +157,34 @@ def redis_url_module(server: Any) -> str:
     url: str = server.url
     return url
 
+
+
+def test_readmes_table_is_the_gateways() -> None:
+    """README's field table lists exactly what the gateway supports and refuses, with each
+    refusal's accepted no-op values and reason."""
+    import json
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("### What OpenAI-compatible clients send"):]
+    section = section[:section.index("\n## ")]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| `")]
+    table = {row[0].strip("| `"): (row[1], row[2].rstrip(" |")) for row in rows}
+    expected: dict[str, tuple[list[str], str]] = {}
+    for route, refused, supported in (
+            ("chat", openai_fields.CHAT, openai_fields.SUPPORTED["chat"]),
+            ("completions", openai_fields.COMPLETION, openai_fields.SUPPORTED["completion"]),
+            ("embeddings", openai_fields.EMBEDDINGS, openai_fields.SUPPORTED["embeddings"])):
+        for name in supported:
+            expected.setdefault(name, ([], "supported"))[0].append(route)
+        for name, r in refused.items():
+            noop = ", ".join(f"`{json.dumps(v)}`" for v in r.noop)
+            expected.setdefault(name, ([], f"refused unless {noop}: {r.reason}"))[0].append(
+                route)
+    assert set(table) == set(expected)
+    for name, (routes, outcome) in expected.items():
+        assert table[name][0] == ", ".join(routes), name
+        if outcome == "supported":
+            assert table[name][1].startswith(("supported", "accepted")), name
+        else:
+            assert table[name][1] == outcome, name
