@@ -3,7 +3,6 @@ timeouts over the app, and streams through a real uvicorn gateway."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -91,9 +90,7 @@ def test_stream_cancels_its_request_when_the_client_goes_away(gateway: str,
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         request_id = response.headers["X-Inferq-Request-Id"]
-        first = next(response.iter_lines())
-        assert json.loads(first.removeprefix("data: "))["choices"][0]["delta"] == {
-            "role": "assistant", "content": ""}
+        # No worker: no event yet (the role chunk comes with the first token).
     # The client is gone with no worker ever running it: the gateway cancels the request.
     with inferq.Client(redis_url) as client:
         handle = client.handle(request_id, model=MODEL, task="generate")

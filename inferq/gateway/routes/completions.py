@@ -267,12 +267,16 @@ def stream_response(state: GatewayState, handle: AsyncHandle, chunks: Chunks, ti
 
     async def events() -> AsyncGenerator[str, None]:
         nonlocal finished
-        if chunks.chat and not position.resumed:
-            yield sse(chunks.chunk(role="assistant", text=""), START)
+        # The chat's role-only chunk goes out with the first thing the worker produced, as
+        # vLLM's server sends it: clients time the first token by the first chunk.
+        role = chunks.chat and not position.resumed
         reader = StreamReader(position.entry)
         try:
             async for item in handle.stream_entries(timeout, after=position.entry,
                                                     reader=reader):
+                if role:
+                    role = False
+                    yield sse(chunks.chunk(role="assistant", text=""), START)
                 if isinstance(item, StreamEntry):
                     yield sse(chunks.chunk(text=item.text), item.id)
                     continue
