@@ -136,8 +136,8 @@ def inferq_side(run: Run[LlmServeConfig], python: Path | str, backends: Sequence
                                       str(port), "--log-level", "warning"], run.log_dir,
                  f"http://127.0.0.1:{port}/healthz",
                  env={"INFERQ_REDIS_URL": url, "INFERQ_GATEWAY_TIMEOUT_S": "600"})
-    out = {b: bench(python, b, port, run.cfg, run.out / "llm-serve", tokenizers[b], "inferq",
-                    run.log_dir) for b in backends}
+    out = {b: bench(python, b, port, run.cfg, run.log_dir / "llm-serve", tokenizers[b],
+                    "inferq", run.log_dir) for b in backends}
     cleanup.close()  # the model workers leave the cores to the next server
     return out
 
@@ -148,8 +148,8 @@ def vllm_side(run: Run[LlmServeConfig], python: Path, model_path: str) -> dict[s
         str(python), str(CLI), "serve", model_path, "--served-model-name", GEN_MODEL,
         "--port", str(port), "--dtype", "float32", "--max-model-len", "2048"],
         run.log_dir, f"http://127.0.0.1:{port}/health", timeout_s=900)
-    out = {b: bench(python, b, port, run.cfg, run.out / "llm-serve", model_path, "vllm",
-                    run.log_dir) for b in ("chat", "completions")}
+    out = {b: bench(python, b, port, run.cfg, run.log_dir / "llm-serve", model_path,
+                    "vllm", run.log_dir) for b in ("chat", "completions")}
     run.cleanup.close()
     return out
 
@@ -161,8 +161,8 @@ def litserve_side(run: Run[LlmServeConfig], python: Path | str, tokenizer: str
         sys.executable, "-m", "benchmarks.serve_litserve", "--port", str(port),
         "--max-batch-size", "64", "--batch-timeout", "0.01"], run.log_dir,
         f"http://127.0.0.1:{port}/health")
-    out = {"embeddings": bench(python, "embeddings", port, run.cfg, run.out / "llm-serve",
-                               tokenizer, "litserve", run.log_dir)}
+    out = {"embeddings": bench(python, "embeddings", port, run.cfg,
+                               run.log_dir / "llm-serve", tokenizer, "litserve", run.log_dir)}
     run.cleanup.close()
     return out
 
