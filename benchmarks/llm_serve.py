@@ -101,7 +101,8 @@ def bench(python: Path | str, backend: str, port: int, cfg: LlmServeConfig, out:
             "--random-input-len", str(cfg.input_len),
             "--random-output-len", str(1 if backend == "embeddings" else cfg.output_len),
             "--num-prompts", str(prompts), "--max-concurrency", str(cfg.max_concurrency),
-            "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
+            *([] if backend == "embeddings" else ["--ignore-eos"]),
+            "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(out),
             "--result-filename", result.name, "--disable-tqdm", "--seed", "0"]
     say(f"  {name} {backend}: vllm bench serve --backend {kind} ({prompts} prompts)")
