@@ -117,8 +117,9 @@ def bench(python: Path | str, backend: str, port: int, cfg: LlmServeConfig, out:
     raw = json.loads(result.read_text())
     figures = {k: raw.get(k) for k in METRICS}
     figures["failed"] = prompts - int(raw.get("completed") or 0)
-    say(f"    {figures['completed']}/{prompts} ok, {figures['output_throughput'] or 0:.1f} "
-        f"output tok/s, TTFT p50 {figures['p50_ttft_ms'] or 0:.0f} ms")
+    say(f"    {figures['completed']}/{prompts} ok, {figures['request_throughput'] or 0:.2f} "
+        f"req/s, {figures['output_throughput'] or 0:.1f} output tok/s, TTFT p50 "
+        f"{figures['p50_ttft_ms'] or 0:.0f} ms")
     return figures
 
 
@@ -148,7 +149,10 @@ def vllm_side(run: Run[LlmServeConfig], python: Path, model_path: str) -> dict[s
     spawn_server(run.cleanup, "vllm", [
         str(python), str(CLI), "serve", model_path, "--served-model-name", GEN_MODEL,
         "--port", str(port), "--dtype", "float32", "--max-model-len", "2048"],
-        run.log_dir, f"http://127.0.0.1:{port}/health", timeout_s=900)
+        run.log_dir, f"http://127.0.0.1:{port}/health", timeout_s=900,
+        # A 1 GiB KV cache, as inferq's worker has on the CPU (without it vLLM wants 92 % of
+        # the machine's memory).
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     out = {b: bench(python, b, port, run.cfg, run.log_dir / "llm-serve", model_path,
                     "vllm", run.log_dir) for b in ("chat", "completions")}
     run.cleanup.close()
