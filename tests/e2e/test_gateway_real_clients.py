@@ -153,6 +153,14 @@ def test_the_openai_client_with_parts_max_completion_tokens_and_usage(
                                             max_completion_tokens=7,
                                             extra_body={"ignore_eos": True})
         assert whole.choices[0].message.content == text
+        # Log-probabilities come back through the engine process (the worker's default).
+        scored = sdk.chat.completions.create(model=MODEL, messages=messages,
+                                             max_completion_tokens=5, logprobs=True,
+                                             top_logprobs=2, extra_body={"ignore_eos": True})
+        assert scored.choices[0].logprobs is not None
+        content = scored.choices[0].logprobs.content or []
+        assert len(content) == 5 and all(len(c.top_logprobs) == 2 for c in content)
+        assert all(c.logprob == pytest.approx(c.top_logprobs[0].logprob) for c in content)
         with pytest.raises(openai.BadRequestError) as refused:
             sdk.chat.completions.create(model=MODEL, messages=messages, n=2)
         assert refused.value.body["param"] == "n"  # type: ignore[index]
