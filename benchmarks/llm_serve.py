@@ -55,6 +55,7 @@ class LlmServeConfig:
     skip_vllm: bool
     skip_litserve: bool
     inferq_only: bool
+    torch_threads: int | None
 
 
 def vllm_python(venv: Path) -> Path | None:
@@ -127,8 +128,11 @@ def inferq_side(run: Run[LlmServeConfig], python: Path | str, backends: Sequence
                 tokenizers: Mapping[str, str]) -> dict[str, Any]:
     cleanup: Cleanup = run.cleanup
     _server, url = run.server(appendonly=False)
+    threads = ([] if run.cfg.torch_threads is None
+               else ["--torch-threads", str(run.cfg.torch_threads)])
     workers = [spawn_worker(cleanup, url, model_arg=GEN_MODEL, worker_id="llm-gen",
-                            log_dir=run.log_dir, task="generate", flags=["--device", "cpu"])]
+                            log_dir=run.log_dir, task="generate",
+                            flags=["--device", "cpu", *threads])]
     if "embeddings" in backends:
         workers.append(spawn_worker(cleanup, url, model_arg=EMBED_MODEL, worker_id="llm-emb",
                                     log_dir=run.log_dir, flags=["--device", "cpu"]))
@@ -205,6 +209,9 @@ class LlmServe(Scenario[LlmServeConfig]):
                             help="install vLLM's CPU build into --vllm-venv if it is absent")
         parser.add_argument("--skip-vllm", action="store_true",
                             help="no vLLM at all (then nothing runs: its client is the load)")
+        parser.add_argument("--torch-threads", type=positive_int, default=None,
+                            help="the generate worker's --torch-threads (default: torch's, "
+                                 "one per core)")
         parser.add_argument("--inferq-only", action="store_true",
                             help="vLLM's client against inferq's gateway only, no peers")
         parser.add_argument("--skip-litserve", action="store_true",
