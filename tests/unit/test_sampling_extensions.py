@@ -212,3 +212,17 @@ def test_logprobs_equal_generates_logits(lm: CausalLM) -> None:
             assert entry["id"] == token and entry["token"] == lm.decode([token])
             assert entry["logprob"] == pytest.approx(float(ref[token]), abs=1e-4)
             assert [t["id"] for t in entry["top"]] == torch.topk(ref, 2).indices.tolist()
+
+
+def test_a_resumed_generation_has_null_logprobs_for_the_streamed_tokens(lm: CausalLM) -> None:
+    (ids,) = prompts(lm, 1)
+    params = GenerationParams(max_new_tokens=8, ignore_eos=True, logprobs=True)
+    (whole,) = run(lm, [ids], params)
+    engine = Engine(lm, Budget(max_slots=4, kv_tokens=1 << 20, max_prefill_tokens=64))
+    g = engine.new_generation("r0", ids, params, streamed=whole.tokens[:3],
+                              shown=lm.decode(whole.tokens[:3]))
+    drive(engine, [(0, g)])
+    assert g.tokens == whole.tokens and g.logprob_output is not None
+    assert [e["logprob"] for e in g.logprob_output[:3]] == [None] * 3
+    assert [e["logprob"] for e in g.logprob_output[3:]] == pytest.approx(
+        [e["logprob"] for e in (whole.logprob_output or [])[3:]], abs=1e-4)
