@@ -188,3 +188,18 @@ def test_readmes_table_is_the_gateways() -> None:
             assert table[name][1].startswith(("supported", "accepted")), name
         else:
             assert table[name][1] == outcome, name
+
+
+def test_vllms_sampling_fields_map_onto_the_generate_params() -> None:
+    from inferq.gateway.schemas import ChatCompletionRequest, CompletionRequest
+
+    text = CompletionRequest(model=MODEL, prompt="x", top_k=-1, min_p=0.1,
+                             repetition_penalty=1.1, min_tokens=2, stop_token_ids=[5],
+                             ignore_eos=True, logprobs=3, max_completion_tokens=9)
+    assert text.params() == {"top_k": 0, "min_p": 0.1, "repetition_penalty": 1.1,
+                             "min_tokens": 2, "stop_token_ids": [5], "ignore_eos": True,
+                             "logprobs": True, "top_logprobs": 3, "max_new_tokens": 9}
+    chat = ChatCompletionRequest.model_validate({"model": MODEL, "messages": CHAT,
+                                                 "logprobs": True, "n": 1,
+                                                 "repetition_penalty": 1.0})
+    assert chat.params() == {"logprobs": True, "top_logprobs": 0, "repetition_penalty": 1.0}
