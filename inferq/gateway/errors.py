@@ -3,6 +3,8 @@
 
 - ``ValidationError`` and body/header/query validation: 422, ``invalid_request`` (or
   ``payload_too_large``), ``param`` names the field.
+- A field inferq does not implement, at a value that is not a no-op (``openai_fields``), or a
+  non-text chat content part: 400 ``unsupported_parameter``, ``param`` names it.
 - ``QueueFull``: 429 with ``Retry-After``: the queue's own estimate (``QueueFull.retry_after_s``,
   when the excess drains at the recent completion rate), rounded up, at least
   ``INFERQ_GATEWAY_RETRY_AFTER_S``; ``queue_full``.
@@ -41,6 +43,7 @@ from inferq.errors import (
     ValidationError,
 )
 from inferq.gateway.schemas import ErrorBody, ErrorDetail
+from inferq.protocol.generation import UNSUPPORTED
 
 log = logging.getLogger("inferq.gateway")
 
@@ -128,12 +131,33 @@ def param_of(loc: Sequence[int | str]) -> str:
 
 
 def validation_error(exc: RequestValidationError) -> ApiError:
+    """A 422 naming the fields; a 400 ``unsupported_parameter`` when the body asks for what
+    inferq does not implement (``openai_fields``, non-text content parts)."""
     errors = list(exc.errors())
-    params = [param_of(tuple(e.get("loc", ()))) for e in errors]
-    message = "; ".join(f"{p}: {str(e.get('msg', 'invalid')).removeprefix('Value error, ')}"
-                        for p, e in zip(params, errors, strict=True))
+    unsupported = [e for e in errors if e.get("type") == UNSUPPORTED]
+    if unsupported:
+        errors = unsupported
+    params = [_param(e) for e in errors]
+    messages = []
+    for p, e in zip(params, errors, strict=True):
+        text = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        messages.append(text if text.startswith(f"{p}: ") else f"{p}: {text}")
+    message = "; ".join(messages)
+    if unsupported:
+        return ApiError(400, INVALID, UNSUPPORTED, message, param=params[0])
     return ApiError(422, INVALID, ValidationError.code, message or "invalid request",
                     param=params[0] if params else None)
+
+
+def _param(error: Mapping[str, Any]) -> str:
+    """The field an error is about: its ``ctx['param']`` (a model-level check that names one),
+    else its location."""
+    ctx = error.get("ctx") or {}
+    loc = tuple(error.get("loc", ()))
+    named = ctx.get("param") if isinstance(ctx, Mapping) else None
+    if isinstance(named, str):
+        return param_of((*loc, named))
+    return param_of(loc)
 
 
 def install(app: FastAPI, retry_after_s: int) -> None:
@@ -151,6 +175,10 @@ def install(app: FastAPI, retry_after_s: int) -> None:
 
     async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400:
+            # FastAPI's answer to a body that is not JSON (or not UTF-8): name the body.
+            return ApiError(400, INVALID, "invalid_json", f"body: {exc.detail}: send a JSON "
+                            "object", param="body").response()
         kind = {401: "authentication_error", 404: "not_found_error"}.get(exc.status_code, INVALID)
         code = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed"}.get(
             exc.status_code, "http_error")

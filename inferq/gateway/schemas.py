@@ -3,10 +3,20 @@ the gateway accepts is one the SDK accepts, and a 422 names the offending field.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
+from inferq.gateway import openai_fields
 from inferq.producer.common import RequestState
 from inferq.protocol.codec import ID_RE, Result
 from inferq.protocol.generation import (
@@ -14,7 +24,10 @@ from inferq.protocol.generation import (
     MAX_NEW_TOKENS_LIMIT,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_LOGPROBS,
     SEED_MAX,
+    UNSUPPORTED,
     ChatMessage,
 )
 from inferq.protocol.keys import NAME_RE
@@ -38,18 +51,24 @@ class _Body(BaseModel):
 # --- OpenAI-compatible ---------------------------------------------------------------------
 
 class EmbeddingsRequest(_Body):
+    """``dimensions`` and ``truncate_prompt_tokens`` are accepted at their no-op values only
+    (``openai_fields.EMBEDDINGS``)."""
+
     input: str | list[str] = Field(description="a text or a list of texts (token arrays are "
                                                "not supported: inferq tokenizes on the worker)")
     model: ModelName
     encoding_format: Literal["float", "base64"] = "float"
     user: str | None = Field(default=None, description="the tenant (fair shares) when "
                                                        "INFERQ_GATEWAY_TENANT_FROM=user")
-    dimensions: int | None = Field(default=None, description="not supported: models return "
-                                                             "their native size")
     # inferq extensions (the OpenAI SDK sends them with ``extra_body=``); they win over the
     # X-Priority / X-Deadline-S headers.
     priority: Priority | None = None
     deadline_s: DeadlineS | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refused(cls, data: Any) -> Any:
+        return openai_fields.drop_noops(data, openai_fields.EMBEDDINGS)
 
     @field_validator("input", mode="before")
     @classmethod
@@ -61,13 +80,6 @@ class EmbeddingsRequest(_Body):
                              "supported)")
         if isinstance(value, list) and not value:
             raise ValueError("must not be an empty list")
-        return value
-
-    @field_validator("dimensions")
-    @classmethod
-    def _no_dimensions(cls, value: int | None) -> int | None:
-        if value is not None:
-            raise ValueError("is not supported: inferq models return their native vector size")
         return value
 
 
@@ -95,6 +107,16 @@ class EmbeddingsResponse(BaseModel):
 class StreamOptions(_Body):
     include_usage: bool = Field(default=False, description="a last chunk (no choices) carries "
                                                            "the token usage")
+    continuous_usage_stats: bool = Field(default=False, description="vLLM's usage in every "
+                                                                    "chunk: only false")
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _no_continuous(cls, value: bool) -> bool:
+        if value:
+            raise PydanticCustomError(UNSUPPORTED, "not supported: usage comes in the last "
+                                      "chunk (include_usage)")
+        return value
 
 
 class _GenerationBody(_Body):
@@ -117,16 +139,37 @@ class _GenerationBody(_Body):
     stream: bool = Field(default=False, description="server-sent events of chunks, then "
                                                     "`data: [DONE]`")
     stream_options: StreamOptions | None = None
-    n: Literal[1] | None = Field(default=None, description="only 1 is supported")
     user: str | None = Field(default=None, description="the tenant (fair shares) when "
                                                        "INFERQ_GATEWAY_TENANT_FROM=user")
-    # inferq extensions (the OpenAI SDK sends them with ``extra_body=``); priority and
-    # deadline_s win over the X-Priority / X-Deadline-S headers.
-    top_k: Annotated[int, Field(ge=0, le=1_000_000, strict=True)] | None = None
+    # vLLM's sampling extensions (the OpenAI SDK sends them with ``extra_body=``), implemented
+    # by the generate worker (``GenerationParams``).
+    top_k: Annotated[int, Field(ge=-1, le=1_000_000, strict=True)] | None = Field(
+        default=None, description="0 or -1: off")
+    min_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0, allow_inf_nan=False)] | None = (
+        Field(default=None, description="1.0: off"))
+    min_tokens: Annotated[int, Field(ge=0, le=MAX_NEW_TOKENS_LIMIT, strict=True)] | None = None
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0, strict=True)]],
+                              Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    ignore_eos: bool | None = Field(default=None, description="keep generating past the "
+                                                               "end-of-sequence token")
+    # inferq extensions: priority and deadline_s win over the X-Priority / X-Deadline-S
+    # headers; resumable keeps the generation running when a stream's client goes away.
     priority: Priority | None = None
     deadline_s: DeadlineS | None = None
+    resumable: bool = Field(default=False, description="stream: keep generating when the "
+                            "client disconnects, so that it can resume with GET "
+                            "/v1/requests/{id}/stream and Last-Event-ID (default: a "
+                            "disconnected stream cancels its request)")
 
-    @field_validator("temperature", "top_p", mode="before")
+    _refused_fields: ClassVar[Mapping[str, openai_fields.Refused]] = openai_fields.GENERATION
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refused(cls, data: Any) -> Any:
+        return openai_fields.drop_noops(data, cls._refused_fields)
+
+    @field_validator("temperature", "top_p", "min_p", "repetition_penalty", mode="before")
     @classmethod
     def _number(cls, value: Any) -> Any:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
@@ -156,12 +199,31 @@ class _GenerationBody(_Body):
             raise ValueError("give max_tokens or max_completion_tokens, not both")
         return value
 
+    @model_validator(mode="after")
+    def _no_logprobs_in_streams(self) -> _GenerationBody:
+        if self.stream and self.wants_logprobs:
+            raise PydanticCustomError(
+                UNSUPPORTED, "logprobs: not supported with stream: true (log-probabilities "
+                "come in the non-streamed response)", {"param": "logprobs"})
+        return self
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return False
+
+    def logprob_params(self) -> dict[str, Any]:
+        return {}
+
     def params(self) -> dict[str, Any]:
         """The ``generate`` params: only what the caller set (the worker has the defaults)."""
         limit = self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
-        values: dict[str, Any] = {"max_new_tokens": limit, "temperature": self.temperature,
-                                  "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed,
-                                  "stop": [self.stop] if isinstance(self.stop, str) else self.stop}
+        values: dict[str, Any] = {
+            "max_new_tokens": limit, "temperature": self.temperature, "top_p": self.top_p,
+            "top_k": None if self.top_k is None else max(self.top_k, 0), "seed": self.seed,
+            "stop": [self.stop] if isinstance(self.stop, str) else self.stop,
+            "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
+            "min_tokens": self.min_tokens, "stop_token_ids": self.stop_token_ids,
+            "ignore_eos": self.ignore_eos, **self.logprob_params()}
         return {k: v for k, v in values.items() if v is not None}
 
     @property
@@ -170,7 +232,21 @@ class _GenerationBody(_Body):
 
 
 class CompletionRequest(_GenerationBody):
+    _refused_fields: ClassVar[Mapping[str, openai_fields.Refused]] = openai_fields.COMPLETION
+
     prompt: str = Field(description="one text (lists and token arrays are not supported)")
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS, strict=True)] | None = Field(
+        default=None, description="return each token's log-probability and this many most "
+                                  "likely alternatives (non-streamed responses)")
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None
+
+    def logprob_params(self) -> dict[str, Any]:
+        if self.logprobs is None:
+            return {}
+        return {"logprobs": True, "top_logprobs": self.logprobs}
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -181,8 +257,31 @@ class CompletionRequest(_GenerationBody):
 
 
 class ChatCompletionRequest(_GenerationBody):
+    _refused_fields: ClassVar[Mapping[str, openai_fields.Refused]] = openai_fields.CHAT
+
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] = Field(
-        description="the chat so far, rendered with the model's chat template on the worker")
+        description="the chat so far, rendered with the model's chat template on the worker; "
+                    "content is a string or a list of text parts")
+    logprobs: bool | None = Field(default=None, description="return each token's "
+                                  "log-probability (non-streamed responses)")
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS, strict=True)] | None = Field(
+        default=None, description="with logprobs: this many most likely alternatives")
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return bool(self.logprobs)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise PydanticCustomError("value_error", "top_logprobs: needs logprobs: true",
+                                      {"param": "top_logprobs"})
+        return self
+
+    def logprob_params(self) -> dict[str, Any]:
+        if not self.logprobs:
+            return {}
+        return {"logprobs": True, "top_logprobs": self.top_logprobs or 0}
 
 
 class CompletionUsage(BaseModel):
@@ -195,7 +294,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: Literal["stop", "length"]
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -216,7 +315,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: Literal["stop", "length"]
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -337,6 +436,8 @@ class Readiness(BaseModel):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
     for code, text in {
+        400: "a field inferq does not implement, at a value that is not a no-op; error.param "
+             "names it",
         401: "missing or wrong bearer token",
         422: "invalid request; error.param names the field",
         429: "queue full (back-pressure); see Retry-After",

@@ -25,7 +25,7 @@ from inferq.producer.handle import HandleBase
 from inferq.producer.inbox import ResultInbox
 from inferq.producer.info import CancelOutcome, RequestInfo
 from inferq.producer.presence import WorkerPresence
-from inferq.producer.streaming import follow
+from inferq.producer.streaming import StreamEntry, StreamReader, follow, follow_entries
 from inferq.protocol import ops
 from inferq.protocol.codec import Result
 from inferq.protocol.keys import QueueKeys, shard_of
@@ -55,6 +55,20 @@ class AsyncHandle(HandleBase["AsyncClient"]):
         with wrap_connection_errors(self._client.connection):
             for step in steps:
                 while isinstance(step, methodcaller):  # a read: send its reply back
+                    step = steps.send(await step(self._client.redis))
+                yield step
+
+    async def stream_entries(self, timeout: float | None = None, *, after: str = "0-0",
+                             reader: StreamReader | None = None
+                             ) -> AsyncIterator[StreamEntry | Result]:
+        """``stream`` with each delta's Redis Stream entry id, from the entry after ``after``
+        (resuming where a reader left off, e.g. an HTTP client's ``Last-Event-ID``).
+        ``reader`` tracks the position; after the ``Result`` its ``last_id`` is the last
+        entry's."""
+        steps = follow_entries(self.keys, self.id, timeout, self._client.options, after, reader)
+        with wrap_connection_errors(self._client.connection):
+            for step in steps:
+                while isinstance(step, methodcaller):
                     step = steps.send(await step(self._client.redis))
                 yield step
 

@@ -152,10 +152,13 @@ class Client:
         * ``deadline_s``: still queued when it passes, the request is answered ``expired``;
         * ``id``: idempotency key (default random): an existing id returns that request;
         * ``params``: task parameters; ``generate`` takes ``max_new_tokens``,
-          ``temperature``, ``top_p``, ``top_k``, ``seed`` and ``stop``;
+          ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``ignore_eos``,
+          ``repetition_penalty``, ``min_p``, ``min_tokens``, ``stop_token_ids``, ``logprobs``
+          and ``top_logprobs`` (``inferq.protocol.generation.GenerationParams``);
         * ``max_attempts``: runs allowed (default 3); a run counts when a worker starts it,
           not when it claims it; after the last failed or lost run it is dead-lettered;
-        * ``messages``: ``generate`` chat input, ``[{"role", "content"}]`` (empty prompt).
+        * ``messages``: ``generate`` chat input, ``[{"role", "content"}]`` (empty prompt);
+          ``content`` is a string or a list of text parts (joined with newlines);
         * ``tenant``: who sends it (names as queue names): within a priority, tenants share
           the queue by cost and weight (``inferq queue set --tenant-weight``); without one,
           a request is in the default flow, FIFO within its priority;

@@ -51,7 +51,7 @@ class EnqueueOptions(TypedDict, total=False):
     id: str | None
     params: Mapping[str, Any] | None
     max_attempts: int
-    messages: Sequence[Mapping[str, str]] | None
+    messages: Sequence[Mapping[str, Any]] | None
     tenant: str | None
     cost: int | None
 

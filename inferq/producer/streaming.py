@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Iterable
 from operator import methodcaller
-from typing import Any
+from typing import Any, NamedTuple
 
 from inferq.errors import ResultTimeout
 from inferq.producer.common import ClientOptions, block_timeout, parse_result
@@ -37,20 +37,31 @@ READ_COUNT = 512
 class StreamReader:
     """Turns XREAD replies into the text deltas to yield; tracks the position."""
 
-    def __init__(self) -> None:
-        self.last_id = "0-0"
+    def __init__(self, after: str = "0-0") -> None:
+        self.last_id = after
         self.ended = False
 
     def feed(self, reply: Any) -> list[str]:
         """Deltas to yield from one ``XREAD`` reply (RESP2 list or RESP3 mapping)."""
-        out: list[str] = []
+        return [text for _id, text in self.feed_entries(reply)]
+
+    def feed_entries(self, reply: Any) -> list[StreamEntry]:
+        """``feed`` with each delta's stream entry id."""
+        out: list[StreamEntry] = []
         for entry_id, fields in _entries(reply):
             self.last_id = entry_id
             if StreamField.END in fields:
                 self.ended = True
             elif delta := fields.get(StreamField.TEXT, ""):
-                out.append(delta)
+                out.append(StreamEntry(entry_id, delta))
         return out
+
+
+class StreamEntry(NamedTuple):
+    """A text delta and the id of the stream entry that holds it."""
+
+    id: str
+    text: str
 
 
 def follow(keys: QueueKeys, request_id: str, timeout: float | None,
@@ -58,21 +69,42 @@ def follow(keys: QueueKeys, request_id: str, timeout: float | None,
     """How ``Handle.stream`` and ``AsyncHandle.stream`` read, without I/O: yields either a Redis
     call to make (a ``methodcaller`` on the client, whose reply is sent back) or an item for
     the caller: each text delta, then the final ``Result``."""
+    items = follow_entries(keys, request_id, timeout, options)
+    reply: Any = None
+    while True:
+        try:
+            item = items.send(reply)
+        except StopIteration:
+            return
+        if isinstance(item, methodcaller):
+            reply = yield item
+            continue
+        reply = None
+        yield item.text if isinstance(item, StreamEntry) else item
+
+
+def follow_entries(keys: QueueKeys, request_id: str, timeout: float | None,
+                   options: ClientOptions, after: str = "0-0", reader: StreamReader | None = None
+                   ) -> Generator[methodcaller | StreamEntry | Result, Any, None]:
+    """``follow`` with each delta's entry id, from the entry after ``after`` (a reader that
+    reconnects goes on from the last id it saw). ``reader`` (made here if not given) holds the
+    position: after the ``Result``, its ``last_id`` is the stream's last entry."""
     key, result_key = keys.stream(request_id), keys.result(request_id)
     deadline = None if timeout is None else time.monotonic() + block_timeout(timeout)
-    reader = StreamReader()
+    reader = reader if reader is not None else StreamReader(after)
+    reader.last_id = after
     while True:
         block = BLOCK_MS
         if deadline is not None:
             block = max(1, min(block, int((deadline - time.monotonic()) * 1e3)))
         reply = yield methodcaller("xread", {key: reader.last_id}, count=READ_COUNT, block=block)
-        yield from reader.feed(reply)
+        yield from reader.feed_entries(reply)
         if reader.ended or not reply:
             raw = yield methodcaller("lindex", result_key, 0)
             if raw is not None:
                 # Deltas are written before the result: take any not read yet.
-                yield from reader.feed((yield methodcaller("xread", {key: reader.last_id},
-                                                           count=1 << 16)))
+                yield from reader.feed_entries((yield methodcaller(
+                    "xread", {key: reader.last_id}, count=1 << 16)))
                 result = parse_result(raw, options)
                 assert result is not None
                 yield result

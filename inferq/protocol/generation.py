@@ -9,8 +9,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic import ValidationError as PydanticValidationError
+from pydantic_core import PydanticCustomError
 
 from inferq.errors import ValidationError
 
@@ -24,8 +25,15 @@ MAX_STOP_STRINGS = 8
 MAX_STOP_CHARS = 128
 MAX_MESSAGES = 256
 SEED_MAX = (1 << 63) - 1
-MAX_STOP_TOKEN_IDS = 16
+MAX_STOP_TOKEN_IDS = 64
 TOKEN_ID_MAX = (1 << 31) - 1
+MAX_TOP_LOGPROBS = 20
+#: The error type of a refusal: the request is well-formed but asks for something inferq does
+#: not do (the gateway answers it with a 400 ``unsupported_parameter``, not a 422).
+UNSUPPORTED = "unsupported_parameter"
+#: Content part types that carry text (OpenAI's chat format); their texts are joined with a
+#: newline, as vLLM does.
+TEXT_PARTS = frozenset({"text", "input_text"})
 
 
 class FinishReason(StrEnum):
@@ -43,7 +51,38 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     role: Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[A-Za-z_][\w-]*$")]
+    #: A string, or OpenAI's list of content parts (``[{"type": "text", "text": "..."}]``),
+    #: whose text parts are joined with newlines; other part types (image, audio, file) are
+    #: refused: the models served take text.
     content: Annotated[str, Field(strict=True)]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _parts(cls, value: Any) -> Any:
+        return join_content_parts(value)
+
+
+def join_content_parts(value: Any) -> Any:
+    """A message's content as one string: a string as is, a list of text parts joined with
+    newlines. Anything else is returned untouched for the string check to refuse."""
+    if not isinstance(value, list):
+        return value
+    texts: list[str] = []
+    for i, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str):
+            raise ValueError(f"content[{i}] must be a string or a part object with a 'type' "
+                             "(e.g. {'type': 'text', 'text': '...'})")
+        if kind not in TEXT_PARTS:
+            raise PydanticCustomError(
+                UNSUPPORTED, "content[{index}]: content part type '{kind}' is not supported: "
+                "the models served take text only (send 'text' parts)",
+                {"index": i, "kind": kind})
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise ValueError(f"content[{i}]: a {kind!r} part needs a string 'text'")
+        texts.append(text)
+    return "\n".join(texts)
 
 
 class GenerationParams(BaseModel):
@@ -62,22 +101,38 @@ class GenerationParams(BaseModel):
     stop: Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] = Field(default_factory=list)
     #: Keep generating past the end-of-sequence token (benchmarks, tests: exact lengths).
     ignore_eos: Annotated[bool, Field(strict=True)] = False
-    #: vLLM's sampling options (``inferq worker --engine vllm``; the transformers engine refuses
-    #: a value other than the default, see ``inferq.worker.generate.vllm.sampling``): drop
-    #: tokens below ``min_p`` x the top token's probability; stop at any of these token ids;
-    #: penalise tokens already in the prompt or output (1.0: none).
-    min_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = 0.0
-    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0, le=TOKEN_ID_MAX, strict=True)]],
-                              Field(max_length=MAX_STOP_TOKEN_IDS)] = Field(
-                                  default_factory=list)
+    #: transformers' ``RepetitionPenaltyLogitsProcessor`` over the prompt and the tokens so
+    #: far: a seen token's logit is divided by it when positive, multiplied when negative.
+    #: 1.0 is none.
     repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0, allow_inf_nan=False)] = 1.0
+    #: transformers' ``MinPLogitsWarper`` (after temperature, top-k, top-p): drop tokens whose
+    #: probability is below ``min_p`` times the top token's. Sampling only; 0 is none.
+    min_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = 0.0
+    #: transformers' ``MinNewTokensLengthLogitsProcessor``: the end-of-sequence tokens and
+    #: ``stop_token_ids`` cannot be generated before this many tokens (stop strings still apply).
+    min_tokens: Annotated[int, Field(ge=0, le=MAX_NEW_TOKENS_LIMIT, strict=True)] = 0
+    #: More token ids that end the generation (finish reason ``stop``), as the end-of-sequence
+    #: token does: the token is not part of the text.
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0, le=TOKEN_ID_MAX, strict=True)]],
+                              Field(max_length=MAX_STOP_TOKEN_IDS)] = Field(default_factory=list)
+    #: Return each generated token's log-probability (of the model's raw distribution, before
+    #: penalties, temperature and filters, as vLLM's default), and the ``top_logprobs`` most
+    #: likely alternatives at each position.
+    logprobs: Annotated[bool, Field(strict=True)] = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS, strict=True)] = 0
 
-    @field_validator("temperature", "top_p", "min_p", "repetition_penalty", mode="before")
+    @field_validator("temperature", "top_p", "repetition_penalty", "min_p", mode="before")
     @classmethod
     def _number(cls, value: object) -> object:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"must be a number, got {type(value).__name__}")
         return value
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> GenerationParams:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -96,6 +151,17 @@ class GenerationParams(BaseModel):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def processed(self) -> bool:
+        """Whether the logits go through more than temperature/top-k/top-p (per-row work)."""
+        return self.repetition_penalty != 1.0 or self.min_tokens > 0
+
+    @property
+    def extended(self) -> bool:
+        """Whether it asks for what only the continuous-batching engine does."""
+        return (self.processed or self.min_p > 0.0 or bool(self.stop_token_ids)
+                or self.logprobs)
 
 
 class ScoreParams(BaseModel):

@@ -66,7 +66,7 @@ def test_openai_client_embeddings_match_the_inferq_sdk(
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=gateway, api_key="wrong", max_retries=0).embeddings.create(
             model="minilm", input="x")
-    with pytest.raises(openai.UnprocessableEntityError) as bad:
+    with pytest.raises(openai.BadRequestError) as bad:
         sdk.embeddings.create(model="minilm", input="x", dimensions=64)
     assert "dimensions" in str(bad.value)
 

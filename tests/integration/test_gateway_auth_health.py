@@ -38,7 +38,7 @@ def test_probes_and_schema_are_outside_auth(make_api: MakeApi) -> None:
         assert api.get("/openapi.json").status_code == 200
 
 
-def test_openapi_lists_the_routes(api: TestClient) -> None:
+def test_openapi_lists_the_routes(api: TestClient, make_api: MakeApi) -> None:
     schema = api.get("/openapi.json").json()
     paths = schema["paths"]
     # the operator's routes (inferq.gateway.admin), listed apart
@@ -49,15 +49,19 @@ def test_openapi_lists_the_routes(api: TestClient) -> None:
     assert admin <= set(paths)
     assert set(paths) - admin == {"/healthz", "/readyz", "/v1/embeddings", "/v1/completions",
                           "/v1/chat/completions", "/v1/requests", "/v1/requests/{request_id}",
-                          "/v1/models", "/v1/models/{model}",
+                          "/v1/requests/{request_id}/stream", "/v1/models", "/v1/models/{model}",
                           # the Files and Batches APIs (batch jobs)
                           "/v1/files", "/v1/files/{file_id}", "/v1/files/{file_id}/content",
                           "/v1/batches", "/v1/batches/stats", "/v1/batches/{batch_id}",
                           "/v1/batches/{batch_id}/cancel"}
     assert set(paths["/v1/requests/{request_id}"]) == {"get", "delete"}
     assert set(paths["/v1/completions"]) == set(paths["/v1/chat/completions"]) == {"post"}
-    assert "HTTPBearer" in schema["components"]["securitySchemes"]
     assert "429" in paths["/v1/embeddings"]["post"]["responses"]
+    # The schema declares the bearer token only when one is required.
+    assert "securitySchemes" not in schema.get("components", {})
+    with make_api(token=TOKEN) as guarded:
+        secured = guarded.get("/openapi.json").json()
+    assert "HTTPBearer" in secured["components"]["securitySchemes"]
 
 
 @pytest.mark.parametrize("path", ["/nope", "/v1/audio/speech"])

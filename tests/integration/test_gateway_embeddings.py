@@ -21,7 +21,6 @@ from tests.support.gateway import ECHO, MakeApi
     ({"input": [], "model": "echo"}, {}, "input"),
     ({"model": "echo"}, {}, "input"),
     ({"input": "x", "model": "echo", "encoding_format": "int8"}, {}, "encoding_format"),
-    ({"input": "x", "model": "echo", "dimensions": 128}, {}, "dimensions"),
     ({"input": "x", "model": "echo", "temperature": 1}, {}, "temperature"),
     ({"input": "x", "model": "echo", "priority": 101}, {}, "priority"),
     ({"input": "x", "model": "echo", "deadline_s": 0}, {}, "deadline_s"),
@@ -39,6 +38,18 @@ def test_invalid_requests_are_422_naming_the_field(
     assert param in error["message"]
     assert error["type"] == "invalid_request_error"
     assert r.zcard(ECHO.pending) == 0  # nothing queued
+
+
+@pytest.mark.parametrize(("field", "value"), [("dimensions", 128),
+                                              ("truncate_prompt_tokens", 16)])
+def test_unsupported_fields_are_400_naming_them(api: TestClient, r: redis.Redis, field: str,
+                                                value: int) -> None:
+    response = api.post("/v1/embeddings", json={"input": "x", "model": "echo", field: value})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == field and error["code"] == "unsupported_parameter"
+    assert error["message"].startswith(f"{field}: not supported: ")
+    assert r.zcard(ECHO.pending) == 0
 
 
 def test_too_many_inputs_is_422(make_api: MakeApi) -> None:

@@ -3,7 +3,7 @@ sampling, the stream reader. No Redis, no model."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -177,15 +177,23 @@ def test_footprint_counts_the_padded_rectangle_the_cache_allocates() -> None:
 # ---------------------------------------------------------------------------- sampling
 
 
+@dataclass
+class _Row:
+    params: GenerationParams
+    generator: torch.Generator | None
+    prompt_ids: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+
 def test_sampling_is_reproducible_per_request_and_top_k_1_is_greedy() -> None:
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
     hot = GenerationParams(temperature=1.5, seed=7)
-    a = [choose(logits, [hot] * 3, [make_generator(7) for _ in range(3)]) for _ in range(2)]
+    a = [choose(logits, [_Row(hot, make_generator(7)) for _ in range(3)]) for _ in range(2)]
     assert a[0] == a[1]
-    greedy = choose(logits, [GenerationParams()] * 3, [None] * 3)
+    greedy = choose(logits, [_Row(GenerationParams(), None) for _ in range(3)])
     assert greedy == logits.argmax(-1).tolist()
     top1 = GenerationParams(temperature=1.0, top_k=1)
-    assert choose(logits, [top1] * 3, [make_generator(i) for i in range(3)]) == greedy
+    assert choose(logits, [_Row(top1, make_generator(i)) for i in range(3)]) == greedy
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p() -> None:

@@ -18,7 +18,12 @@ from inferq.worker.generate.steploop import StepLoop
 from inferq.worker.generate.vllm.capacity import KV_HIGH_WATERMARK, SchedulerState, usable_slots
 from inferq.worker.generate.vllm.engine import MultiTokenStep, VllmEngine
 from inferq.worker.generate.vllm.options import engine_kwargs, parse_options
-from inferq.worker.generate.vllm.sampling import check_supported, sampling_kwargs, unsupported
+from inferq.worker.generate.vllm.sampling import (
+    REFUSED,
+    check_supported,
+    sampling_kwargs,
+    unsupported,
+)
 from inferq.worker.models.lm import CausalLM
 from inferq.worker.models.sampling import seed_for
 from tests.support.fake_vllm import FakeCore, fake_requests, next_token
@@ -34,13 +39,15 @@ BUDGET = Budget(max_slots=2, kv_tokens=1 << 16, max_prefill_tokens=4096)
 def test_every_generation_param_maps_one_to_one_onto_vllm_sampling_params() -> None:
     params = GenerationParams(max_new_tokens=50, temperature=0.7, top_p=0.9, top_k=40,
                               min_p=0.05, seed=11, stop=["\n\n", "END"],
-                              stop_token_ids=[7, 9], ignore_eos=True, repetition_penalty=1.2)
+                              stop_token_ids=[7, 9], ignore_eos=True, repetition_penalty=1.2,
+                              min_tokens=5)
     kw = sampling_kwargs(params, max_tokens=30, seed=11)
     assert kw == {"n": 1, "max_tokens": 30, "temperature": 0.7, "top_p": 0.9, "top_k": 40,
                   "min_p": 0.05, "seed": 11, "stop": ["\n\n", "END"], "stop_token_ids": [7, 9],
-                  "ignore_eos": True, "repetition_penalty": 1.2, "logprobs": None}
-    # Every field of GenerationParams is used (a new one must be mapped, or refused).
-    mapped = {"max_new_tokens"} | set(kw)
+                  "ignore_eos": True, "repetition_penalty": 1.2, "min_tokens": 5,
+                  "logprobs": None}
+    # Every field of GenerationParams is mapped, or refused by the vLLM engine.
+    mapped = {"max_new_tokens"} | set(kw) | set(REFUSED["vllm"])
     assert set(GenerationParams.model_fields) <= mapped
 
 
@@ -54,24 +61,25 @@ def test_greedy_defaults_map_to_vllm_defaults_and_no_seed() -> None:
 
 
 @pytest.mark.parametrize(("extra", "named"), [
-    ({"min_p": 0.1}, ["min_p"]),
-    ({"stop_token_ids": [3]}, ["stop_token_ids"]),
-    ({"repetition_penalty": 1.3, "min_p": 0.2}, ["min_p", "repetition_penalty"]),
+    ({"logprobs": True}, ["logprobs"]),
+    ({"logprobs": True, "top_logprobs": 3}, ["logprobs", "top_logprobs"]),
 ])
-def test_the_transformers_engine_refuses_what_only_vllm_samples_with(
+def test_the_vllm_engine_refuses_logprobs_which_the_transformers_engine_returns(
         extra: dict[str, object], named: list[str]) -> None:
     params = GenerationParams(**extra)  # type: ignore[arg-type]
-    assert unsupported(params, "transformers") == named
-    assert unsupported(params, "vllm") == []
+    assert unsupported(params, "vllm") == named
+    assert unsupported(params, "transformers") == []
     with pytest.raises(InvalidInput) as err:
-        check_supported(params, "transformers")
+        check_supported(params, "vllm")
     for name in named:
         assert f"params.{name}" in str(err.value)
-    check_supported(params, "vllm")
-    check_supported(GenerationParams(), "transformers")  # defaults are fine everywhere
+    check_supported(params, "transformers")
+    for engine in ("transformers", "vllm"):  # defaults, and the sampling fields both map
+        check_supported(GenerationParams(min_p=0.1, repetition_penalty=1.3, min_tokens=2,
+                                         stop_token_ids=[3]), engine)
 
 
-def test_logprobs_and_unknown_params_are_refused_by_the_params_model() -> None:
+def test_malformed_sampling_params_are_refused_by_the_params_model() -> None:
     from inferq.errors import ValidationError
     from inferq.protocol.generation import parse_generation_params
 

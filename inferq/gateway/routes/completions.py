@@ -4,20 +4,33 @@ Each call queues one ``generate`` request (``prompt``, or chat ``messages`` rend
 model's chat template on the worker) and answers with its text, finish reason and token usage,
 or with ``stream: true`` relays the worker's text deltas as server-sent events of chunks, ending
 with ``data: [DONE]``. A stream whose client goes away, or whose wait times out, cancels its
-request, so no worker keeps generating what nobody reads. A request that ends in an error
-mid-stream sends one ``data: {"error": {...}}`` event (the OpenAI SDK raises it) and stops.
+request, so no worker keeps generating what nobody reads (unless the body says
+``resumable: true``). A request that ends in an error mid-stream sends one
+``data: {"error": {...}}`` event (the OpenAI SDK raises it) and stops.
+
+Resumable streams. Every event carries an ``id:``: the Redis Stream entry that holds its text
+(``0-0`` for the chat's first, role-only chunk), and ``<last entry>:f`` / ``:u`` / ``:d`` for
+the finish chunk, the usage chunk and ``[DONE]``. Ids are sent when the client can use them:
+a ``resumable: true`` body, an ``Accept: text/event-stream`` header (what SSE clients send), and
+always on the resume route; not otherwise, because some clients (vLLM's benchmark client)
+read every event as ``data: `` + JSON and fail on any other field. A client that lost the
+stream (its connection, or the gateway process, died) sends the last id it got as
+``Last-Event-ID`` to ``GET /v1/requests/{id}/stream`` on any gateway and gets the events after
+it, read from the request's Redis Stream: no event twice, none missing. ``X-Request-Id``, when
+given, is the request's id (and echoed), so the client knows it before the first byte.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -26,9 +39,11 @@ from inferq.gateway.errors import ApiError, from_inferq
 from inferq.gateway.routes.common import (
     DeadlineHeader,
     PriorityHeader,
+    RequestIdHeader,
     TenantHeader,
     TimeoutHeader,
 )
+from inferq.gateway.routes.native import ModelQuery, RequestIdPath, not_found, wait_for
 from inferq.gateway.schemas import (
     ERROR_RESPONSES,
     AssistantMessage,
@@ -42,7 +57,8 @@ from inferq.gateway.schemas import (
 )
 from inferq.gateway.state import GatewayState, State, cancel_quietly
 from inferq.producer.aio import AsyncHandle
-from inferq.producer.common import raise_for_status
+from inferq.producer.common import RequestState, raise_for_status
+from inferq.producer.streaming import StreamEntry, StreamReader
 from inferq.protocol.codec import Result
 from inferq.protocol.generation import GENERATE_TASK, FinishReason
 
@@ -84,7 +100,7 @@ async def cancel_shielded(handle: AsyncHandle) -> None:
 
 async def enqueue(state: GatewayState, body: ChatCompletionRequest | CompletionRequest,
                   priority: int | None, deadline_s: float | None,
-                  tenant: str | None = None) -> AsyncHandle:
+                  request_id: str | None = None, tenant: str | None = None) -> AsyncHandle:
     if isinstance(body, ChatCompletionRequest):
         prompt = ""
         messages: list[Mapping[str, str]] | None = [m.model_dump() for m in body.messages]
@@ -95,23 +111,55 @@ async def enqueue(state: GatewayState, body: ChatCompletionRequest | CompletionR
         prompt, messages=messages, model=body.model, task=GENERATE_TASK,
         priority=body.priority if body.priority is not None else (priority or 0),
         deadline_s=body.deadline_s if body.deadline_s is not None else deadline_s,
-        params=body.params(), tenant=state.tenant(body.user, tenant))
+        params=body.params(), id=request_id, tenant=state.tenant(body.user, tenant))
 
 
-async def wait(handle: AsyncHandle, timeout: float) -> Result:
-    """The ok result; a timeout (or this call being cancelled) cancels the request."""
+async def wait(state: GatewayState, handle: AsyncHandle, timeout: float) -> Result:
+    """The ok result; a timeout (or this call being cancelled) cancels the request (not one
+    that an earlier call with the same ``X-Request-Id`` queued: it is not this call's)."""
     try:
-        return await handle.result(timeout)
+        return await wait_for(state, handle, timeout)
     except RequestError:
         raise  # finished: nothing to cancel
     except ResultTimeout as exc:
-        await cancel_shielded(handle)
+        if not handle.duplicate:
+            await cancel_shielded(handle)
         error = from_inferq(exc)
         error.request_id = handle.id
         raise error from exc
     except BaseException:
-        await cancel_shielded(handle)
+        if not handle.duplicate:
+            await cancel_shielded(handle)
         raise
+
+
+def chat_logprobs(output: Any) -> dict[str, Any] | None:
+    """The worker's per-token log-probabilities in the chat completion's shape."""
+    entries = output.get("logprobs") if isinstance(output, dict) else None
+    if not isinstance(entries, list):
+        return None
+
+    def item(e: Mapping[str, Any]) -> dict[str, Any]:
+        return {"token": e["token"], "logprob": e["logprob"],
+                "bytes": list(str(e["token"]).encode("utf-8"))}
+
+    return {"content": [{**item(e), "top_logprobs": [item(t) for t in e["top"]]}
+                        for e in entries], "refusal": None}
+
+
+def completion_logprobs(output: Any) -> dict[str, Any] | None:
+    """The worker's per-token log-probabilities in the (legacy) completion's shape."""
+    entries = output.get("logprobs") if isinstance(output, dict) else None
+    if not isinstance(entries, list):
+        return None
+    offsets, at = [], 0
+    for e in entries:
+        offsets.append(at)
+        at += len(e["token"])
+    return {"tokens": [e["token"] for e in entries],
+            "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top"]} for e in entries],
+            "text_offset": offsets}
 
 
 # --- streaming -----------------------------------------------------------------------------
@@ -150,10 +198,39 @@ class Chunks:
         return body
 
 
-def sse(data: Mapping[str, Any] | str) -> str:
+def event(data: Mapping[str, Any] | str, event_id: str | None = None) -> str:
+    """One server-sent event: ``data:``, after its ``id:`` if given."""
     text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False,
                                                          separators=(",", ":"))
-    return f"data: {text}\n\n"
+    return f"data: {text}\n\n" if event_id is None else f"id: {event_id}\ndata: {text}\n\n"
+
+
+#: The tail of a stream after its last entry: the finish chunk, the usage chunk, ``[DONE]``.
+TAIL = ("f", "u", "d")
+START = "0-0"
+LAST_EVENT_ID_RE = re.compile(r"^(\d{1,20}-\d{1,20})(?::([fud]))?$")
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a stream resumes: after entry ``entry``, and after tail event ``tail`` if any."""
+
+    entry: str = START
+    tail: str | None = None
+    #: Whether the client saw anything (the chat's role chunk is not sent again).
+    resumed: bool = False
+
+    @classmethod
+    def parse(cls, last_event_id: str | None) -> Position:
+        if last_event_id is None:
+            return cls()
+        match = LAST_EVENT_ID_RE.match(last_event_id.strip())
+        if match is None:
+            raise ApiError(422, "invalid_request_error", "invalid_request",
+                           f"Last-Event-ID: {last_event_id!r} is not an event id of this "
+                           "stream (<ms>-<seq>, optionally :f, :u or :d)",
+                           param="Last-Event-ID")
+        return cls(match[1], match[2], resumed=True)
 
 
 class EventStream(StreamingResponse):
@@ -178,57 +255,105 @@ class EventStream(StreamingResponse):
 
 
 def stream_response(state: GatewayState, handle: AsyncHandle, chunks: Chunks, timeout: float,
-                    include_usage: bool) -> EventStream:
+                    include_usage: bool, *, cancel_on_close: bool = True,
+                    position: Position = Position(), headers: Mapping[str, str] = {},
+                    ids: bool = True) -> EventStream:
+    """The events of ``handle``'s generation after ``position``, each with its ``id:`` when
+    ``ids``. With ``cancel_on_close``, a stream that ends before the result (client gone,
+    timeout) cancels the request."""
     finished = False
+
+    def sse(data: Mapping[str, Any] | str, event_id: str) -> str:
+        return event(data, event_id if ids else None)
 
     async def events() -> AsyncGenerator[str, None]:
         nonlocal finished
-        if chunks.chat:
-            yield sse(chunks.chunk(role="assistant", text=""))
+        # The chat's role-only chunk goes out with the first thing the worker produced, as
+        # vLLM's server sends it: clients time the first token by the first chunk.
+        role = chunks.chat and not position.resumed
+        reader = StreamReader(position.entry)
         try:
-            async for item in handle.stream(timeout):
-                if isinstance(item, str):
-                    yield sse(chunks.chunk(text=item))
+            async for item in handle.stream_entries(timeout, after=position.entry,
+                                                    reader=reader):
+                if role:
+                    role = False
+                    yield sse(chunks.chunk(role="assistant", text=""), START)
+                if isinstance(item, StreamEntry):
+                    yield sse(chunks.chunk(text=item.text), item.id)
                     continue
                 finished = True
                 result = raise_for_status(item)
-                yield sse(chunks.chunk(text="" if not chunks.chat else None,
-                                       finish=finish_reason(result)))
-                if include_usage:
-                    yield sse(chunks.usage(result))
-                yield sse("[DONE]")
+                done = TAIL.index(position.tail) + 1 if position.tail is not None else 0
+                last = reader.last_id
+                if done <= 0:
+                    yield sse(chunks.chunk(text="" if not chunks.chat else None,
+                                           finish=finish_reason(result)), f"{last}:f")
+                if done <= 1 and include_usage:
+                    yield sse(chunks.usage(result), f"{last}:u")
+                if done <= 2:
+                    yield sse("[DONE]", f"{last}:d")
         except InferqError as exc:
             error = from_inferq(exc, retry_after_s=state.settings.retry_after_s)
             error.request_id = error.request_id or handle.id
-            yield sse(error.body())
+            yield event(error.body())
 
     async def on_close() -> None:
-        if not finished:  # client gone, timed out, or failed to read: nobody will read it
+        # Client gone, timed out, or failed to read: nobody will read it.
+        if not finished and cancel_on_close and not handle.duplicate:
             await cancel_quietly([handle])
 
-    return EventStream(events(), on_close, headers={"X-Inferq-Request-Id": handle.id})
+    return EventStream(events(), on_close,
+                       headers={"X-Inferq-Request-Id": handle.id, **headers})
 
 
 # --- routes --------------------------------------------------------------------------------
 
+@dataclass(frozen=True, slots=True)
+class Headers:
+    """The optional headers of both routes."""
+
+    priority: int | None = None
+    deadline_s: float | None = None
+    timeout_s: float | None = None
+    request_id: str | None = None
+    #: The client's Accept header names ``text/event-stream``.
+    event_stream: bool = False
+    #: X-Inferq-Tenant (used when INFERQ_GATEWAY_TENANT_FROM=header).
+    tenant: str | None = None
+
+
+AcceptHeader = Annotated[str | None, Header(
+    alias="Accept", description="text/event-stream: the stream's events carry their id")]
+
+
+def wants_event_stream(accept: str | None) -> bool:
+    return accept is not None and "text/event-stream" in accept.lower()
+
+
+def chunk_id(chat: bool, request_id: str) -> str:
+    return f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
+
+
 async def respond(state: GatewayState, body: ChatCompletionRequest | CompletionRequest,
-                  headers: tuple[int | None, float | None, float | None],
-                  answer: Callable[[Chunks, Result], CompletionResponse | ChatCompletionResponse],
-                  tenant: str | None = None) -> Response:
+                  headers: Headers,
+                  answer: Callable[[Chunks, Result], CompletionResponse | ChatCompletionResponse]
+                  ) -> Response:
     """Both routes: queue the request, then stream its chunks, or wait and ``answer`` with the
-    response body made of the result. ``headers``: X-Priority, X-Deadline-S, X-Timeout-S;
-    ``tenant``: X-Inferq-Tenant."""
-    priority, deadline_s, timeout_s = headers
-    timeout = state.timeout(timeout_s, "X-Timeout-S")
-    handle = await enqueue(state, body, priority, deadline_s, tenant)
+    response body made of the result."""
+    timeout = state.timeout(headers.timeout_s, "X-Timeout-S")
+    handle = await enqueue(state, body, headers.priority, headers.deadline_s, headers.request_id,
+                           headers.tenant)
     chat = isinstance(body, ChatCompletionRequest)
-    chunks = Chunks(chat=chat, id=f"{'chatcmpl' if chat else 'cmpl'}-{handle.id}",
-                    model=body.model, created=int(time.time()))
+    chunks = Chunks(chat=chat, id=chunk_id(chat, handle.id), model=body.model,
+                    created=int(time.time()))
+    echo = {"X-Request-Id": handle.id} if headers.request_id is not None else {}
     if body.stream:
-        return stream_response(state, handle, chunks, timeout, body.include_usage)
-    result = await wait(handle, timeout)
+        return stream_response(state, handle, chunks, timeout, body.include_usage,
+                               cancel_on_close=not body.resumable, headers=echo,
+                               ids=body.resumable or headers.event_stream)
+    result = await wait(state, handle, timeout)
     return Response(answer(chunks, result).model_dump_json(), media_type="application/json",
-                    headers={"X-Inferq-Request-Id": handle.id})
+                    headers={"X-Inferq-Request-Id": handle.id, **echo})
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=STREAM_RESPONSES,
@@ -237,13 +362,18 @@ async def create_completion(body: CompletionRequest, state: State,
                             x_priority: PriorityHeader = None,
                             x_deadline_s: DeadlineHeader = None,
                             x_timeout_s: TimeoutHeader = None,
-                            x_inferq_tenant: TenantHeader = None) -> Response:
+                            x_inferq_tenant: TenantHeader = None,
+                            x_request_id: RequestIdHeader = None,
+                            accept: AcceptHeader = None) -> Response:
     """Continues ``prompt`` (task ``generate``); ``usage`` is the worker tokenizer's count."""
-    return await respond(state, body, (x_priority, x_deadline_s, x_timeout_s),
+    return await respond(state, body, Headers(x_priority, x_deadline_s, x_timeout_s,
+                                              x_request_id, wants_event_stream(accept),
+                                              x_inferq_tenant),
                          lambda chunks, result: CompletionResponse(
         id=chunks.id, created=chunks.created, model=body.model, usage=usage_of(result),
         choices=[CompletionChoice(text=text_of(result, body.model),
-                                  finish_reason=finish_reason(result))]), x_inferq_tenant)
+                                  finish_reason=finish_reason(result),
+                                  logprobs=completion_logprobs(result.output))]))
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
@@ -252,10 +382,43 @@ async def create_chat_completion(body: ChatCompletionRequest, state: State,
                                  x_priority: PriorityHeader = None,
                                  x_deadline_s: DeadlineHeader = None,
                                  x_timeout_s: TimeoutHeader = None,
-                                 x_inferq_tenant: TenantHeader = None) -> Response:
+                                 x_inferq_tenant: TenantHeader = None,
+                                 x_request_id: RequestIdHeader = None,
+                                 accept: AcceptHeader = None) -> Response:
     """Answers ``messages`` (rendered with the model's chat template on the worker)."""
-    return await respond(state, body, (x_priority, x_deadline_s, x_timeout_s),
+    return await respond(state, body, Headers(x_priority, x_deadline_s, x_timeout_s,
+                                              x_request_id, wants_event_stream(accept),
+                                              x_inferq_tenant),
                          lambda chunks, result: ChatCompletionResponse(
         id=chunks.id, created=chunks.created, model=body.model, usage=usage_of(result),
         choices=[ChatChoice(message=AssistantMessage(content=text_of(result, body.model)),
-                            finish_reason=finish_reason(result))]), x_inferq_tenant)
+                            finish_reason=finish_reason(result),
+                            logprobs=chat_logprobs(result.output))]))
+
+
+@router.get("/v1/requests/{request_id}/stream", responses=STREAM_RESPONSES,
+            summary="Resume a generation's event stream (Last-Event-ID)")
+async def resume_stream(request_id: RequestIdPath, state: State, model: ModelQuery,
+                        format: Annotated[Literal["chat", "completion"], Query(
+                            description="the chunks' shape: chat.completion.chunk or "
+                                        "text_completion")] = "chat",
+                        include_usage: Annotated[bool, Query(
+                            description="end with a usage chunk")] = False,
+                        last_event_id: Annotated[str | None, Header(
+                            alias="Last-Event-ID", description="the id of the last event "
+                            "received: the stream goes on after it")] = None,
+                        x_timeout_s: TimeoutHeader = None) -> Response:
+    """The server-sent events of a ``generate`` request (queued by ``/v1/completions`` or
+    ``/v1/chat/completions`` with ``stream``, or any other way), from the start or after
+    ``Last-Event-ID``: a client whose stream broke, or whose gateway died, gets the rest from
+    any gateway, with no event twice. Reading never cancels the request."""
+    position = Position.parse(last_event_id)
+    timeout = state.timeout(x_timeout_s, "X-Timeout-S")
+    handle = await state.client.find(request_id, model=model, task=GENERATE_TASK)
+    if await handle.status() is RequestState.UNKNOWN:
+        raise not_found(handle)
+    chat = format == "chat"
+    chunks = Chunks(chat=chat, id=chunk_id(chat, handle.id), model=model,
+                    created=int(time.time()))
+    return stream_response(state, handle, chunks, timeout, include_usage,
+                           cancel_on_close=False, position=position)

@@ -70,7 +70,13 @@ from inferq.worker.generate import scheduler
 from inferq.worker.generate.kvcache import SlotKVCache, footprint
 from inferq.worker.models.detok import Detokenizer
 from inferq.worker.models.lm import CausalLM
-from inferq.worker.models.sampling import choose, make_generator, seed_for
+from inferq.worker.models.sampling import (
+    TokenLogprob,
+    choose,
+    logprobs_of,
+    make_generator,
+    seed_for,
+)
 
 log = logging.getLogger("inferq.worker")
 
@@ -90,6 +96,10 @@ class Generation:
     #: Whatever the caller attaches (the worker: its claimed job).
     tag: Any = None
     tokens: list[int] = field(default_factory=list)
+    #: With ``params.logprobs``: one entry per token of ``tokens`` (None for tokens a previous
+    #: attempt streamed), and once finished their JSON form (``Engine.logprob_output``).
+    logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    logprob_output: list[dict[str, Any]] | None = None
     row: int = -1
     #: Positions of this sequence held in the KV cache.
     length: int = 0
@@ -211,8 +221,7 @@ class Engine:
                 break
             self._accept(g, int(token))
         if g.finish is not None:
-            g.detok.flush()
-            g.finished_at = self.clock()
+            self._close(g, self.clock())
         if not g.detok.text.startswith(shown):
             log.warning("request %s: the text of its %d streamed tokens does not start with "
                         "the %d characters its stream shows", g.id, len(g.tokens), len(shown))
@@ -276,8 +285,7 @@ class Engine:
             if g.first_token_at is None:
                 g.first_token_at = now
             if g.finish is not None:
-                g.detok.flush()
-                g.finished_at = now
+                self._close(g, now)
                 self._leave(g)
         if cause is not None:
             if not self.running:
@@ -330,6 +338,24 @@ class Engine:
 
     # -------------------------------------------------------------------------- internals
 
+    def _close(self, g: Generation, now: float) -> None:
+        g.detok.flush()
+        g.finished_at = now
+        if g.params.logprobs:
+            g.logprob_output = self.logprob_output(g)
+
+    def logprob_output(self, g: Generation) -> list[dict[str, Any]]:
+        """Per generated token: its text, id and log-probability, and the top alternatives
+        (the result's ``logprobs``)."""
+        out: list[dict[str, Any]] = []
+        for token, entry in zip(g.tokens, g.logprobs, strict=True):
+            top = [] if entry is None else entry[2]
+            out.append({"token": self.lm.decode([token]), "id": token,
+                        "logprob": None if entry is None else entry[1],
+                        "top": [{"token": self.lm.decode([t]), "id": t, "logprob": lp}
+                                for t, lp in top]})
+        return out
+
     def _leave(self, generation: Generation) -> None:
         row = generation.row
         last = self.running[-1]
@@ -375,14 +401,15 @@ class Engine:
         self.cache.ensure(n + k, longest)
         self.cache.plan_prefill(list(range(n, n + k)), lengths, width)
         logits = self._forward(ids.to(device), allowed[:, None].to(device), positions.to(device))
-        tokens = choose(logits, [g.params for g in admitted], [g.generator for g in admitted])
+        tokens = choose(logits, admitted, self.lm.eos_ids)
+        logprobs = logprobs_of(logits, admitted, tokens)
         now = self.clock()
         for r, g in enumerate(admitted):
             g.row, g.length, g.entered = n + r, lengths[r], self.steps
             g.admitted_at = now if g.admitted_at is None else g.admitted_at
             self.running.append(g)
-        for g, token in zip(admitted, tokens, strict=True):
-            self._accept(g, token)
+        for g, token, lp in zip(admitted, tokens, logprobs, strict=True):
+            self._accept(g, token, lp)
 
     def _decode(self, decoding: list[Generation]) -> None:
         device = self.lm.torch_device
@@ -395,15 +422,19 @@ class Engine:
         self.cache.plan_decode(positions_d, kv_len)
         logits = self._forward(ids.to(device), allowed[:, None, None, :].to(device),
                                positions_d[:, None])
-        tokens = choose(logits, [g.params for g in decoding], [g.generator for g in decoding])
-        for g, token in zip(decoding, tokens, strict=True):
+        tokens = choose(logits, decoding, self.lm.eos_ids)
+        logprobs = logprobs_of(logits, decoding, tokens)
+        for g, token, lp in zip(decoding, tokens, logprobs, strict=True):
             g.length += 1
-            self._accept(g, token)
+            self._accept(g, token, lp)
         self.decoded_tokens += len(decoding)
 
-    def _accept(self, g: Generation, token: int) -> None:
+    def _accept(self, g: Generation, token: int, logprob: TokenLogprob | None = None) -> None:
         g.tokens.append(token)
-        if token in self.lm.eos_ids and not g.params.ignore_eos:
+        if g.params.logprobs:
+            g.logprobs.append(logprob)
+        if ((token in self.lm.eos_ids and not g.params.ignore_eos)
+                or token in g.params.stop_token_ids):
             g.finish = FinishReason.STOP
             return
         g.detok.add(token)

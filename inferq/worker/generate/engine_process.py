@@ -409,6 +409,7 @@ class EngineProcess:
             g.finish = FinishReason(end.finish)
             g.finished_at = now
             g.detok.text = end.text
+            g.logprob_output = end.logprobs
             g.row = -1
             done.append(g)
         return StepOutput(rows, done, len(record.admitted), record.prefill_tokens,
@@ -455,8 +456,8 @@ def step_record(out: StepOutput) -> wire.StepRecord:
         out.step, out.at, out.elapsed_s, [g.id for g in out.entered], out.prefill_tokens,
         [g.id for g in out.preempted],
         [wire.Advanced(g.id, token, text) for g, token, text in out.advanced],
-        [wire.Finished(g.id, (g.finish or FinishReason.LENGTH).value, g.detok.text)
-         for g in out.finished])
+        [wire.Finished(g.id, (g.finish or FinishReason.LENGTH).value, g.detok.text,
+                       g.logprob_output) for g in out.finished])
 
 
 class Outbox:

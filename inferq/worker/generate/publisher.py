@@ -193,6 +193,8 @@ class StreamPublisher:
         finish = g.finish or FinishReason.LENGTH
         self.stats.reasons[finish.value] += 1
         output: dict[str, Any] = {"text": g.detok.text, "token_ids": g.tokens}
+        if g.logprob_output is not None:
+            output["logprobs"] = g.logprob_output
         finished_ms = self.link.to_ms(finished_at)
         # ttft is measured on the local clock, total on Redis' integer clock: never let the
         # rounding between the two make the first token come after the end.

@@ -105,6 +105,9 @@ class Finished(_Part, frozen=True):
     finish: str
     #: The generation's whole text.
     text: str
+    #: With ``logprobs``: per token, its log-probability and top alternatives
+    #: (``Engine.logprob_output``).
+    logprobs: list[dict[str, Any]] | None = None
 
 
 class StepRecord(_Part, frozen=True):

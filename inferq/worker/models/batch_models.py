@@ -134,7 +134,13 @@ class RequestLevelGenerator(_CausalLMTask):
     spare = 1  # room for at least one new token
 
     def _params(self, payload: RequestPayload) -> GenerationParams:
-        return parse_generation_params(payload.params)
+        params = parse_generation_params(payload.params)
+        if params.extended:
+            # Refused, never ignored: the continuous engine implements them.
+            raise ValidationError("params: repetition_penalty, min_p, min_tokens, "
+                                  "stop_token_ids and logprobs need the continuous-batching "
+                                  "worker (this one runs --batching request)")
+        return params
 
     def _data(self, payload: RequestPayload, ids: list[int], params: Any) -> _Request:
         return _Request(payload.id, ids, params)

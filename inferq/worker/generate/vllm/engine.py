@@ -193,15 +193,6 @@ class VllmEngine(Engine):
             g.admitted_at = self.clock()
         self.running.append(g)
 
-    def _accept(self, g: Generation, token: int) -> None:
-        """As the transformers engine, plus ``stop_token_ids`` (vLLM ends the request there; the
-        token, as an end-of-sequence token, adds no text)."""
-        if token in g.params.stop_token_ids:
-            g.tokens.append(token)
-            g.finish = FinishReason.STOP
-            return
-        super()._accept(g, token)
-
     def cancel(self, generation: Generation) -> None:
         if generation.in_batch:
             generation.finish = FinishReason.CANCELLED

@@ -18,17 +18,17 @@ TRANSFORMERS = "transformers"
 VLLM = "vllm"
 ENGINES = (TRANSFORMERS, VLLM)
 
-#: Fields only vLLM's sampler implements, with the value that means "off".
-VLLM_ONLY_DEFAULTS: dict[str, Any] = {"min_p": 0.0, "stop_token_ids": [],
-                                      "repetition_penalty": 1.0}
+#: Per engine, the fields it cannot honour, with the value that means "off". The transformers
+#: engine implements every field; the vLLM engine does not carry log-probabilities back (its
+#: steps hand over token ids only).
+REFUSED: dict[str, dict[str, Any]] = {TRANSFORMERS: {},
+                                      VLLM: {"logprobs": False, "top_logprobs": 0}}
 
 
 def unsupported(params: GenerationParams, engine: str) -> list[str]:
     """The fields of ``params`` that ``engine`` cannot honour (set to other than their
     default)."""
-    if engine == VLLM:
-        return []
-    return [name for name, off in VLLM_ONLY_DEFAULTS.items() if getattr(params, name) != off]
+    return [name for name, off in REFUSED[engine].items() if getattr(params, name) != off]
 
 
 def check_supported(params: GenerationParams, engine: str) -> None:
@@ -37,7 +37,7 @@ def check_supported(params: GenerationParams, engine: str) -> None:
     if refused:
         raise InvalidInput(
             f"params.{', params.'.join(refused)}: not supported by this worker's "
-            f"{engine} engine (only --engine vllm samples with them)")
+            f"{engine} engine")
 
 
 def sampling_kwargs(params: GenerationParams, *, max_tokens: int, seed: int | None
@@ -63,5 +63,6 @@ def sampling_kwargs(params: GenerationParams, *, max_tokens: int, seed: int | No
         "stop_token_ids": list(params.stop_token_ids) or None,
         "ignore_eos": params.ignore_eos,
         "repetition_penalty": params.repetition_penalty,
+        "min_tokens": params.min_tokens,
         "logprobs": None,
     }
