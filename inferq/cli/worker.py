@@ -114,7 +114,7 @@ def add_parser(sub: Subcommands) -> None:
                    help="write token streams and results at most this often")
     g.add_argument("--max-preemptions", type=int, metavar="N",
                    help="a running generation yields its slot to a waiting one of strictly "
-                        "higher priority at most N times, keeping its tokens (default: 4; 0: "
+                        "higher priority at most N times, keeping its tokens (default: 32; 0: "
                         "no preemption)")
     g.add_argument("--swap-mb", type=float, metavar="MB",
                    help="host memory for the KV caches of preempted generations, put back "

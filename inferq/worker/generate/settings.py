@@ -40,7 +40,7 @@ class GenerationSettings:
     engine_process: bool = True
     #: How many times one sequence may be preempted for a higher priority (then it keeps its
     #: slot until it finishes); 0 turns preemption off (see ``scheduler.plan``).
-    max_preemptions: int = 4
+    max_preemptions: int = 32
     #: Host memory in MiB for the KV caches of preempted sequences, swapped out while they
     #: wait (a preemption beyond it is recomputed when the sequence resumes); None: as much as
     #: the KV cache budget; 0: always recompute.

@@ -61,7 +61,7 @@ MAX_STEP_FAILURES = 3
 #: Good steps after which a budget shrunk by an out-of-memory error grows one notch back.
 RECOVER_AFTER_STEPS = 200
 #: Times one sequence may be preempted for a higher priority; then it keeps its slot.
-MAX_PREEMPTIONS = 4
+MAX_PREEMPTIONS = 32
 
 
 @dataclass(slots=True)
