@@ -62,6 +62,6 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(models.router, dependencies=authenticated)
     app.include_router(files.router, dependencies=authenticated)
     app.include_router(batches.router, dependencies=authenticated)
-    app.include_router(admin.api)  # the token, or the dashboard's cookie
+    app.include_router(admin.api, dependencies=admin.guarded(settings.token))  # or the cookie
     app.include_router(admin.open_routes)
     return app

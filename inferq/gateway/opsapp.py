@@ -35,6 +35,6 @@ def create_ops_app(redis_url: str | ConnectionSettings | None, *, token: str | N
     app = FastAPI(title="inferq dashboard", version=inferq.__version__, lifespan=lifespan)
     errors.install(app, retry_after_s=1)
     app.get("/healthz", include_in_schema=False)(health.healthz)
-    app.include_router(admin.api)
+    app.include_router(admin.api, dependencies=admin.guarded(token or None))
     app.include_router(admin.open_routes)
     return app
