@@ -552,8 +552,8 @@ class _EngineSide:
             self.engine = Engine(lm, spec.settings.budget(lm))
         budget = self.engine.budget
         self.load_s = time.monotonic() - started
-        log.info("loaded model %s (%s engine) on %s in %.1f s; %s", spec.model_id, spec.engine,
-                 lm.device, self.load_s, describe_budget(budget, lm.kv))
+        log.info("loaded model %s (weights) on %s in %.1f s (%s engine); %s", spec.model_id,
+                 lm.device, self.load_s, spec.engine, describe_budget(budget, lm.kv))
         self.steps = StepLoop(self.engine, self, max_preemptions=spec.settings.max_preemptions,
                               swap_bytes=swap_bytes)
         self.outbox = Outbox(conn, self.steps, self._state)
