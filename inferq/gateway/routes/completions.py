@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import anyio
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -330,6 +330,17 @@ def wants_event_stream(accept: str | None) -> bool:
     return accept is not None and "text/event-stream" in accept.lower()
 
 
+def route_headers(x_priority: PriorityHeader = None, x_deadline_s: DeadlineHeader = None,
+                  x_timeout_s: TimeoutHeader = None, x_inferq_tenant: TenantHeader = None,
+                  x_request_id: RequestIdHeader = None, accept: AcceptHeader = None) -> Headers:
+    """Both routes' headers, read once (a dependency: the schema lists each header)."""
+    return Headers(x_priority, x_deadline_s, x_timeout_s, x_request_id,
+                   wants_event_stream(accept), x_inferq_tenant)
+
+
+RouteHeaders = Annotated[Headers, Depends(route_headers)]
+
+
 def chunk_id(chat: bool, request_id: str) -> str:
     return f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
 
@@ -359,17 +370,9 @@ async def respond(state: GatewayState, body: ChatCompletionRequest | CompletionR
 @router.post("/v1/completions", response_model=CompletionResponse, responses=STREAM_RESPONSES,
              summary="Create a text completion (OpenAI-compatible)")
 async def create_completion(body: CompletionRequest, state: State,
-                            x_priority: PriorityHeader = None,
-                            x_deadline_s: DeadlineHeader = None,
-                            x_timeout_s: TimeoutHeader = None,
-                            x_inferq_tenant: TenantHeader = None,
-                            x_request_id: RequestIdHeader = None,
-                            accept: AcceptHeader = None) -> Response:
+                            headers: RouteHeaders) -> Response:
     """Continues ``prompt`` (task ``generate``); ``usage`` is the worker tokenizer's count."""
-    return await respond(state, body, Headers(x_priority, x_deadline_s, x_timeout_s,
-                                              x_request_id, wants_event_stream(accept),
-                                              x_inferq_tenant),
-                         lambda chunks, result: CompletionResponse(
+    return await respond(state, body, headers, lambda chunks, result: CompletionResponse(
         id=chunks.id, created=chunks.created, model=body.model, usage=usage_of(result),
         choices=[CompletionChoice(text=text_of(result, body.model),
                                   finish_reason=finish_reason(result),
@@ -379,17 +382,9 @@ async def create_completion(body: CompletionRequest, state: State,
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
              responses=STREAM_RESPONSES, summary="Create a chat completion (OpenAI-compatible)")
 async def create_chat_completion(body: ChatCompletionRequest, state: State,
-                                 x_priority: PriorityHeader = None,
-                                 x_deadline_s: DeadlineHeader = None,
-                                 x_timeout_s: TimeoutHeader = None,
-                                 x_inferq_tenant: TenantHeader = None,
-                                 x_request_id: RequestIdHeader = None,
-                                 accept: AcceptHeader = None) -> Response:
+                                 headers: RouteHeaders) -> Response:
     """Answers ``messages`` (rendered with the model's chat template on the worker)."""
-    return await respond(state, body, Headers(x_priority, x_deadline_s, x_timeout_s,
-                                              x_request_id, wants_event_stream(accept),
-                                              x_inferq_tenant),
-                         lambda chunks, result: ChatCompletionResponse(
+    return await respond(state, body, headers, lambda chunks, result: ChatCompletionResponse(
         id=chunks.id, created=chunks.created, model=body.model, usage=usage_of(result),
         choices=[ChatChoice(message=AssistantMessage(content=text_of(result, body.model)),
                             finish_reason=finish_reason(result),
