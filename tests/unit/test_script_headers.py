@@ -143,10 +143,10 @@ def test_the_body_uses_only_what_the_header_declares(name: str) -> None:
 HASH_CODES = {f.value for f in fields.Field}
 STREAM_CODES = {f.value for f in fields.StreamField}
 #: Python literals equal to a code that are not field names: (path under inferq/, literal).
+#: Literals that equal a field's name but are not one: (module, literal).
 NOT_FIELDS = {
-    # the stream entry fields of the generate package's publisher; its owner switches it
-    # to ``fields.StreamField`` (the generate package is changed by its owner only)
-
+    # the resumable SSE stream's tail event ids (<entry>:f, :u, :d: finish, usage, [DONE])
+    ("gateway/routes/completions.py", "d"),
 }
 
 
