@@ -173,7 +173,7 @@ def test_a_stream_resumes_on_another_gateway_after_a_sigkill(
     start_worker("--task", "generate", "--model", f"{MODEL}={tiny_path}", "--device", "cpu",
                  "--stream-interval-ms", "200")
     body = {"model": MODEL, "messages": [{"role": "user", "content": "the queue"}],
-            "max_tokens": 160, "ignore_eos": True, "stream": True, "resumable": True,
+            "max_tokens": 600, "ignore_eos": True, "stream": True, "resumable": True,
             "stream_options": {"include_usage": True}}
     received: list[tuple[str, str]] = []
     with gateway_process(redis_url, tmp_path / "gw1.log") as (first, proc), \
@@ -194,9 +194,9 @@ def test_a_stream_resumes_on_another_gateway_after_a_sigkill(
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(timeout=30)
                 break
-        with pytest.raises(httpx.HTTPError):  # the connection died with the process
-            for _ in lines:
-                pass
+    # What the dead process had sent but the client had not read yet is dropped: the client
+    # resumes from the last event it handled (the connection may or may not have errored,
+    # depending on whether the process had written the whole answer before it died).
     assert received[-1][1] != "[DONE]"
     with gateway_process(redis_url, tmp_path / "gw2.log") as (second, _), \
             httpx.Client(timeout=120) as http:
@@ -212,7 +212,7 @@ def test_a_stream_resumes_on_another_gateway_after_a_sigkill(
     ids = [i for i, _ in events]
     assert len(set(ids)) == len(ids)  # no event twice
     assert events[-1][1] == "[DONE]"
-    assert json.loads(events[-2][1])["usage"]["completion_tokens"] == 160
+    assert json.loads(events[-2][1])["usage"]["completion_tokens"] == 600
     text = "".join(json.loads(d)["choices"][0]["delta"].get("content") or ""
                    for _, d in events if d.startswith("{") and json.loads(d)["choices"])
     assert text == result["result"]["output"]["text"]  # nothing missing
