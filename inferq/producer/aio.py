@@ -117,8 +117,9 @@ class AsyncClient:
         return known
 
     async def _route(self, prepared: list[common.Prepared]) -> list[common.Prepared]:
-        return [common.route(p, await self.queue_settings(p.keys), self.options)
-                for p in prepared]
+        settings = {id(p.keys): await self.queue_settings(p.keys)
+                    for p in {id(p.keys): p for p in prepared}.values()}
+        return common.route_many(prepared, lambda keys: settings[id(keys)], self.options)
 
     def inbox(self, keys: QueueKeys) -> ResultInbox:
         box = self._inboxes.get(keys)

@@ -142,7 +142,7 @@ class Client:
         return known
 
     def _route(self, prepared: list[common.Prepared]) -> list[common.Prepared]:
-        return [common.route(p, self.queue_settings(p.keys), self.options) for p in prepared]
+        return common.route_many(prepared, self.queue_settings, self.options)
 
     def enqueue(self, prompt: str = "", **request: Unpack[EnqueueOptions]) -> Handle:
         """Queue one request and return its ``Handle``. Keyword arguments (``EnqueueOptions``):

@@ -261,6 +261,13 @@ def encode_request(payload: RequestPayload, limits: Limits = DEFAULT_LIMITS) -> 
     return data
 
 
+def decode_payload_fields(data: bytes) -> dict[str, Any]:
+    """The fields of a payload ``encode_request`` wrote, in its order (packing them again
+    gives the same bytes)."""
+    fields: dict[str, Any] = msgpack.unpackb(data, raw=False)
+    return fields
+
+
 def _absent(payload: RequestPayload) -> set[str] | None:
     """The optional fields a payload leaves out (so one without them is as before they
     existed)."""

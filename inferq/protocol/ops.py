@@ -79,12 +79,13 @@ class EnqueueItem:
 
 def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem], *, atomic: bool = False) -> Call:
     """``atomic``: all or none (if the queue would shed any new item, it sheds them all)."""
-    args: list[bytes | str | int] = [keys.prefix]
+    rows: list[Any] = []
     for item in items:
-        args += [item.id, item.band, item.payload,
+        rows += [item.id, item.band, item.payload,
                  "" if item.deadline_ms is None else item.deadline_ms, item.max_attempts,
                  item.reply_to or "", item.depth_limit, item.tenant, item.weight, item.cost,
                  item.tenant_limit]
+    args: list[bytes | str | int] = [keys.prefix, packed(rows)]
     if atomic:
         args.append("atomic")
     return [keys.pending, keys.seq, keys.wake, keys.stats, keys.fair], args

@@ -123,7 +123,8 @@ def test_the_header_matches_the_ops_call(name: str) -> None:
                 assert args[i - 1] == KEYS.prefix, f"{name}: ARGV[{i}] is the prefix"
     if header.optional is not None:  # enqueue's 'atomic'
         keys, args = ops.enqueue_call(KEYS, [item(0)], atomic=True)
-        assert args[-1] == header.optional and len(args) == len(header.fixed) + header.width + 1
+        rows = 0 if header.rows_from is None else header.width
+        assert args[-1] == header.optional and len(args) == len(header.fixed) + rows + 1
 
 
 @pytest.mark.parametrize("name", scripts.NAMES)
@@ -135,7 +136,8 @@ def test_the_body_uses_only_what_the_header_declares(name: str) -> None:
     assert set(range(2, len(header.keys) + 1)) <= used_keys <= set(
         range(1, len(header.keys) + 1)), f"{name}: KEYS used {used_keys}"
     used_args = {int(i) for i in re.findall(r"ARGV\[(\d+)\]", body)}
-    assert used_args <= set(range(1, len(header.fixed) + 1)), f"{name}: ARGV used {used_args}"
+    last = len(header.fixed) + (1 if header.optional and header.packed_at else 0)
+    assert used_args <= set(range(1, last + 1)), f"{name}: ARGV used {used_args}"
 
 
 # ---------------------------------------------------------------------------- field names

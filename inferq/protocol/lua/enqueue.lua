@@ -8,7 +8,7 @@
     KEYS[4] stats
     KEYS[5] fair
     ARGV[1] prefix
-    ARGV[2..] rows of 11: id, band, payload, deadline_ms, max_attempts, reply_to, depth_limit, tenant, weight, cost, tenant_limit
+    ARGV[2] packed rows of 11: id, band, payload, deadline_ms, max_attempts, reply_to, depth_limit, tenant, weight, cost, tenant_limit
     ARGV[last] optional: atomic
 
   A row: the id, the priority band of its score, the msgpack payload, the relative deadline
@@ -23,13 +23,15 @@
   the depth limit of that priority) or 'tenant_full' (the tenant is at its limit). retry_after_ms estimates when the excess drains at the
   recent completion rate.
 
-  Reads and checks everything, then takes one block of sequence numbers (INCRBY), computes
+  Reads and checks everything (whether any id is known: one EXISTS for the whole call, then
+  a look at each id only when that finds one), then takes one block of sequence numbers (INCRBY), computes
   each queued request's score (priority band, then virtual finish time, then arrival), saves
   the fair clocks (one HSET) and writes each queued request with one HSET and all of them with
   one ZADD.
 ]]
 -- @include clock
 -- @include checks
+-- @include rows
 -- @include bulk
 -- @include wake
 -- @include fair
@@ -49,17 +51,22 @@ end
 local pending, seqkey, wake, stats, fair = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = ARGV[1]
 local W = 11
-local n = #ARGV
-local atomic = (n - 1) % W == 1 and ARGV[n] == 'atomic'
-if atomic then n = n - 1 end
-for i = 2, n, W do
-  local band = int(ARGV[i + 1], 0, BAND_WIDTH * 200)
-  if not (band and band % BAND_WIDTH == 0 and (ARGV[i + 3] == '' or int(ARGV[i + 3], 1, MAXI))
-          and int(ARGV[i + 4], 1, MAX_ATTEMPTS) and int(ARGV[i + 6], 0, MAXI)
-          and (ARGV[i + 7] == '' or string.find(ARGV[i + 7], '^[%w][%w._-]*$'))
-          and int(ARGV[i + 8], 1, FAIR_MAX_WEIGHT) and int(ARGV[i + 9], 1, FAIR_MAX_COST)
-          and int(ARGV[i + 10], 0, MAXI)) then
-    return redis.error_reply('ERR inferq enqueue: bad arguments for ' .. tostring(ARGV[i]))
+local A = rows(ARGV[2], W)
+local atomic = ARGV[3] == 'atomic'
+if not A or #ARGV > 3 or (#ARGV == 3 and not atomic) then
+  return redis.error_reply('ERR inferq enqueue: bad arguments')
+end
+local n = #A
+for i = 1, n, W do
+  local band = int(A[i + 1], 0, BAND_WIDTH * 200)
+  if not (type(A[i]) == 'string' and type(A[i + 2]) == 'string'
+          and band and band % BAND_WIDTH == 0 and (A[i + 3] == '' or int(A[i + 3], 1, MAXI))
+          and int(A[i + 4], 1, MAX_ATTEMPTS) and type(A[i + 5]) == 'string'
+          and int(A[i + 6], 0, MAXI)
+          and type(A[i + 7]) == 'string' and (A[i + 7] == '' or string.find(A[i + 7], '^[%w][%w._-]*$'))
+          and int(A[i + 8], 1, FAIR_MAX_WEIGHT) and int(A[i + 9], 1, FAIR_MAX_COST)
+          and int(A[i + 10], 0, MAXI)) then
+    return redis.error_reply('ERR inferq enqueue: bad arguments for ' .. tostring(A[i]))
   end
 end
 local now = now_ms()
@@ -76,13 +83,25 @@ local function tenant_excess(tn, limit)
   return math.max(owned_by(tn) - limit + 1, 0)
 end
 local WAITING = {[STATE_PENDING] = true, [STATE_INFLIGHT] = true, [STATE_DELAYED] = true}
-for i = 2, n, W do
-  local id = ARGV[i]
+-- one EXISTS for every id: only when it finds one is each id looked at
+local known = 0
+do
+  local ks = {}
+  for i = 1, n, W do
+    ks[#ks + 1] = prefix .. K_REQ .. A[i]
+    ks[#ks + 1] = prefix .. K_RESULT .. A[i]
+  end
+  for j = 1, #ks, CHUNK do
+    known = known + redis.call('EXISTS', unpack(ks, j, math.min(j + CHUNK - 1, #ks)))
+  end
+end
+for i = 1, n, W do
+  local id = A[i]
   local rkey = prefix .. K_REQ .. id
-  local limit = tonumber(ARGV[i + 6])
+  local limit = tonumber(A[i + 6])
   if seen[id] then
     out[#out + 1] = 'pending'  -- a repeat within this call
-  elseif redis.call('EXISTS', rkey, prefix .. K_RESULT .. id) > 0 then
+  elseif known > 0 and redis.call('EXISTS', rkey, prefix .. K_RESULT .. id) > 0 then
     local st = redis.pcall('HGET', rkey, F_STATE)
     if type(st) == 'string' and WAITING[st] then
       out[#out + 1] = st
@@ -94,12 +113,12 @@ for i = 2, n, W do
   elseif limit > 0 and depth >= limit then
     out[#out + 1] = 'full'
     worst_excess = math.max(worst_excess, depth - limit + 1)
-  elseif tenant_excess(ARGV[i + 7], tonumber(ARGV[i + 10])) > 0 then
+  elseif tenant_excess(A[i + 7], tonumber(A[i + 10])) > 0 then
     out[#out + 1] = 'tenant_full'
-    worst_excess = math.max(worst_excess, tenant_excess(ARGV[i + 7], tonumber(ARGV[i + 10])))
+    worst_excess = math.max(worst_excess, tenant_excess(A[i + 7], tonumber(A[i + 10])))
   else
-    local tn = ARGV[i + 7]
-    if tn ~= '' and tonumber(ARGV[i + 10]) > 0 then owned[tn] = owned_by(tn) + 1 end
+    local tn = A[i + 7]
+    if tn ~= '' and tonumber(A[i + 10]) > 0 then owned[tn] = owned_by(tn) + 1 end
     depth = depth + 1
     queue[#queue + 1] = i
     seen[id] = true
@@ -109,7 +128,7 @@ end
 if atomic and worst_excess > 0 then  -- one new request was shed: all of them are
   queue = {}
   for k = 1, #out do
-    if out[k] == 'queued' or (out[k] == 'pending' and seen[ARGV[2 + W * (k - 1)]]) then
+    if out[k] == 'queued' or (out[k] == 'pending' and seen[A[1 + W * (k - 1)]]) then
       out[k] = 'full'
     end
   end
@@ -118,31 +137,31 @@ if #queue > 0 then
   local last = redis.call('INCRBY', seqkey, #queue)
   local scores = {}
   for n, i in ipairs(queue) do
-    scores[n] = num(fair_score(fair, pending, tonumber(ARGV[i + 1]), ARGV[i + 7],
-                               tonumber(ARGV[i + 8]), tonumber(ARGV[i + 9]), last - #queue + n))
+    scores[n] = num(fair_score(fair, pending, tonumber(A[i + 1]), A[i + 7],
+                               tonumber(A[i + 8]), tonumber(A[i + 9]), last - #queue + n))
   end
   fair_save(fair)
   local zadd, counted = {}, {}
   for n, i in ipairs(queue) do
     local score = scores[n]
-    local h = {F_PAYLOAD, ARGV[i + 2], F_SCORE, score, F_STATE, STATE_PENDING, F_ATTEMPTS, 0,
-               F_MAX_ATTEMPTS, ARGV[i + 4], F_ENQUEUED, num(now)}
-    if ARGV[i + 3] ~= '' then
+    local h = {F_PAYLOAD, A[i + 2], F_SCORE, score, F_STATE, STATE_PENDING, F_ATTEMPTS, 0,
+               F_MAX_ATTEMPTS, A[i + 4], F_ENQUEUED, num(now)}
+    if A[i + 3] ~= '' then
       h[#h + 1] = F_DEADLINE
-      h[#h + 1] = num(now + tonumber(ARGV[i + 3]))
+      h[#h + 1] = num(now + tonumber(A[i + 3]))
     end
-    if ARGV[i + 5] ~= '' then
+    if A[i + 5] ~= '' then
       h[#h + 1] = F_REPLY_TO
-      h[#h + 1] = ARGV[i + 5]
+      h[#h + 1] = A[i + 5]
     end
-    if ARGV[i + 7] ~= '' then
+    if A[i + 7] ~= '' then
       h[#h + 1] = F_TENANT
-      h[#h + 1] = ARGV[i + 7]
-      counted[ARGV[i + 7]] = (counted[ARGV[i + 7]] or 0) + 1
+      h[#h + 1] = A[i + 7]
+      counted[A[i + 7]] = (counted[A[i + 7]] or 0) + 1
     end
-    redis.call('HSET', prefix .. K_REQ .. ARGV[i], unpack(h))
+    redis.call('HSET', prefix .. K_REQ .. A[i], unpack(h))
     zadd[#zadd + 1] = score
-    zadd[#zadd + 1] = ARGV[i]
+    zadd[#zadd + 1] = A[i]
   end
   bulk('ZADD', pending, zadd)
   for tn, c in pairs(counted) do redis.call('HINCRBY', stats, TENANT_COUNT .. tn, c) end

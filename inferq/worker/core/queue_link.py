@@ -17,7 +17,6 @@ import contextlib
 import functools
 import json
 import logging
-from bisect import bisect_left
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -44,6 +43,11 @@ WINDOW_STATS_TTL_MS = 15_000
 TUNING_TTL_S = 7 * 24 * 3600
 #: How often the queue's settings (its shard count) are read again.
 SETTINGS_REFRESH_S = 1.0
+#: Shards a claim round of a sharded queue peeks at, from a turn that moves by this much each
+#: round; the next ones are peeked only when these hold nothing to claim. So a queue of 256
+#: shards costs 8 PEEKs per busy round, not 256, and a request of a better priority waits at
+#: most ceil(S / PEEK_SHARDS) - 1 rounds of a worker behind worse ones (README, Sharded queues).
+PEEK_SHARDS = 8
 
 T = TypeVar("T")
 
@@ -152,30 +156,28 @@ class QueueLink:
 
     async def _claim_sharded(self, shards: int, max_count: int,
                              floor: int | None) -> ops.ClaimReply:
-        # One round trip (per node on a cluster); a node that lost the script gets it again.
-        calls = [(self.scripts["peek"], *ops.peek_call(self.keys.for_shard(k)))
-                 for k in range(shards)]
-        peeks = [ops.parse_peek(x) for x in await cluster.run_scripts_async(self.redis, calls)]
-        heads = [p.head for p in peeks if p.head is not None]
-        best = min((h // scores.SEQ_LIMIT for h in heads), default=None)
-        top = None if best is None else (best + 1) * scores.SEQ_LIMIT - 1
-        if floor is not None:
-            # Nothing below the priority asked for (due retries are still promoted by the
-            # claims below, and taken only if they reach it).
-            top = floor if top is None else min(top, floor)
-        turn = self._shard_turn % shards
+        peeks: dict[int, ops.Peek] = {}
+        candidates: list[int] = []
+        top: int | None = None
+        start = self._first_peeked(shards)
+        for offset in range(0, shards, PEEK_SHARDS):
+            group = [(start + offset + i) % shards
+                     for i in range(min(PEEK_SHARDS, shards - offset))]
+            # One round trip (per node on a cluster); a node that lost the script gets it again.
+            calls = [(self.scripts["peek"], *ops.peek_call(self.keys.for_shard(k)))
+                     for k in group]
+            replies = await cluster.run_scripts_async(self.redis, calls)
+            peeks.update((k, ops.parse_peek(x)) for k, x in zip(group, replies, strict=True))
+            top, candidates = self._best(peeks, floor)
+            if candidates:
+                break
         self._shard_turn += 1
-        candidates = [k for k, p in enumerate(peeks)
-                      if (p.head is not None and p.head <= (top or 0))
-                      or p.next_retry_ms == 0]
-        candidates = candidates[bisect_left(candidates, turn):] + candidates[
-            :bisect_left(candidates, turn)]
         now_ms = self.now_ms()
         claimed: list[ops.Claimed] = []
         expired = 0
         corrupt: list[tuple[str, str]] = []
         garbage: list[str] = []
-        retries = [p.next_retry_ms for p in peeks if p.next_retry_ms]
+        retries = [p.next_retry_ms for p in peeks.values() if p.next_retry_ms]
         for k in candidates:
             if len(claimed) >= max_count:
                 break
@@ -190,6 +192,30 @@ class QueueLink:
         return ops.ClaimReply(now_ms=now_ms, claimed=claimed, expired=expired,
                               next_retry_ms=min(retries, default=None), corrupt=corrupt,
                               garbage=garbage)
+
+    def _first_peeked(self, shards: int) -> int:
+        """The shard this round peeks first: the next one each round with up to PEEK_SHARDS
+        shards; beyond, the next group of PEEK_SHARDS, shifted by one after every cycle, so
+        each shard comes first in turn."""
+        turn = self._shard_turn
+        if shards <= PEEK_SHARDS:
+            return turn % shards
+        cycle = -(-shards // PEEK_SHARDS)
+        return ((turn % cycle) * PEEK_SHARDS + turn // cycle) % shards
+
+    @staticmethod
+    def _best(peeks: Mapping[int, ops.Peek], floor: int | None) -> tuple[int | None, list[int]]:
+        """The top score to claim (the best band among ``peeks``, not below ``floor``) and the
+        shards to claim it from, in peeking order (those with a retry due included)."""
+        heads = [p.head for p in peeks.values() if p.head is not None]
+        best = min((h // scores.SEQ_LIMIT for h in heads), default=None)
+        top = None if best is None else (best + 1) * scores.SEQ_LIMIT - 1
+        if floor is not None:
+            # Nothing below the priority asked for (due retries are still promoted by the
+            # claims below, and taken only if they reach it).
+            top = floor if top is None else min(top, floor)
+        return top, [k for k, p in peeks.items()
+                     if (p.head is not None and p.head <= (top or 0)) or p.next_retry_ms == 0]
 
     def note_damage(self, corrupt: Sequence[tuple[str, str]], garbage: Sequence[str]) -> None:
         """Log and count what a script found damaged: requests it answered
