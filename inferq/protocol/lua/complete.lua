@@ -18,7 +18,7 @@
   write refused. Status 'retry' puts the request in the delayed set for the given backoff,
   its finished run counted in its attempts (claim promotes it when due); 'dead' writes the
   body as the final result and dead-letters the id; any other status is final and deletes
-  the request hash. A retry also pushes a wake token, so an idle worker learns when the
+  the request hash (one DEL for all of them). A retry also pushes a wake token, so an idle worker learns when the
   retry falls due. Stats, inboxes and sets are written once per call.
 
   Output: 1 (done) or 0 (refused) per request.
@@ -52,7 +52,7 @@ for i = 1, #a, 5 do
                        delay = int(a[i + 4], 0, MAXI)}
 end
 -- write
-local out, refused, counts, done, retry, corrupt = {}, 0, {}, {}, {}, {}
+local out, refused, counts, done, retry, corrupt, gone = {}, 0, {}, {}, {}, {}, {}
 for n, r in ipairs(reads) do
   local i = 1 + (n - 1) * 5
   local id, status = a[i], a[i + 2]
@@ -79,13 +79,14 @@ for n, r in ipairs(reads) do
       local code, message, attempts = result_error(a[i + 3])
       bury(rkey, id, code, message, attempts, now)
     end
-    redis.call('DEL', rkey)
+    gone[#gone + 1] = rkey
     tenant_done(r.tn)
     counts[status] = (counts[status] or 0) + 1
     done[#done + 1] = id
     out[n] = 1
   end
 end
+for i = 1, #gone, CHUNK do redis.call('DEL', unpack(gone, i, math.min(i + CHUNK - 1, #gone))) end
 land(inflight, started, done)
 flush_inboxes(prefix, ttl)
 dead_letter(dead, records, stats, cap)
