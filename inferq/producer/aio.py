@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from operator import methodcaller
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
@@ -197,6 +198,32 @@ class AsyncClient:
         shards = known.shards if known is not None else 1
         return AsyncHandle(self, keys.for_shard(shard_of(request_id, shards)), request_id,
                            "unknown")
+
+    async def results(self, handles: Sequence[AsyncHandle], timeout: float | None = None
+                      ) -> list[Result]:
+        """See ``Client.results``: here one await for all of them (their inbox hands the
+        results of this client's requests to one waiter, not a task and a future each)."""
+        HandleBase._checked(timeout)
+        raws: list[Any] = [None] * len(handles)
+        groups: dict[QueueKeys, list[int]] = {}
+        alone: list[int] = []
+        for index, handle in enumerate(handles):
+            if handle._via_inbox and handle._client is self:
+                groups.setdefault(handle.keys, []).append(index)
+            else:
+                alone.append(index)
+
+        async def from_inbox(keys: QueueKeys, indices: list[int]) -> None:
+            got = await self.inbox(keys).wait_many([handles[i].id for i in indices], timeout)
+            for index, raw in zip(indices, got, strict=True):
+                raws[index] = raw
+
+        async def from_key(index: int) -> None:
+            raws[index] = await handles[index]._run(handles[index]._wait(timeout))
+
+        await asyncio.gather(*(from_inbox(k, i) for k, i in groups.items()),
+                             *(from_key(i) for i in alone))
+        return common.results_in_order([h.id for h in handles], raws, self.options, timeout)
 
     async def aclose(self) -> None:
         for box in self._inboxes.values():

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from operator import methodcaller
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
@@ -203,6 +204,23 @@ class Client:
         )
         self._check_presence(groups)
         return handles
+
+    def results(self, handles: Sequence[Handle], timeout: float | None = None) -> list[Result]:
+        """The ``Result`` of each handle, in order, waiting for those not in yet. Unlike
+        ``Handle.result`` it does not raise for a failed, cancelled or expired request: each
+        result says (``result.ok``, ``result.status``, ``result.error``). ``timeout`` (None:
+        forever) bounds the whole wait; ``ResultTimeout`` if any result is still missing then.
+        """
+        HandleBase._checked(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        raws: list[Any] = []
+        for handle in handles:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if handle._via_inbox:
+                raws.append(handle._client.inbox(handle.keys).wait(handle.id, left))
+            else:
+                raws.append(handle._run(handle._wait(left)))
+        return common.results_in_order([h.id for h in handles], raws, self.options, timeout)
 
     def _check_presence(self, queues: Iterable[QueueKeys]) -> None:
         if due := self.presence.due(queues):  # at most every few seconds per queue

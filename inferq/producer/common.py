@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -18,6 +19,7 @@ from inferq.errors import (
     QueueFull,
     RequestCancelled,
     RequestFailed,
+    ResultTimeout,
     ValidationError,
 )
 from inferq.fairness.cost import estimate
@@ -30,6 +32,7 @@ from inferq.protocol.codec import (
     build_request,
     decode_payload_fields,
     decode_result,
+    decode_results,
     encode_request,
     pack,
 )
@@ -325,6 +328,16 @@ def _prepare_one(index: int, request: object, defaults: Mapping[str, Any],
         raise type(exc)(f"request #{index}: {exc.message}", field=exc.field) from exc
 
 
+def uuid4_hexes(n: int) -> list[str]:
+    """``[uuid.uuid4().hex for _ in range(n)]``, from one read of the OS's randomness: the
+    same random version-4 UUIDs, without building a ``UUID`` each."""
+    raw = bytearray(os.urandom(16 * n))
+    raw[6::16] = bytes((b & 0x0F) | 0x40 for b in raw[6::16])  # version 4
+    raw[8::16] = bytes((b & 0x3F) | 0x80 for b in raw[8::16])  # RFC 4122 variant
+    text = raw.hex()
+    return [text[i:i + 32] for i in range(0, 32 * n, 32)]
+
+
 def _prepare_prompts(prompts: Sequence[str], defaults: Mapping[str, Any],
                      options: ClientOptions, reply_to: str | None) -> list[Prepared]:
     """``prepare_many`` of plain prompts sharing ``defaults``: the first is prepared (and so
@@ -339,6 +352,7 @@ def _prepare_prompts(prompts: Sequence[str], defaults: Mapping[str, Any],
     task, params, cost = template["task"], template["params"], defaults.get("cost")
     item, limits = first.item, options.limits
     out = [first]
+    ids = uuid4_hexes(len(prompts) - 1)
     for index in range(1, len(prompts)):
         prompt = prompts[index]
         try:
@@ -347,7 +361,7 @@ def _prepare_prompts(prompts: Sequence[str], defaults: Mapping[str, Any],
             size = -1
         payload = b""
         if 0 <= size <= limits.max_prompt_bytes and prompt.strip():
-            template["id"], template["prompt"] = uuid.uuid4().hex, prompt
+            template["id"], template["prompt"] = ids[index - 1], prompt
             payload = pack(template)
         if not payload or len(payload) > limits.max_payload_bytes:
             out.append(_prepare_one(index, prompt, defaults, options, reply_to))
@@ -397,6 +411,30 @@ def raise_for_status(result: Result) -> Result:
     if result.status is Status.EXPIRED:
         raise DeadlineExceeded(text, result=result)
     raise RequestFailed(text, result=result)
+
+
+def results_in_order(ids: Sequence[str], raws: Sequence[Any], options: ClientOptions,
+                     timeout: float | None) -> list[Result]:
+    """``results()``: every raw result parsed, in order, or ``ResultTimeout`` naming how many
+    are missing."""
+    results = parse_results(raws, options)
+    missing = [request_id for request_id, r in zip(ids, results, strict=True) if r is None]
+    if missing:
+        raise ResultTimeout(f"{len(missing)} of {len(ids)} results missing after {timeout} s "
+                            f"(the first: request {missing[0]})")
+    return cast("list[Result]", results)
+
+
+def parse_results(raws: Sequence[Any], options: ClientOptions) -> list[Result | None]:
+    """``parse_result`` of each (one pydantic call for all of them; only when that refuses
+    one is each parsed alone, which raises what ``parse_result`` raises)."""
+    datas = [raw.encode() if isinstance(raw, str) else bytes(raw)
+             for raw in raws if raw is not None]
+    try:
+        decoded = iter(decode_results(datas, options.limits))
+    except ValidationError:
+        return [parse_result(raw, options) for raw in raws]
+    return [None if raw is None else next(decoded) for raw in raws]
 
 
 def parse_result(raw: Any, options: ClientOptions) -> Result | None:

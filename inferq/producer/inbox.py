@@ -230,6 +230,40 @@ class ResultInbox:
         finally:
             self._book.leave(request_id, future)
 
+    async def wait_many(self, request_ids: Sequence[str], timeout: float | None
+                        ) -> list[bytes | None]:
+        """``wait`` for many results at once: one future for all of them, not one each (the
+        raw results in order, None for those ``timeout`` left missing)."""
+        loop = asyncio.get_running_loop()
+        group = _Group(len(request_ids), loop.create_future())
+        slots = [_GroupSlot(group) for _ in request_ids]
+        ids_to_read: list[str] = []
+        start_listener = False
+        for request_id, slot in zip(request_ids, slots, strict=True):
+            kept, start, arrived = self._book.enter(request_id, slot)
+            start_listener = start_listener or start
+            if kept is not None:
+                slot.set_result(kept)
+            elif arrived:
+                ids_to_read.append(request_id)
+        try:
+            if start_listener or self._task is None or self._task.done():
+                self._task = asyncio.create_task(
+                    plans.run_async(self._client, self._book.listen()))
+            if ids_to_read:  # popped before, results not kept: read from their keys
+                try:
+                    await plans.run_async(self._client, self._book.resolve(ids_to_read))
+                except RedisError as exc:  # the listener's resync reads them later
+                    log.warning("result check of %d requests failed (%s); waiting on the "
+                                "inbox", len(ids_to_read), exc)
+            if group.left:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(group.future), timeout)
+            return [slot.value for slot in slots]
+        finally:
+            for request_id, slot in zip(request_ids, slots, strict=True):
+                self._book.leave(request_id, slot)
+
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -277,6 +311,42 @@ class SyncResultInbox:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=BLOCK_S * 5)
+
+
+class _Group:
+    """Many results awaited together (``ResultInbox.wait_many``): one future, set when the
+    last of them arrives."""
+
+    __slots__ = ("future", "left")
+
+    def __init__(self, n: int, future: asyncio.Future[None]) -> None:
+        self.left = n
+        self.future = future
+        if not n:
+            future.set_result(None)
+
+    def arrived(self) -> None:
+        self.left -= 1
+        if not self.left and not self.future.done():
+            self.future.set_result(None)
+
+
+class _GroupSlot:
+    """One result of a ``_Group`` (a ``Waiter``; set on the event loop's thread)."""
+
+    __slots__ = ("group", "value")
+
+    def __init__(self, group: _Group) -> None:
+        self.group = group
+        self.value: bytes | None = None
+
+    def done(self) -> bool:
+        return self.value is not None
+
+    def set_result(self, value: bytes, /) -> None:
+        if self.value is None:
+            self.value = value
+            self.group.arrived()
 
 
 class _Slot:

@@ -396,6 +396,19 @@ def decode_result(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Result:
         raise ValidationError.from_pydantic("invalid result: ", exc) from exc
 
 
+_RESULT_LIST: TypeAdapter[list[Result]] = TypeAdapter(list[Result])
+
+
+def decode_results(datas: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> list[Result]:
+    """``decode_result`` of each, validated in one pydantic call; a ``ValidationError`` if any
+    is refused (``decode_result`` of each then names which and why)."""
+    raws = [unpack(data, max_bytes=limits.max_result_bytes) for data in datas]
+    try:
+        return _RESULT_LIST.validate_python(raws)
+    except PydanticValidationError as exc:
+        raise ValidationError.from_pydantic("invalid result: ", exc) from exc
+
+
 def build_request(prompt: object, *, messages: object = None, **fields: object) -> RequestPayload:
     """Validate producer arguments (``RequestPayload``'s fields; absent ones take its defaults)
     into a payload, raising ``ValidationError`` naming the field."""

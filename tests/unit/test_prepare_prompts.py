@@ -85,3 +85,12 @@ def test_bad_defaults_fail_at_the_first_prompt_as_before() -> None:
 def test_a_generator_of_prompts_is_read_once() -> None:
     prepared = common.prepare_many((p for p in ["a", "b", "c"]), {"model": "m"}, OPTIONS)
     assert [msgpack.unpackb(p.item.payload)["prompt"] for p in prepared] == ["a", "b", "c"]
+
+
+def test_ids_are_version_4_uuids_in_hex_like_uuid4() -> None:
+    import uuid
+    ids = common.uuid4_hexes(1000)
+    assert len(set(ids)) == 1000
+    for text in ids:
+        parsed = uuid.UUID(hex=text)
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and parsed.hex == text
