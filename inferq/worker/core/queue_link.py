@@ -78,6 +78,8 @@ class QueueLink:
         #: every shard of the best band is drained at the same pace (fair shares hold per
         #: shard, and so across shards; see README, Fair sharing).
         self._shard_turn = 0
+        #: The same for the head reads of ``head_priority``.
+        self._head_turn = 0
 
     def attach(self, redis: Any, scripts: Mapping[str, Any]) -> None:
         """The connection and registered scripts to use (made in the worker's event loop)."""
@@ -134,11 +136,16 @@ class QueueLink:
         return reply
 
     async def head_priority(self) -> int | None:
-        """The highest priority pending in any shard (one read of each shard's head, in one
-        round trip), or None when nothing is pending."""
+        """The highest priority pending (None when nothing is) in the shards read: every
+        shard of a queue of up to PEEK_SHARDS shards, else the next group of PEEK_SHARDS on
+        each call (one read of each head, in one round trip), so a better request in any of
+        S shards is seen within ceil(S / PEEK_SHARDS) calls."""
+        shards = self.shard_keys
+        first = self._first_peeked(len(shards), self._head_turn)
+        self._head_turn += 1
         pipe = self.redis.pipeline(transaction=False)
-        for keys in self.shard_keys:
-            pipe.zrange(keys.pending, 0, 0, withscores=True)
+        for k in range(min(PEEK_SHARDS, len(shards))):
+            pipe.zrange(shards[(first + k) % len(shards)].pending, 0, 0, withscores=True)
         heads = [rows[0][1] for rows in await pipe.execute() if rows]
         return scores.decode(min(heads))[0] if heads else None
 
@@ -193,11 +200,11 @@ class QueueLink:
                               next_retry_ms=min(retries, default=None), corrupt=corrupt,
                               garbage=garbage)
 
-    def _first_peeked(self, shards: int) -> int:
+    def _first_peeked(self, shards: int, turn: int | None = None) -> int:
         """The shard this round peeks first: the next one each round with up to PEEK_SHARDS
         shards; beyond, the next group of PEEK_SHARDS, shifted by one after every cycle, so
-        each shard comes first in turn."""
-        turn = self._shard_turn
+        each shard comes first in turn. (``turn``: the round; the claim rounds' own.)"""
+        turn = self._shard_turn if turn is None else turn
         if shards <= PEEK_SHARDS:
             return turn % shards
         cycle = -(-shards // PEEK_SHARDS)
