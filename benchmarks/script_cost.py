@@ -45,7 +45,7 @@ def measure(url: str, rounds: int, window: int) -> list[float]:
             k, a = ops.claim_call(keys, "probe", 30_000, window, 60_000)
             claimed = ops.parse_claim(scripts["claim"](keys=k, args=a)).claimed
             leases = [(c.id, c.token) for c in claimed]
-            done = [ops.Completion(c.id, c.token, "ok", encode_result(
+            done = [ops.Completion(c, "ok", encode_result(
                 Result(id=c.id, status=Status.OK, output=[0.1] * 8, attempts=1)))
                 for c in claimed]
             before = server_cpu_s(r)

@@ -33,10 +33,9 @@ class Field(StrEnum):
     DEADLINE = "dl"
     #: The reply inbox of the client that enqueued it; absent without one.
     REPLY_TO = "rt"
-    #: The worker holding its lease, while in flight.
+    #: The worker holding its lease, while in flight. (The lease's token, the proof that no
+    #: result exists yet, is in the shard's ``leases`` hash: ``QueueKeys.leases``.)
     OWNER = "o"
-    #: The lease token of the current claim (proves that no result exists yet).
-    TOKEN = "t"
     #: The time of the current claim (ms, Redis clock).
     CLAIMED = "cl"
     #: The tenant that sent it (``inferq.fairness``); absent without one.

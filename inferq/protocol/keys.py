@@ -6,8 +6,8 @@ S shards uses ``{task:model#k}``, so the shards hash to different slots and can 
 Redis Cluster masters. No script touches two shards: a worker calls each script once per shard.
 
 Every script declares in KEYS the shard-wide keys it touches (``pending``, ``inflight``,
-``started``, ``delayed``, ``dead``, ``dead_letters``, ``wake``, ``stats``, ``seq``,
-``workers``); the first
+``started``, ``leases``, ``delayed``, ``dead``, ``dead_letters``, ``wake``, ``stats``,
+``seq``, ``workers``); the first
 declared key always names the shard's slot. Per-request keys (``req:<id>``, ``result:<id>``,
 ``stream:<id>``, ``inbox:<client>``, ``cancels:<worker>``) are built inside the scripts from the
 ``prefix`` argument, because a script learns which ids it acts on only while it runs (the head
@@ -112,6 +112,13 @@ class QueueKeys:
         """Set of in-flight ids whose current claim has started running (the START script):
         an expired lease counts an attempt only for these."""
         return self.prefix + "started"
+
+    @property
+    def leases(self) -> str:
+        """Hash: in-flight id -> the lease token of its current claim (``owner/attempt/time``),
+        the proof that no result exists yet. Every script that checks a lease reads it here,
+        one HMGET for a whole window; a lease ends (HDEL) wherever the id leaves ``inflight``."""
+        return self.prefix + "leases"
 
     @property
     def seq(self) -> str:

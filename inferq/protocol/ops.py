@@ -114,6 +114,10 @@ class Claimed:
     attempt: int
     enqueued_ms: int
     deadline_ms: int | None
+    #: The reply inbox and tenant of the request ('' for none): carried back by its
+    #: completion, so COMPLETE reads nothing per request.
+    reply_to: str = ""
+    tenant: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +137,7 @@ def claim_call(keys: QueueKeys, owner: str, lease_ms: int, max_count: int,
                result_ttl_ms: int, max_score: int | None = None) -> Call:
     """``max_score``: take only pending requests scored at most this (one priority band of a
     sharded queue, see ``scores.band``); None takes the head whatever its priority."""
-    return ([keys.pending, keys.inflight, keys.stats, keys.delayed, keys.wake],
+    return ([keys.pending, keys.inflight, keys.stats, keys.delayed, keys.wake, keys.leases],
             [keys.prefix, owner, lease_ms, max_count, result_ttl_ms,
              "" if max_score is None else max_score])
 
@@ -147,12 +151,13 @@ def parse_claim(reply: Any) -> ClaimReply:
     rows = reply[1]
     if rows and isinstance(rows[0][0], bytes):  # a client without decode_responses: one pass
         claimed = [Claimed(i.decode("utf-8", "replace"), p, t.decode("utf-8", "replace"),
-                           int(a), int(e), int(d) if d else None)
-                   for i, p, t, a, e, d in rows]
+                           int(a), int(e), int(d) if d else None,
+                           rt.decode("utf-8", "replace"), tn.decode("utf-8", "replace"))
+                   for i, p, t, a, e, d, rt, tn in rows]
     else:
         claimed = [Claimed(as_str(i), bytes(p), as_str(t), int(a), int(e),
-                           int(d) if d not in (b"", "", None) else None)
-                   for i, p, t, a, e, d in rows]
+                           int(d) if d not in (b"", "", None) else None, as_str(rt), as_str(tn))
+                   for i, p, t, a, e, d, rt, tn in rows]
     next_due = int(reply[3])
     return ClaimReply(now_ms=int(reply[0]), claimed=claimed, expired=int(reply[2]),
                       next_retry_ms=None if next_due < 0 else next_due,
@@ -182,12 +187,12 @@ def _flat(leases: Iterable[tuple[str, str]]) -> list[str]:
 
 
 def start_call(keys: QueueKeys, leases: Iterable[tuple[str, str]]) -> Call:
-    return [keys.started], [keys.prefix, packed(_flat(leases))]
+    return [keys.started, keys.leases], [keys.prefix, packed(_flat(leases))]
 
 
 def heartbeat_call(keys: QueueKeys, worker_id: str, lease_ms: int, liveness_ms: int,
                    leases: Iterable[tuple[str, str]]) -> Call:
-    return ([keys.inflight, keys.workers],
+    return ([keys.inflight, keys.workers, keys.leases],
             [keys.prefix, worker_id, lease_ms, liveness_ms, packed(_flat(leases))])
 
 
@@ -197,21 +202,33 @@ def parse_ids(reply: Any) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    id: str
-    token: str
+    """The outcome of one claim, with what its claim carried (``Claimed``): the script
+    checks the token, and trusts the rest because the token matched."""
+
+    claimed: Claimed
     #: A final result status (ok, failed, expired, dead, ...) or ``retry``.
     status: str
     body: bytes
     retry_delay_ms: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.claimed.id
+
+    @property
+    def token(self) -> str:
+        return self.claimed.token
 
 
 def complete_call(keys: QueueKeys, result_ttl_ms: int, dead_cap: int,
                   items: Sequence[Completion]) -> Call:
     values: list[Any] = []
     for item in items:
-        values += (item.id, item.token, item.status, item.body, item.retry_delay_ms)
+        c = item.claimed
+        values += (c.id, c.token, item.status, item.body, item.retry_delay_ms, c.attempt,
+                   c.enqueued_ms, c.reply_to, c.tenant)
     return ([keys.inflight, keys.stats, keys.delayed, keys.dead, keys.wake, keys.started,
-             keys.dead_letters],
+             keys.dead_letters, keys.leases],
             [keys.prefix, result_ttl_ms, dead_cap, packed(values)])
 
 
@@ -221,7 +238,7 @@ def parse_complete(reply: Any) -> list[bool]:
 
 def reclaim_call(keys: QueueKeys, max_count: int, result_ttl_ms: int, dead_cap: int) -> Call:
     return ([keys.inflight, keys.pending, keys.dead, keys.wake, keys.stats, keys.started,
-             keys.dead_letters],
+             keys.dead_letters, keys.leases],
             [keys.prefix, max_count, result_ttl_ms, dead_cap])
 
 
@@ -247,12 +264,12 @@ def parse_reclaim(reply: Any) -> ReclaimReply:
 
 
 def release_call(keys: QueueKeys, leases: Iterable[tuple[str, str]]) -> Call:
-    return ([keys.inflight, keys.pending, keys.wake, keys.started],
+    return ([keys.inflight, keys.pending, keys.wake, keys.started, keys.leases],
             [keys.prefix, packed(_flat(leases))])
 
 
 def cancel_call(keys: QueueKeys, request_id: str, result_ttl_ms: int) -> Call:
-    return ([keys.pending, keys.inflight, keys.stats, keys.delayed, keys.started],
+    return ([keys.pending, keys.inflight, keys.stats, keys.delayed, keys.started, keys.leases],
             [keys.prefix, request_id, result_ttl_ms])
 
 
@@ -273,7 +290,7 @@ def stream_call(keys: QueueKeys, result_ttl_ms: int, items: Iterable[StreamDelta
     for item in items:
         args += [item.id, item.token, item.attempt, item.text,
                  " ".join(map(str, item.token_ids))]
-    return [keys.inflight], args
+    return [keys.inflight, keys.leases], args
 
 
 def stream_end_call(keys: QueueKeys, result_ttl_ms: int, request_ids: Iterable[str]) -> Call:

@@ -250,7 +250,7 @@ def test_cancel_withdraws_waiting_lines_and_keeps_finished_ones(
     assert batch_api.post(f"/v1/batches/{batch['id']}/cancel").status_code == 200
     from inferq.protocol.codec import Result, Status, encode_result
     k, a = ops.complete_call(EMBED, 60_000, 100, [
-        ops.Completion(c.id, c.token, "ok", encode_result(Result(
+        ops.Completion(c, "ok", encode_result(Result(
             id=c.id, status=Status.OK, output=[1.0, 2.0], attempts=1))) for c in running])
     scripts["complete"](keys=k, args=a)
     done = wait_status(get, "cancelled")

@@ -50,7 +50,7 @@ def serve(client: Any, keys: QueueKeys, worker: str = "w") -> list[str]:
         for c in reply.claimed:
             body = encode_result(Result(id=c.id, status=Status.OK, output=c.id,
                                         attempts=c.attempt))
-            completions.append(ops.Completion(c.id, c.token, "ok", body))
+            completions.append(ops.Completion(c, "ok", body))
         k, a = ops.complete_call(keys, TTL_MS, 100, completions)
         assert all(ops.parse_complete(scripts["complete"](keys=k, args=a)))
         served += [c.id for c in reply.claimed]
@@ -360,7 +360,7 @@ def test_dead_letters_of_a_sharded_queue_on_a_cluster_list_requeue_and_purge(
         for shard in range(3):  # every shard's requests die in their worker
             k, a = ops.claim_call(keys.for_shard(shard), "w", 30_000, 100, TTL_MS)
             claimed = ops.parse_claim(scripts["claim"](keys=k, args=a)).claimed
-            dead = [ops.Completion(c.id, c.token, "dead", encode_result(Result(
+            dead = [ops.Completion(c, "dead", encode_result(Result(
                 id=c.id, status=Status.DEAD, attempts=1))) for c in claimed]
             k, a = ops.complete_call(keys.for_shard(shard), TTL_MS, 100, dead)
             assert all(ops.parse_complete(scripts["complete"](keys=k, args=a)))

@@ -122,7 +122,7 @@ def test_the_minimal_acl_user_can_operate_dead_letters_and_read_the_signal(
         k, a = ops.claim_call(keys, "w", 30_000, 10, 60_000)
         (c,) = ops.parse_claim(s["claim"](keys=k, args=a)).claimed
         body = encode_result(Result(id=c.id, status=Status.DEAD, attempts=1))
-        k, a = ops.complete_call(keys, 60_000, 10, [ops.Completion(c.id, c.token, "dead", body)])
+        k, a = ops.complete_call(keys, 60_000, 10, [ops.Completion(c, "dead", body)])
         s["complete"](keys=k, args=a)
         letters = client.dead_letters(model="acl-dead")
         assert [x.id for x in letters.list().letters] == ["d1"]

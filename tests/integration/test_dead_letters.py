@@ -34,7 +34,7 @@ def kill_by_worker(scripts: Scripts, n: int, code: str = "model_error",
     """Claim n, and answer each 'dead' with an error ``code`` as a worker would."""
     claimed = scripts.claim("w1", n).claimed
     scripts.start(claimed)
-    rows = [ops.Completion(c.id, c.token, Status.DEAD.value, encode_result(Result(
+    rows = [ops.Completion(c, Status.DEAD.value, encode_result(Result(
         id=c.id, status=Status.DEAD, attempts=c.attempt,
         error=ErrorInfo(code=code, message=f"boom {c.id}"))))
         for c in claimed]
@@ -101,7 +101,7 @@ def test_requeue_keeps_id_priority_and_tenant_resets_attempts_and_is_idempotent(
     assert h[Field.ATTEMPTS.encode()] == b"0"
     assert h[Field.STATE.encode()] == b"pending"
     assert h[b"tenant_extra"] == b"acme"
-    assert Field.OWNER.encode() not in h and Field.TOKEN.encode() not in h
+    assert Field.OWNER.encode() not in h and r.hget(KEYS.leases, "x") is None
     assert Field.DEADLINE.encode() not in h and Field.REPLY_TO.encode() not in h
     assert r.exists(KEYS.result("x")) == 0 and r.zcard(KEYS.dead) == 0
     assert r.hlen(KEYS.dead_letters) == 0
@@ -295,7 +295,7 @@ def test_a_sharded_queue_lists_and_requeues_dead_letters_in_every_shard(
         k, a = ops.claim_call(keys, "w", 30_000, 100, TTL_MS)
         claimed = ops.parse_claim(s["claim"](keys=k, args=a)).claimed
         assert claimed, f"shard {shard} got none of the ids"
-        rows = [ops.Completion(c.id, c.token, Status.DEAD.value, encode_result(Result(
+        rows = [ops.Completion(c, Status.DEAD.value, encode_result(Result(
             id=c.id, status=Status.DEAD, error=ErrorInfo(code="model_error", message="x"))))
             for c in claimed]
         k, a = ops.complete_call(keys, TTL_MS, 100, rows)

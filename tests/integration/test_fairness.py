@@ -40,7 +40,7 @@ def claim(r: redis.Redis, n: int, keys: QueueKeys = KEYS) -> list[ops.Claimed]:
 
 
 def complete(r: redis.Redis, claimed: list[ops.Claimed], status: Status = Status.OK) -> None:
-    items = [ops.Completion(c.id, c.token, status.value,
+    items = [ops.Completion(c, status.value,
                             encode_result(Result(id=c.id, status=status, output="o")))
              for c in claimed]
     call_keys, args = ops.complete_call(KEYS, TTL_MS, 100, items)

@@ -37,7 +37,7 @@ class Scripts:
         body = encode_result(Result(id=claimed.id, status=status, output=output,
                                     attempts=claimed.attempt))
         keys, args = ops.complete_call(
-            KEYS, TTL_MS, 100, [ops.Completion(claimed.id, claimed.token, status.value, body)])
+            KEYS, TTL_MS, 100, [ops.Completion(claimed, status.value, body)])
         return ops.parse_complete(self.s["complete"](keys=keys, args=args))[0]
 
     def start(self, claimed: list[ops.Claimed]) -> list[str]:
@@ -204,7 +204,7 @@ def test_claim_records_owner_token_attempt_and_lease(client: inferq.Client,
              if k != b"p"}
     # the claim counts no attempt: START does, when the model is about to run it
     assert state["st"] == "inflight" and state["o"] == "worker-a" and state["a"] == "0"
-    assert state["t"] == claimed.token
+    assert "t" not in state and scripts.r.hget(KEYS.leases, "r1") == claimed.token.encode()
     lease_deadline = scripts.r.zscore(KEYS.inflight, "r1")
     assert lease_deadline == pytest.approx(reply.now_ms + 10_000)
     assert scripts.claim("worker-b", 5).claimed == []
@@ -363,7 +363,7 @@ def test_failed_result_raises_request_failed_with_the_worker_code(
     claimed = scripts.claim("a", 1).claimed[0]
     body = encode_result(Result(id=claimed.id, status=Status.FAILED,
                                 error={"code": "invalid_input", "message": "bad"}))
-    keys, args = ops.complete_call(KEYS, TTL_MS, 100, [ops.Completion(claimed.id, claimed.token,
+    keys, args = ops.complete_call(KEYS, TTL_MS, 100, [ops.Completion(claimed,
                                                                  "failed", body)])
     scripts.s["complete"](keys=keys, args=args)
     with pytest.raises(inferq.RequestFailed) as info:
@@ -486,7 +486,7 @@ def test_a_damaged_packed_argument_is_refused_before_anything_is_written(
                                       ["", "w1", 1000, 1000, blob]))):
         with pytest.raises(redis.ResponseError, match=f"inferq {name}: bad arguments"):
             scripts.s[name](keys=call[0], args=call[1])
-    assert scripts.r.hget(KEYS.request(claimed.id), "t") == claimed.token.encode()
+    assert scripts.r.hget(KEYS.leases, claimed.id) == claimed.token.encode()
     assert scripts.r.scard(KEYS.started) == 0
     assert scripts.complete(claimed)  # the lease is intact
 
@@ -497,7 +497,7 @@ def test_a_batch_of_completions_travels_as_one_argument(client: inferq.Client,
         enqueue(client, f"request {i}")
     claimed = scripts.claim("w1", 300).claimed
     assert scripts.start(claimed) == []
-    completions = [ops.Completion(c.id, c.token, "ok", encode_result(
+    completions = [ops.Completion(c, "ok", encode_result(
         Result(id=c.id, status=Status.OK, output="é" * i, attempts=c.attempt)))
         for i, c in enumerate(claimed)]
     keys, args = ops.complete_call(KEYS, TTL_MS, 100, completions)

@@ -62,14 +62,14 @@ def answer(r: redis.Redis, keys: QueueKeys = EMBED, limit: int = 10_000,
         if fail_on is not None and fail_on in text:
             body = encode_result(Result(id=c.id, status=Status.FAILED, attempts=c.attempt,
                                         error={"code": "model_error", "message": "boom"}))
-            completions.append(ops.Completion(c.id, c.token, "failed", body))
+            completions.append(ops.Completion(c, "failed", body))
             continue
         value = output(text, payload.messages) if output else vector_of(text)
         usage = Usage(prompt_tokens=len(text.split()), completion_tokens=2) \
             if keys.queue.startswith("generate") else None
         body = encode_result(Result(id=c.id, status=Status.OK, output=value,
                                     attempts=c.attempt, usage=usage))
-        completions.append(ops.Completion(c.id, c.token, "ok", body))
+        completions.append(ops.Completion(c, "ok", body))
     if completions:
         k, a = ops.complete_call(keys, TTL_MS, 100, completions)
         assert all(ops.parse_complete(scripts["complete"](keys=k, args=a)))

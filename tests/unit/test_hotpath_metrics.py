@@ -16,6 +16,11 @@ from inferq.worker.core.results import Claim
 from inferq.worker.core.stats import WorkerStats
 
 
+def completion(request_id: str, token: str, status: str, body: bytes) -> ops.Completion:
+    return ops.Completion(ops.Claimed(request_id, b"", token, 1, 0, None), status, body)
+
+
+
 def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for metric in registry.collect() for s in metric.samples
@@ -68,7 +73,7 @@ def test_observe_latencies_matches_observe_latency(rows: list[tuple[int, int, in
                                                      "retry"]), st.booleans()), max_size=30))
 def test_stats_count_tallies_per_status(outcomes: list[tuple[str, bool]]) -> None:
     metrics, stats = WorkerMetrics("embed:m", "w"), WorkerStats()
-    completions = [ops.Completion(f"r{i}", "t", status, b"") for i, (status, _) in
+    completions = [completion(f"r{i}", "t", status, b"") for i, (status, _) in
                    enumerate(outcomes)]
     stats.count(metrics, completions, [ok for _, ok in outcomes])
     expected = WorkerMetrics("embed:m", "w")

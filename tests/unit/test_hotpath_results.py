@@ -40,7 +40,7 @@ def reference(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) -
     c = claim.claimed
     if isinstance(outcome, Failure):
         if outcome.retryable and c.attempt < claim.payload.max_attempts:
-            return ops.Completion(c.id, c.token, "retry", b"", config.retry_delay_ms(c.attempt))
+            return ops.Completion(c, "retry", b"", config.retry_delay_ms(c.attempt))
         status = Status.DEAD if outcome.retryable else Status.FAILED
         body: dict[str, Any] = {"error": outcome.error}
     else:
@@ -55,7 +55,7 @@ def reference(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) -
         data = encode_result(Result(status=status, error=ErrorInfo(code=exc.code,
                                                                    message=exc.message),
                                     **common), config.limits)
-    return ops.Completion(c.id, c.token, status.value, data)
+    return ops.Completion(c, status.value, data)
 
 
 def claim_of(i: int, attempt: int = 1, max_attempts: int = 3) -> Claim:

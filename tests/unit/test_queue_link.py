@@ -23,6 +23,10 @@ from inferq.worker.core.wake import WakeWaiter
 
 LEASE_MS = 1_000
 
+def completion(request_id: str, token: str, status: str, body: bytes) -> ops.Completion:
+    return ops.Completion(ops.Claimed(request_id, b"", token, 1, 0, None), status, body)
+
+
 
 class Clock:
     def __init__(self) -> None:
@@ -94,7 +98,7 @@ async def test_complete_gives_up_through_the_scripts_it_is_given() -> None:
         return script
 
     link.attach(redis=None, scripts={"complete": failing("default")})
-    completions = [ops.Completion("a", "token-a", "ok", b"r")]
+    completions = [completion("a", "token-a", "ok", b"r")]
     written = await link.complete(completions, scripts={"complete": failing("publisher")})
     assert written is None
     assert calls == ["publisher", "publisher"]  # the override, not the default connection
@@ -107,8 +111,8 @@ async def test_claim_books_the_leases_and_sets_the_redis_clock() -> None:
 
     async def claim(*, keys: list[str], args: list[object]) -> list[object]:
         assert args[1:4] == ["w1", LEASE_MS, 2]  # owner, lease, how many
-        rows = [[b"d", b"payload", b"token-d", 1, 1_000, b""],
-                [b"e", b"payload", b"token-e", 2, 2_000, 9_000]]
+        rows = [[b"d", b"payload", b"token-d", 1, 1_000, b"", b"", b""],
+                [b"e", b"payload", b"token-e", 2, 2_000, 9_000, b"inbox-1", b"acme"]]
         # Redis time, claimed, expired, no retry due, no corrupt request, no garbage
         return [250_000, rows, 3, -1, [], []]
 
@@ -137,8 +141,8 @@ async def test_complete_forgets_the_leases_it_wrote_and_reports_refusals() -> No
         return [1, 0]  # b's lease was lost meanwhile
 
     link.attach(redis=None, scripts={"complete": complete})
-    completions = [ops.Completion("a", "token-a", "ok", b"r"),
-                   ops.Completion("b", "token-b", "ok", b"r")]
+    completions = [completion("a", "token-a", "ok", b"r"),
+                   completion("b", "token-b", "ok", b"r")]
     assert await link.complete(completions) == [True, False]
     assert len(seen) == 1
     assert [request_id for request_id, _ in book.snapshot()] == ["c"]
@@ -234,7 +238,7 @@ async def test_publish_writes_text_results_and_end_markers_in_one_round_trip() -
     redis = FakeRedis({"stream": [b"b"], "complete": [1], "stream_end": 1})
     link.attach(redis=redis, scripts=fake_scripts("stream", "complete", "stream_end"))
     published = await link.publish([delta("a"), delta("b")],
-                                   [ops.Completion("c", "token-c", "ok", b"r")])
+                                   [completion("c", "token-c", "ok", b"r")])
     assert published is not None
     assert published.lost == {"b"} and published.written == [True]
     assert [name for name, _, _ in redis.calls] == ["stream", "complete", "stream_end"]
@@ -254,7 +258,7 @@ async def test_publish_routes_every_write_to_the_shard_of_its_lease() -> None:
     link.attach(redis=redis, scripts=fake_scripts("stream", "complete", "stream_end"))
     published = await link.publish(
         [delta("a"), delta("d")],
-        [ops.Completion("e", "token-e", "ok", b"r"), ops.Completion("c", "token-c", "ok", b"r")])
+        [completion("e", "token-e", "ok", b"r"), completion("c", "token-c", "ok", b"r")])
     assert published is not None and published.written == [True, True]
     shard0, shard2 = link.keys.for_shard(0), link.keys.for_shard(2)
     assert [(name, key) for name, key, _ in redis.calls] == [
@@ -276,7 +280,7 @@ async def test_publish_gives_up_with_the_leases_and_through_the_pipeline_given()
         client = down
         scripts = fake_scripts("stream", "complete", "stream_end")
 
-    published = await link.publish([delta("a")], [ops.Completion("c", "token-c", "ok", b"r")],
+    published = await link.publish([delta("a")], [completion("c", "token-c", "ok", b"r")],
                                    pipeline=Pipeline())  # type: ignore[arg-type]
     assert published is None and down.failures == 2  # within the lease, retried; then not
     assert [request_id for request_id, _ in book.snapshot()] == ["a", "b"]

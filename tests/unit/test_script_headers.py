@@ -27,8 +27,12 @@ LUA = ROOT / "protocol" / "lua"
 KEYS = QueueKeys.for_model("embed", "m")
 #: The shard-wide keys a script may declare, by the ``QueueKeys`` attribute that names them.
 SHARD_KEYS = {getattr(KEYS, name): name for name in (
-    "pending", "inflight", "started", "seq", "wake", "delayed", "dead", "dead_letters", "workers",
-    "stats", "fair")}
+    "pending", "inflight", "started", "leases", "seq", "wake", "delayed", "dead", "dead_letters",
+    "workers", "stats", "fair")}
+
+def completion(request_id: str, token: str, status: str, body: bytes) -> ops.Completion:
+    return ops.Completion(ops.Claimed(request_id, b"", token, 1, 0, None), status, body)
+
 
 
 @dataclass
@@ -86,7 +90,7 @@ CALLS: dict[str, Callable[[int], ops.Call]] = {
     "start": lambda n: ops.start_call(KEYS, LEASES[:n]),
     "heartbeat": lambda n: ops.heartbeat_call(KEYS, "w", 1000, 3000, LEASES[:n]),
     "complete": lambda n: ops.complete_call(
-        KEYS, 60_000, 100, [ops.Completion(f"r{i}", "t", "ok", b"body") for i in range(n)]),
+        KEYS, 60_000, 100, [completion(f"r{i}", "t", "ok", b"body") for i in range(n)]),
     "reclaim": lambda n: ops.reclaim_call(KEYS, 500, 60_000, 100),
     "release": lambda n: ops.release_call(KEYS, LEASES[:n]),
     "cancel": lambda n: ops.cancel_call(KEYS, "r1", 60_000),

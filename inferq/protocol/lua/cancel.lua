@@ -10,6 +10,7 @@
     KEYS[3] stats
     KEYS[4] delayed
     KEYS[5] started
+    KEYS[6] leases
     ARGV[1] prefix
     ARGV[2] id
     ARGV[3] result_ttl_ms
@@ -41,6 +42,7 @@ if redis.call('ZREM', inflight, id) == 1 and owner then
 end
 redis.call('ZREM', delayed, id)
 redis.call('SREM', started, id)
+redis.call('HDEL', KEYS[6], id)
 put_result(prefix, id, error_result(id, 'cancelled', 'cancelled', 'cancelled by the producer',
   int(h[1], 0, MAX_ATTEMPTS), int(h[2], 0, MAXI), now), ttl, h[4] or nil)
 redis.call('DEL', rkey)

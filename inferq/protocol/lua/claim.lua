@@ -7,6 +7,7 @@
     KEYS[3] stats
     KEYS[4] delayed
     KEYS[5] wake
+    KEYS[6] leases
     ARGV[1] prefix
     ARGV[2] owner
     ARGV[3] lease_ms
@@ -17,19 +18,20 @@
   First promotes retries whose backoff has passed from delayed to pending (original score),
   each checked before it moves. Then reads up to max_count ids from the head of pending and
   checks each request's fields; only then writes: the valid ones move to inflight (score =
-  lease deadline) with owner and a fresh lease token; the attempt count is not touched (START
+  lease deadline) with owner, and a fresh lease token goes into leases; the attempt count is not touched (START
   counts runs). A request whose deadline already passed is answered 'expired' and never
   runs; a damaged one is answered 'corrupt_request'; garbage is dropped and counted. When
   pending is left empty the wake list is cleared, so stale tokens never accumulate.
 
   Output: {now, {{id, payload, token, attempt (this run's number), enqueued ms,
-  deadline ms or ''}, ...}, expired, ms until the next delayed retry is due or -1,
+  deadline ms or '', reply inbox or '', tenant or ''}, ...}, expired, ms until the next delayed retry is due or -1,
   {corrupt id, reason, ...}, {garbage key, ...}}
 ]]
 -- @include clock
 -- @include request
 -- @include stats
 local pending, inflight, stats, delayed, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local leases = KEYS[6]
 local prefix, owner = ARGV[1], ARGV[2]
 local lease, max_n, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local top = ARGV[6]
@@ -57,7 +59,7 @@ end
 -- 2. the claim: read and check the window, then write
 local ids = redis.call('ZRANGEBYSCORE', pending, '-inf', top, 'LIMIT', 0, max_n)
 local checked = check_all(prefix, ids)
-local out, expired, leases = {}, 0, {}
+local out, expired, deadlines, tokens = {}, 0, {}, {}
 local deadline, now_s = num(now + lease), num(now)
 for i, id in ipairs(ids) do
   local kind, r = checked[i][1], checked[i][2]
@@ -71,16 +73,19 @@ for i, id in ipairs(ids) do
   elseif kind == 'ok' then
     local attempt = r.a + 1
     local token = owner .. '/' .. attempt .. '/' .. now_s
-    redis.call('HSET', rkey, F_STATE, STATE_INFLIGHT, F_OWNER, owner, F_TOKEN, token,
-               F_CLAIMED, now_s)
-    leases[#leases + 1] = deadline
-    leases[#leases + 1] = id
-    out[#out + 1] = {id, r.p, token, attempt, num(r.eq), r.dl and num(r.dl) or ''}
+    redis.call('HSET', rkey, F_STATE, STATE_INFLIGHT, F_OWNER, owner, F_CLAIMED, now_s)
+    deadlines[#deadlines + 1] = deadline
+    deadlines[#deadlines + 1] = id
+    tokens[#tokens + 1] = id
+    tokens[#tokens + 1] = token
+    out[#out + 1] = {id, r.p, token, attempt, num(r.eq), r.dl and num(r.dl) or '', r.rt or '',
+                     r.tn or ''}
   else
     drop_bad(prefix, id, kind, r, now, ttl, corrupt, garbage)
   end
 end
-bulk('ZADD', inflight, leases)
+bulk('ZADD', inflight, deadlines)
+bulk('HSET', leases, tokens)
 bulk('ZREM', pending, ids)
 flush_inboxes(prefix, ttl)
 if expired > 0 then count_done(stats, 'expired', expired, now) end

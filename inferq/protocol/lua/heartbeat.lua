@@ -4,6 +4,7 @@
   Input:
     KEYS[1] inflight
     KEYS[2] workers
+    KEYS[3] leases
     ARGV[1] prefix
     ARGV[2] worker_id
     ARGV[3] lease_ms
@@ -15,6 +16,7 @@
 -- @include clock
 -- @include rows
 -- @include bulk
+-- @include flight
 local inflight, workers = KEYS[1], KEYS[2]
 local prefix, worker = ARGV[1], ARGV[2]
 local lease, liveness = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -23,12 +25,16 @@ if not a then return redis.error_reply('ERR inferq heartbeat: bad arguments') en
 local now = now_ms()
 local lost, renew = {}, {}
 local deadline = num(now + lease)
+local ids = {}
 for i = 1, #a, 2 do
-  local id, token = a[i], a[i + 1]
-  if not strings(id, token) then
+  if not strings(a[i], a[i + 1]) then
     return redis.error_reply('ERR inferq heartbeat: bad arguments')
   end
-  if redis.pcall('HGET', prefix .. K_REQ .. id, F_TOKEN) == token then
+  ids[#ids + 1] = a[i]
+end
+local tokens = tokens_of(KEYS[3], ids)
+for n, id in ipairs(ids) do
+  if tokens[n] == a[2 * n] then
     renew[#renew + 1] = deadline
     renew[#renew + 1] = id
   else

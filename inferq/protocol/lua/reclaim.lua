@@ -14,6 +14,7 @@
     KEYS[5] stats
     KEYS[6] started
     KEYS[7] dead_letters
+    KEYS[8] leases
     ARGV[1] prefix
     ARGV[2] max_count
     ARGV[3] result_ttl_ms
@@ -28,7 +29,7 @@
 -- @include stats
 -- @include wake
 local inflight, pending, dead, wake, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local started, records = KEYS[6], KEYS[7]
+local started, records, leases = KEYS[6], KEYS[7], KEYS[8]
 local prefix, max_n = ARGV[1], tonumber(ARGV[2])
 local ttl, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
@@ -61,7 +62,7 @@ for i, id in ipairs(ids) do
       died = died + 1
     else
       redis.call('HSET', rkey, F_STATE, STATE_PENDING, F_ATTEMPTS, used)
-      redis.call('HDEL', rkey, F_OWNER, F_TOKEN)
+      redis.call('HDEL', rkey, F_OWNER)
       requeue[#requeue + 1] = r.s
       requeue[#requeue + 1] = id
       if not r.ran then unstarted = unstarted + 1 end
@@ -70,7 +71,7 @@ for i, id in ipairs(ids) do
     drop_bad(prefix, id, kind, r, now, ttl, corrupt, garbage)
   end
 end
-land(inflight, started, ids)
+land(inflight, started, leases, ids)
 bulk('ZADD', pending, requeue)
 flush_inboxes(prefix, ttl)
 dead_letter(dead, records, stats, cap)

@@ -9,6 +9,7 @@
     KEYS[2] pending
     KEYS[3] wake
     KEYS[4] started
+    KEYS[5] leases
     ARGV[1] prefix
     ARGV[2] packed rows of 2: id, token
 
@@ -18,28 +19,33 @@
 -- @include rows
 -- @include flight
 -- @include wake
-local inflight, pending, wake, started = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local inflight, pending, wake, started, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, a = ARGV[1], rows(ARGV[2], 2)
 if not a then return redis.error_reply('ERR inferq release: bad arguments') end
-local back = {}
+local back, asked = {}, {}
 for i = 1, #a, 2 do
-  local id, token = a[i], a[i + 1]
-  if not strings(id, token) then return redis.error_reply('ERR inferq release: bad arguments') end
-  local h = fields(prefix .. K_REQ .. id, F_TOKEN, F_SCORE)
-  if h and h[1] == token and int(h[2], 0, MAXI) then
-    back[#back + 1] = {id, h[2]}
+  if not strings(a[i], a[i + 1]) then
+    return redis.error_reply('ERR inferq release: bad arguments')
+  end
+  asked[#asked + 1] = a[i]
+end
+local tokens = tokens_of(leases, asked)
+for n, id in ipairs(asked) do
+  if tokens[n] == a[2 * n] then
+    local h = fields(prefix .. K_REQ .. id, F_SCORE)
+    if h and int(h[1], 0, MAXI) then back[#back + 1] = {id, h[1]} end
   end
 end
 local ids, zadd = {}, {}
 for _, b in ipairs(back) do
   local rkey = prefix .. K_REQ .. b[1]
   redis.call('HSET', rkey, F_STATE, STATE_PENDING)
-  redis.call('HDEL', rkey, F_OWNER, F_TOKEN)
+  redis.call('HDEL', rkey, F_OWNER)
   ids[#ids + 1] = b[1]
   zadd[#zadd + 1] = b[2]
   zadd[#zadd + 1] = b[1]
 end
-land(inflight, started, ids)
+land(inflight, started, leases, ids)
 bulk('ZADD', pending, zadd)
 if #ids > 0 then wake_workers(wake, #ids) end
 return #ids

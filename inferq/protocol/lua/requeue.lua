@@ -28,7 +28,7 @@
 local dead, records, pending, wake, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = ARGV[1]
 local now = now_ms()
-local DROP = {[F_OWNER] = true, [F_TOKEN] = true, [F_CLAIMED] = true, [F_DEADLINE] = true,
+local DROP = {[F_OWNER] = true, [F_CLAIMED] = true, [F_DEADLINE] = true,
               [F_REPLY_TO] = true, [F_STATE] = true, [F_ATTEMPTS] = true, [F_ENQUEUED] = true}
 -- read and check every id before the first write
 local out, todo, seen = {}, {}, {}

@@ -4,6 +4,7 @@
 
   Input:
     KEYS[1] started
+    KEYS[2] leases
     ARGV[1] prefix
     ARGV[2] packed rows of 2: id, token
 
@@ -11,14 +12,19 @@
 ]]
 -- @include rows
 -- @include bulk
+-- @include flight
 local prefix, a = ARGV[1], rows(ARGV[2], 2)
 if not a then return redis.error_reply('ERR inferq start: bad arguments') end
-local ok, lost = {}, {}
+local ok, lost, ids = {}, {}, {}
 for i = 1, #a, 2 do
-  local id, token = a[i], a[i + 1]
-  if not strings(id, token) then return redis.error_reply('ERR inferq start: bad arguments') end
-  local t = redis.pcall('HGET', prefix .. K_REQ .. id, F_TOKEN)
-  if t == token then ok[#ok + 1] = id else lost[#lost + 1] = id end
+  if not strings(a[i], a[i + 1]) then
+    return redis.error_reply('ERR inferq start: bad arguments')
+  end
+  ids[#ids + 1] = a[i]
+end
+local tokens = tokens_of(KEYS[2], ids)
+for n, id in ipairs(ids) do
+  if tokens[n] == a[2 * n] then ok[#ok + 1] = id else lost[#lost + 1] = id end
 end
 bulk('SADD', KEYS[1], ok)
 return lost

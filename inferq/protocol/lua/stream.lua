@@ -10,6 +10,7 @@
 
   Input:
     KEYS[1] inflight (names the queue's slot; per-request keys are built from prefix)
+    KEYS[2] leases
     ARGV[1] prefix
     ARGV[2] result_ttl_ms
     ARGV[3..] rows of 5: id, token, attempt, text, token_ids
@@ -26,7 +27,7 @@ for i = 3, #ARGV, 5 do
   local id, token, attempt, delta, toks = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3],
     ARGV[i + 4]
   local skey = prefix .. K_STREAM .. id
-  if redis.pcall('HGET', prefix .. K_REQ .. id, F_TOKEN) == token then
+  if redis.call('HGET', KEYS[2], id) == token then
     if delta ~= '' or toks ~= '' then
       force('XADD', skey, '*', SF_ATTEMPT, attempt, SF_TEXT, delta, SF_TOKENS, toks)
       redis.call('PEXPIRE', skey, ttl)

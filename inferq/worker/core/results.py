@@ -111,7 +111,7 @@ def completion(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) 
     c = claim.claimed
     if isinstance(outcome, Failure):
         if outcome.retryable and c.attempt < claim.payload.max_attempts:
-            return ops.Completion(c.id, c.token, "retry", b"", config.retry_delay_ms(c.attempt))
+            return ops.Completion(c, "retry", b"", config.retry_delay_ms(c.attempt))
         status = Status.DEAD if outcome.retryable else Status.FAILED
         body: dict[str, Any] = {"error": outcome.error}
     else:
@@ -123,7 +123,7 @@ def completion(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) 
         data = encode_result_fields({"status": status, **body, **common}, config.limits)
     except (InferqError, TypeError, ValueError, OverflowError):
         status, data = _encode_checked(config, status, body, common)
-    return ops.Completion(c.id, c.token, status.value, data)
+    return ops.Completion(c, status.value, data)
 
 
 def _encode_checked(config: WorkerConfig, status: Status, body: dict[str, Any],
@@ -169,7 +169,7 @@ def batch_completions(config: WorkerConfig, claims: Sequence[Claim], outcomes: S
                 packer = msgpack.Packer(use_bin_type=True)
             else:
                 if len(data) <= limit:
-                    out.append(ops.Completion(c.id, c.token, "ok", data))
+                    out.append(ops.Completion(c, "ok", data))
                     continue
         out.append(completion(config, claim, outcome, batch_size=size, input_tokens=tokens,
                               truncated=cut or None, finished_ms=finished_ms,
@@ -188,7 +188,7 @@ def failed_completion(config: WorkerConfig, claimed: ops.Claimed, error: InferqE
         "attempts": claimed.attempt, "enqueued_ms": claimed.enqueued_ms, "started_ms": now_ms,
         "finished_ms": now_ms,
     }, config.limits)
-    return ops.Completion(claimed.id, claimed.token, status.value, data)
+    return ops.Completion(claimed, status.value, data)
 
 
 def expired(config: WorkerConfig, claims: Sequence[Claim], now_ms: int) -> list[ops.Completion]:
