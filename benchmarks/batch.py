@@ -10,13 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
 import random
-import sys
 import time
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +22,7 @@ from benchmarks.framework import (
     ByMode,
     Run,
     Scenario,
+    flag,
     noise_of,
     positive_float,
     positive_int,
@@ -42,9 +39,11 @@ from benchmarks.harness import (
 )
 from benchmarks.loadgen import open_loop, poisson
 from benchmarks.stack import (
+    SleepWindow,
     WorkerProc,
     add_worker_arguments,
     check_alive,
+    gateway,
     load_str,
     pcts,
     spawn_workers,
@@ -60,25 +59,19 @@ TOKEN = "bench-token"
 
 
 @dataclass(frozen=True)
-class BatchConfig:
-    workers: int
-    batch_ms: float
-    item_ms: float
-    max_batch_size: int
-    max_wait_ms: float
-    cycles: int
-    burst_s: float
-    idle_s: float
-    online_load: float
-    lines: int
-
-    @property
-    def full_batch_ms(self) -> float:
-        return self.batch_ms + self.item_ms * self.max_batch_size
+class BatchConfig(SleepWindow):
+    workers: int = flag(positive_int, 1, "worker processes")
+    cycles: int = flag(positive_int, ByMode(4, 2), "burst + idle cycles")
+    burst_s: float = flag(positive_float, ByMode(5.0, 3.0),
+                          "seconds of online traffic per cycle")
+    idle_s: float = flag(positive_float, ByMode(5.0, 3.0),
+                         "seconds without online traffic per cycle")
+    online_load: float = flag(positive_float, 0.5, "online arrival rate in bursts / capacity")
+    lines: int = flag(positive_int, ByMode(40_000, 12_000), "lines of the batch")
 
     @property
     def nominal_capacity(self) -> float:
-        return self.workers * self.max_batch_size / (self.full_batch_ms / 1e3)
+        return self.workers * self.worker_capacity
 
     @property
     def schedule_s(self) -> float:
@@ -90,32 +83,16 @@ def _model_arg(model: str, cfg: BatchConfig) -> str:
 
 
 class Gateway:
-    """``python -m inferq.gateway`` with a batch runner, its file store under the log folder."""
+    """The gateway with a batch runner, its file store under the log folder."""
 
     def __init__(self, cleanup: Cleanup, url: str, log_dir: Path) -> None:
-        from inferq.embedded import free_port
-
-        self.base = f"http://127.0.0.1:{free_port()}"
-        port = self.base.rsplit(":", 1)[1]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "INFERQ_REDIS_URL": url,
-               "INFERQ_GATEWAY_TOKEN": TOKEN, "INFERQ_GATEWAY_REQUIRE_SERVED_MODEL": "false",
-               "INFERQ_GATEWAY_FILE_STORE": str(log_dir / "batch-files"),
-               "INFERQ_GATEWAY_BATCH_IDLE_S": "0.2"}
-        self.child = cleanup.spawn("gateway", [sys.executable, "-m", "inferq.gateway",
-                                               "--host", "127.0.0.1", "--port", port],
-                                   log_path=log_dir / "gateway.log", env=env)
-        deadline = time.monotonic() + 120
-        while True:
-            with contextlib.suppress(OSError), urllib.request.urlopen(
-                    f"{self.base}/healthz", timeout=2) as response:
-                if response.status == 200:
-                    break
-            if not self.child.alive() or time.monotonic() > deadline:
-                raise BenchmarkFailed(f"gateway not ready\n{self.child.log_tail()}")
-            time.sleep(0.2)
         from inferq.cli.batch_api import BatchApi
 
-        self.api = BatchApi(self.base, TOKEN)
+        self.child, port = gateway(cleanup, url, log_dir, env={
+            "INFERQ_GATEWAY_TOKEN": TOKEN, "INFERQ_GATEWAY_REQUIRE_SERVED_MODEL": "false",
+            "INFERQ_GATEWAY_FILE_STORE": str(log_dir / "batch-files"),
+            "INFERQ_GATEWAY_BATCH_IDLE_S": "0.2"})
+        self.api = BatchApi(f"http://127.0.0.1:{port}", TOKEN)
 
 
 def lines_file(path: Path, model: str, n: int) -> Path:
@@ -292,21 +269,8 @@ class Batch(Scenario[BatchConfig]):
     markdown = staticmethod(results_markdown)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--workers", type=positive_int, default=1,
-                            help="worker processes (default 1)")
         add_worker_arguments(parser, max_batch_size=32, max_wait_ms=5.0, batch_ms=40.0,
                              item_ms=0.5)
-        parser.add_argument("--cycles", type=positive_int, default=ByMode(4, 2),
-                            help="burst + idle cycles (default %(default)s)")
-        parser.add_argument("--burst-s", type=positive_float, default=ByMode(5.0, 3.0),
-                            help="seconds of online traffic per cycle (default %(default)s)")
-        parser.add_argument("--idle-s", type=positive_float, default=ByMode(5.0, 3.0),
-                            help="seconds without online traffic per cycle (default "
-                                 "%(default)s)")
-        parser.add_argument("--online-load", type=positive_float, default=0.5,
-                            help="online arrival rate in bursts / capacity (default 0.5)")
-        parser.add_argument("--lines", type=positive_int, default=ByMode(40_000, 12_000),
-                            help="lines of the batch (default %(default)s)")
 
     def measure(self, run: Run[BatchConfig]) -> dict[str, Any]:
         cfg = run.cfg

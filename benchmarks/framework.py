@@ -98,6 +98,36 @@ def float_list(text: str) -> tuple[float, ...]:
     return _numbers(text, float)
 
 
+def flag(type: Callable[[str], Any] | None = None, default: Any = None, help: str = "", *,
+         name: str | None = None, **argparse_options: Any) -> Any:
+    """A config field that is its own command-line flag, declared once: ``--field-name`` (or
+    ``name``) with argparse's ``type``, ``default`` (a ``ByMode`` for ``--quick``) and ``help``,
+    which gets ``(default ...)`` appended when there is a default. The field itself has no
+    default: ``configure`` fills it from the parsed flags."""
+    return dataclasses.field(metadata={"flag": dict(
+        name=name, type=type, default=default, help=help, **argparse_options)})
+
+
+def switch(help: str, *, name: str | None = None) -> Any:
+    """A boolean config field set by a flag: ``--field-name`` sets it, or ``name`` =
+    ``--no-...`` clears it (the field then defaults to true)."""
+    off = name is not None and name.startswith("--no-")
+    return dataclasses.field(metadata={"flag": dict(
+        name=name, action="store_false" if off else "store_true", help=help)})
+
+
+def add_flags(parser: argparse.ArgumentParser, config: type[Any]) -> None:
+    """The flags declared on ``config``'s fields (``flag``, ``switch``), in field order."""
+    for f in dataclasses.fields(config):
+        if "flag" not in f.metadata:
+            continue
+        options = {k: v for k, v in f.metadata["flag"].items() if v is not None}
+        name = options.pop("name", None) or "--" + f.name.replace("_", "-")
+        if options.get("default") is not None and options["help"]:
+            options["help"] += " (default %(default)s)"
+        parser.add_argument(name, dest=f.name, **options)
+
+
 # ------------------------------------------------------------------------------ the shape
 
 
@@ -151,7 +181,7 @@ class Scenario(Generic[C]):
     trials: ClassVar[tuple[int, int] | None] = (3, 1)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """The scenario's own flags."""
+        """The scenario's flags beyond those its config's fields declare (``flag``)."""
 
     def configure(self, args: argparse.Namespace) -> C:
         names = {f.name for f in dataclasses.fields(self.config)}  # type: ignore[arg-type]
@@ -192,6 +222,7 @@ class Scenario(Generic[C]):
                                  "plots go to a plots/ folder next to it")
         parser.add_argument("--no-results-md", action="store_true",
                             help="do not touch RESULTS.md or its plots folder")
+        add_flags(parser, self.config)
         self.add_arguments(parser)
 
     def main(self, args: argparse.Namespace) -> int:
@@ -253,9 +284,10 @@ class Scenario(Generic[C]):
 def config_dict(cfg: Any) -> dict[str, Any]:
     """A config dataclass's fields and properties (the figures derived from them)."""
     out = dataclasses.asdict(cfg)
-    for name, attr in vars(type(cfg)).items():
-        if isinstance(attr, property):
-            out[name] = getattr(cfg, name)
+    for klass in type(cfg).__mro__:
+        for name, attr in vars(klass).items():
+            if isinstance(attr, property):
+                out.setdefault(name, getattr(cfg, name))
     return out
 
 

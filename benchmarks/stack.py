@@ -17,6 +17,7 @@ import signal
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -138,6 +139,81 @@ def stop_all(server: BenchServer, workers: Mapping[str, WorkerProc]) -> dict[str
     return codes
 
 
+def tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (LitServe's API server and inference worker,
+    uvicorn's worker processes)."""
+    pids, todo = [], [pid]
+    while todo:
+        pids.append(p := todo.pop())
+        for entry in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (entry / "stat").read_text()
+                if int(stat[stat.rfind(")") + 2:].split()[1]) == p:
+                    todo.append(int(entry.name))
+    return pids
+
+
+def cpu_by_role(cpu: Mapping[str, float | None], n: int) -> dict[str, float | None]:
+    """CPU microseconds per request of each role (``role.i`` keys: the sum over its
+    processes)."""
+    roles: dict[str, float] = {}
+    for key, value in cpu.items():
+        if key not in ("other_load", "wall_s") and value is not None:
+            roles[key.split(".")[0]] = roles.get(key.split(".")[0], 0.0) + value
+    return {role: round(v / max(n, 1) * 1e6, 1) for role, v in roles.items()}
+
+
+def spawn_server(cleanup: Cleanup, name: str, argv: Sequence[str], log_dir: Path, url: str,
+                 env: Mapping[str, str] | None = None, timeout_s: float = 180.0) -> Child:
+    """A server process, its whole process group killed at the end, once ``url`` answers 200."""
+    child = cleanup.spawn(name, argv, log_path=log_dir / f"{name}.log",
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    # In a session of its own: its group is its own children, nothing else.
+    cleanup.on_close(f"{name} group", lambda: _kill_group(child.process.pid))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
+            if response.status == 200:
+                return child
+        if not child.alive() or time.monotonic() > deadline:
+            raise BenchmarkFailed(f"{name}: {url} not ready\n{child.log_tail()}")
+        time.sleep(0.2)
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def free_port() -> int:
+    from inferq.embedded import free_port as free
+
+    return int(free())
+
+
+def gateway(cleanup: Cleanup, url: str, log_dir: Path, *, name: str = "gateway",
+            env: Mapping[str, str] | None = None, args: Sequence[str] = ()) -> tuple[Child, int]:
+    """``python -m inferq.gateway`` on a free port over ``url``, once its /healthz answers;
+    the child and its port."""
+    port = free_port()
+    child = spawn_server(cleanup, name, [sys.executable, "-m", "inferq.gateway", "--host",
+                                         "127.0.0.1", "--port", str(port), *args], log_dir,
+                         f"http://127.0.0.1:{port}/healthz",
+                         env={"INFERQ_REDIS_URL": url, **(env or {})})
+    return child, port
+
+
+def litserve(cleanup: Cleanup, log_dir: Path, max_batch_size: int, batch_timeout_s: float
+             ) -> tuple[Child, int]:
+    """LitServe serving MiniLM (``serve_litserve.py``) on a free port, once it answers."""
+    port = free_port()
+    child = spawn_server(cleanup, "litserve", [
+        sys.executable, "-m", "benchmarks.serve_litserve", "--port", str(port),
+        "--max-batch-size", str(max_batch_size), "--batch-timeout", f"{batch_timeout_s:g}"],
+        log_dir, f"http://127.0.0.1:{port}/health")
+    return child, port
+
+
 def sleep_model(model: str, batch_ms: float, item_ms: float) -> str:
     """``--model`` of the built-in ``sleep`` model: a fixed time per batch and per request, no
     CPU (it models a GPU)."""
@@ -149,6 +225,26 @@ def window_flags(max_batch_size: int, max_wait_ms: float) -> list[str]:
     no tokenizer)."""
     return ["--max-batch-size", str(max_batch_size), "--max-wait-ms", f"{max_wait_ms:g}",
             "--max-batch-tokens", "0"]
+
+
+@dataclass(frozen=True)
+class SleepWindow:
+    """The config fields of ``add_worker_arguments`` with the sleep model, and what they
+    imply; a scenario's config that runs sleep-model workers extends it."""
+
+    batch_ms: float
+    item_ms: float
+    max_batch_size: int
+    max_wait_ms: float
+
+    @property
+    def full_batch_ms(self) -> float:
+        return self.batch_ms + self.item_ms * self.max_batch_size
+
+    @property
+    def worker_capacity(self) -> float:
+        """Requests/s one worker serves running full batches back to back."""
+        return self.max_batch_size / (self.full_batch_ms / 1e3)
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser, *, max_batch_size: int,
