@@ -5,7 +5,6 @@ CPU per request on each master; the method is in benchmarks/README.md.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -15,7 +14,7 @@ from typing import Any
 
 import redis
 
-from benchmarks.framework import ByMode, Run, Scenario, int_list, positive_int, render
+from benchmarks.framework import ByMode, Run, Scenario, flag, int_list, positive_int, render
 from benchmarks.harness import fmt_range, markdown_table, say, stop_child, summary
 from benchmarks.stack import (
     check_ok,
@@ -32,12 +31,13 @@ from inferq.protocol.settings import SET_SETTINGS, settings_call
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    requests: int
-    shard_counts: tuple[int, ...]
-    workers: int
-    max_batch_size: int
-    max_wait_ms: float
-    chunk: int
+    requests: int = flag(positive_int, ByMode(20_000, 600), "requests per variant")
+    shard_counts: tuple[int, ...] = flag(int_list, "1,3", "shard counts to compare, "
+                                         "comma-separated", name="--shards")
+    workers: int = flag(positive_int, 3, "worker processes")
+    max_batch_size: int = flag(positive_int, 64)
+    max_wait_ms: float = flag(float, 2.0)
+    chunk: int = flag(positive_int, 500)
     timeout_s: float = 300.0
 
 
@@ -154,17 +154,6 @@ class ClusterScenario(Scenario[ClusterConfig]):
     quick_help = "600 requests per variant, 1 trial (~1 min)"
     config = ClusterConfig
     markdown = staticmethod(results_markdown)
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--requests", type=positive_int, default=ByMode(20_000, 600),
-                            help="requests per variant (default %(default)s)")
-        parser.add_argument("--shards", dest="shard_counts", type=int_list, default=(1, 3),
-                            help="shard counts to compare, comma-separated (default 1,3)")
-        parser.add_argument("--workers", type=positive_int, default=3,
-                            help="worker processes (default %(default)s)")
-        parser.add_argument("--max-batch-size", type=positive_int, default=64)
-        parser.add_argument("--max-wait-ms", type=float, default=2.0)
-        parser.add_argument("--chunk", type=positive_int, default=500)
 
     def measure(self, run: Run[ClusterConfig]) -> dict[str, Any]:
         from tests.support.cluster import LocalCluster

@@ -5,7 +5,6 @@ the same sentences; the method is in benchmarks/README.md.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import time
@@ -16,7 +15,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks import corpus
-from benchmarks.framework import ByMode, Run, Scenario, int_list, noise_of, positive_int, render
+from benchmarks.framework import (
+    ByMode,
+    Run,
+    Scenario,
+    flag,
+    int_list,
+    noise_of,
+    positive_int,
+    render,
+)
 from benchmarks.harness import (
     Cleanup,
     CpuProbe,
@@ -57,11 +65,13 @@ SORTED_BATCH_SIZE = 32
 
 @dataclass(frozen=True)
 class EmbedConfig:
-    requests: int
-    batch_sizes: tuple[int, ...]
-    warmup: int
-    chunk: int
-    waiters: int
+    requests: int = flag(positive_int, ByMode(2000, 300), "requests per full-stack trial and "
+                         "sentences per bare-model pass")
+    batch_sizes: tuple[int, ...] = flag(int_list, "1,8,16,32,64", "bare-model batch sizes, "
+                                        "comma-separated")
+    warmup: int = flag(positive_int, ByMode(256, 64), "warm-up requests per variant")
+    chunk: int = flag(positive_int, 100, "requests per enqueue_many call")
+    waiters: int = flag(positive_int, 8, "concurrent result waiters in the producer")
     ready_timeout_s: float = 300.0
 
     @property
@@ -318,19 +328,6 @@ class Embed(Scenario[EmbedConfig]):
     quick_help = "300 requests, 1 trial, short warm-up (< 2 min)"
     config = EmbedConfig
     markdown = staticmethod(results_markdown)
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--requests", type=positive_int, default=ByMode(2000, 300),
-                            help="requests per full-stack trial and sentences per bare-model "
-                                 "pass (default %(default)s)")
-        parser.add_argument("--batch-sizes", type=int_list, default=(1, 8, 16, 32, 64),
-                            help="bare-model batch sizes, comma-separated (default 1,8,16,32,64)")
-        parser.add_argument("--warmup", type=positive_int, default=ByMode(256, 64),
-                            help="warm-up requests per variant (default %(default)s)")
-        parser.add_argument("--chunk", type=positive_int, default=100,
-                            help="requests per enqueue_many call (default 100)")
-        parser.add_argument("--waiters", type=positive_int, default=8,
-                            help="concurrent result waiters in the producer (default 8)")
 
     def measure(self, run: Run[EmbedConfig]) -> dict[str, Any]:
         import torch

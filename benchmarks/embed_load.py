@@ -20,12 +20,14 @@ from benchmarks.framework import (
     ByMode,
     Run,
     Scenario,
+    flag,
     float_list,
     int_list,
     noise_of,
     positive_float,
     positive_int,
     render,
+    switch,
 )
 from benchmarks.harness import BenchmarkFailed, CpuProbe, fmt_range, markdown_table, say, summary
 from benchmarks.loadgen import open_loop, poisson
@@ -52,16 +54,26 @@ ARRIVAL_SEED = 4242
 
 @dataclass(frozen=True)
 class LoadConfig:
-    loads: tuple[float, ...]
-    seconds: float
-    capacity_requests: int
-    capacity: float | None
-    capacity_passes: int
-    bs1: bool
-    bs1_max_overload: float
-    limit: bool
-    limit_batch_sizes: tuple[int, ...]
-    warmup: int
+    loads: tuple[float, ...] = flag(float_list, "0.25,0.5,0.75,1.0,1.25", "offered loads as "
+                                    "fractions of the full stack's capacity")
+    seconds: float = flag(positive_float, ByMode(30.0, 5.0), "arrival period per load")
+    capacity_requests: int = flag(positive_int, ByMode(1000, 200), "requests in the "
+                                  "closed-loop capacity burst, at least 8; the batch-1 worker "
+                                  "gets a quarter")
+    capacity: float | None = flag(positive_float, None, "use this full-stack capacity (req/s) "
+                                  "instead of measuring it")
+    capacity_passes: int = flag(positive_int, ByMode(3, 1), "closed-loop bursts for the "
+                                "capacity; the median is used")
+    bs1: bool = switch("leave out the batch-1 worker", name="--no-bs1")
+    bs1_max_overload: float = flag(positive_float, ByMode(1.5, 1.0), "run the batch-1 worker "
+                                   "at a load only when the offered rate is at most this "
+                                   "multiple of its own capacity")
+    limit: bool = switch("do not load the bare model in this process for the limit line",
+                         name="--no-limit")
+    limit_batch_sizes: tuple[int, ...] = flag(int_list, "8,16,32", "bare-model batch sizes "
+                                              "tried for the limit, the best counts")
+    warmup: int = flag(positive_int, ByMode(256, 64), "warm-up requests for the full worker, "
+                       "a quarter for the batch-1 worker")
     ready_timeout_s: float = 300.0
 
     @property
@@ -216,35 +228,6 @@ class EmbedLoad(Scenario[LoadConfig]):
     config = LoadConfig
     plots = staticmethod(draw_plots)
     markdown = staticmethod(results_markdown)
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--loads", type=float_list, default=(0.25, 0.5, 0.75, 1.0, 1.25),
-                            help="offered loads as fractions of the full stack's capacity "
-                                 "(default 0.25,0.5,0.75,1.0,1.25)")
-        parser.add_argument("--seconds", type=positive_float, default=ByMode(30.0, 5.0),
-                            help="arrival period per load (default %(default)s)")
-        parser.add_argument("--capacity-requests", type=positive_int, default=ByMode(1000, 200),
-                            help="requests in the closed-loop capacity burst, at least 8 "
-                                 "(default %(default)s); the batch-1 worker gets a quarter")
-        parser.add_argument("--capacity", type=positive_float, default=None,
-                            help="use this full-stack capacity (req/s) instead of measuring it")
-        parser.add_argument("--capacity-passes", type=positive_int, default=ByMode(3, 1),
-                            help="closed-loop bursts for the capacity; the median is used "
-                                 "(default %(default)s)")
-        parser.add_argument("--no-bs1", dest="bs1", action="store_false",
-                            help="leave out the batch-1 worker")
-        parser.add_argument("--bs1-max-overload", type=positive_float, default=ByMode(1.5, 1.0),
-                            help="run the batch-1 worker at a load only when the offered rate is "
-                                 "at most this multiple of its own capacity "
-                                 "(default %(default)s)")
-        parser.add_argument("--no-limit", dest="limit", action="store_false",
-                            help="do not load the bare model in this process for the limit line")
-        parser.add_argument("--limit-batch-sizes", type=int_list, default=(8, 16, 32),
-                            help="bare-model batch sizes tried for the limit, the best counts "
-                                 "(default 8,16,32)")
-        parser.add_argument("--warmup", type=positive_int, default=ByMode(256, 64),
-                            help="warm-up requests for the full worker, a quarter for the "
-                                 "batch-1 worker (default %(default)s)")
 
     def configure(self, args: argparse.Namespace) -> LoadConfig:
         if args.capacity_requests < 8:

@@ -18,9 +18,19 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from benchmarks.framework import ByMode, Run, Scenario, positive_float, positive_int, render
+from benchmarks.framework import (
+    ByMode,
+    Run,
+    Scenario,
+    flag,
+    positive_float,
+    positive_int,
+    render,
+    switch,
+)
 from benchmarks.harness import Cleanup, markdown_table, say, stop_child, verdict
 from benchmarks.stack import (
+    SleepWindow,
     WorkerProc,
     add_worker_arguments,
     check_alive,
@@ -46,29 +56,28 @@ WEIGHTS = {"a": 3, "b": 2, "c": 1}
 
 
 @dataclass(frozen=True)
-class FairnessConfig:
-    seconds: float
-    batch_ms: float
-    item_ms: float
-    max_batch_size: int
-    max_wait_ms: float
-    overload: float
-    light_share: float
-    prompt_bytes: int
-    alone_requests: int
-    alone_trials: int
-    generate: bool
-    generate_backlog: int
-    generate_seconds: float
-
-    @property
-    def full_batch_ms(self) -> float:
-        return self.batch_ms + self.item_ms * self.max_batch_size
+class FairnessConfig(SleepWindow):
+    seconds: float = flag(positive_float, ByMode(60.0, 8.0),
+                          "how long the worker serves each flood")
+    overload: float = flag(positive_float, 1.2, "each flooding tenant's backlog / what the "
+                           "worker serves in --seconds")
+    light_share: float = flag(positive_float, 0.05, "the light tenant's arrival rate / capacity")
+    prompt_bytes: int = flag(positive_int, 40, "prompt size (cost = bytes / 4; tenant a's long "
+                             "prompts are 10x)")
+    alone_requests: int = flag(positive_int, ByMode(20_000, 5_000), "requests per pass of the "
+                               "one-tenant comparison (echo model)")
+    generate: bool = switch("skip the generate worker part (tiny random Llama)",
+                            name="--no-generate")
+    generate_backlog: int = flag(positive_int, ByMode(3000, 1000),
+                                 "requests each tenant queues for the generate worker")
+    generate_seconds: float = flag(positive_float, ByMode(60.0, 20.0),
+                                   "how long the generate worker serves")
+    alone_trials: int = flag(positive_int, ByMode(5, 3), "passes per mode of that comparison")
 
     @property
     def capacity(self) -> float:
         """Requests/s one worker serves running full batches back to back."""
-        return self.max_batch_size / (self.full_batch_ms / 1e3)
+        return self.worker_capacity
 
     @property
     def backlog(self) -> int:
@@ -300,33 +309,8 @@ class Fairness(Scenario[FairnessConfig]):
     markdown = staticmethod(results_markdown)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--seconds", type=positive_float, default=ByMode(60.0, 8.0),
-                            help="how long the worker serves each flood (default %(default)s)")
         add_worker_arguments(parser, max_batch_size=32, max_wait_ms=10.0, batch_ms=40.0,
                              item_ms=0.5)
-        parser.add_argument("--overload", type=positive_float, default=1.2,
-                            help="each flooding tenant's backlog / what the worker serves in "
-                                 "--seconds (default 1.2)")
-        parser.add_argument("--light-share", type=positive_float, default=0.05,
-                            help="the light tenant's arrival rate / capacity (default 0.05)")
-        parser.add_argument("--prompt-bytes", type=positive_int, default=40,
-                            help="prompt size (cost = bytes / 4; tenant a's long prompts are "
-                                 "10x) (default 40)")
-        parser.add_argument("--alone-requests", type=positive_int,
-                            default=ByMode(20_000, 5_000),
-                            help="requests per pass of the one-tenant comparison (echo model) "
-                                 "(default %(default)s)")
-        parser.add_argument("--no-generate", dest="generate", action="store_false",
-                            help="skip the generate worker part (tiny random Llama)")
-        parser.add_argument("--generate-backlog", type=positive_int,
-                            default=ByMode(3000, 1000),
-                            help="requests each tenant queues for the generate worker "
-                                 "(default %(default)s)")
-        parser.add_argument("--generate-seconds", type=positive_float,
-                            default=ByMode(60.0, 20.0),
-                            help="how long the generate worker serves (default %(default)s)")
-        parser.add_argument("--alone-trials", type=positive_int, default=ByMode(5, 3),
-                            help="passes per mode of that comparison (default %(default)s)")
 
     def measure(self, run: Run[FairnessConfig]) -> dict[str, Any]:
         cfg = run.cfg

@@ -23,6 +23,7 @@ from benchmarks.framework import (
     ByMode,
     Run,
     Scenario,
+    flag,
     noise_of,
     positive_float,
     positive_int,
@@ -39,6 +40,7 @@ from benchmarks.harness import (
 )
 from benchmarks.loadgen import open_loop, poisson
 from benchmarks.stack import (
+    SleepWindow,
     WorkerProc,
     add_worker_arguments,
     batches_of,
@@ -66,27 +68,19 @@ SEED = 20240607
 
 
 @dataclass(frozen=True)
-class PriorityConfig:
-    seconds: float
-    workers: int
-    batch_ms: float
-    item_ms: float
-    max_batch_size: int
-    max_wait_ms: float
-    overload: float
-    high_rate: float
-    low_priority: int
-    high_priority: int
-    warmup_s: float
-
-    @property
-    def full_batch_ms(self) -> float:
-        return self.batch_ms + self.item_ms * self.max_batch_size
+class PriorityConfig(SleepWindow):
+    seconds: float = flag(positive_float, ByMode(60.0, 15.0), "flood duration per trial")
+    workers: int = flag(positive_int, 1, "worker processes")
+    overload: float = flag(positive_float, 1.5, "low-priority arrival rate / capacity")
+    high_rate: float = flag(positive_float, 10.0, "high-priority Poisson arrivals per second")
+    low_priority: int = flag(int, 0, "the flood's priority")
+    high_priority: int = flag(int, 10, "the trickle's priority")
+    warmup_s: float  # not a flag: 2 s, 1 s with --quick
 
     @property
     def capacity(self) -> float:
         """Requests/s the workers serve running full batches back to back."""
-        return self.workers * self.max_batch_size / (self.full_batch_ms / 1e3)
+        return self.workers * self.worker_capacity
 
     @property
     def low_rate(self) -> float:
@@ -361,18 +355,8 @@ class Priority(Scenario[PriorityConfig]):
     markdown = staticmethod(results_markdown)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--seconds", type=positive_float, default=ByMode(60.0, 15.0),
-                            help="flood duration per trial (default %(default)s)")
-        parser.add_argument("--workers", type=positive_int, default=1,
-                            help="worker processes (default 1)")
         add_worker_arguments(parser, max_batch_size=32, max_wait_ms=10.0, batch_ms=40.0,
                              item_ms=0.5)
-        parser.add_argument("--overload", type=positive_float, default=1.5,
-                            help="low-priority arrival rate / capacity (default 1.5)")
-        parser.add_argument("--high-rate", type=positive_float, default=10.0,
-                            help="high-priority Poisson arrivals per second (default 10)")
-        parser.add_argument("--low-priority", type=int, default=0, help="(default 0)")
-        parser.add_argument("--high-priority", type=int, default=10, help="(default 10)")
         parser.set_defaults(warmup_s=ByMode(2.0, 1.0))
 
     def configure(self, args: argparse.Namespace) -> PriorityConfig:

@@ -5,7 +5,6 @@ in benchmarks/README.md.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import time
@@ -16,7 +15,7 @@ from typing import Any
 import redis
 
 from benchmarks import corpus
-from benchmarks.framework import ByMode, Run, Scenario, positive_float, positive_int, render
+from benchmarks.framework import ByMode, Run, Scenario, flag, positive_float, positive_int, render
 from benchmarks.harness import (
     BenchmarkFailed,
     fmt_number,
@@ -40,16 +39,18 @@ FEED_S = 0.2
 
 @dataclass(frozen=True)
 class PriorityGenerateConfig:
-    model: str
-    slots: int
-    flood_tokens: int
-    chat_tokens: int
-    rate: float
-    seconds: float
-    seed: int
+    model: str = flag(default=ByMode("smollm2", "tiny"), choices=("tiny", "smollm2"))
+    slots: int = flag(positive_int, ByMode(8, 4))
+    flood_tokens: int = flag(positive_int, ByMode(400, 300))
+    chat_tokens: int = flag(positive_int, 16)
+    rate: float = flag(positive_float, ByMode(0.5, 4.0), "chats per second (Poisson)")
+    seconds: float = flag(positive_float, ByMode(60.0, 5.0), "how long chats arrive")
+    seed: int = flag(int, 7)
     #: The worker's ``--engine``: transformers (inferq's loop) or vllm (vLLM's engine, started
     #: with ``enforce_eager``: no minutes of compilation per worker).
-    engine: str = "transformers"
+    engine: str = flag(default="transformers", choices=("transformers", "vllm"), help="the "
+                       "workers' --engine (vllm: needs vLLM installed, and --model smollm2)")
+
 
 
 def _worker(run: Run[PriorityGenerateConfig], url: str, variant: str, trial: int,
@@ -199,21 +200,6 @@ class PriorityGenerate(Scenario[PriorityGenerateConfig]):
     config = PriorityGenerateConfig
     trials = (2, 1)
     markdown = staticmethod(results_markdown)
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--model", choices=("tiny", "smollm2"),
-                            default=ByMode("smollm2", "tiny"))
-        parser.add_argument("--slots", type=positive_int, default=ByMode(8, 4))
-        parser.add_argument("--flood-tokens", type=positive_int, default=ByMode(400, 300))
-        parser.add_argument("--chat-tokens", type=positive_int, default=16)
-        parser.add_argument("--rate", type=positive_float, default=ByMode(0.5, 4.0),
-                            help="chats per second (Poisson)")
-        parser.add_argument("--seconds", type=positive_float, default=ByMode(60.0, 5.0),
-                            help="how long chats arrive")
-        parser.add_argument("--seed", type=int, default=7)
-        parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
-                            help="the workers' --engine (vllm: needs vLLM installed, and "
-                                 "--model smollm2)")
 
     def measure(self, run: Run[PriorityGenerateConfig]) -> dict[str, Any]:
         cfg = run.cfg

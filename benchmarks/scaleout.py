@@ -21,6 +21,7 @@ from benchmarks.framework import (
     ByMode,
     Run,
     Scenario,
+    flag,
     int_list,
     noise_of,
     positive_float,
@@ -36,6 +37,7 @@ from benchmarks.harness import (
     verdict,
 )
 from benchmarks.stack import (
+    SleepWindow,
     WorkerProc,
     add_worker_arguments,
     batches_of,
@@ -69,15 +71,15 @@ PER_WORKER_RATES = (100, 1_000, 5_000)
 
 
 @dataclass(frozen=True)
-class ScaleConfig:
-    worker_counts: tuple[int, ...]
-    seconds: float
-    batch_ms: float
-    item_ms: float
-    max_batch_size: int
-    max_wait_ms: float
-    chunk: int
-    mode: str
+class ScaleConfig(SleepWindow):
+    worker_counts: tuple[int, ...] = flag(int_list, "1,2,4,8,16", "worker process counts, "
+                                          "comma-separated", name="--workers")
+    seconds: float = flag(positive_float, ByMode(20.0, 3.0), "work per pass, in seconds of "
+                          "ideal throughput")
+    chunk: int = flag(positive_int, 1000, "requests per enqueue_many call")
+    mode: str = flag(default="drain", choices=("drain", "e2e"), help="drain: fill while "
+                     "paused, then time the workers alone; e2e: the producer enqueues and "
+                     "awaits while they run")
     timeout_s: float = 600.0
 
     @property
@@ -335,18 +337,7 @@ class Scaleout(Scenario[ScaleConfig]):
     markdown = staticmethod(results_markdown)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--workers", dest="worker_counts", type=int_list,
-                            default=(1, 2, 4, 8, 16),
-                            help="worker process counts, comma-separated (default 1,2,4,8,16)")
-        parser.add_argument("--seconds", type=positive_float, default=ByMode(20.0, 3.0),
-                            help="work per pass, in seconds of ideal throughput "
-                                 "(default %(default)s)")
         add_worker_arguments(parser, max_batch_size=16, max_wait_ms=5.0, batch_ms=50.0)
-        parser.add_argument("--chunk", type=positive_int, default=1000,
-                            help="requests per enqueue_many call (default 1000)")
-        parser.add_argument("--mode", choices=("drain", "e2e"), default="drain",
-                            help="drain: fill while paused, then time the workers alone "
-                                 "(default); e2e: the producer enqueues and awaits while they run")
 
     def configure(self, args: argparse.Namespace) -> ScaleConfig:
         if args.batch_ms + args.item_ms <= 0:
