@@ -32,8 +32,6 @@ from benchmarks.harness import (
     BenchmarkFailed,
     Cleanup,
     CpuProbe,
-    fmt_range,
-    markdown_table,
     say,
     verdict,
 )
@@ -240,25 +238,7 @@ def figures(trials: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def results_markdown(r: Mapping[str, Any]) -> str:
-    s, t = r["summary"], r["target"]
-    latency = [[label, *(fmt_range(s[key][q], 0) for q in ("p50", "p90", "p99"))]
-               for key, label in (("online_alone_ms", "online, alone"),
-                                  ("online_with_batch_ms", "online, with the batch running"))]
-    rows = [
-        ["online p50 with the batch / alone", fmt_range(s["p50_ratio"], 2), "", ""],
-        ["online p99 with the batch / alone", fmt_range(s["p99_ratio"], 2),
-         f"<= {P99_TARGET:g}", t["p99_verdict"]],
-        ["batch lines/s in idle phases / capacity", fmt_range(s["idle_over_capacity"], 2),
-         f">= {IDLE_TARGET:g}", t["idle_verdict"]],
-        ["capacity (saturating flood), req/s", fmt_range(s["capacity_per_s"], 0), "", ""],
-        ["batch lines/s in idle phases", fmt_range(s["idle_batch_per_s"], 0), "", ""],
-        ["batch lines/s during bursts", fmt_range(s["burst_batch_per_s"], 0), "", ""],
-        ["gateway CPU per batch line, us (upper bound: the online phase's too)",
-         fmt_range(s["gateway_cpu_us_per_line"], 0), "", ""]]
-    return render("batch", r,
-                  latency=markdown_table(["online latency, ms", "p50", "p90", "p99"], latency),
-                  table=markdown_table(["measure", "median (min..max)", "target", "verdict"],
-                                       rows))
+    return render("batch", r, p99_target=P99_TARGET, idle_target=IDLE_TARGET)
 
 
 class Batch(Scenario[BatchConfig]):

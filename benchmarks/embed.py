@@ -277,7 +277,7 @@ def figures(cfg: EmbedConfig, texts: Sequence[str], tokens: Sequence[int],
 
 
 def results_markdown(r: Mapping[str, Any]) -> str:
-    lim, full, bs1, ratios = r["limit"], r["full"], r["bs1"], r["ratios"]
+    lim, full, bs1 = r["limit"], r["full"], r["bs1"]
 
     def ms(s: Mapping[str, Any]) -> str:
         return fmt_range(s, 0)
@@ -312,10 +312,6 @@ def results_markdown(r: Mapping[str, Any]) -> str:
         table=markdown_table(["variant", "req/s", "padding eff.", "mean batch (per request)",
                               "total ms p50 / p90 / p99", "queue wait ms p50 / p99",
                               "worker forward-only req/s, model busy"], rows),
-        ratio_table=markdown_table(["ratio", "median (min..max)", "target", "verdict"], [
-            [label, fmt_range(ratios[k], 2), f">= {ratios[k]['target']}", ratios[k]["verdict"]]
-            for k, label in (("full_over_limit", "full / limit"),
-                             ("full_over_bs1", "full / batch-1 worker"))]),
         cpu_table=markdown_table(
             ["variant", "requests per CPU-second",
              "CPU-s per 1000 requests: worker / server / producer / idle other worker",

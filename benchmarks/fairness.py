@@ -274,30 +274,15 @@ def results_markdown(r: Mapping[str, Any]) -> str:
                    f"{a[mode]['fill_commands']:.2f} ({a[mode]['fill_client_commands']:.2f})",
                    f"{a[mode]['drain_commands']:.2f} ({a[mode]['drain_client_commands']:.2f})"]
                   for mode in ("none", "one")]
-    lw = r["weights"]["light_wait_ms"]
-    verdict_rows = [
-        ["weights 3:2:1: largest distance of a cost share from 50/33/17 %",
-         f"{t['weight_share_error']:.1%}", "<= 5 points", t["weight_verdict"]],
-        ["10x prompts, equal weights: largest distance of a token share from 33 %",
-         f"{t['token_share_error']:.1%}", "<= 5 points", t["token_verdict"]],
-        *([["generate worker, weights 3:2:1: largest distance of a cost share from "
-            "50/33/17 %", f"{t['generate_share_error']:.1%}", "<= 5 points",
-            t["generate_verdict"]]] if t.get("generate_share_error") is not None else []),
-        [f"light tenant queue wait p99 / (window + one batch = {t['light_reference_ms']:.0f} "
-         "ms)", f"{t['light_p99_over_reference']:.2f} (p50 {lw['p50']:.0f} ms, p99 "
-                f"{lw['p99']:.0f} ms)", f"<= {WAIT_FACTOR:g}", t["light_verdict"]],
-        ["one tenant alone: requests/s lost vs no tenant", f"{t['throughput_loss']:.1%}",
-         "<= 3 %", t["throughput_verdict"]],
-        ["one tenant alone: Redis commands/request more than no tenant (fill + drain)",
-         f"{t['commands_delta']:+.2f}", "unchanged", ""]]
+    generate = render("fairness.generate", r) if t.get("generate_share_error") is not None else ""
     return render(
-        "fairness", r,
+        "fairness", r, generate_row=generate, wait_factor=WAIT_FACTOR,
         share_table=markdown_table(["run", "tenant", "requests served", "share of requests",
                                     "share of cost", "ideal cost share"], share_rows),
         alone_table=markdown_table(["tenant", "requests/s, median (min..max)",
                                     "commands/request, fill (client)",
-                                    "commands/request, drain (client)"], alone_rows),
-        verdict_table=markdown_table(["measure", "value", "target", "verdict"], verdict_rows))
+                                    "commands/request, drain (client)"], alone_rows)
+        )
 
 
 class Fairness(Scenario[FairnessConfig]):

@@ -26,6 +26,8 @@ from benchmarks.harness import (
     Cleanup,
     command_line,
     describe_machine,
+    fmt_number,
+    fmt_range,
     machine_info,
     now_utc,
     say,
@@ -310,8 +312,27 @@ def first_leaf(exc: BaseException) -> BaseException:
 
 
 class _Text(string.Template):
-    # ``${name}``, ``${a.b.c}`` (nested keys) and ``${a.b:,.1f}`` (a format spec).
-    braceidpattern = r"(?a:[_a-z][_a-z0-9.]*(?::[^}]*)?)"
+    # ``${name}``, ``${a.b.c}`` (nested keys), ``${a.b:,.1f}`` (a format spec) and
+    # ``${a.b|range:2}`` (a filter of FILTERS, its spec the digits).
+    braceidpattern = r"(?a:[_a-z][_a-z0-9.]*(?:\|[a-z_]+)?(?::[^}]*)?)"
+
+
+def _scaled(factor: float) -> Callable[[Any, str], str]:
+    def fmt(s: Mapping[str, Any], spec: str) -> str:
+        from benchmarks.stack import scaled
+
+        return fmt_range(scaled(s, factor), int(spec or 1))
+    return fmt
+
+
+#: ``${a.b|name:digits}`` in a template: a summary (``harness.summary``) as median (min..max),
+#: also as seconds (from ms) or percent; a number with thousands separators.
+FILTERS: dict[str, Callable[[Any, str], str]] = {
+    "range": lambda v, spec: fmt_range(v, int(spec or 1)),
+    "range_s": _scaled(1e-3),
+    "range_pct": _scaled(100),
+    "num": lambda v, spec: fmt_number(v, int(spec or 0)),
+}
 
 
 class _Values(Mapping[str, str]):
@@ -320,10 +341,11 @@ class _Values(Mapping[str, str]):
 
     def __getitem__(self, key: str) -> str:
         path, _, spec = key.partition(":")
+        path, _, name = path.partition("|")
         value: Any = self.data
         for part in path.split("."):
             value = value[part]
-        return format(value, spec)
+        return FILTERS[name](value, spec) if name else format(value, spec)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.data)

@@ -32,8 +32,6 @@ from benchmarks.framework import (
 from benchmarks.harness import (
     BenchmarkFailed,
     Cleanup,
-    fmt_range,
-    markdown_table,
     say,
     stop_child,
     verdict,
@@ -50,7 +48,6 @@ from benchmarks.stack import (
     pcts,
     queue_probe,
     read_results,
-    scaled,
     sleep_model,
     spawn_workers,
     summarize_trials,
@@ -309,41 +306,7 @@ def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
 
 
 def results_markdown(r: Mapping[str, Any]) -> str:
-    c, s, t = r["config"], r["summary"], r["target"]
-    rows = [[label, *(fmt_range(s[key][q], 0) for q in ("p50", "p90", "p99", "max"))]
-            for key, label in (
-                ("high_e2e_ms", "high priority, end to end (scheduled arrival -> result "
-                                "received)"),
-                ("high_redis_ms", "high priority, Redis clock (enqueue -> result written)"),
-                ("high_queue_wait_ms", "high priority, waiting in the queue (enqueue -> "
-                                       "claimed)"),
-                ("low_completed_total_ms", "low priority, the requests served during the flood "
-                                           "(Redis clock)"))]
-    verdict_rows = [
-        ["high-priority p99 (end to end) / (one batch + window)",
-         fmt_range(s["high_p99_over_reference"], 2), f"<= {t['factor']:g}", t["verdict"]],
-        ["the same on the Redis clock", fmt_range(s["high_redis_p99_over_reference"], 2),
-         "", ""]]
-    low_rows = [
-        ["low-priority arrivals / served", f"{c['low_rate']:.0f}/s / "
-                                           f"{fmt_range(s['low_served_per_s'], 0)}/s"],
-        ["oldest waiting low-priority request, at the end of the flood",
-         f"{fmt_range(scaled(s['low_oldest_wait_ms_end'], 1e-3), 1)} s"],
-        ["oldest waiting low-priority request, worst sample",
-         f"{fmt_range(scaled(s['low_oldest_wait_ms_max'], 1e-3), 1)} s"],
-        ["low-priority requests still queued at the end", fmt_range(s["low_pending_end"], 0)],
-        ["high-priority requests per trial", fmt_range(s["high_count"], 0)],
-        ["batch size a high-priority request ran in (mean)",
-         fmt_range(s["high_batch_size_mean"], 1)]]
-    return render(
-        "priority", r, batch_ms=fmt_range(s["batch_ms"]), ref=s["reference_ms"]["median"] or 0.0,
-        table=markdown_table(["ms", "p50", "p90", "p99", "max"], rows),
-        verdict_table=markdown_table(["measure", "median (min..max)", "target", "verdict"],
-                                     verdict_rows),
-        low_table=markdown_table(["low priority", "median (min..max)"], low_rows))
-
-
-# ------------------------------------------------------------------------------ scenario
+    return render("priority", r, ref=r["summary"]["reference_ms"]["median"] or 0.0)
 
 
 class Priority(Scenario[PriorityConfig]):
