@@ -125,6 +125,14 @@ class Generation:
     #: values of its ``length`` positions); None when it runs, or will be recomputed.
     swapped: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
+    def count_step(self, batch: int, now: float) -> None:
+        """This sequence took part in a decode step of ``batch`` sequences that ended at
+        ``now`` (every engine counts its steps so; the result's batch size and TTFT)."""
+        self.steps += 1
+        self.batch_sum += batch
+        if self.first_token_at is None:
+            self.first_token_at = now
+
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt_ids)
@@ -280,10 +288,7 @@ class Engine:
         advanced = [*decoding, *fresh] if cause is None else decoding
         now = self.clock()
         for g in advanced:
-            g.steps += 1
-            g.batch_sum += len(advanced)
-            if g.first_token_at is None:
-                g.first_token_at = now
+            g.count_step(len(advanced), now)
             if g.finish is not None:
                 self._close(g, now)
                 self._leave(g)
