@@ -14,8 +14,17 @@ from typing import Any
 
 import redis
 
-from benchmarks.framework import ByMode, Run, Scenario, flag, int_list, positive_int, render
-from benchmarks.harness import fmt_range, markdown_table, say, stop_child, summary
+from benchmarks.framework import (
+    ByMode,
+    Run,
+    Scenario,
+    flag,
+    int_list,
+    positive_int,
+    render,
+    render_rows,
+)
+from benchmarks.harness import say, stop_child, summary
 from benchmarks.stack import (
     check_ok,
     enqueue_and_await,
@@ -130,22 +139,12 @@ def figures(cfg: ClusterConfig, trials: Mapping[int, Sequence[Mapping[str, Any]]
 
 
 def results_markdown(r: Mapping[str, Any]) -> str:
-    rows = []
-    for k, s in r["per_shards"].items():
-        last = s["trials"][-1]
-        spread = "; ".join(
+    return render("cluster", r, rows=render_rows("cluster.row", (
+        {**s, "shards": k, "spread": "; ".join(
             f"{n.rpartition(':')[2]}: {d['commands_per_request']:.1f} cmds, "
             f"{d['cpu_us_per_request']:.0f} us"
-            for n, d in sorted(last["per_node"].items()))
-        rows.append([k, fmt_range(s["throughput"], 0),
-                     fmt_range(s["redis_commands_per_request_total"], 1),
-                     fmt_range(s["redis_cpu_us_per_request_total"], 0),
-                     fmt_range(s["redis_cpu_us_per_request_per_holding_master"], 0), spread])
-    table = markdown_table(
-        ["shards", "req/s", "Redis cmds/request (all masters)",
-         "Redis CPU us/request (all masters)", "per master holding a shard",
-         "per master (last trial): port: cmds, CPU us per request"], rows)
-    return render("cluster", r, table=table)
+            for n, d in sorted(s["trials"][-1]["per_node"].items()))}
+        for k, s in r["per_shards"].items())))
 
 
 class ClusterScenario(Scenario[ClusterConfig]):

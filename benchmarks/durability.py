@@ -13,8 +13,8 @@ from typing import Any
 
 import redis
 
-from benchmarks.framework import ByMode, Run, Scenario, flag, positive_int, render
-from benchmarks.harness import fmt_number, markdown_table, percentiles, say
+from benchmarks.framework import ByMode, Run, Scenario, flag, positive_int, render, render_rows
+from benchmarks.harness import percentiles, say
 from inferq.embedded import EmbeddedServer
 
 
@@ -61,16 +61,8 @@ def measure_level(url: str, level: str | None, cfg: DurabilityConfig, tag: str
 
 
 def results_markdown(r: Mapping[str, Any]) -> str:
-    c = r["config"]
-    rows = []
-    for name, v in r["levels"].items():
-        ms = v["single_ms"]
-        rows.append([name, fmt_number(ms["p50"], 2), fmt_number(ms["p90"], 2),
-                     fmt_number(ms["p99"], 2), fmt_number(v["batch_ms"], 1),
-                     fmt_number(v["batch_requests_per_s"])])
-    table = markdown_table(["durability (server)", "enqueue p50 ms", "p90 ms", "p99 ms",
-                            f"enqueue_many of {c['batch_size']}: ms", "batched req/s"], rows)
-    return render("durability", r, table=table)
+    return render("durability", r, rows=render_rows("durability.row", (
+        {"name": name, **v} for name, v in r["levels"].items())))
 
 
 class Durability(Scenario[DurabilityConfig]):

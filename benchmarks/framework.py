@@ -371,6 +371,12 @@ def render(template: str, values: Mapping[str, Any], **extra: Any) -> str:
     return text.rstrip("\n") + "\n"
 
 
+def render_rows(template: str, rows: Iterable[Mapping[str, Any]], **extra: Any) -> str:
+    """A one-line template block (a table row) filled in once per element of ``rows``."""
+    line = _Text(template_block(template).strip("\n"))
+    return "\n".join(line.substitute(_Values({**row, **extra})) for row in rows)
+
+
 def render_keyed(template: str, figures: Mapping[str, Any], **extra: Any) -> list[str]:
     """The lines ``key: text`` of a template block whose ``key`` has a value (not None) in
     ``figures``, each filled in with that value as ``v`` (and ``extra``)."""

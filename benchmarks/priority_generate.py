@@ -15,11 +15,19 @@ from typing import Any
 import redis
 
 from benchmarks import corpus
-from benchmarks.framework import ByMode, Run, Scenario, flag, positive_float, positive_int, render
+from benchmarks.framework import (
+    ByMode,
+    Run,
+    Scenario,
+    flag,
+    positive_float,
+    positive_int,
+    render,
+    render_rows,
+)
 from benchmarks.harness import (
     BenchmarkFailed,
     fmt_number,
-    markdown_table,
     median_of,
     percentiles,
     say,
@@ -177,15 +185,12 @@ def _ratios(variants: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, fl
 
 def results_markdown(r: Mapping[str, Any]) -> str:
     ratios = r["ratios"]
-    rows = [[variant, str(i + 1), str(t["chats"]), fmt_number(t["ttft_ms"]["p50"]),
-             fmt_number(t["ttft_ms"]["p99"]), fmt_number(t["flood_tokens_per_s"], 1),
-             str(t["preemptions"])]
-            for variant in VARIANTS for i, t in enumerate(r["variants"][variant])]
     p99, flood = ratios["ttft_p99_preempt_vs_alone"], ratios["flood_preempt_vs_no_preempt"]
     return render(
         "priority-generate", r, flood_priority=FLOOD_PRIORITY, chat_priority=CHAT_PRIORITY,
-        table=markdown_table(["variant", "trial", "chats", "chat TTFT p50 ms", "p99 ms",
-                              "flood tokens/s", "preemptions"], rows),
+        rows=render_rows("priority-generate.row", (
+            {**t, "variant": variant, "trial": i + 1}
+            for variant in VARIANTS for i, t in enumerate(r["variants"][variant]))),
         p99=fmt_number(p99, 2), p50=fmt_number(ratios["ttft_p50_preempt_vs_alone"], 2),
         no_preempt=fmt_number(ratios["ttft_p99_no_preempt_vs_alone"], 1),
         ttft_target=TTFT_TARGET, ttft_verdict=verdict(p99, TTFT_TARGET, at_most=True),
