@@ -29,6 +29,7 @@ from benchmarks.framework import (
     switch,
 )
 from benchmarks.harness import Cleanup, markdown_table, say, stop_child, verdict
+from benchmarks.loadgen import open_loop, poisson
 from benchmarks.stack import (
     SleepWindow,
     WorkerProc,
@@ -37,7 +38,7 @@ from benchmarks.stack import (
     fill_and_drain,
     paused,
     pcts,
-    read_results,
+    read_written,
     sleep_model,
     spawn_worker,
     wait_registered,
@@ -45,7 +46,7 @@ from benchmarks.stack import (
 )
 
 if TYPE_CHECKING:
-    from inferq.protocol.codec import Result
+    pass
 
 SEED = 20261202
 SHARE_TOLERANCE = 0.05  # ±5 points of the ideal share
@@ -53,6 +54,9 @@ THROUGHPUT_TOLERANCE = 0.03
 WAIT_FACTOR = 2.0
 CHUNK = 500
 WEIGHTS = {"a": 3, "b": 2, "c": 1}
+#: Each tenant's ideal share of the cost: with WEIGHTS, and with equal weights.
+IDEAL = {t: w / sum(WEIGHTS.values()) for t, w in WEIGHTS.items()}
+EQUAL = {t: 1 / len(WEIGHTS) for t in WEIGHTS}
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,6 @@ def flood(cleanup: Cleanup, url: str, cfg: FairnessConfig, worker: WorkerProc,
                     ids[tenant] += [h.id for h in handles]
 
     async def trickle() -> None:
-        rate = cfg.light_share * cfg.capacity
         async with AsyncClient(url) as producer:
             async def one(i: int) -> None:
                 handle = await producer.enqueue(_text(cfg.prompt_bytes, f"light{i}"),
@@ -136,14 +139,8 @@ def flood(cleanup: Cleanup, url: str, cfg: FairnessConfig, worker: WorkerProc,
                 result = await handle.result(timeout=cfg.seconds + 60)
                 if result.queue_wait_ms is not None:
                     light_waits.append(result.queue_wait_ms)
-            tasks = []
-            t0 = time.perf_counter()
-            i = 0
-            while time.perf_counter() - t0 < cfg.seconds - 1.0:
-                tasks.append(asyncio.create_task(one(i)))
-                i += 1
-                await asyncio.sleep(rng.expovariate(rate))
-            await asyncio.gather(*tasks)
+            await open_loop(one, [0.0, *poisson(cfg.light_share * cfg.capacity, rng,
+                                                seconds=cfg.seconds - 1.0)])
 
     client = redis.Redis.from_url(url)
     with paused(cleanup, [worker.pid]) as resume:
@@ -158,11 +155,7 @@ def flood(cleanup: Cleanup, url: str, cfg: FairnessConfig, worker: WorkerProc,
     stop_child(worker.child)
     served: dict[str, dict[str, float]] = {}
     for tenant, tenant_ids in ids.items():
-        pipe = client.pipeline(transaction=False)
-        for request_id in tenant_ids:
-            pipe.exists(worker.keys.result(request_id))
-        done = [i for i, e in zip(tenant_ids, pipe.execute(), strict=True) if e]
-        results: list[Result] = read_results(client, worker.keys, done)
+        results = read_written(client, worker.keys, tenant_ids)
         cost = estimate(worker.task, len(prompts[tenant].encode()), params or {}, None)
         served[tenant] = {"requests": len(results), "cost": len(results) * cost}
     client.close()
@@ -214,12 +207,14 @@ def alone(cleanup: Cleanup, url: str, cfg: FairnessConfig, worker: WorkerProc,
     return out
 
 
+def share_error(part: Mapping[str, Any], ideal: Mapping[str, float]) -> float:
+    """The largest distance of a tenant's share of the served cost from its ideal share."""
+    return max(abs(part["served"][t]["cost_share"] - share) for t, share in ideal.items())
+
+
 def figures(cfg: FairnessConfig, weights: Mapping[str, Any], tokens: Mapping[str, Any],
             solo: Mapping[str, Any], generate: Mapping[str, Any] | None) -> dict[str, Any]:
-    total_w = sum(WEIGHTS.values())
-    weight_err = max(abs(weights["served"][t]["cost_share"] - w / total_w)
-                     for t, w in WEIGHTS.items())
-    token_err = max(abs(s["cost_share"] - 1 / 3) for s in tokens["served"].values())
+    weight_err, token_err = share_error(weights, IDEAL), share_error(tokens, EQUAL)
     reference = cfg.max_wait_ms + cfg.full_batch_ms
     light_p99 = weights["light_wait_ms"]["p99"]
     commands_delta = (solo["one"]["fill_commands"] + solo["one"]["drain_commands"]
@@ -228,8 +223,7 @@ def figures(cfg: FairnessConfig, weights: Mapping[str, Any], tokens: Mapping[str
     # must be read against
     spread = max((max(v) - min(v)) / statistics.median(v) for v in (
         [run["throughput"] for run in solo["runs"][mode]] for mode in ("none", "one")))
-    generate_err = None if generate is None else max(
-        abs(generate["served"][t]["cost_share"] - w / total_w) for t, w in WEIGHTS.items())
+    generate_err = None if generate is None else share_error(generate, IDEAL)
     return {
         "weights": weights, "tokens": tokens, "alone": solo, "generate": generate,
         "target": {
@@ -254,12 +248,10 @@ def figures(cfg: FairnessConfig, weights: Mapping[str, Any], tokens: Mapping[str
 def results_markdown(r: Mapping[str, Any]) -> str:
     t = r["target"]
     share_rows = []
-    parts = [("weights 3:2:1", r["weights"], {"a": 3 / 6, "b": 2 / 6, "c": 1 / 6}),
-             ("equal weights, a's prompts 10x longer", r["tokens"],
-              {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})]
-    if r.get("generate"):
-        parts.append(("generate worker (tiny Llama), weights 3:2:1", r["generate"],
-                      {"a": 3 / 6, "b": 2 / 6, "c": 1 / 6}))
+    parts = [("weights 3:2:1", r["weights"], IDEAL),
+             ("equal weights, a's prompts 10x longer", r["tokens"], EQUAL),
+             *([("generate worker (tiny Llama), weights 3:2:1", r["generate"], IDEAL)]
+               if r.get("generate") else [])]
     for label, part, ideal in parts:
         for tenant, s in part["served"].items():
             share_rows.append([label, tenant, f"{s['requests']:.0f}",
@@ -281,8 +273,7 @@ def results_markdown(r: Mapping[str, Any]) -> str:
                                     "share of cost", "ideal cost share"], share_rows),
         alone_table=markdown_table(["tenant", "requests/s, median (min..max)",
                                     "commands/request, fill (client)",
-                                    "commands/request, drain (client)"], alone_rows)
-        )
+                                    "commands/request, drain (client)"], alone_rows))
 
 
 class Fairness(Scenario[FairnessConfig]):

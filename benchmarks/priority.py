@@ -47,7 +47,7 @@ from benchmarks.stack import (
     merge_counters,
     pcts,
     queue_probe,
-    read_results,
+    read_written,
     sleep_model,
     spawn_workers,
     summarize_trials,
@@ -189,15 +189,7 @@ def run_trial(cleanup: Cleanup, url: str, cfg: PriorityConfig, trial: int,
 
     client = redis.Redis.from_url(url)
     keys = QueueKeys.for_model("embed", model)
-    # The low-priority requests served so far (the rest are still queued).
-    served_low: list[Result] = []
-    for start in range(0, len(data.low_ids), 5000):
-        ids = data.low_ids[start:start + 5000]
-        pipe = client.pipeline(transaction=False)
-        for request_id in ids:
-            pipe.exists(keys.result(request_id))
-        done = [i for i, e in zip(ids, pipe.execute(), strict=True) if e]
-        served_low += read_results(client, keys, done)
+    served_low = read_written(client, keys, data.low_ids)  # the rest are still queued
     for w in workers:
         stop_child(w.child)
     client.flushdb()  # the backlog of this trial

@@ -450,6 +450,18 @@ def read_results(client: redis.Redis, keys: QueueKeys, ids: Sequence[str],
     return out
 
 
+def read_written(client: redis.Redis, keys: QueueKeys, ids: Sequence[str],
+                 chunk: int = 5000) -> list[Result]:
+    """The results of those of ``ids`` that have one yet (the rest still wait or run)."""
+    done: list[str] = []
+    for start in range(0, len(ids), chunk):
+        pipe = client.pipeline(transaction=False)
+        for request_id in ids[start:start + chunk]:
+            pipe.exists(keys.result(request_id))
+        done += [i for i, e in zip(ids[start:start + chunk], pipe.execute(), strict=True) if e]
+    return read_results(client, keys, done, chunk)
+
+
 @dataclass
 class Drained:
     """One fill-then-drain pass: the results in enqueue order and what it cost."""
