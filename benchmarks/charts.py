@@ -24,6 +24,13 @@ class Series:
     style: str = "o-"
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, label: str, x: Sequence[float], summaries: Sequence[Mapping[str, Any]],
+           style: str = "o-") -> Series:
+        """Medians of ``summaries`` (``harness.summary``) with their min..max."""
+        return cls(label, x, *([s[k] for s in summaries] for k in ("median", "min", "max")),
+                   style=style)
+
 
 def _pyplot() -> Any:
     import matplotlib

@@ -161,9 +161,8 @@ def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
 
     def series(variant: str, key: str, label: str, style: str = "o-") -> charts.Series:
         ps = pts[variant].values()
-        return charts.Series(label, [p["offered_rate"] for p in ps],
-                             *([p[key][s] for p in ps] for s in ("median", "min", "max")),
-                             style=style)
+        return charts.Series.of(label, [p["offered_rate"] for p in ps], [p[key] for p in ps],
+                                style)
 
     names = {"full": ("full stack", "o"), "bs1": ("batch-1 worker", "s")}
     hlines = [(f"full stack, closed-loop capacity {cap['full']:.0f}/s", cap["full"])]

@@ -260,10 +260,8 @@ def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
     xs = [float(k) for k in pc]
     base = pc[str(min(int(k) for k in pc))]["throughput"]["median"] or 0.0
     ideal = r["config"]["worker_capacity"]
-    measured = charts.Series("measured (median, min..max)", xs,
-                             [pc[k]["throughput"]["median"] for k in pc],
-                             [pc[k]["throughput"]["min"] for k in pc],
-                             [pc[k]["throughput"]["max"] for k in pc])
+    measured = charts.Series.of("measured (median, min..max)", xs,
+                                [s["throughput"] for s in pc.values()])
     linear = charts.Series("linear (n x measured 1 worker)", xs, [x * base for x in xs],
                            style="--")
     perfect = charts.Series(f"ideal (n x {ideal:.0f} req/s: full batches back to back)", xs,
@@ -274,10 +272,8 @@ def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
               f"{r['config']['max_batch_size']}", xlabel="worker processes",
         ylabel="requests/s", series=[measured, linear, perfect], logx=True, xticks=xs,
         note=f"mode {r['config']['mode']}; one queue, one Redis server (AOF everysec)")
-    eff = charts.Series("efficiency vs linear", xs,
-                        [pc[k]["efficiency_vs_linear"]["median"] for k in pc],
-                        [pc[k]["efficiency_vs_linear"]["min"] for k in pc],
-                        [pc[k]["efficiency_vs_linear"]["max"] for k in pc])
+    eff = charts.Series.of("efficiency vs linear", xs,
+                           [s["efficiency_vs_linear"] for s in pc.values()])
     redis_share = charts.Series("Redis CPU, share of one core", xs,
                                 [pc[k]["redis_cpu_share"]["median"] for k in pc], style="s--")
     p2 = charts.line_chart(
