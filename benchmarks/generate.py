@@ -43,7 +43,7 @@ from benchmarks.models import (
     torch_threads,
     worker_engine,
 )
-from benchmarks.stack import WorkerProc, spawn_worker, watchdog
+from benchmarks.stack import WorkerProc, median_at, spawn_worker, watchdog
 
 VARIANTS = ("continuous", "request", "bs1", "process")
 ORDERS = (("continuous", "process", "request", "bs1"), ("bs1", "request", "process", "continuous"),
@@ -302,13 +302,7 @@ def run_model(run: Run[GenerateConfig], url: str, spid: int | None, model: str, 
 
 def _ratios(entry: Mapping[str, Any]) -> dict[str, float | None]:
     def med(variant: str, *path: str) -> float | None:
-        vals = []
-        for t in entry["variants"].get(variant, []):
-            x: Any = t
-            for p in path:
-                x = x[p]
-            vals.append(x)
-        return median_of(vals)
+        return median_at(entry["variants"].get(variant, []), *path)
 
     ratios: dict[str, float | None] = {}
     cb, req, bs1, proc = (med(x, "tokens_per_s") for x in VARIANTS)

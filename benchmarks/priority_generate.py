@@ -28,14 +28,14 @@ from benchmarks.framework import (
 from benchmarks.harness import (
     BenchmarkFailed,
     fmt_number,
-    median_of,
     percentiles,
     say,
     stop_child,
     verdict,
 )
+from benchmarks.loadgen import open_loop, poisson
 from benchmarks.models import generation_source
-from benchmarks.stack import WorkerProc, spawn_worker, wait_registered
+from benchmarks.stack import WorkerProc, median_at, spawn_worker, wait_registered
 from inferq.protocol.keys import QueueKeys
 
 VARIANTS = ("alone", "preempt", "no-preempt")
@@ -87,13 +87,7 @@ async def _variant(url: str, worker: WorkerProc, variant: str, cfg: PriorityGene
     import inferq
 
     keys = worker.keys
-    rng = random.Random(cfg.seed)
-    arrivals, t = [], 0.0
-    while True:
-        t += rng.expovariate(cfg.rate)
-        if t > cfg.seconds:
-            break
-        arrivals.append(t)
+    arrivals = poisson(cfg.rate, random.Random(cfg.seed), seconds=cfg.seconds)
     flood_ids: list[str] = []
     wait_registered(url, [worker])
     r = redis.Redis.from_url(url)
@@ -115,8 +109,7 @@ async def _variant(url: str, worker: WorkerProc, variant: str, cfg: PriorityGene
                 await flood(max(0, cfg.slots - int(r.zcard(keys.pending))))
                 await asyncio.sleep(FEED_S)
 
-        async def chat(at_s: float, start: float, i: int) -> tuple[float, int]:
-            await asyncio.sleep(max(0.0, start + at_s - time.monotonic()))
+        async def chat(i: int) -> float:
             sent = time.monotonic()
             handle = await client.enqueue(f"question {i}: {prompts[i % len(prompts)][:80]}",
                                           model=worker.model, task="generate",
@@ -129,7 +122,7 @@ async def _variant(url: str, worker: WorkerProc, variant: str, cfg: PriorityGene
                     first = time.monotonic() - sent
                 if isinstance(item, inferq.Result) and not item.ok:
                     raise BenchmarkFailed(f"chat {i} failed: {item.error}")
-            return (first if first is not None else time.monotonic() - sent) * 1e3, i
+            return (first if first is not None else time.monotonic() - sent) * 1e3
 
         feeder = None
         if variant != "alone":
@@ -142,8 +135,7 @@ async def _variant(url: str, worker: WorkerProc, variant: str, cfg: PriorityGene
                 await asyncio.sleep(0.05)
         before = _streamed_tokens(r, keys, flood_ids)
         start = time.monotonic()
-        ttfts = [ms for ms, _ in await asyncio.gather(
-            *(chat(at, start, i) for i, at in enumerate(arrivals)))]
+        ttfts = [ms for _, _, ms in filter(None, (await open_loop(chat, arrivals)).records)]
         span = time.monotonic() - start
         flood_tokens = _streamed_tokens(r, keys, flood_ids) - before
         if feeder is not None:
@@ -160,13 +152,7 @@ async def _variant(url: str, worker: WorkerProc, variant: str, cfg: PriorityGene
 
 def _ratios(variants: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, float | None]:
     def med(variant: str, *path: str) -> float | None:
-        values = []
-        for trial in variants.get(variant, []):
-            x: Any = trial
-            for p in path:
-                x = x[p]
-            values.append(x)
-        return median_of(values)
+        return median_at(variants.get(variant, []), *path)
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return None if a is None or not b else a / b

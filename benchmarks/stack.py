@@ -637,6 +637,12 @@ def summarize_trials(trials: Sequence[Mapping[str, Any]], path: Sequence[str]
     return summary(values)
 
 
+def median_at(trials: Sequence[Mapping[str, Any]], *path: str) -> float | None:
+    """The median over ``trials`` of the number at ``path`` (nested keys); None without one."""
+    median: float | None = summarize_trials(trials, path)["median"]
+    return median
+
+
 def summarize_fields(trials: Sequence[Mapping[str, Any]], *fields: str) -> dict[str, Any]:
     """``summarize_trials`` of each field, a dotted path: ``a.b`` is named ``a_b``,
     ``name=a.b`` is named ``name``."""
