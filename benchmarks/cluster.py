@@ -31,6 +31,7 @@ from benchmarks.stack import (
     redis_delta,
     redis_snapshot,
     spawn_worker,
+    summarize_fields,
     wait_registered,
     window_flags,
 )
@@ -125,11 +126,8 @@ def figures(cfg: ClusterConfig, trials: Mapping[int, Sequence[Mapping[str, Any]]
     for shards, ts in trials.items():
         per[str(shards)] = {
             "shards": shards,
-            "throughput": summary([t["throughput"] for t in ts]),
-            "redis_commands_per_request_total": summary(
-                [t["redis_commands_per_request_total"] for t in ts]),
-            "redis_cpu_us_per_request_total": summary(
-                [t["redis_cpu_us_per_request_total"] for t in ts]),
+            **summarize_fields(ts, "throughput", "redis_commands_per_request_total",
+                               "redis_cpu_us_per_request_total"),
             "redis_cpu_us_per_request_per_holding_master": summary(
                 [t["redis_cpu_us_per_request_total"] / len(t["masters_holding_the_queue"])
                  for t in ts]),
