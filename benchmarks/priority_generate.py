@@ -35,7 +35,7 @@ from benchmarks.harness import (
 )
 from benchmarks.loadgen import open_loop, poisson
 from benchmarks.models import generation_source
-from benchmarks.stack import WorkerProc, median_at, spawn_worker, wait_registered
+from benchmarks.stack import WorkerProc, median_at, pipelined, spawn_worker, wait_registered
 from inferq.protocol.keys import QueueKeys
 
 VARIANTS = ("alone", "preempt", "no-preempt")
@@ -75,11 +75,8 @@ def _worker(run: Run[PriorityGenerateConfig], url: str, variant: str, trial: int
 
 
 def _streamed_tokens(r: redis.Redis, keys: QueueKeys, ids: Sequence[str]) -> int:
-    pipe = r.pipeline(transaction=False)
-    for request_id in ids:
-        pipe.xrange(keys.stream(request_id))
-    return sum(len(fields.get(b"k", b"").split()) for entries in pipe.execute()
-               for _, fields in entries)
+    streams = pipelined(r, ids, lambda pipe, i: pipe.xrange(keys.stream(i)))
+    return sum(len(fields.get(b"k", b"").split()) for entries in streams for _, fields in entries)
 
 
 async def _variant(url: str, worker: WorkerProc, variant: str, cfg: PriorityGenerateConfig,

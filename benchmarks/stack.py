@@ -433,33 +433,33 @@ def warm_up(url: str, workers: Mapping[str, WorkerProc], texts: Sequence[str], *
     return sent
 
 
-def read_results(client: redis.Redis, keys: QueueKeys, ids: Sequence[str],
-                 chunk: int = 5000) -> list[Result]:
+def pipelined(client: redis.Redis, ids: Sequence[str], call: Callable[[Any, str], Any],
+              chunk: int = 5000) -> list[Any]:
+    """``call(pipeline, id)`` for each of ``ids``, sent in pipelines of ``chunk``; the replies."""
+    replies: list[Any] = []
+    for start in range(0, len(ids), chunk):
+        pipe = client.pipeline(transaction=False)
+        for request_id in ids[start:start + chunk]:
+            call(pipe, request_id)
+        replies += pipe.execute()
+    return replies
+
+
+def read_results(client: redis.Redis, keys: QueueKeys, ids: Sequence[str]) -> list[Result]:
     """The stored results of ``ids``, read with pipelined LINDEX (after a timed pass)."""
     from inferq.protocol.codec import decode_result
 
-    out: list[Result] = []
-    for start in range(0, len(ids), chunk):
-        pipe = client.pipeline(transaction=False)
-        for request_id in ids[start:start + chunk]:
-            pipe.lindex(keys.result(request_id), 0)
-        for request_id, raw in zip(ids[start:start + chunk], pipe.execute(), strict=True):
-            if raw is None:
-                raise BenchmarkFailed(f"no result stored for request {request_id}")
-            out.append(decode_result(raw))
-    return out
+    raws = pipelined(client, ids, lambda pipe, i: pipe.lindex(keys.result(i), 0))
+    missing = [i for i, raw in zip(ids, raws, strict=True) if raw is None]
+    if missing:
+        raise BenchmarkFailed(f"no result stored for request {missing[0]}")
+    return [decode_result(raw) for raw in raws]
 
 
-def read_written(client: redis.Redis, keys: QueueKeys, ids: Sequence[str],
-                 chunk: int = 5000) -> list[Result]:
+def read_written(client: redis.Redis, keys: QueueKeys, ids: Sequence[str]) -> list[Result]:
     """The results of those of ``ids`` that have one yet (the rest still wait or run)."""
-    done: list[str] = []
-    for start in range(0, len(ids), chunk):
-        pipe = client.pipeline(transaction=False)
-        for request_id in ids[start:start + chunk]:
-            pipe.exists(keys.result(request_id))
-        done += [i for i, e in zip(ids[start:start + chunk], pipe.execute(), strict=True) if e]
-    return read_results(client, keys, done, chunk)
+    written = pipelined(client, ids, lambda pipe, i: pipe.exists(keys.result(i)))
+    return read_results(client, keys, [i for i, e in zip(ids, written, strict=True) if e])
 
 
 @dataclass
