@@ -24,13 +24,12 @@ from benchmarks.framework import (
     noise_of,
     positive_int,
     render,
+    render_rows,
 )
 from benchmarks.harness import (
     Cleanup,
     CpuProbe,
     describe_machine,
-    fmt_range,
-    markdown_table,
     percentiles,
     say,
     stop_child,
@@ -42,7 +41,6 @@ from benchmarks.stack import (
     WorkerProc,
     enqueue_and_await,
     load_str,
-    scaled,
     spawn_worker,
     summarize_trials,
     warm_up,
@@ -277,45 +275,16 @@ def figures(cfg: EmbedConfig, texts: Sequence[str], tokens: Sequence[int],
 
 
 def results_markdown(r: Mapping[str, Any]) -> str:
-    lim, full, bs1 = r["limit"], r["full"], r["bs1"]
-
-    def ms(s: Mapping[str, Any]) -> str:
-        return fmt_range(s, 0)
-
-    def pct(s: Mapping[str, Any]) -> str:
-        return fmt_range(scaled(s, 100), 0, "%")
-
-    rows = [[f"bare model, batch {bs}" + (" **(the limit)**" if int(bs) ==
-                                          lim["best_batch_size"] else ""),
-             fmt_range(s), f"{lim['padding_efficiency'][bs]:.2f}", "", "", "", ""]
-            for bs, s in lim["per_batch_size"].items()]
-    rows.append([f"bare model, batch {lim['sorted_batch_size']}, all sentences sorted by "
-                 "length (footnote)", fmt_range(lim["sorted_throughput"]),
-                 f"{lim['sorted_padding_efficiency']:.2f}", "", "", "", ""])
-    stacks = (("**full stack**: server + worker (default flags) + producer", "full stack", full),
-              ("full stack, worker `--max-batch-size 1`", "full stack, batch-1 worker", bs1))
-    rows += [[label, fmt_range(v["throughput"]), fmt_range(v["padding_efficiency"], 2),
-              fmt_range(v["mean_batch_size_per_request"]),
-              " / ".join(ms(v["total_ms"][q]) for q in ("p50", "p90", "p99")),
-              " / ".join(ms(v["queue_wait_ms"][q]) for q in ("p50", "p99")),
-              f"{fmt_range(v['forward_throughput'])}, busy {pct(v['busy_fraction'])}"]
-             for label, _, v in stacks]
-    cpu_rows = [[f"bare model, batch {bs}", fmt_range(s), "", pct(lim["other_load"][bs])]
-                for bs, s in lim["per_cpu_second"].items()]
-    cpu_rows += [[label, fmt_range(v["requests_per_cpu_second"]), " / ".join(
-        fmt_range(v["cpu_seconds_per_1000"][k], 1) for k in
-        ("worker", "server", "producer", "idle_worker")), pct(v["other_load"])]
-        for _, label, v in stacks]
+    lim, full = r["limit"], r["full"]
     return render(
         "embed", r, trials=len(full["throughput"]["trials"]),
         cosine=min(t["min_cosine_vs_bare"] for t in full["trials"]),
-        table=markdown_table(["variant", "req/s", "padding eff.", "mean batch (per request)",
-                              "total ms p50 / p90 / p99", "queue wait ms p50 / p99",
-                              "worker forward-only req/s, model busy"], rows),
-        cpu_table=markdown_table(
-            ["variant", "requests per CPU-second",
-             "CPU-s per 1000 requests: worker / server / producer / idle other worker",
-             "other tenants' load"], cpu_rows))
+        limit_rows=render_rows("embed.limit", (
+            {"bs": bs, "rate": s, "padding": lim["padding_efficiency"][bs],
+             "best": " **(the limit)**" if int(bs) == lim["best_batch_size"] else ""}
+            for bs, s in lim["per_batch_size"].items())),
+        cpu_rows=render_rows("embed.cpu", ({"bs": bs, "rate": s, "load": lim["other_load"][bs]}
+                                           for bs, s in lim["per_cpu_second"].items())))
 
 
 class Embed(Scenario[EmbedConfig]):

@@ -317,20 +317,20 @@ class _Text(string.Template):
     braceidpattern = r"(?a:[_a-z][_a-z0-9.]*(?:\|[a-z_]+)?(?::[^}]*)?)"
 
 
-def _scaled(factor: float) -> Callable[[Any, str], str]:
+def _range(factor: float = 1.0, unit: str = "") -> Callable[[Any, str], str]:
     def fmt(s: Mapping[str, Any], spec: str) -> str:
         from benchmarks.stack import scaled
 
-        return fmt_range(scaled(s, factor), int(spec or 1))
+        return fmt_range(scaled(s, factor) if factor != 1.0 else s, int(spec or 1), unit)
     return fmt
 
 
 #: ``${a.b|name:digits}`` in a template: a summary (``harness.summary``) as median (min..max),
-#: also as seconds (from ms) or percent; a number with thousands separators.
+#: also as seconds (from ms) or percent (``percent`` with the sign); a number with thousands
+#: separators.
 FILTERS: dict[str, Callable[[Any, str], str]] = {
-    "range": lambda v, spec: fmt_range(v, int(spec or 1)),
-    "range_s": _scaled(1e-3),
-    "range_pct": _scaled(100),
+    "range": _range(), "range_s": _range(1e-3), "range_pct": _range(100),
+    "percent": _range(100, "%"),
     "num": lambda v, spec: fmt_number(v, int(spec or 0)),
 }
 
