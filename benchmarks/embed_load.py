@@ -27,9 +27,10 @@ from benchmarks.framework import (
     positive_float,
     positive_int,
     render,
+    render_rows,
     switch,
 )
-from benchmarks.harness import BenchmarkFailed, CpuProbe, fmt_range, markdown_table, say, summary
+from benchmarks.harness import BenchmarkFailed, CpuProbe, say, summary
 from benchmarks.loadgen import open_loop, poisson
 from benchmarks.models import BareModel, minilm_path
 from benchmarks.stack import (
@@ -40,7 +41,6 @@ from benchmarks.stack import (
     load_str,
     merge_counters,
     pcts,
-    scaled,
     stop_all,
     summarize_fields,
     warm_up,
@@ -198,13 +198,6 @@ def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
 
 def results_markdown(r: Mapping[str, Any]) -> str:
     c, cap = r["config"], r["capacity"]
-    rows = [[f"{float(k):.0%}", f"{p['offered_rate']:.1f} ({fmt_range(p['realised_rate'])})",
-             label, fmt_range(p["achieved_throughput"]),
-             " / ".join(fmt_range(p[f"latency_{q}"], 0) for q in ("p50", "p90", "p99")),
-             " / ".join(fmt_range(p[f"queue_wait_{q}"], 0) for q in ("p50", "p99")),
-             fmt_range(p["mean_batch_per_request"]), fmt_range(scaled(p["other_load"], 100), 0)]
-            for variant, label in (("full", "full stack"), ("bs1", "batch-1 worker"))
-            for k, p in r["points"].get(variant, {}).items()]
     caps = [f"full stack {cap['full']:.1f} req/s" + (" (given)" if c["capacity"] else "")]
     if "bs1" in cap:
         caps.append(f"batch-1 worker {cap['bs1']:.1f} req/s")
@@ -214,10 +207,10 @@ def results_markdown(r: Mapping[str, Any]) -> str:
                     f" {cap['limit']:.1f} req/s ({tried})")
     return render("embed-load", r, caps="; ".join(caps), skipped="".join(
         f"\n- Batch-1 worker skipped at {float(k):.0%}: {why}."
-        for k, why in r["bs1_skipped"].items()), table=markdown_table(
-        ["load", "offered req/s (Poisson draw)", "variant", "achieved req/s",
-         "latency ms p50 / p90 / p99", "queue wait ms p50 / p99", "mean batch (per request)",
-         "other tenants' load %"], rows))
+        for k, why in r["bs1_skipped"].items()), rows=render_rows("embed-load.row", (
+            {**p, "label": label} for variant, label in (("full", "full stack"),
+                                                         ("bs1", "batch-1 worker"))
+            for p in r["points"].get(variant, {}).values())))
 
 
 class EmbedLoad(Scenario[LoadConfig]):
