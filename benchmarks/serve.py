@@ -26,13 +26,13 @@ from benchmarks.framework import (
     noise_of,
     positive_int,
     render,
+    render_rows,
     switch,
 )
 from benchmarks.harness import (
     BenchmarkFailed,
     CpuProbe,
     fmt_range,
-    markdown_table,
     say,
     summary,
     verdict,
@@ -225,19 +225,6 @@ def figures(cfg: ServeConfig, variants: Sequence[Variant],
 
 def results_markdown(r: Mapping[str, Any]) -> str:
     v, lim, target = r["variants"], r["limit"], r.get("target")
-    closed_rows, open_rows = [], []
-    for s in v.values():
-        cl = s["closed"]
-        closed_rows.append([
-            s["label"], fmt_range(cl["throughput"], 1),
-            f"{(cl['throughput']['median'] or 0) / lim['limit']:.2f}",
-            *(fmt_range(cl[k], 0) for k in ("p50_ms", "p99_ms", "client_cpu_us")),
-            ", ".join(f"{role} {fmt_range(stat, 0)}" for role, stat in cl["cpu_us"].items()
-                      if role != "client")])
-        open_rows += [[s["label"], f"{float(load):.0%}", fmt_range(o["offered"], 1),
-                       fmt_range(o["throughput"], 1), *(fmt_range(o[k], 0) for k in (
-                           "p50_ms", "p99_ms", "client_cpu_us"))]
-                      for load, o in s["open"].items()]
     verdict_text = "" if not target else render("serve.verdict", target, per=", ".join(
         f"{g} {fmt_range(s, 2)}x" for g, s in target["per_gateway"].items()),
         target_ratio=TARGET_RATIO)
@@ -253,11 +240,15 @@ def results_markdown(r: Mapping[str, Any]) -> str:
         loads=", ".join(f"{x:.0%}" for x in r["config"]["loads"]),
         eq_text=", ".join(f"{k} {d:.1e}" for k, d in r["equality"]["max_abs_diff"].items()),
         limits=", ".join(f"bs {bs}: {rate:.1f}" for bs, rate in lim["per_batch_size"].items()),
-        closed_table=markdown_table(
-            ["variant", "closed loop req/s", "/ limit", "p50 ms", "p99 ms",
-             "load generator CPU us/req", "server CPU us/req (per process role)"], closed_rows),
-        open_table=markdown_table(["variant", "load", "offered req/s", "achieved req/s",
-                                   "p50 ms", "p99 ms", "load generator CPU us/req"], open_rows))
+        closed_rows=render_rows("serve.closed", ({
+            **s["closed"], "label": s["label"],
+            "over_limit": (s["closed"]["throughput"]["median"] or 0) / lim["limit"],
+            "servers": ", ".join(f"{role} {fmt_range(stat, 0)}" for role, stat
+                                 in s["closed"]["cpu_us"].items() if role != "client")}
+            for s in v.values())),
+        open_rows=render_rows("serve.open", ({**o, "label": s["label"], "load": float(load)}
+                                             for s in v.values()
+                                             for load, o in s["open"].items())))
 
 
 # ------------------------------------------------------------------------------ scenario
