@@ -26,9 +26,10 @@ from benchmarks.framework import (
     positive_float,
     positive_int,
     render,
+    render_rows,
     switch,
 )
-from benchmarks.harness import Cleanup, markdown_table, say, stop_child, verdict
+from benchmarks.harness import Cleanup, say, stop_child, verdict
 from benchmarks.loadgen import open_loop, poisson
 from benchmarks.stack import (
     SleepWindow,
@@ -246,34 +247,21 @@ def figures(cfg: FairnessConfig, weights: Mapping[str, Any], tokens: Mapping[str
 
 
 def results_markdown(r: Mapping[str, Any]) -> str:
-    t = r["target"]
-    share_rows = []
     parts = [("weights 3:2:1", r["weights"], IDEAL),
              ("equal weights, a's prompts 10x longer", r["tokens"], EQUAL),
              *([("generate worker (tiny Llama), weights 3:2:1", r["generate"], IDEAL)]
                if r.get("generate") else [])]
-    for label, part, ideal in parts:
-        for tenant, s in part["served"].items():
-            share_rows.append([label, tenant, f"{s['requests']:.0f}",
-                               f"{s['request_share']:.1%}", f"{s['cost_share']:.1%}",
-                               f"{ideal[tenant]:.1%}"])
     a = r["alone"]
-    def spread(mode: str) -> str:
-        values = [run["throughput"] for run in a["runs"][mode]]
-        return f"{a[mode]['throughput']:.0f} ({min(values):.0f}..{max(values):.0f})"
-
-    alone_rows = [[mode, spread(mode),
-                   f"{a[mode]['fill_commands']:.2f} ({a[mode]['fill_client_commands']:.2f})",
-                   f"{a[mode]['drain_commands']:.2f} ({a[mode]['drain_client_commands']:.2f})"]
-                  for mode in ("none", "one")]
-    generate = render("fairness.generate", r) if t.get("generate_share_error") is not None else ""
+    generate = (render("fairness.generate", r) if r["target"].get("generate_share_error")
+                is not None else "")
     return render(
         "fairness", r, generate_row=generate, wait_factor=WAIT_FACTOR,
-        share_table=markdown_table(["run", "tenant", "requests served", "share of requests",
-                                    "share of cost", "ideal cost share"], share_rows),
-        alone_table=markdown_table(["tenant", "requests/s, median (min..max)",
-                                    "commands/request, fill (client)",
-                                    "commands/request, drain (client)"], alone_rows))
+        share_rows=render_rows("fairness.share", (
+            {**s, "run": label, "tenant": tenant, "ideal": ideal[tenant]}
+            for label, part, ideal in parts for tenant, s in part["served"].items())),
+        alone_rows=render_rows("fairness.alone", (
+            {**a[mode], "mode": mode, "low": min(t["throughput"] for t in a["runs"][mode]),
+             "high": max(t["throughput"] for t in a["runs"][mode])} for mode in ("none", "one"))))
 
 
 class Fairness(Scenario[FairnessConfig]):
