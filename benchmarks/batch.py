@@ -259,11 +259,8 @@ class Batch(Scenario[BatchConfig]):
             f"{cfg.full_batch_ms:.0f} ms; {cfg.cycles} x ({cfg.burst_s:g} s burst + "
             f"{cfg.idle_s:g} s idle), a {cfg.lines}-line batch; {run.trials} trial(s)")
         gateway = Gateway(run.cleanup, url, run.log_dir)
-        trials = []
-        for trial in range(run.trials):
-            say(f"trial {trial + 1}/{run.trials}")
-            trials.append(run_trial(run, url, server.pid, trial, gateway))
-        return figures(trials)
+        return figures([run_trial(run, url, server.pid, trial, gateway)
+                        for trial in run.each_trial()])
 
 
 SCENARIO = Batch()

@@ -157,6 +157,12 @@ class Run(Generic[C]):
 
         return start_server(self.cleanup, self.name, appendonly=appendonly)
 
+    def each_trial(self) -> Iterator[int]:
+        """0 .. trials - 1, announcing each trial."""
+        for trial in range(self.trials):
+            say(f"trial {trial + 1}/{self.trials}")
+            yield trial
+
     def rotations(self, variants: Sequence[T], label: Callable[[T], str] = str
                   ) -> Iterator[tuple[int, list[T]]]:
         """(trial, the variants rotated by one more each trial), announcing each trial."""

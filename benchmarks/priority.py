@@ -333,11 +333,8 @@ class Priority(Scenario[PriorityConfig]):
             f"{cfg.full_batch_ms:.0f} ms -> capacity {cfg.capacity:.0f} req/s; low priority at "
             f"{cfg.low_rate:.0f}/s ({cfg.overload:g}x), high priority {cfg.high_rate:g}/s; "
             f"{cfg.seconds:g} s x {run.trials} trial(s)")
-        trials = []
-        for trial in range(run.trials):
-            say(f"trial {trial + 1}/{run.trials}")
-            trials.append(run_trial(run.cleanup, url, cfg, trial, server.pid,
-                                    run.log_dir))
+        trials = [run_trial(run.cleanup, url, cfg, trial, server.pid, run.log_dir)
+                  for trial in run.each_trial()]
         server.stop()
         return figures(trials)
 

@@ -195,10 +195,9 @@ class PriorityGenerate(Scenario[PriorityGenerateConfig]):
         _server, url = run.server()
         prompts = corpus.sentences(64, seed=cfg.seed)
         variants: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
-        for trial in range(run.trials):
-            order = VARIANTS[trial % 3:] + VARIANTS[:trial % 3]
+        for trial, order in run.rotations(VARIANTS):
             for variant in order:
-                say(f"trial {trial + 1}/{run.trials}: {variant}")
+                say(f"  {variant}")
                 worker = _worker(run, url, variant, trial, source)
                 try:
                     figures = asyncio.run(_variant(url, worker, variant, cfg, prompts))
