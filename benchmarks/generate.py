@@ -32,6 +32,7 @@ from benchmarks.harness import (
     markdown_table,
     median_of,
     percentiles,
+    ratio,
     say,
     stop_child,
 )
@@ -304,25 +305,14 @@ def _ratios(entry: Mapping[str, Any]) -> dict[str, float | None]:
     def med(variant: str, *path: str) -> float | None:
         return median_at(entry["variants"].get(variant, []), *path)
 
-    ratios: dict[str, float | None] = {}
     cb, req, bs1, proc = (med(x, "tokens_per_s") for x in VARIANTS)
-    if cb and req:
-        ratios["tokens_per_s"] = cb / req
-        t_cb, t_req = med("continuous", "ttft_ms", "p50"), med("request", "ttft_ms", "p50")
-        if t_cb is not None and t_req:
-            ratios["ttft_p50"] = t_cb / t_req
-    if cb and bs1:
-        ratios["vs_bs1"] = cb / bs1
-    alone_tps = median_of([t["tokens_per_s"] for t in entry["engine_alone"]])
-    if cb and alone_tps:
-        ratios["vs_engine_alone"] = cb / alone_tps
-    if proc and req:
-        ratios["process_vs_request"] = proc / req
-    if proc and alone_tps:
-        ratios["process_vs_engine_alone"] = proc / alone_tps
-    if proc and cb:
-        ratios["process_vs_thread"] = proc / cb
-    return ratios
+    alone = median_of([t["tokens_per_s"] for t in entry["engine_alone"]])
+    ratios = {"tokens_per_s": ratio(cb, req), "ttft_p50": ratio(
+                  med("continuous", "ttft_ms", "p50"), med("request", "ttft_ms", "p50")),
+              "vs_bs1": ratio(cb, bs1), "vs_engine_alone": ratio(cb, alone),
+              "process_vs_request": ratio(proc, req),
+              "process_vs_engine_alone": ratio(proc, alone), "process_vs_thread": ratio(proc, cb)}
+    return {k: v for k, v in ratios.items() if v is not None}
 
 
 # ------------------------------------------------------------------------------- report
@@ -394,15 +384,15 @@ def results_markdown(report: Mapping[str, Any]) -> str:
         if m.get("engine_alone"):
             rows.append(_row("engine alone (in process: no queue, Redis or producer)",
                              m["engine_alone"]))
-        ratio = m.get("ratios", {})
-        ok = {k: "" if ratio.get(k) is None else "PASS" if passed(ratio[k]) else "FAIL"
+        got = m.get("ratios", {})
+        ok = {k: "" if got.get(k) is None else "PASS" if passed(got[k]) else "FAIL"
               for k, passed in (("tokens_per_s", lambda v: v >= 1.5),
                                 ("ttft_p50", lambda v: v < 1.0))}
         models.append(render("generate.model", m, model=model, table=markdown_table(
             ["variant", "useful tokens/s", "TTFT p50 ms", "TTFT p99 ms", "e2e p50 ms",
              "e2e p99 ms", "mean batch", "other tenants' load %"], rows), verdicts="\n".join(
             f"- {line}" for line in render_keyed("generate.verdicts", {
-                **ratio, "same_tokens": m.get("same_tokens")}, ok=ok))))
+                **got, "same_tokens": m.get("same_tokens")}, ok=ok))))
     return render("generate", report, models="\n".join(models), slots=SLOTS,
                   prompt_min=PROMPT_TOKENS[0], prompt_max=PROMPT_TOKENS[1],
                   new_min=NEW_TOKENS[0], new_max=NEW_TOKENS[1], threads=", ".join(

@@ -29,6 +29,7 @@ from benchmarks.harness import (
     BenchmarkFailed,
     fmt_number,
     percentiles,
+    ratio,
     say,
     stop_child,
     verdict,
@@ -150,9 +151,6 @@ async def _variant(url: str, worker: WorkerProc, variant: str, cfg: PriorityGene
 def _ratios(variants: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, float | None]:
     def med(variant: str, *path: str) -> float | None:
         return median_at(variants.get(variant, []), *path)
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return None if a is None or not b else a / b
 
     return {
         "ttft_p99_preempt_vs_alone": ratio(med("preempt", "ttft_ms", "p99"),
