@@ -157,26 +157,25 @@ def engine_pid(worker_pid: int) -> int | None:
     return None
 
 
+def _figures(tokens: Sequence[int], span_s: float, ttft: Sequence[float],
+             e2e: Sequence[float], batches: Sequence[float]) -> dict[str, Any]:
+    """What every variant and the engine alone report: per request its tokens, TTFT, end to
+    end and mean batch; ``span_s`` from the first arrival to the last finish."""
+    return {"requests": len(tokens), "useful_tokens": sum(tokens), "span_s": round(span_s, 3),
+            "tokens_per_s": sum(tokens) / span_s, "requests_per_s": len(tokens) / span_s,
+            "ttft_ms": percentiles(ttft, (50, 99)), "e2e_ms": percentiles(e2e, (50, 99)),
+            "mean_batch": statistics.fmean(batches)}
+
+
 def _stats(results: Sequence[Any], items: Sequence[Item]) -> dict[str, Any]:
-    tokens = [len(r.output["token_ids"]) for r in results]
-    expected = sum(i.max_new for i in items)
-    first = min(r.enqueued_ms for r in results)
-    last = max(r.finished_ms for r in results)
-    span_s = max((last - first) / 1e3, 1e-9)
-    ttft = [r.ttft_ms if r.ttft_ms is not None else r.total_ms for r in results]
-    e2e = [float(r.total_ms) for r in results]
-    return {
-        "requests": len(results),
-        "useful_tokens": sum(tokens),
-        "expected_tokens": expected,
-        "span_s": round(span_s, 3),
-        "tokens_per_s": sum(tokens) / span_s,
-        "requests_per_s": len(results) / span_s,
-        "ttft_ms": percentiles(ttft, (50, 99)),
-        "e2e_ms": percentiles(e2e, (50, 99)),
-        "mean_batch": statistics.fmean(r.batch_size or 1 for r in results),
-        "prompt_tokens_mean": statistics.fmean(r.input_tokens or 0 for r in results),
-    }
+    span_s = max((max(r.finished_ms for r in results)
+                  - min(r.enqueued_ms for r in results)) / 1e3, 1e-9)
+    return {**_figures([len(r.output["token_ids"]) for r in results], span_s,
+                       [r.ttft_ms if r.ttft_ms is not None else r.total_ms for r in results],
+                       [float(r.total_ms) for r in results],
+                       [r.batch_size or 1 for r in results]),
+            "expected_tokens": sum(i.max_new for i in items),
+            "prompt_tokens_mean": statistics.fmean(r.input_tokens or 0 for r in results)}
 
 
 def run_variant(cleanup: Cleanup, url: str, server_pid: int | None, model: str, source: str,
@@ -213,9 +212,9 @@ def engine_alone(source: str, items: Sequence[Item], warm: Sequence[Item], *,
     """The continuous worker's engine on the same requests at the same arrival times, in
     process, with no queue, no Redis and no producer: the ceiling the worker is measured
     against (``continuous / engine alone``). Same slots, KV and prefill budgets, torch threads
-    and tokenization as the worker, warmed up on ``warm`` as the worker variants are; figures
-    computed as ``_stats`` does, except that TTFT ends at the first token (the worker's at the
-    first text a producer can read)."""
+    and tokenization as the worker, warmed up on ``warm`` as the worker variants are; the
+    variants' ``_figures``, except that TTFT ends at the first token (the worker's at the first
+    text a producer can read)."""
     import torch
 
     from inferq.protocol.generation import GenerationParams
@@ -243,14 +242,10 @@ def engine_alone(source: str, items: Sequence[Item], warm: Sequence[Item], *,
         finished = [g.finished_at or start for g in gens]
         ttft = [((g.first_token_at or start) - t) * 1e3 for g, t in zip(gens, arrived, strict=True)]
         e2e = [(f - t) * 1e3 for f, t in zip(finished, arrived, strict=True)]
-        tokens = sum(len(g.tokens) for g in gens)
         span_s = max(max(finished) - min(arrived), 1e-9)  # first arrival to last finish
-        stats = {"requests": len(gens), "useful_tokens": tokens, "span_s": round(span_s, 3),
-                 "tokens_per_s": tokens / span_s,
-                 "ttft_ms": percentiles(ttft, (50, 99)), "e2e_ms": percentiles(e2e, (50, 99)),
-                 # as the worker reports it: each request's mean batch over its steps
-                 "mean_batch": statistics.fmean(round(g.batch_sum / max(g.steps, 1))
-                                                for g in gens),
+        # mean batch as the worker reports it: each request's mean batch over its steps
+        stats = {**_figures([len(g.tokens) for g in gens], span_s, ttft, e2e,
+                            [round(g.batch_sum / max(g.steps, 1)) for g in gens]),
                  "steps": engine.steps - steps, "admission_steps": admitting,
                  "decoded_tokens": engine.decoded_tokens - decoded,
                  "torch_threads": torch.get_num_threads()}
