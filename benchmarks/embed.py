@@ -39,6 +39,8 @@ from benchmarks.harness import (
 from benchmarks.models import BareModel, minilm_path
 from benchmarks.stack import (
     WorkerProc,
+    batch_groups,
+    batches_of,
     enqueue_and_await,
     load_str,
     spawn_worker,
@@ -173,11 +175,8 @@ def run_stack_trial(url: str, worker: WorkerProc, variant: str, texts: Sequence[
     cpu = probe.stop()
     sent[variant] += len(texts)
     after = _read_window(url, worker, expected=sent[variant])
-    # Reconstruct the batches from the results: one forward pass = one (finished, compute) pair.
-    batches: dict[tuple[int | None, float | None], list[int]] = {}
-    for index, r in enumerate(results):
-        batches.setdefault((r.finished_ms, r.compute_ms), []).append(index)
-    forward_s = sum((key[1] or 0.0) for key in batches) / 1e3
+    batches = batch_groups(results)
+    forward_s = sum((key[2] or 0.0) for key in batches) / 1e3
     padded = sum(len(rows) * max(tokens[i] for i in rows) for rows in batches.values())
     vectors = torch.tensor([r.output for r in results], dtype=torch.float32)
     parts = [cpu.get(name) for name in ("worker", "server", "producer")]
@@ -190,7 +189,7 @@ def run_stack_trial(url: str, worker: WorkerProc, variant: str, texts: Sequence[
                                       if r.queue_wait_ms is not None]),
         "mean_batch_size_per_request": statistics.fmean(r.batch_size or 0 for r in results),
         "batches": len(batches), "mean_batch_size_per_batch": n / len(batches),
-        "batch_sizes": dict(sorted(Counter(len(rows) for rows in batches.values()).items())),
+        "batch_sizes": dict(sorted(batches_of(results).items())),
         "forward_seconds": forward_s, "forward_throughput": n / forward_s if forward_s else 0.0,
         "busy_fraction": forward_s / seconds,
         "padding_efficiency": sum(tokens) / padded if padded else 1.0,

@@ -666,13 +666,18 @@ def scaled(s: Mapping[str, Any], factor: float) -> dict[str, Any]:
     return out
 
 
+def batch_groups(results: Iterable[Any]) -> dict[tuple[Any, Any, Any], list[int]]:
+    """The batches reconstructed from results, as the indexes of their requests: one forward
+    pass = one (worker, finish time, compute time) triple, which every request of it shares."""
+    groups: dict[tuple[Any, Any, Any], list[int]] = {}
+    for i, r in enumerate(results):
+        groups.setdefault((r.worker, r.finished_ms, r.compute_ms), []).append(i)
+    return groups
+
+
 def batches_of(results: Iterable[Any]) -> Counter[int]:
-    """Batch sizes reconstructed from results: one forward pass = one (worker, finish time,
-    compute time) triple, which every request of the batch shares."""
-    groups: Counter[tuple[Any, Any, Any]] = Counter()
-    for r in results:
-        groups[(r.worker, r.finished_ms, r.compute_ms)] += 1
-    return Counter(groups.values())
+    """How many batches ran at each size (``batch_groups``)."""
+    return Counter(len(rows) for rows in batch_groups(results).values())
 
 
 def merge_counters(counters: Iterable[Mapping[Any, int]]) -> dict[int, int]:
