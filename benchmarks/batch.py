@@ -44,6 +44,7 @@ from benchmarks.stack import (
     gateway,
     load_str,
     pcts,
+    served_s,
     spawn_workers,
     summarize_trials,
     wait_registered,
@@ -110,9 +111,7 @@ async def capacity(url: str, model: str, n: int) -> float:
     async with AsyncClient(url) as client:
         handles = await client.enqueue_many([f"flood {i}" for i in range(n)], model=model)
         results = [await h.result(timeout=300) for h in handles]
-    started = min(r.started_ms or 0 for r in results)
-    finished = max(r.finished_ms or 0 for r in results)
-    return n / max((finished - started) / 1e3, 1e-9)
+    return n / max(served_s(results), 1e-9)
 
 
 def arrivals(cfg: BatchConfig, rate: float, rng: random.Random) -> list[float]:

@@ -527,10 +527,8 @@ def fill_and_drain(cleanup: Cleanup, url: str, model: str, prompts: Sequence[str
         results = read_results(client, keys, ids)
     finally:
         client.close()
-    first = min(r.started_ms for r in results if r.started_ms is not None)
-    last = max(r.finished_ms for r in results if r.finished_ms is not None)
     n = len(ids)
-    return Drained(ids=ids, results=results, seconds=(last - first) / 1e3, wall_s=wall, cpu=cpu,
+    return Drained(ids=ids, results=results, seconds=served_s(results), wall_s=wall, cpu=cpu,
                    redis_fill=redis_delta(start_fill, before, n),
                    redis_drain=redis_delta(before, after, n, own={"zcard": 3 * (polls + 1)}))
 
@@ -664,6 +662,12 @@ def scaled(s: Mapping[str, Any], factor: float) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def served_s(results: Iterable[Any]) -> float:
+    """Seconds from the first claim to the last finish of ``results``, on the Redis clock."""
+    done = [r for r in results if r.started_ms is not None and r.finished_ms is not None]
+    return (max(r.finished_ms for r in done) - min(r.started_ms for r in done)) / 1e3
 
 
 def batch_groups(results: Iterable[Any]) -> dict[tuple[Any, Any, Any], list[int]]:
