@@ -40,6 +40,7 @@ from benchmarks.harness import (
 )
 from benchmarks.loadgen import HttpPool, LoadResult, closed_loop, open_loop, poisson, request_bytes
 from benchmarks.stack import (
+    at,
     cpu_by_role,
     gateway,
     litserve,
@@ -205,12 +206,8 @@ def figures(cfg: ServeConfig, variants: Sequence[Variant],
     gateways = [v.name for v in variants if v.name.startswith("gateway") and v.name != PLAIN]
     if "litserve" in trials and gateways:
         def ratio(g: str, *path: str) -> dict[str, Any]:
-            def at(t: Mapping[str, Any]) -> float:
-                for key in path:
-                    t = t[key]
-                return float(t)  # type: ignore[arg-type]
-            return summary([at(a) / at(b) for a, b in zip(trials[g], trials["litserve"],
-                                                          strict=True)])
+            return summary([at(a, *path) / at(b, *path)
+                            for a, b in zip(trials[g], trials["litserve"], strict=True)])
 
         best = max(gateways, key=lambda g: out[g]["closed"]["throughput"]["median"] or 0.0)
         tput, p99 = ratio(best, "closed", "throughput"), ratio(best, "closed", "latency_ms",

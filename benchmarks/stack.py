@@ -622,17 +622,17 @@ def pcts(values: Sequence[float], qs: Sequence[int] = (50, 90, 99)) -> dict[str,
     return out
 
 
+def at(data: Any, *path: str) -> Any:
+    """The value at ``path`` (nested keys) in ``data``; None where a key is missing."""
+    for key in path:
+        data = data.get(key) if isinstance(data, Mapping) else None
+    return data
+
+
 def summarize_trials(trials: Sequence[Mapping[str, Any]], path: Sequence[str]
                      ) -> dict[str, Any]:
     """``summary`` of the number at ``path`` (nested keys) in each trial, skipping gaps."""
-    values: list[float] = []
-    for t in trials:
-        v: Any = t
-        for key in path:
-            v = v.get(key) if isinstance(v, Mapping) else None
-        if isinstance(v, int | float):
-            values.append(float(v))
-    return summary(values)
+    return summary([v for t in trials if isinstance(v := at(t, *path), int | float)])
 
 
 def median_at(trials: Sequence[Mapping[str, Any]], *path: str) -> float | None:
