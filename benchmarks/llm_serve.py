@@ -253,18 +253,20 @@ class LlmServe(Scenario[LlmServeConfig]):
         table = markdown_table(["server", "backend", "ok", "output tok/s", "req/s",
                                 "TTFT p50 / p99 ms", "TPOT p50 ms", "ITL p50 ms",
                                 "latency p50 ms"], rows)
-        ratio_rows = []
-        for backend, r in report["ratios"].items():
-            for key, value in r.items():
-                target = (f">= {TARGET_OUTPUT_RATIO}" if key == "output_throughput"
-                          else "<= 1.0" if key == "p50_ttft_ms" else "")
-                check = (verdict(value, TARGET_OUTPUT_RATIO) if key == "output_throughput"
-                         else verdict(value, 1.0, at_most=True) if key == "p50_ttft_ms"
-                         else "")
-                ratio_rows.append([backend, key, _num(value, 2), target, check])
-        ratios = markdown_table(["backend", "inferq / peer", "ratio", "target", ""],
-                                ratio_rows)
+        ratios = markdown_table(["backend", "inferq / peer", "ratio", "target", ""], [
+            [backend, key, _num(value, 2), *_target(key, value)]
+            for backend, r in report["ratios"].items() for key, value in r.items()])
         return render("llm-serve", report, table=table, ratios=ratios)
+
+
+def _target(key: str, value: float | None) -> tuple[str, str]:
+    """A ratio's target and verdict: output tokens/s at least TARGET_OUTPUT_RATIO of the
+    peer's, TTFT at most the peer's; none for the others."""
+    if key == "output_throughput":
+        return f">= {TARGET_OUTPUT_RATIO}", verdict(value, TARGET_OUTPUT_RATIO)
+    if key == "p50_ttft_ms":
+        return "<= 1.0", verdict(value, 1.0, at_most=True)
+    return "", ""
 
 
 def version_in(python: Path, dist: str) -> str | None:
