@@ -10,13 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
 import random
-import sys
 import time
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +22,7 @@ from benchmarks.framework import (
     ByMode,
     Run,
     Scenario,
+    flag,
     noise_of,
     positive_float,
     positive_int,
@@ -35,18 +32,19 @@ from benchmarks.harness import (
     BenchmarkFailed,
     Cleanup,
     CpuProbe,
-    fmt_range,
-    markdown_table,
     say,
     verdict,
 )
 from benchmarks.loadgen import open_loop, poisson
 from benchmarks.stack import (
+    SleepWindow,
     WorkerProc,
     add_worker_arguments,
     check_alive,
+    gateway,
     load_str,
     pcts,
+    served_s,
     spawn_workers,
     summarize_trials,
     wait_registered,
@@ -60,25 +58,19 @@ TOKEN = "bench-token"
 
 
 @dataclass(frozen=True)
-class BatchConfig:
-    workers: int
-    batch_ms: float
-    item_ms: float
-    max_batch_size: int
-    max_wait_ms: float
-    cycles: int
-    burst_s: float
-    idle_s: float
-    online_load: float
-    lines: int
-
-    @property
-    def full_batch_ms(self) -> float:
-        return self.batch_ms + self.item_ms * self.max_batch_size
+class BatchConfig(SleepWindow):
+    workers: int = flag(positive_int, 1, "worker processes")
+    cycles: int = flag(positive_int, ByMode(4, 2), "burst + idle cycles")
+    burst_s: float = flag(positive_float, ByMode(5.0, 3.0),
+                          "seconds of online traffic per cycle")
+    idle_s: float = flag(positive_float, ByMode(5.0, 3.0),
+                         "seconds without online traffic per cycle")
+    online_load: float = flag(positive_float, 0.5, "online arrival rate in bursts / capacity")
+    lines: int = flag(positive_int, ByMode(40_000, 12_000), "lines of the batch")
 
     @property
     def nominal_capacity(self) -> float:
-        return self.workers * self.max_batch_size / (self.full_batch_ms / 1e3)
+        return self.workers * self.worker_capacity
 
     @property
     def schedule_s(self) -> float:
@@ -90,32 +82,16 @@ def _model_arg(model: str, cfg: BatchConfig) -> str:
 
 
 class Gateway:
-    """``python -m inferq.gateway`` with a batch runner, its file store under the log folder."""
+    """The gateway with a batch runner, its file store under the log folder."""
 
     def __init__(self, cleanup: Cleanup, url: str, log_dir: Path) -> None:
-        from inferq.embedded import free_port
-
-        self.base = f"http://127.0.0.1:{free_port()}"
-        port = self.base.rsplit(":", 1)[1]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "INFERQ_REDIS_URL": url,
-               "INFERQ_GATEWAY_TOKEN": TOKEN, "INFERQ_GATEWAY_REQUIRE_SERVED_MODEL": "false",
-               "INFERQ_GATEWAY_FILE_STORE": str(log_dir / "batch-files"),
-               "INFERQ_GATEWAY_BATCH_IDLE_S": "0.2"}
-        self.child = cleanup.spawn("gateway", [sys.executable, "-m", "inferq.gateway",
-                                               "--host", "127.0.0.1", "--port", port],
-                                   log_path=log_dir / "gateway.log", env=env)
-        deadline = time.monotonic() + 120
-        while True:
-            with contextlib.suppress(OSError), urllib.request.urlopen(
-                    f"{self.base}/healthz", timeout=2) as response:
-                if response.status == 200:
-                    break
-            if not self.child.alive() or time.monotonic() > deadline:
-                raise BenchmarkFailed(f"gateway not ready\n{self.child.log_tail()}")
-            time.sleep(0.2)
         from inferq.cli.batch_api import BatchApi
 
-        self.api = BatchApi(self.base, TOKEN)
+        self.child, port = gateway(cleanup, url, log_dir, env={
+            "INFERQ_GATEWAY_TOKEN": TOKEN, "INFERQ_GATEWAY_REQUIRE_SERVED_MODEL": "false",
+            "INFERQ_GATEWAY_FILE_STORE": str(log_dir / "batch-files"),
+            "INFERQ_GATEWAY_BATCH_IDLE_S": "0.2"})
+        self.api = BatchApi(f"http://127.0.0.1:{port}", TOKEN)
 
 
 def lines_file(path: Path, model: str, n: int) -> Path:
@@ -135,9 +111,7 @@ async def capacity(url: str, model: str, n: int) -> float:
     async with AsyncClient(url) as client:
         handles = await client.enqueue_many([f"flood {i}" for i in range(n)], model=model)
         results = [await h.result(timeout=300) for h in handles]
-    started = min(r.started_ms or 0 for r in results)
-    finished = max(r.finished_ms or 0 for r in results)
-    return n / max((finished - started) / 1e3, 1e-9)
+    return n / max(served_s(results), 1e-9)
 
 
 def arrivals(cfg: BatchConfig, rate: float, rng: random.Random) -> list[float]:
@@ -263,25 +237,7 @@ def figures(trials: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def results_markdown(r: Mapping[str, Any]) -> str:
-    s, t = r["summary"], r["target"]
-    latency = [[label, *(fmt_range(s[key][q], 0) for q in ("p50", "p90", "p99"))]
-               for key, label in (("online_alone_ms", "online, alone"),
-                                  ("online_with_batch_ms", "online, with the batch running"))]
-    rows = [
-        ["online p50 with the batch / alone", fmt_range(s["p50_ratio"], 2), "", ""],
-        ["online p99 with the batch / alone", fmt_range(s["p99_ratio"], 2),
-         f"<= {P99_TARGET:g}", t["p99_verdict"]],
-        ["batch lines/s in idle phases / capacity", fmt_range(s["idle_over_capacity"], 2),
-         f">= {IDLE_TARGET:g}", t["idle_verdict"]],
-        ["capacity (saturating flood), req/s", fmt_range(s["capacity_per_s"], 0), "", ""],
-        ["batch lines/s in idle phases", fmt_range(s["idle_batch_per_s"], 0), "", ""],
-        ["batch lines/s during bursts", fmt_range(s["burst_batch_per_s"], 0), "", ""],
-        ["gateway CPU per batch line, us (upper bound: the online phase's too)",
-         fmt_range(s["gateway_cpu_us_per_line"], 0), "", ""]]
-    return render("batch", r,
-                  latency=markdown_table(["online latency, ms", "p50", "p90", "p99"], latency),
-                  table=markdown_table(["measure", "median (min..max)", "target", "verdict"],
-                                       rows))
+    return render("batch", r, p99_target=P99_TARGET, idle_target=IDLE_TARGET)
 
 
 class Batch(Scenario[BatchConfig]):
@@ -292,21 +248,8 @@ class Batch(Scenario[BatchConfig]):
     markdown = staticmethod(results_markdown)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--workers", type=positive_int, default=1,
-                            help="worker processes (default 1)")
         add_worker_arguments(parser, max_batch_size=32, max_wait_ms=5.0, batch_ms=40.0,
                              item_ms=0.5)
-        parser.add_argument("--cycles", type=positive_int, default=ByMode(4, 2),
-                            help="burst + idle cycles (default %(default)s)")
-        parser.add_argument("--burst-s", type=positive_float, default=ByMode(5.0, 3.0),
-                            help="seconds of online traffic per cycle (default %(default)s)")
-        parser.add_argument("--idle-s", type=positive_float, default=ByMode(5.0, 3.0),
-                            help="seconds without online traffic per cycle (default "
-                                 "%(default)s)")
-        parser.add_argument("--online-load", type=positive_float, default=0.5,
-                            help="online arrival rate in bursts / capacity (default 0.5)")
-        parser.add_argument("--lines", type=positive_int, default=ByMode(40_000, 12_000),
-                            help="lines of the batch (default %(default)s)")
 
     def measure(self, run: Run[BatchConfig]) -> dict[str, Any]:
         cfg = run.cfg
@@ -315,11 +258,8 @@ class Batch(Scenario[BatchConfig]):
             f"{cfg.full_batch_ms:.0f} ms; {cfg.cycles} x ({cfg.burst_s:g} s burst + "
             f"{cfg.idle_s:g} s idle), a {cfg.lines}-line batch; {run.trials} trial(s)")
         gateway = Gateway(run.cleanup, url, run.log_dir)
-        trials = []
-        for trial in range(run.trials):
-            say(f"trial {trial + 1}/{run.trials}")
-            trials.append(run_trial(run, url, server.pid, trial, gateway))
-        return figures(trials)
+        return figures([run_trial(run, url, server.pid, trial, gateway)
+                        for trial in run.each_trial()])
 
 
 SCENARIO = Batch()

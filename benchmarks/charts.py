@@ -24,6 +24,13 @@ class Series:
     style: str = "o-"
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, label: str, x: Sequence[float], summaries: Sequence[Mapping[str, Any]],
+           style: str = "o-") -> Series:
+        """Medians of ``summaries`` (``harness.summary``) with their min..max."""
+        return cls(label, x, *([s[k] for s in summaries] for k in ("median", "min", "max")),
+                   style=style)
+
 
 def _pyplot() -> Any:
     import matplotlib
@@ -38,6 +45,22 @@ def _or(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
+def _yerr(ys: Sequence[float], low: Sequence[float | None], high: Sequence[float | None]
+          ) -> list[list[float]]:
+    """matplotlib's ``yerr`` for min..max around ``ys`` (a missing bound: no bar that side)."""
+    return [[max(0.0, y - _or(lo, y)) for y, lo in zip(ys, low, strict=True)],
+            [max(0.0, _or(hi, y) - y) for y, hi in zip(ys, high, strict=True)]]
+
+
+def _finish(ax: Any, title: str, ylabel: str, logy: bool, **grid: str) -> None:
+    if logy:
+        ax.set_yscale("log")
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3, **grid)
+    ax.legend(fontsize=8)
+
+
 def _draw(ax: Any, s: Series) -> None:
     points = [(x, y, i) for i, (x, y) in enumerate(zip(s.x, s.y, strict=True)) if y is not None]
     if not points:
@@ -45,11 +68,9 @@ def _draw(ax: Any, s: Series) -> None:
     xs = [p[0] for p in points]
     ys = [p[1] for p in points]
     if s.low is not None and s.high is not None:
-        lows = [_or(s.low[i], y) for _, y, i in points]
-        highs = [_or(s.high[i], y) for _, y, i in points]
-        err = [[max(0.0, y - lo) for y, lo in zip(ys, lows, strict=True)],
-               [max(0.0, hi - y) for y, hi in zip(ys, highs, strict=True)]]
-        ax.errorbar(xs, ys, yerr=err, fmt=s.style, capsize=3, label=s.label, **s.extra)
+        ax.errorbar(xs, ys, yerr=_yerr(ys, [s.low[i] for _, _, i in points],
+                                       [s.high[i] for _, _, i in points]),
+                    fmt=s.style, capsize=3, label=s.label, **s.extra)
     else:
         ax.plot(xs, ys, s.style, label=s.label, **s.extra)
 
@@ -88,18 +109,13 @@ def line_chart(path: Path, *, title: str, xlabel: str, ylabel: str, series: Sequ
             top = max(xs)
             ax.plot([0, top], [0, top], color="grey", linewidth=0.8, linestyle="--",
                     label="achieved = offered")
-    if logy:
-        ax.set_yscale("log")
     if logx:
         ax.set_xscale("log", base=2)
     if xticks is not None:
         ax.set_xticks(list(xticks))
         ax.set_xticklabels([f"{x:g}" for x in xticks])
-    ax.set_title(title)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    _finish(ax, title, ylabel, logy, which="both")
     return _save(plt, fig, path, note)
 
 
@@ -117,12 +133,8 @@ def grouped_bars(path: Path, *, title: str, ylabel: str, groups: Sequence[str],
     for i, (name, values) in enumerate(bars.items()):
         xs = [g + (i - (len(bars) - 1) / 2) * width for g in range(len(groups))]
         ys = [v if v is not None else 0.0 for v in values]
-        yerr = None
-        if low is not None and high is not None and name in low and name in high:
-            yerr = [[max(0.0, y - (lo if lo is not None else y))
-                     for y, lo in zip(ys, low[name], strict=True)],
-                    [max(0.0, (hi if hi is not None else y) - y)
-                     for y, hi in zip(ys, high[name], strict=True)]]
+        yerr = (_yerr(ys, low[name], high[name]) if low is not None and high is not None
+                and name in low and name in high else None)
         ax.bar(xs, ys, width=width, label=name, yerr=yerr, capsize=3)
         for x, v in zip(xs, values, strict=True):
             if v is not None:
@@ -130,12 +142,7 @@ def grouped_bars(path: Path, *, title: str, ylabel: str, groups: Sequence[str],
     _reference_lines(ax, hlines)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups)
-    if logy:
-        ax.set_yscale("log")
-    ax.set_title(title)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    _finish(ax, title, ylabel, logy, axis="y")
     return _save(plt, fig, path, note)
 
 

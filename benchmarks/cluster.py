@@ -5,7 +5,6 @@ CPU per request on each master; the method is in benchmarks/README.md.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -15,14 +14,24 @@ from typing import Any
 
 import redis
 
-from benchmarks.framework import ByMode, Run, Scenario, int_list, positive_int, render
-from benchmarks.harness import fmt_range, markdown_table, say, stop_child, summary
+from benchmarks.framework import (
+    ByMode,
+    Run,
+    Scenario,
+    flag,
+    int_list,
+    positive_int,
+    render,
+    render_rows,
+)
+from benchmarks.harness import say, stop_child, summary
 from benchmarks.stack import (
     check_ok,
     enqueue_and_await,
     redis_delta,
     redis_snapshot,
     spawn_worker,
+    summarize_fields,
     wait_registered,
     window_flags,
 )
@@ -32,12 +41,13 @@ from inferq.protocol.settings import SET_SETTINGS, settings_call
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    requests: int
-    shard_counts: tuple[int, ...]
-    workers: int
-    max_batch_size: int
-    max_wait_ms: float
-    chunk: int
+    requests: int = flag(positive_int, ByMode(20_000, 600), "requests per variant")
+    shard_counts: tuple[int, ...] = flag(int_list, "1,3", "shard counts to compare, "
+                                         "comma-separated", name="--shards")
+    workers: int = flag(positive_int, 3, "worker processes")
+    max_batch_size: int = flag(positive_int, 64)
+    max_wait_ms: float = flag(float, 2.0)
+    chunk: int = flag(positive_int, 500)
     timeout_s: float = 300.0
 
 
@@ -116,11 +126,8 @@ def figures(cfg: ClusterConfig, trials: Mapping[int, Sequence[Mapping[str, Any]]
     for shards, ts in trials.items():
         per[str(shards)] = {
             "shards": shards,
-            "throughput": summary([t["throughput"] for t in ts]),
-            "redis_commands_per_request_total": summary(
-                [t["redis_commands_per_request_total"] for t in ts]),
-            "redis_cpu_us_per_request_total": summary(
-                [t["redis_cpu_us_per_request_total"] for t in ts]),
+            **summarize_fields(ts, "throughput", "redis_commands_per_request_total",
+                               "redis_cpu_us_per_request_total"),
             "redis_cpu_us_per_request_per_holding_master": summary(
                 [t["redis_cpu_us_per_request_total"] / len(t["masters_holding_the_queue"])
                  for t in ts]),
@@ -130,22 +137,12 @@ def figures(cfg: ClusterConfig, trials: Mapping[int, Sequence[Mapping[str, Any]]
 
 
 def results_markdown(r: Mapping[str, Any]) -> str:
-    rows = []
-    for k, s in r["per_shards"].items():
-        last = s["trials"][-1]
-        spread = "; ".join(
+    return render("cluster", r, rows=render_rows("cluster.row", (
+        {**s, "shards": k, "spread": "; ".join(
             f"{n.rpartition(':')[2]}: {d['commands_per_request']:.1f} cmds, "
             f"{d['cpu_us_per_request']:.0f} us"
-            for n, d in sorted(last["per_node"].items()))
-        rows.append([k, fmt_range(s["throughput"], 0),
-                     fmt_range(s["redis_commands_per_request_total"], 1),
-                     fmt_range(s["redis_cpu_us_per_request_total"], 0),
-                     fmt_range(s["redis_cpu_us_per_request_per_holding_master"], 0), spread])
-    table = markdown_table(
-        ["shards", "req/s", "Redis cmds/request (all masters)",
-         "Redis CPU us/request (all masters)", "per master holding a shard",
-         "per master (last trial): port: cmds, CPU us per request"], rows)
-    return render("cluster", r, table=table)
+            for n, d in sorted(s["trials"][-1]["per_node"].items()))}
+        for k, s in r["per_shards"].items())))
 
 
 class ClusterScenario(Scenario[ClusterConfig]):
@@ -154,17 +151,6 @@ class ClusterScenario(Scenario[ClusterConfig]):
     quick_help = "600 requests per variant, 1 trial (~1 min)"
     config = ClusterConfig
     markdown = staticmethod(results_markdown)
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--requests", type=positive_int, default=ByMode(20_000, 600),
-                            help="requests per variant (default %(default)s)")
-        parser.add_argument("--shards", dest="shard_counts", type=int_list, default=(1, 3),
-                            help="shard counts to compare, comma-separated (default 1,3)")
-        parser.add_argument("--workers", type=positive_int, default=3,
-                            help="worker processes (default %(default)s)")
-        parser.add_argument("--max-batch-size", type=positive_int, default=64)
-        parser.add_argument("--max-wait-ms", type=float, default=2.0)
-        parser.add_argument("--chunk", type=positive_int, default=500)
 
     def measure(self, run: Run[ClusterConfig]) -> dict[str, Any]:
         from tests.support.cluster import LocalCluster

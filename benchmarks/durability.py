@@ -4,7 +4,6 @@ per ``enqueue`` and per ``enqueue_many`` batch; the setup is in benchmarks/READM
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from collections.abc import Mapping
@@ -14,16 +13,17 @@ from typing import Any
 
 import redis
 
-from benchmarks.framework import ByMode, Run, Scenario, positive_int, render
-from benchmarks.harness import fmt_number, markdown_table, percentiles, say
+from benchmarks.framework import ByMode, Run, Scenario, flag, positive_int, render, render_rows
+from benchmarks.harness import percentiles, say
 from inferq.embedded import EmbeddedServer
 
 
 @dataclass(frozen=True)
 class DurabilityConfig:
-    singles: int
-    batches: int
-    batch_size: int
+    singles: int = flag(positive_int, ByMode(200, 20))
+    batches: int = flag(positive_int, ByMode(20, 4))
+    batch_size: int = flag(positive_int, 100)
+
 
 
 def server_binary() -> str:
@@ -61,16 +61,8 @@ def measure_level(url: str, level: str | None, cfg: DurabilityConfig, tag: str
 
 
 def results_markdown(r: Mapping[str, Any]) -> str:
-    c = r["config"]
-    rows = []
-    for name, v in r["levels"].items():
-        ms = v["single_ms"]
-        rows.append([name, fmt_number(ms["p50"], 2), fmt_number(ms["p90"], 2),
-                     fmt_number(ms["p99"], 2), fmt_number(v["batch_ms"], 1),
-                     fmt_number(v["batch_requests_per_s"])])
-    table = markdown_table(["durability (server)", "enqueue p50 ms", "p90 ms", "p99 ms",
-                            f"enqueue_many of {c['batch_size']}: ms", "batched req/s"], rows)
-    return render("durability", r, table=table)
+    return render("durability", r, rows=render_rows("durability.row", (
+        {"name": name, **v} for name, v in r["levels"].items())))
 
 
 class Durability(Scenario[DurabilityConfig]):
@@ -80,11 +72,6 @@ class Durability(Scenario[DurabilityConfig]):
     config = DurabilityConfig
     trials = None
     markdown = staticmethod(results_markdown)
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--singles", type=positive_int, default=ByMode(200, 20))
-        parser.add_argument("--batches", type=positive_int, default=ByMode(20, 4))
-        parser.add_argument("--batch-size", type=positive_int, default=100)
 
     def measure(self, run: Run[DurabilityConfig]) -> dict[str, Any]:
         binary = server_binary()

@@ -5,7 +5,6 @@ the same sentences; the method is in benchmarks/README.md.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import time
@@ -16,13 +15,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks import corpus
-from benchmarks.framework import ByMode, Run, Scenario, int_list, noise_of, positive_int, render
+from benchmarks.framework import (
+    ByMode,
+    Run,
+    Scenario,
+    flag,
+    int_list,
+    noise_of,
+    positive_int,
+    render,
+    render_rows,
+)
 from benchmarks.harness import (
     Cleanup,
     CpuProbe,
     describe_machine,
-    fmt_range,
-    markdown_table,
     percentiles,
     say,
     stop_child,
@@ -32,9 +39,10 @@ from benchmarks.harness import (
 from benchmarks.models import BareModel, minilm_path
 from benchmarks.stack import (
     WorkerProc,
+    batch_groups,
+    batches_of,
     enqueue_and_await,
     load_str,
-    scaled,
     spawn_worker,
     summarize_trials,
     warm_up,
@@ -57,11 +65,13 @@ SORTED_BATCH_SIZE = 32
 
 @dataclass(frozen=True)
 class EmbedConfig:
-    requests: int
-    batch_sizes: tuple[int, ...]
-    warmup: int
-    chunk: int
-    waiters: int
+    requests: int = flag(positive_int, ByMode(2000, 300), "requests per full-stack trial and "
+                         "sentences per bare-model pass")
+    batch_sizes: tuple[int, ...] = flag(int_list, "1,8,16,32,64", "bare-model batch sizes, "
+                                        "comma-separated")
+    warmup: int = flag(positive_int, ByMode(256, 64), "warm-up requests per variant")
+    chunk: int = flag(positive_int, 100, "requests per enqueue_many call")
+    waiters: int = flag(positive_int, 8, "concurrent result waiters in the producer")
     ready_timeout_s: float = 300.0
 
     @property
@@ -165,11 +175,8 @@ def run_stack_trial(url: str, worker: WorkerProc, variant: str, texts: Sequence[
     cpu = probe.stop()
     sent[variant] += len(texts)
     after = _read_window(url, worker, expected=sent[variant])
-    # Reconstruct the batches from the results: one forward pass = one (finished, compute) pair.
-    batches: dict[tuple[int | None, float | None], list[int]] = {}
-    for index, r in enumerate(results):
-        batches.setdefault((r.finished_ms, r.compute_ms), []).append(index)
-    forward_s = sum((key[1] or 0.0) for key in batches) / 1e3
+    batches = batch_groups(results)
+    forward_s = sum((key[2] or 0.0) for key in batches) / 1e3
     padded = sum(len(rows) * max(tokens[i] for i in rows) for rows in batches.values())
     vectors = torch.tensor([r.output for r in results], dtype=torch.float32)
     parts = [cpu.get(name) for name in ("worker", "server", "producer")]
@@ -182,7 +189,7 @@ def run_stack_trial(url: str, worker: WorkerProc, variant: str, texts: Sequence[
                                       if r.queue_wait_ms is not None]),
         "mean_batch_size_per_request": statistics.fmean(r.batch_size or 0 for r in results),
         "batches": len(batches), "mean_batch_size_per_batch": n / len(batches),
-        "batch_sizes": dict(sorted(Counter(len(rows) for rows in batches.values()).items())),
+        "batch_sizes": dict(sorted(batches_of(results).items())),
         "forward_seconds": forward_s, "forward_throughput": n / forward_s if forward_s else 0.0,
         "busy_fraction": forward_s / seconds,
         "padding_efficiency": sum(tokens) / padded if padded else 1.0,
@@ -267,49 +274,16 @@ def figures(cfg: EmbedConfig, texts: Sequence[str], tokens: Sequence[int],
 
 
 def results_markdown(r: Mapping[str, Any]) -> str:
-    lim, full, bs1, ratios = r["limit"], r["full"], r["bs1"], r["ratios"]
-
-    def ms(s: Mapping[str, Any]) -> str:
-        return fmt_range(s, 0)
-
-    def pct(s: Mapping[str, Any]) -> str:
-        return fmt_range(scaled(s, 100), 0, "%")
-
-    rows = [[f"bare model, batch {bs}" + (" **(the limit)**" if int(bs) ==
-                                          lim["best_batch_size"] else ""),
-             fmt_range(s), f"{lim['padding_efficiency'][bs]:.2f}", "", "", "", ""]
-            for bs, s in lim["per_batch_size"].items()]
-    rows.append([f"bare model, batch {lim['sorted_batch_size']}, all sentences sorted by "
-                 "length (footnote)", fmt_range(lim["sorted_throughput"]),
-                 f"{lim['sorted_padding_efficiency']:.2f}", "", "", "", ""])
-    stacks = (("**full stack**: server + worker (default flags) + producer", "full stack", full),
-              ("full stack, worker `--max-batch-size 1`", "full stack, batch-1 worker", bs1))
-    rows += [[label, fmt_range(v["throughput"]), fmt_range(v["padding_efficiency"], 2),
-              fmt_range(v["mean_batch_size_per_request"]),
-              " / ".join(ms(v["total_ms"][q]) for q in ("p50", "p90", "p99")),
-              " / ".join(ms(v["queue_wait_ms"][q]) for q in ("p50", "p99")),
-              f"{fmt_range(v['forward_throughput'])}, busy {pct(v['busy_fraction'])}"]
-             for label, _, v in stacks]
-    cpu_rows = [[f"bare model, batch {bs}", fmt_range(s), "", pct(lim["other_load"][bs])]
-                for bs, s in lim["per_cpu_second"].items()]
-    cpu_rows += [[label, fmt_range(v["requests_per_cpu_second"]), " / ".join(
-        fmt_range(v["cpu_seconds_per_1000"][k], 1) for k in
-        ("worker", "server", "producer", "idle_worker")), pct(v["other_load"])]
-        for _, label, v in stacks]
+    lim, full = r["limit"], r["full"]
     return render(
         "embed", r, trials=len(full["throughput"]["trials"]),
         cosine=min(t["min_cosine_vs_bare"] for t in full["trials"]),
-        table=markdown_table(["variant", "req/s", "padding eff.", "mean batch (per request)",
-                              "total ms p50 / p90 / p99", "queue wait ms p50 / p99",
-                              "worker forward-only req/s, model busy"], rows),
-        ratio_table=markdown_table(["ratio", "median (min..max)", "target", "verdict"], [
-            [label, fmt_range(ratios[k], 2), f">= {ratios[k]['target']}", ratios[k]["verdict"]]
-            for k, label in (("full_over_limit", "full / limit"),
-                             ("full_over_bs1", "full / batch-1 worker"))]),
-        cpu_table=markdown_table(
-            ["variant", "requests per CPU-second",
-             "CPU-s per 1000 requests: worker / server / producer / idle other worker",
-             "other tenants' load"], cpu_rows))
+        limit_rows=render_rows("embed.limit", (
+            {"bs": bs, "rate": s, "padding": lim["padding_efficiency"][bs],
+             "best": " **(the limit)**" if int(bs) == lim["best_batch_size"] else ""}
+            for bs, s in lim["per_batch_size"].items())),
+        cpu_rows=render_rows("embed.cpu", ({"bs": bs, "rate": s, "load": lim["other_load"][bs]}
+                                           for bs, s in lim["per_cpu_second"].items())))
 
 
 class Embed(Scenario[EmbedConfig]):
@@ -318,19 +292,6 @@ class Embed(Scenario[EmbedConfig]):
     quick_help = "300 requests, 1 trial, short warm-up (< 2 min)"
     config = EmbedConfig
     markdown = staticmethod(results_markdown)
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--requests", type=positive_int, default=ByMode(2000, 300),
-                            help="requests per full-stack trial and sentences per bare-model "
-                                 "pass (default %(default)s)")
-        parser.add_argument("--batch-sizes", type=int_list, default=(1, 8, 16, 32, 64),
-                            help="bare-model batch sizes, comma-separated (default 1,8,16,32,64)")
-        parser.add_argument("--warmup", type=positive_int, default=ByMode(256, 64),
-                            help="warm-up requests per variant (default %(default)s)")
-        parser.add_argument("--chunk", type=positive_int, default=100,
-                            help="requests per enqueue_many call (default 100)")
-        parser.add_argument("--waiters", type=positive_int, default=8,
-                            help="concurrent result waiters in the producer (default 8)")
 
     def measure(self, run: Run[EmbedConfig]) -> dict[str, Any]:
         import torch

@@ -20,14 +20,17 @@ from benchmarks.framework import (
     ByMode,
     Run,
     Scenario,
+    flag,
     float_list,
     int_list,
     noise_of,
     positive_float,
     positive_int,
     render,
+    render_rows,
+    switch,
 )
-from benchmarks.harness import BenchmarkFailed, CpuProbe, fmt_range, markdown_table, say, summary
+from benchmarks.harness import BenchmarkFailed, CpuProbe, say, summary
 from benchmarks.loadgen import open_loop, poisson
 from benchmarks.models import BareModel, minilm_path
 from benchmarks.stack import (
@@ -38,7 +41,6 @@ from benchmarks.stack import (
     load_str,
     merge_counters,
     pcts,
-    scaled,
     stop_all,
     summarize_fields,
     warm_up,
@@ -52,16 +54,26 @@ ARRIVAL_SEED = 4242
 
 @dataclass(frozen=True)
 class LoadConfig:
-    loads: tuple[float, ...]
-    seconds: float
-    capacity_requests: int
-    capacity: float | None
-    capacity_passes: int
-    bs1: bool
-    bs1_max_overload: float
-    limit: bool
-    limit_batch_sizes: tuple[int, ...]
-    warmup: int
+    loads: tuple[float, ...] = flag(float_list, "0.25,0.5,0.75,1.0,1.25", "offered loads as "
+                                    "fractions of the full stack's capacity")
+    seconds: float = flag(positive_float, ByMode(30.0, 5.0), "arrival period per load")
+    capacity_requests: int = flag(positive_int, ByMode(1000, 200), "requests in the "
+                                  "closed-loop capacity burst, at least 8; the batch-1 worker "
+                                  "gets a quarter")
+    capacity: float | None = flag(positive_float, None, "use this full-stack capacity (req/s) "
+                                  "instead of measuring it")
+    capacity_passes: int = flag(positive_int, ByMode(3, 1), "closed-loop bursts for the "
+                                "capacity; the median is used")
+    bs1: bool = switch("leave out the batch-1 worker", name="--no-bs1")
+    bs1_max_overload: float = flag(positive_float, ByMode(1.5, 1.0), "run the batch-1 worker "
+                                   "at a load only when the offered rate is at most this "
+                                   "multiple of its own capacity")
+    limit: bool = switch("do not load the bare model in this process for the limit line",
+                         name="--no-limit")
+    limit_batch_sizes: tuple[int, ...] = flag(int_list, "8,16,32", "bare-model batch sizes "
+                                              "tried for the limit, the best counts")
+    warmup: int = flag(positive_int, ByMode(256, 64), "warm-up requests for the full worker, "
+                       "a quarter for the batch-1 worker")
     ready_timeout_s: float = 300.0
 
     @property
@@ -149,9 +161,8 @@ def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
 
     def series(variant: str, key: str, label: str, style: str = "o-") -> charts.Series:
         ps = pts[variant].values()
-        return charts.Series(label, [p["offered_rate"] for p in ps],
-                             *([p[key][s] for p in ps] for s in ("median", "min", "max")),
-                             style=style)
+        return charts.Series.of(label, [p["offered_rate"] for p in ps], [p[key] for p in ps],
+                                style)
 
     names = {"full": ("full stack", "o"), "bs1": ("batch-1 worker", "s")}
     hlines = [(f"full stack, closed-loop capacity {cap['full']:.0f}/s", cap["full"])]
@@ -187,13 +198,6 @@ def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
 
 def results_markdown(r: Mapping[str, Any]) -> str:
     c, cap = r["config"], r["capacity"]
-    rows = [[f"{float(k):.0%}", f"{p['offered_rate']:.1f} ({fmt_range(p['realised_rate'])})",
-             label, fmt_range(p["achieved_throughput"]),
-             " / ".join(fmt_range(p[f"latency_{q}"], 0) for q in ("p50", "p90", "p99")),
-             " / ".join(fmt_range(p[f"queue_wait_{q}"], 0) for q in ("p50", "p99")),
-             fmt_range(p["mean_batch_per_request"]), fmt_range(scaled(p["other_load"], 100), 0)]
-            for variant, label in (("full", "full stack"), ("bs1", "batch-1 worker"))
-            for k, p in r["points"].get(variant, {}).items()]
     caps = [f"full stack {cap['full']:.1f} req/s" + (" (given)" if c["capacity"] else "")]
     if "bs1" in cap:
         caps.append(f"batch-1 worker {cap['bs1']:.1f} req/s")
@@ -203,10 +207,10 @@ def results_markdown(r: Mapping[str, Any]) -> str:
                     f" {cap['limit']:.1f} req/s ({tried})")
     return render("embed-load", r, caps="; ".join(caps), skipped="".join(
         f"\n- Batch-1 worker skipped at {float(k):.0%}: {why}."
-        for k, why in r["bs1_skipped"].items()), table=markdown_table(
-        ["load", "offered req/s (Poisson draw)", "variant", "achieved req/s",
-         "latency ms p50 / p90 / p99", "queue wait ms p50 / p99", "mean batch (per request)",
-         "other tenants' load %"], rows))
+        for k, why in r["bs1_skipped"].items()), rows=render_rows("embed-load.row", (
+            {**p, "label": label} for variant, label in (("full", "full stack"),
+                                                         ("bs1", "batch-1 worker"))
+            for p in r["points"].get(variant, {}).values())))
 
 
 class EmbedLoad(Scenario[LoadConfig]):
@@ -216,35 +220,6 @@ class EmbedLoad(Scenario[LoadConfig]):
     config = LoadConfig
     plots = staticmethod(draw_plots)
     markdown = staticmethod(results_markdown)
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--loads", type=float_list, default=(0.25, 0.5, 0.75, 1.0, 1.25),
-                            help="offered loads as fractions of the full stack's capacity "
-                                 "(default 0.25,0.5,0.75,1.0,1.25)")
-        parser.add_argument("--seconds", type=positive_float, default=ByMode(30.0, 5.0),
-                            help="arrival period per load (default %(default)s)")
-        parser.add_argument("--capacity-requests", type=positive_int, default=ByMode(1000, 200),
-                            help="requests in the closed-loop capacity burst, at least 8 "
-                                 "(default %(default)s); the batch-1 worker gets a quarter")
-        parser.add_argument("--capacity", type=positive_float, default=None,
-                            help="use this full-stack capacity (req/s) instead of measuring it")
-        parser.add_argument("--capacity-passes", type=positive_int, default=ByMode(3, 1),
-                            help="closed-loop bursts for the capacity; the median is used "
-                                 "(default %(default)s)")
-        parser.add_argument("--no-bs1", dest="bs1", action="store_false",
-                            help="leave out the batch-1 worker")
-        parser.add_argument("--bs1-max-overload", type=positive_float, default=ByMode(1.5, 1.0),
-                            help="run the batch-1 worker at a load only when the offered rate is "
-                                 "at most this multiple of its own capacity "
-                                 "(default %(default)s)")
-        parser.add_argument("--no-limit", dest="limit", action="store_false",
-                            help="do not load the bare model in this process for the limit line")
-        parser.add_argument("--limit-batch-sizes", type=int_list, default=(8, 16, 32),
-                            help="bare-model batch sizes tried for the limit, the best counts "
-                                 "(default 8,16,32)")
-        parser.add_argument("--warmup", type=positive_int, default=ByMode(256, 64),
-                            help="warm-up requests for the full worker, a quarter for the "
-                                 "batch-1 worker (default %(default)s)")
 
     def configure(self, args: argparse.Namespace) -> LoadConfig:
         if args.capacity_requests < 8:

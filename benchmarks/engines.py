@@ -128,30 +128,20 @@ def _compare(source: str, *, requests: int, new_tokens: int, slots: int, trials:
                                   do_sample=False, pad_token_id=lm.pad_id)
         return requests * new_tokens / (time.perf_counter() - t)
 
-    def ours_sharing_the_gil() -> float:
-        """``ours`` while another thread of the process runs Python 1 ms in every 5 (what a
-        worker's event loop does between Redis round trips: claims, stream writes)."""
-        halt = threading.Event()
-        thread = threading.Thread(target=busy_python, args=(halt,), daemon=True)
-        thread.start()
-        try:
-            return ours()
-        finally:
-            halt.set()
-            thread.join()
-
-    def ours_next_to_a_busy_process() -> float:
-        """``ours`` while another process does what the thread above does: the same CPU
-        taken from the machine, but no GIL shared."""
+    def ours_next_to(kind: str) -> float:
+        """``ours`` while another thread of the process (``thread``) runs Python 1 ms in every
+        5 (what a worker's event loop does between Redis round trips: claims, stream writes),
+        or a process does the same (``process``: the same CPU taken, but no GIL shared)."""
         spawn = multiprocessing.get_context("spawn")
-        halt = spawn.Event()
-        process = spawn.Process(target=busy_python, args=(halt,), daemon=True)
-        process.start()
+        halt = threading.Event() if kind == "thread" else spawn.Event()
+        busy = (threading.Thread if kind == "thread" else spawn.Process)(
+            target=busy_python, args=(halt,), daemon=True)
+        busy.start()
         try:
             return ours()
         finally:
             halt.set()
-            process.join(10)
+            busy.join(10)
 
     runs: dict[str, list[float | None]] = {"ours": [], "ours_sharing_the_gil": [],
                                            "ours_next_to_a_busy_process": [],
@@ -162,8 +152,8 @@ def _compare(source: str, *, requests: int, new_tokens: int, slots: int, trials:
     probe.start()
     for _ in range(trials):
         runs["ours"].append(ours())
-        runs["ours_sharing_the_gil"].append(ours_sharing_the_gil())
-        runs["ours_next_to_a_busy_process"].append(ours_next_to_a_busy_process())
+        runs["ours_sharing_the_gil"].append(ours_next_to("thread"))
+        runs["ours_next_to_a_busy_process"].append(ours_next_to("process"))
         runs["transformers_cb"].append(hf())
         runs["padded_generate"].append(padded())
     load = probe.stop()

@@ -18,16 +18,28 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from benchmarks.framework import ByMode, Run, Scenario, positive_float, positive_int, render
-from benchmarks.harness import Cleanup, markdown_table, say, stop_child, verdict
+from benchmarks.framework import (
+    ByMode,
+    Run,
+    Scenario,
+    flag,
+    positive_float,
+    positive_int,
+    render,
+    render_rows,
+    switch,
+)
+from benchmarks.harness import Cleanup, say, stop_child, verdict
+from benchmarks.loadgen import open_loop, poisson
 from benchmarks.stack import (
+    SleepWindow,
     WorkerProc,
     add_worker_arguments,
     check_alive,
     fill_and_drain,
     paused,
     pcts,
-    read_results,
+    read_written,
     sleep_model,
     spawn_worker,
     wait_registered,
@@ -35,7 +47,7 @@ from benchmarks.stack import (
 )
 
 if TYPE_CHECKING:
-    from inferq.protocol.codec import Result
+    pass
 
 SEED = 20261202
 SHARE_TOLERANCE = 0.05  # ±5 points of the ideal share
@@ -43,32 +55,34 @@ THROUGHPUT_TOLERANCE = 0.03
 WAIT_FACTOR = 2.0
 CHUNK = 500
 WEIGHTS = {"a": 3, "b": 2, "c": 1}
+#: Each tenant's ideal share of the cost: with WEIGHTS, and with equal weights.
+IDEAL = {t: w / sum(WEIGHTS.values()) for t, w in WEIGHTS.items()}
+EQUAL = {t: 1 / len(WEIGHTS) for t in WEIGHTS}
 
 
 @dataclass(frozen=True)
-class FairnessConfig:
-    seconds: float
-    batch_ms: float
-    item_ms: float
-    max_batch_size: int
-    max_wait_ms: float
-    overload: float
-    light_share: float
-    prompt_bytes: int
-    alone_requests: int
-    alone_trials: int
-    generate: bool
-    generate_backlog: int
-    generate_seconds: float
-
-    @property
-    def full_batch_ms(self) -> float:
-        return self.batch_ms + self.item_ms * self.max_batch_size
+class FairnessConfig(SleepWindow):
+    seconds: float = flag(positive_float, ByMode(60.0, 8.0),
+                          "how long the worker serves each flood")
+    overload: float = flag(positive_float, 1.2, "each flooding tenant's backlog / what the "
+                           "worker serves in --seconds")
+    light_share: float = flag(positive_float, 0.05, "the light tenant's arrival rate / capacity")
+    prompt_bytes: int = flag(positive_int, 40, "prompt size (cost = bytes / 4; tenant a's long "
+                             "prompts are 10x)")
+    alone_requests: int = flag(positive_int, ByMode(20_000, 5_000), "requests per pass of the "
+                               "one-tenant comparison (echo model)")
+    generate: bool = switch("skip the generate worker part (tiny random Llama)",
+                            name="--no-generate")
+    generate_backlog: int = flag(positive_int, ByMode(3000, 1000),
+                                 "requests each tenant queues for the generate worker")
+    generate_seconds: float = flag(positive_float, ByMode(60.0, 20.0),
+                                   "how long the generate worker serves")
+    alone_trials: int = flag(positive_int, ByMode(5, 3), "passes per mode of that comparison")
 
     @property
     def capacity(self) -> float:
         """Requests/s one worker serves running full batches back to back."""
-        return self.max_batch_size / (self.full_batch_ms / 1e3)
+        return self.worker_capacity
 
     @property
     def backlog(self) -> int:
@@ -119,7 +133,6 @@ def flood(cleanup: Cleanup, url: str, cfg: FairnessConfig, worker: WorkerProc,
                     ids[tenant] += [h.id for h in handles]
 
     async def trickle() -> None:
-        rate = cfg.light_share * cfg.capacity
         async with AsyncClient(url) as producer:
             async def one(i: int) -> None:
                 handle = await producer.enqueue(_text(cfg.prompt_bytes, f"light{i}"),
@@ -127,14 +140,8 @@ def flood(cleanup: Cleanup, url: str, cfg: FairnessConfig, worker: WorkerProc,
                 result = await handle.result(timeout=cfg.seconds + 60)
                 if result.queue_wait_ms is not None:
                     light_waits.append(result.queue_wait_ms)
-            tasks = []
-            t0 = time.perf_counter()
-            i = 0
-            while time.perf_counter() - t0 < cfg.seconds - 1.0:
-                tasks.append(asyncio.create_task(one(i)))
-                i += 1
-                await asyncio.sleep(rng.expovariate(rate))
-            await asyncio.gather(*tasks)
+            await open_loop(one, [0.0, *poisson(cfg.light_share * cfg.capacity, rng,
+                                                seconds=cfg.seconds - 1.0)])
 
     client = redis.Redis.from_url(url)
     with paused(cleanup, [worker.pid]) as resume:
@@ -149,11 +156,7 @@ def flood(cleanup: Cleanup, url: str, cfg: FairnessConfig, worker: WorkerProc,
     stop_child(worker.child)
     served: dict[str, dict[str, float]] = {}
     for tenant, tenant_ids in ids.items():
-        pipe = client.pipeline(transaction=False)
-        for request_id in tenant_ids:
-            pipe.exists(worker.keys.result(request_id))
-        done = [i for i, e in zip(tenant_ids, pipe.execute(), strict=True) if e]
-        results: list[Result] = read_results(client, worker.keys, done)
+        results = read_written(client, worker.keys, tenant_ids)
         cost = estimate(worker.task, len(prompts[tenant].encode()), params or {}, None)
         served[tenant] = {"requests": len(results), "cost": len(results) * cost}
     client.close()
@@ -205,12 +208,14 @@ def alone(cleanup: Cleanup, url: str, cfg: FairnessConfig, worker: WorkerProc,
     return out
 
 
+def share_error(part: Mapping[str, Any], ideal: Mapping[str, float]) -> float:
+    """The largest distance of a tenant's share of the served cost from its ideal share."""
+    return max(abs(part["served"][t]["cost_share"] - share) for t, share in ideal.items())
+
+
 def figures(cfg: FairnessConfig, weights: Mapping[str, Any], tokens: Mapping[str, Any],
             solo: Mapping[str, Any], generate: Mapping[str, Any] | None) -> dict[str, Any]:
-    total_w = sum(WEIGHTS.values())
-    weight_err = max(abs(weights["served"][t]["cost_share"] - w / total_w)
-                     for t, w in WEIGHTS.items())
-    token_err = max(abs(s["cost_share"] - 1 / 3) for s in tokens["served"].values())
+    weight_err, token_err = share_error(weights, IDEAL), share_error(tokens, EQUAL)
     reference = cfg.max_wait_ms + cfg.full_batch_ms
     light_p99 = weights["light_wait_ms"]["p99"]
     commands_delta = (solo["one"]["fill_commands"] + solo["one"]["drain_commands"]
@@ -219,8 +224,7 @@ def figures(cfg: FairnessConfig, weights: Mapping[str, Any], tokens: Mapping[str
     # must be read against
     spread = max((max(v) - min(v)) / statistics.median(v) for v in (
         [run["throughput"] for run in solo["runs"][mode]] for mode in ("none", "one")))
-    generate_err = None if generate is None else max(
-        abs(generate["served"][t]["cost_share"] - w / total_w) for t, w in WEIGHTS.items())
+    generate_err = None if generate is None else share_error(generate, IDEAL)
     return {
         "weights": weights, "tokens": tokens, "alone": solo, "generate": generate,
         "target": {
@@ -243,52 +247,21 @@ def figures(cfg: FairnessConfig, weights: Mapping[str, Any], tokens: Mapping[str
 
 
 def results_markdown(r: Mapping[str, Any]) -> str:
-    t = r["target"]
-    share_rows = []
-    parts = [("weights 3:2:1", r["weights"], {"a": 3 / 6, "b": 2 / 6, "c": 1 / 6}),
-             ("equal weights, a's prompts 10x longer", r["tokens"],
-              {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})]
-    if r.get("generate"):
-        parts.append(("generate worker (tiny Llama), weights 3:2:1", r["generate"],
-                      {"a": 3 / 6, "b": 2 / 6, "c": 1 / 6}))
-    for label, part, ideal in parts:
-        for tenant, s in part["served"].items():
-            share_rows.append([label, tenant, f"{s['requests']:.0f}",
-                               f"{s['request_share']:.1%}", f"{s['cost_share']:.1%}",
-                               f"{ideal[tenant]:.1%}"])
+    parts = [("weights 3:2:1", r["weights"], IDEAL),
+             ("equal weights, a's prompts 10x longer", r["tokens"], EQUAL),
+             *([("generate worker (tiny Llama), weights 3:2:1", r["generate"], IDEAL)]
+               if r.get("generate") else [])]
     a = r["alone"]
-    def spread(mode: str) -> str:
-        values = [run["throughput"] for run in a["runs"][mode]]
-        return f"{a[mode]['throughput']:.0f} ({min(values):.0f}..{max(values):.0f})"
-
-    alone_rows = [[mode, spread(mode),
-                   f"{a[mode]['fill_commands']:.2f} ({a[mode]['fill_client_commands']:.2f})",
-                   f"{a[mode]['drain_commands']:.2f} ({a[mode]['drain_client_commands']:.2f})"]
-                  for mode in ("none", "one")]
-    lw = r["weights"]["light_wait_ms"]
-    verdict_rows = [
-        ["weights 3:2:1: largest distance of a cost share from 50/33/17 %",
-         f"{t['weight_share_error']:.1%}", "<= 5 points", t["weight_verdict"]],
-        ["10x prompts, equal weights: largest distance of a token share from 33 %",
-         f"{t['token_share_error']:.1%}", "<= 5 points", t["token_verdict"]],
-        *([["generate worker, weights 3:2:1: largest distance of a cost share from "
-            "50/33/17 %", f"{t['generate_share_error']:.1%}", "<= 5 points",
-            t["generate_verdict"]]] if t.get("generate_share_error") is not None else []),
-        [f"light tenant queue wait p99 / (window + one batch = {t['light_reference_ms']:.0f} "
-         "ms)", f"{t['light_p99_over_reference']:.2f} (p50 {lw['p50']:.0f} ms, p99 "
-                f"{lw['p99']:.0f} ms)", f"<= {WAIT_FACTOR:g}", t["light_verdict"]],
-        ["one tenant alone: requests/s lost vs no tenant", f"{t['throughput_loss']:.1%}",
-         "<= 3 %", t["throughput_verdict"]],
-        ["one tenant alone: Redis commands/request more than no tenant (fill + drain)",
-         f"{t['commands_delta']:+.2f}", "unchanged", ""]]
+    generate = (render("fairness.generate", r) if r["target"].get("generate_share_error")
+                is not None else "")
     return render(
-        "fairness", r,
-        share_table=markdown_table(["run", "tenant", "requests served", "share of requests",
-                                    "share of cost", "ideal cost share"], share_rows),
-        alone_table=markdown_table(["tenant", "requests/s, median (min..max)",
-                                    "commands/request, fill (client)",
-                                    "commands/request, drain (client)"], alone_rows),
-        verdict_table=markdown_table(["measure", "value", "target", "verdict"], verdict_rows))
+        "fairness", r, generate_row=generate, wait_factor=WAIT_FACTOR,
+        share_rows=render_rows("fairness.share", (
+            {**s, "run": label, "tenant": tenant, "ideal": ideal[tenant]}
+            for label, part, ideal in parts for tenant, s in part["served"].items())),
+        alone_rows=render_rows("fairness.alone", (
+            {**a[mode], "mode": mode, "low": min(t["throughput"] for t in a["runs"][mode]),
+             "high": max(t["throughput"] for t in a["runs"][mode])} for mode in ("none", "one"))))
 
 
 class Fairness(Scenario[FairnessConfig]):
@@ -300,33 +273,8 @@ class Fairness(Scenario[FairnessConfig]):
     markdown = staticmethod(results_markdown)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--seconds", type=positive_float, default=ByMode(60.0, 8.0),
-                            help="how long the worker serves each flood (default %(default)s)")
         add_worker_arguments(parser, max_batch_size=32, max_wait_ms=10.0, batch_ms=40.0,
                              item_ms=0.5)
-        parser.add_argument("--overload", type=positive_float, default=1.2,
-                            help="each flooding tenant's backlog / what the worker serves in "
-                                 "--seconds (default 1.2)")
-        parser.add_argument("--light-share", type=positive_float, default=0.05,
-                            help="the light tenant's arrival rate / capacity (default 0.05)")
-        parser.add_argument("--prompt-bytes", type=positive_int, default=40,
-                            help="prompt size (cost = bytes / 4; tenant a's long prompts are "
-                                 "10x) (default 40)")
-        parser.add_argument("--alone-requests", type=positive_int,
-                            default=ByMode(20_000, 5_000),
-                            help="requests per pass of the one-tenant comparison (echo model) "
-                                 "(default %(default)s)")
-        parser.add_argument("--no-generate", dest="generate", action="store_false",
-                            help="skip the generate worker part (tiny random Llama)")
-        parser.add_argument("--generate-backlog", type=positive_int,
-                            default=ByMode(3000, 1000),
-                            help="requests each tenant queues for the generate worker "
-                                 "(default %(default)s)")
-        parser.add_argument("--generate-seconds", type=positive_float,
-                            default=ByMode(60.0, 20.0),
-                            help="how long the generate worker serves (default %(default)s)")
-        parser.add_argument("--alone-trials", type=positive_int, default=ByMode(5, 3),
-                            help="passes per mode of that comparison (default %(default)s)")
 
     def measure(self, run: Run[FairnessConfig]) -> dict[str, Any]:
         cfg = run.cfg

@@ -26,6 +26,8 @@ from benchmarks.harness import (
     Cleanup,
     command_line,
     describe_machine,
+    fmt_number,
+    fmt_range,
     machine_info,
     now_utc,
     say,
@@ -98,6 +100,36 @@ def float_list(text: str) -> tuple[float, ...]:
     return _numbers(text, float)
 
 
+def flag(type: Callable[[str], Any] | None = None, default: Any = None, help: str = "", *,
+         name: str | None = None, **argparse_options: Any) -> Any:
+    """A config field that is its own command-line flag, declared once: ``--field-name`` (or
+    ``name``) with argparse's ``type``, ``default`` (a ``ByMode`` for ``--quick``) and ``help``,
+    which gets ``(default ...)`` appended when there is a default. The field itself has no
+    default: ``configure`` fills it from the parsed flags."""
+    return dataclasses.field(metadata={"flag": dict(
+        name=name, type=type, default=default, help=help, **argparse_options)})
+
+
+def switch(help: str, *, name: str | None = None) -> Any:
+    """A boolean config field set by a flag: ``--field-name`` sets it, or ``name`` =
+    ``--no-...`` clears it (the field then defaults to true)."""
+    off = name is not None and name.startswith("--no-")
+    return dataclasses.field(metadata={"flag": dict(
+        name=name, action="store_false" if off else "store_true", help=help)})
+
+
+def add_flags(parser: argparse.ArgumentParser, config: type[Any]) -> None:
+    """The flags declared on ``config``'s fields (``flag``, ``switch``), in field order."""
+    for f in dataclasses.fields(config):
+        if "flag" not in f.metadata:
+            continue
+        options = {k: v for k, v in f.metadata["flag"].items() if v is not None}
+        name = options.pop("name", None) or "--" + f.name.replace("_", "-")
+        if options.get("default") is not None and options["help"]:
+            options["help"] += " (default %(default)s)"
+        parser.add_argument(name, dest=f.name, **options)
+
+
 # ------------------------------------------------------------------------------ the shape
 
 
@@ -125,6 +157,12 @@ class Run(Generic[C]):
 
         return start_server(self.cleanup, self.name, appendonly=appendonly)
 
+    def each_trial(self) -> Iterator[int]:
+        """0 .. trials - 1, announcing each trial."""
+        for trial in range(self.trials):
+            say(f"trial {trial + 1}/{self.trials}")
+            yield trial
+
     def rotations(self, variants: Sequence[T], label: Callable[[T], str] = str
                   ) -> Iterator[tuple[int, list[T]]]:
         """(trial, the variants rotated by one more each trial), announcing each trial."""
@@ -151,7 +189,7 @@ class Scenario(Generic[C]):
     trials: ClassVar[tuple[int, int] | None] = (3, 1)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """The scenario's own flags."""
+        """The scenario's flags beyond those its config's fields declare (``flag``)."""
 
     def configure(self, args: argparse.Namespace) -> C:
         names = {f.name for f in dataclasses.fields(self.config)}  # type: ignore[arg-type]
@@ -192,6 +230,7 @@ class Scenario(Generic[C]):
                                  "plots go to a plots/ folder next to it")
         parser.add_argument("--no-results-md", action="store_true",
                             help="do not touch RESULTS.md or its plots folder")
+        add_flags(parser, self.config)
         self.add_arguments(parser)
 
     def main(self, args: argparse.Namespace) -> int:
@@ -253,9 +292,10 @@ class Scenario(Generic[C]):
 def config_dict(cfg: Any) -> dict[str, Any]:
     """A config dataclass's fields and properties (the figures derived from them)."""
     out = dataclasses.asdict(cfg)
-    for name, attr in vars(type(cfg)).items():
-        if isinstance(attr, property):
-            out[name] = getattr(cfg, name)
+    for klass in type(cfg).__mro__:
+        for name, attr in vars(klass).items():
+            if isinstance(attr, property):
+                out.setdefault(name, getattr(cfg, name))
     return out
 
 
@@ -278,8 +318,27 @@ def first_leaf(exc: BaseException) -> BaseException:
 
 
 class _Text(string.Template):
-    # ``${name}``, ``${a.b.c}`` (nested keys) and ``${a.b:,.1f}`` (a format spec).
-    braceidpattern = r"(?a:[_a-z][_a-z0-9.]*(?::[^}]*)?)"
+    # ``${name}``, ``${a.b.c}`` (nested keys), ``${a.b:,.1f}`` (a format spec) and
+    # ``${a.b|range:2}`` (a filter of FILTERS, its spec the digits).
+    braceidpattern = r"(?a:[_a-z][_a-z0-9.]*(?:\|[a-z_]+)?(?::[^}]*)?)"
+
+
+def _range(factor: float = 1.0, unit: str = "") -> Callable[[Any, str], str]:
+    def fmt(s: Mapping[str, Any], spec: str) -> str:
+        from benchmarks.stack import scaled
+
+        return fmt_range(scaled(s, factor) if factor != 1.0 else s, int(spec or 1), unit)
+    return fmt
+
+
+#: ``${a.b|name:digits}`` in a template: a summary (``harness.summary``) as median (min..max),
+#: also as seconds (from ms) or percent (``percent`` with the sign); a number with thousands
+#: separators.
+FILTERS: dict[str, Callable[[Any, str], str]] = {
+    "range": _range(), "range_s": _range(1e-3), "range_pct": _range(100),
+    "percent": _range(100, "%"),
+    "num": lambda v, spec: fmt_number(v, int(spec or 0)),
+}
 
 
 class _Values(Mapping[str, str]):
@@ -288,10 +347,11 @@ class _Values(Mapping[str, str]):
 
     def __getitem__(self, key: str) -> str:
         path, _, spec = key.partition(":")
+        path, _, name = path.partition("|")
         value: Any = self.data
         for part in path.split("."):
             value = value[part]
-        return format(value, spec)
+        return FILTERS[name](value, spec) if name else format(value, spec)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.data)
@@ -315,6 +375,12 @@ def render(template: str, values: Mapping[str, Any], **extra: Any) -> str:
     ``values[a][b]`` (or ``extra``) formatted with ``spec``."""
     text = _Text(template_block(template)).substitute(_Values({**values, **extra}))
     return text.rstrip("\n") + "\n"
+
+
+def render_rows(template: str, rows: Iterable[Mapping[str, Any]], **extra: Any) -> str:
+    """A one-line template block (a table row) filled in once per element of ``rows``."""
+    line = _Text(template_block(template).strip("\n"))
+    return "\n".join(line.substitute(_Values({**row, **extra})) for row in rows)
 
 
 def render_keyed(template: str, figures: Mapping[str, Any], **extra: Any) -> list[str]:

@@ -32,6 +32,7 @@ from benchmarks.harness import (
     markdown_table,
     median_of,
     percentiles,
+    ratio,
     say,
     stop_child,
 )
@@ -43,7 +44,7 @@ from benchmarks.models import (
     torch_threads,
     worker_engine,
 )
-from benchmarks.stack import WorkerProc, spawn_worker, watchdog
+from benchmarks.stack import WorkerProc, median_at, spawn_worker, watchdog
 
 VARIANTS = ("continuous", "request", "bs1", "process")
 ORDERS = (("continuous", "process", "request", "bs1"), ("bs1", "request", "process", "continuous"),
@@ -156,26 +157,25 @@ def engine_pid(worker_pid: int) -> int | None:
     return None
 
 
+def _figures(tokens: Sequence[int], span_s: float, ttft: Sequence[float],
+             e2e: Sequence[float], batches: Sequence[float]) -> dict[str, Any]:
+    """What every variant and the engine alone report: per request its tokens, TTFT, end to
+    end and mean batch; ``span_s`` from the first arrival to the last finish."""
+    return {"requests": len(tokens), "useful_tokens": sum(tokens), "span_s": round(span_s, 3),
+            "tokens_per_s": sum(tokens) / span_s, "requests_per_s": len(tokens) / span_s,
+            "ttft_ms": percentiles(ttft, (50, 99)), "e2e_ms": percentiles(e2e, (50, 99)),
+            "mean_batch": statistics.fmean(batches)}
+
+
 def _stats(results: Sequence[Any], items: Sequence[Item]) -> dict[str, Any]:
-    tokens = [len(r.output["token_ids"]) for r in results]
-    expected = sum(i.max_new for i in items)
-    first = min(r.enqueued_ms for r in results)
-    last = max(r.finished_ms for r in results)
-    span_s = max((last - first) / 1e3, 1e-9)
-    ttft = [r.ttft_ms if r.ttft_ms is not None else r.total_ms for r in results]
-    e2e = [float(r.total_ms) for r in results]
-    return {
-        "requests": len(results),
-        "useful_tokens": sum(tokens),
-        "expected_tokens": expected,
-        "span_s": round(span_s, 3),
-        "tokens_per_s": sum(tokens) / span_s,
-        "requests_per_s": len(results) / span_s,
-        "ttft_ms": percentiles(ttft, (50, 99)),
-        "e2e_ms": percentiles(e2e, (50, 99)),
-        "mean_batch": statistics.fmean(r.batch_size or 1 for r in results),
-        "prompt_tokens_mean": statistics.fmean(r.input_tokens or 0 for r in results),
-    }
+    span_s = max((max(r.finished_ms for r in results)
+                  - min(r.enqueued_ms for r in results)) / 1e3, 1e-9)
+    return {**_figures([len(r.output["token_ids"]) for r in results], span_s,
+                       [r.ttft_ms if r.ttft_ms is not None else r.total_ms for r in results],
+                       [float(r.total_ms) for r in results],
+                       [r.batch_size or 1 for r in results]),
+            "expected_tokens": sum(i.max_new for i in items),
+            "prompt_tokens_mean": statistics.fmean(r.input_tokens or 0 for r in results)}
 
 
 def run_variant(cleanup: Cleanup, url: str, server_pid: int | None, model: str, source: str,
@@ -212,9 +212,9 @@ def engine_alone(source: str, items: Sequence[Item], warm: Sequence[Item], *,
     """The continuous worker's engine on the same requests at the same arrival times, in
     process, with no queue, no Redis and no producer: the ceiling the worker is measured
     against (``continuous / engine alone``). Same slots, KV and prefill budgets, torch threads
-    and tokenization as the worker, warmed up on ``warm`` as the worker variants are; figures
-    computed as ``_stats`` does, except that TTFT ends at the first token (the worker's at the
-    first text a producer can read)."""
+    and tokenization as the worker, warmed up on ``warm`` as the worker variants are; the
+    variants' ``_figures``, except that TTFT ends at the first token (the worker's at the first
+    text a producer can read)."""
     import torch
 
     from inferq.protocol.generation import GenerationParams
@@ -242,14 +242,10 @@ def engine_alone(source: str, items: Sequence[Item], warm: Sequence[Item], *,
         finished = [g.finished_at or start for g in gens]
         ttft = [((g.first_token_at or start) - t) * 1e3 for g, t in zip(gens, arrived, strict=True)]
         e2e = [(f - t) * 1e3 for f, t in zip(finished, arrived, strict=True)]
-        tokens = sum(len(g.tokens) for g in gens)
         span_s = max(max(finished) - min(arrived), 1e-9)  # first arrival to last finish
-        stats = {"requests": len(gens), "useful_tokens": tokens, "span_s": round(span_s, 3),
-                 "tokens_per_s": tokens / span_s,
-                 "ttft_ms": percentiles(ttft, (50, 99)), "e2e_ms": percentiles(e2e, (50, 99)),
-                 # as the worker reports it: each request's mean batch over its steps
-                 "mean_batch": statistics.fmean(round(g.batch_sum / max(g.steps, 1))
-                                                for g in gens),
+        # mean batch as the worker reports it: each request's mean batch over its steps
+        stats = {**_figures([len(g.tokens) for g in gens], span_s, ttft, e2e,
+                            [round(g.batch_sum / max(g.steps, 1)) for g in gens]),
                  "steps": engine.steps - steps, "admission_steps": admitting,
                  "decoded_tokens": engine.decoded_tokens - decoded,
                  "torch_threads": torch.get_num_threads()}
@@ -302,33 +298,16 @@ def run_model(run: Run[GenerateConfig], url: str, spid: int | None, model: str, 
 
 def _ratios(entry: Mapping[str, Any]) -> dict[str, float | None]:
     def med(variant: str, *path: str) -> float | None:
-        vals = []
-        for t in entry["variants"].get(variant, []):
-            x: Any = t
-            for p in path:
-                x = x[p]
-            vals.append(x)
-        return median_of(vals)
+        return median_at(entry["variants"].get(variant, []), *path)
 
-    ratios: dict[str, float | None] = {}
     cb, req, bs1, proc = (med(x, "tokens_per_s") for x in VARIANTS)
-    if cb and req:
-        ratios["tokens_per_s"] = cb / req
-        t_cb, t_req = med("continuous", "ttft_ms", "p50"), med("request", "ttft_ms", "p50")
-        if t_cb is not None and t_req:
-            ratios["ttft_p50"] = t_cb / t_req
-    if cb and bs1:
-        ratios["vs_bs1"] = cb / bs1
-    alone_tps = median_of([t["tokens_per_s"] for t in entry["engine_alone"]])
-    if cb and alone_tps:
-        ratios["vs_engine_alone"] = cb / alone_tps
-    if proc and req:
-        ratios["process_vs_request"] = proc / req
-    if proc and alone_tps:
-        ratios["process_vs_engine_alone"] = proc / alone_tps
-    if proc and cb:
-        ratios["process_vs_thread"] = proc / cb
-    return ratios
+    alone = median_of([t["tokens_per_s"] for t in entry["engine_alone"]])
+    ratios = {"tokens_per_s": ratio(cb, req), "ttft_p50": ratio(
+                  med("continuous", "ttft_ms", "p50"), med("request", "ttft_ms", "p50")),
+              "vs_bs1": ratio(cb, bs1), "vs_engine_alone": ratio(cb, alone),
+              "process_vs_request": ratio(proc, req),
+              "process_vs_engine_alone": ratio(proc, alone), "process_vs_thread": ratio(proc, cb)}
+    return {k: v for k, v in ratios.items() if v is not None}
 
 
 # ------------------------------------------------------------------------------- report
@@ -400,15 +379,15 @@ def results_markdown(report: Mapping[str, Any]) -> str:
         if m.get("engine_alone"):
             rows.append(_row("engine alone (in process: no queue, Redis or producer)",
                              m["engine_alone"]))
-        ratio = m.get("ratios", {})
-        ok = {k: "" if ratio.get(k) is None else "PASS" if passed(ratio[k]) else "FAIL"
+        got = m.get("ratios", {})
+        ok = {k: "" if got.get(k) is None else "PASS" if passed(got[k]) else "FAIL"
               for k, passed in (("tokens_per_s", lambda v: v >= 1.5),
                                 ("ttft_p50", lambda v: v < 1.0))}
         models.append(render("generate.model", m, model=model, table=markdown_table(
             ["variant", "useful tokens/s", "TTFT p50 ms", "TTFT p99 ms", "e2e p50 ms",
              "e2e p99 ms", "mean batch", "other tenants' load %"], rows), verdicts="\n".join(
             f"- {line}" for line in render_keyed("generate.verdicts", {
-                **ratio, "same_tokens": m.get("same_tokens")}, ok=ok))))
+                **got, "same_tokens": m.get("same_tokens")}, ok=ok))))
     return render("generate", report, models="\n".join(models), slots=SLOTS,
                   prompt_min=PROMPT_TOKENS[0], prompt_max=PROMPT_TOKENS[1],
                   new_min=NEW_TOKENS[0], new_max=NEW_TOKENS[1], threads=", ".join(

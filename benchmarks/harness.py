@@ -374,6 +374,11 @@ def median_of(values: Sequence[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b``; None when either is missing or ``b`` is 0."""
+    return None if a is None or not b else a / b
+
+
 def fmt_number(v: float | None, digits: int = 0) -> str:
     """``12,345`` (``digits`` decimals), ``n/a`` for None."""
     return "n/a" if v is None else f"{v:,.{digits}f}"

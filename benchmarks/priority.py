@@ -23,6 +23,7 @@ from benchmarks.framework import (
     ByMode,
     Run,
     Scenario,
+    flag,
     noise_of,
     positive_float,
     positive_int,
@@ -31,14 +32,13 @@ from benchmarks.framework import (
 from benchmarks.harness import (
     BenchmarkFailed,
     Cleanup,
-    fmt_range,
-    markdown_table,
     say,
     stop_child,
     verdict,
 )
 from benchmarks.loadgen import open_loop, poisson
 from benchmarks.stack import (
+    SleepWindow,
     WorkerProc,
     add_worker_arguments,
     batches_of,
@@ -47,8 +47,7 @@ from benchmarks.stack import (
     merge_counters,
     pcts,
     queue_probe,
-    read_results,
-    scaled,
+    read_written,
     sleep_model,
     spawn_workers,
     summarize_trials,
@@ -66,27 +65,19 @@ SEED = 20240607
 
 
 @dataclass(frozen=True)
-class PriorityConfig:
-    seconds: float
-    workers: int
-    batch_ms: float
-    item_ms: float
-    max_batch_size: int
-    max_wait_ms: float
-    overload: float
-    high_rate: float
-    low_priority: int
-    high_priority: int
-    warmup_s: float
-
-    @property
-    def full_batch_ms(self) -> float:
-        return self.batch_ms + self.item_ms * self.max_batch_size
+class PriorityConfig(SleepWindow):
+    seconds: float = flag(positive_float, ByMode(60.0, 15.0), "flood duration per trial")
+    workers: int = flag(positive_int, 1, "worker processes")
+    overload: float = flag(positive_float, 1.5, "low-priority arrival rate / capacity")
+    high_rate: float = flag(positive_float, 10.0, "high-priority Poisson arrivals per second")
+    low_priority: int = flag(int, 0, "the flood's priority")
+    high_priority: int = flag(int, 10, "the trickle's priority")
+    warmup_s: float  # not a flag: 2 s, 1 s with --quick
 
     @property
     def capacity(self) -> float:
         """Requests/s the workers serve running full batches back to back."""
-        return self.workers * self.max_batch_size / (self.full_batch_ms / 1e3)
+        return self.workers * self.worker_capacity
 
     @property
     def low_rate(self) -> float:
@@ -198,15 +189,7 @@ def run_trial(cleanup: Cleanup, url: str, cfg: PriorityConfig, trial: int,
 
     client = redis.Redis.from_url(url)
     keys = QueueKeys.for_model("embed", model)
-    # The low-priority requests served so far (the rest are still queued).
-    served_low: list[Result] = []
-    for start in range(0, len(data.low_ids), 5000):
-        ids = data.low_ids[start:start + 5000]
-        pipe = client.pipeline(transaction=False)
-        for request_id in ids:
-            pipe.exists(keys.result(request_id))
-        done = [i for i, e in zip(ids, pipe.execute(), strict=True) if e]
-        served_low += read_results(client, keys, done)
+    served_low = read_written(client, keys, data.low_ids)  # the rest are still queued
     for w in workers:
         stop_child(w.child)
     client.flushdb()  # the backlog of this trial
@@ -315,41 +298,7 @@ def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
 
 
 def results_markdown(r: Mapping[str, Any]) -> str:
-    c, s, t = r["config"], r["summary"], r["target"]
-    rows = [[label, *(fmt_range(s[key][q], 0) for q in ("p50", "p90", "p99", "max"))]
-            for key, label in (
-                ("high_e2e_ms", "high priority, end to end (scheduled arrival -> result "
-                                "received)"),
-                ("high_redis_ms", "high priority, Redis clock (enqueue -> result written)"),
-                ("high_queue_wait_ms", "high priority, waiting in the queue (enqueue -> "
-                                       "claimed)"),
-                ("low_completed_total_ms", "low priority, the requests served during the flood "
-                                           "(Redis clock)"))]
-    verdict_rows = [
-        ["high-priority p99 (end to end) / (one batch + window)",
-         fmt_range(s["high_p99_over_reference"], 2), f"<= {t['factor']:g}", t["verdict"]],
-        ["the same on the Redis clock", fmt_range(s["high_redis_p99_over_reference"], 2),
-         "", ""]]
-    low_rows = [
-        ["low-priority arrivals / served", f"{c['low_rate']:.0f}/s / "
-                                           f"{fmt_range(s['low_served_per_s'], 0)}/s"],
-        ["oldest waiting low-priority request, at the end of the flood",
-         f"{fmt_range(scaled(s['low_oldest_wait_ms_end'], 1e-3), 1)} s"],
-        ["oldest waiting low-priority request, worst sample",
-         f"{fmt_range(scaled(s['low_oldest_wait_ms_max'], 1e-3), 1)} s"],
-        ["low-priority requests still queued at the end", fmt_range(s["low_pending_end"], 0)],
-        ["high-priority requests per trial", fmt_range(s["high_count"], 0)],
-        ["batch size a high-priority request ran in (mean)",
-         fmt_range(s["high_batch_size_mean"], 1)]]
-    return render(
-        "priority", r, batch_ms=fmt_range(s["batch_ms"]), ref=s["reference_ms"]["median"] or 0.0,
-        table=markdown_table(["ms", "p50", "p90", "p99", "max"], rows),
-        verdict_table=markdown_table(["measure", "median (min..max)", "target", "verdict"],
-                                     verdict_rows),
-        low_table=markdown_table(["low priority", "median (min..max)"], low_rows))
-
-
-# ------------------------------------------------------------------------------ scenario
+    return render("priority", r, ref=r["summary"]["reference_ms"]["median"] or 0.0)
 
 
 class Priority(Scenario[PriorityConfig]):
@@ -361,18 +310,8 @@ class Priority(Scenario[PriorityConfig]):
     markdown = staticmethod(results_markdown)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--seconds", type=positive_float, default=ByMode(60.0, 15.0),
-                            help="flood duration per trial (default %(default)s)")
-        parser.add_argument("--workers", type=positive_int, default=1,
-                            help="worker processes (default 1)")
         add_worker_arguments(parser, max_batch_size=32, max_wait_ms=10.0, batch_ms=40.0,
                              item_ms=0.5)
-        parser.add_argument("--overload", type=positive_float, default=1.5,
-                            help="low-priority arrival rate / capacity (default 1.5)")
-        parser.add_argument("--high-rate", type=positive_float, default=10.0,
-                            help="high-priority Poisson arrivals per second (default 10)")
-        parser.add_argument("--low-priority", type=int, default=0, help="(default 0)")
-        parser.add_argument("--high-priority", type=int, default=10, help="(default 10)")
         parser.set_defaults(warmup_s=ByMode(2.0, 1.0))
 
     def configure(self, args: argparse.Namespace) -> PriorityConfig:
@@ -394,11 +333,8 @@ class Priority(Scenario[PriorityConfig]):
             f"{cfg.full_batch_ms:.0f} ms -> capacity {cfg.capacity:.0f} req/s; low priority at "
             f"{cfg.low_rate:.0f}/s ({cfg.overload:g}x), high priority {cfg.high_rate:g}/s; "
             f"{cfg.seconds:g} s x {run.trials} trial(s)")
-        trials = []
-        for trial in range(run.trials):
-            say(f"trial {trial + 1}/{run.trials}")
-            trials.append(run_trial(run.cleanup, url, cfg, trial, server.pid,
-                                    run.log_dir))
+        trials = [run_trial(run.cleanup, url, cfg, trial, server.pid, run.log_dir)
+                  for trial in run.each_trial()]
         server.stop()
         return figures(trials)
 

@@ -5,7 +5,6 @@ in benchmarks/README.md.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import time
@@ -16,19 +15,28 @@ from typing import Any
 import redis
 
 from benchmarks import corpus
-from benchmarks.framework import ByMode, Run, Scenario, positive_float, positive_int, render
+from benchmarks.framework import (
+    ByMode,
+    Run,
+    Scenario,
+    flag,
+    positive_float,
+    positive_int,
+    render,
+    render_rows,
+)
 from benchmarks.harness import (
     BenchmarkFailed,
     fmt_number,
-    markdown_table,
-    median_of,
     percentiles,
+    ratio,
     say,
     stop_child,
     verdict,
 )
+from benchmarks.loadgen import open_loop, poisson
 from benchmarks.models import generation_source
-from benchmarks.stack import WorkerProc, spawn_worker, wait_registered
+from benchmarks.stack import WorkerProc, median_at, pipelined, spawn_worker, wait_registered
 from inferq.protocol.keys import QueueKeys
 
 VARIANTS = ("alone", "preempt", "no-preempt")
@@ -40,16 +48,18 @@ FEED_S = 0.2
 
 @dataclass(frozen=True)
 class PriorityGenerateConfig:
-    model: str
-    slots: int
-    flood_tokens: int
-    chat_tokens: int
-    rate: float
-    seconds: float
-    seed: int
+    model: str = flag(default=ByMode("smollm2", "tiny"), choices=("tiny", "smollm2"))
+    slots: int = flag(positive_int, ByMode(8, 4))
+    flood_tokens: int = flag(positive_int, ByMode(400, 300))
+    chat_tokens: int = flag(positive_int, 16)
+    rate: float = flag(positive_float, ByMode(0.5, 4.0), "chats per second (Poisson)")
+    seconds: float = flag(positive_float, ByMode(60.0, 5.0), "how long chats arrive")
+    seed: int = flag(int, 7)
     #: The worker's ``--engine``: transformers (inferq's loop) or vllm (vLLM's engine, started
     #: with ``enforce_eager``: no minutes of compilation per worker).
-    engine: str = "transformers"
+    engine: str = flag(default="transformers", choices=("transformers", "vllm"), help="the "
+                       "workers' --engine (vllm: needs vLLM installed, and --model smollm2)")
+
 
 
 def _worker(run: Run[PriorityGenerateConfig], url: str, variant: str, trial: int,
@@ -66,11 +76,8 @@ def _worker(run: Run[PriorityGenerateConfig], url: str, variant: str, trial: int
 
 
 def _streamed_tokens(r: redis.Redis, keys: QueueKeys, ids: Sequence[str]) -> int:
-    pipe = r.pipeline(transaction=False)
-    for request_id in ids:
-        pipe.xrange(keys.stream(request_id))
-    return sum(len(fields.get(b"k", b"").split()) for entries in pipe.execute()
-               for _, fields in entries)
+    streams = pipelined(r, ids, lambda pipe, i: pipe.xrange(keys.stream(i)))
+    return sum(len(fields.get(b"k", b"").split()) for entries in streams for _, fields in entries)
 
 
 async def _variant(url: str, worker: WorkerProc, variant: str, cfg: PriorityGenerateConfig,
@@ -78,13 +85,7 @@ async def _variant(url: str, worker: WorkerProc, variant: str, cfg: PriorityGene
     import inferq
 
     keys = worker.keys
-    rng = random.Random(cfg.seed)
-    arrivals, t = [], 0.0
-    while True:
-        t += rng.expovariate(cfg.rate)
-        if t > cfg.seconds:
-            break
-        arrivals.append(t)
+    arrivals = poisson(cfg.rate, random.Random(cfg.seed), seconds=cfg.seconds)
     flood_ids: list[str] = []
     wait_registered(url, [worker])
     r = redis.Redis.from_url(url)
@@ -106,8 +107,7 @@ async def _variant(url: str, worker: WorkerProc, variant: str, cfg: PriorityGene
                 await flood(max(0, cfg.slots - int(r.zcard(keys.pending))))
                 await asyncio.sleep(FEED_S)
 
-        async def chat(at_s: float, start: float, i: int) -> tuple[float, int]:
-            await asyncio.sleep(max(0.0, start + at_s - time.monotonic()))
+        async def chat(i: int) -> float:
             sent = time.monotonic()
             handle = await client.enqueue(f"question {i}: {prompts[i % len(prompts)][:80]}",
                                           model=worker.model, task="generate",
@@ -120,7 +120,7 @@ async def _variant(url: str, worker: WorkerProc, variant: str, cfg: PriorityGene
                     first = time.monotonic() - sent
                 if isinstance(item, inferq.Result) and not item.ok:
                     raise BenchmarkFailed(f"chat {i} failed: {item.error}")
-            return (first if first is not None else time.monotonic() - sent) * 1e3, i
+            return (first if first is not None else time.monotonic() - sent) * 1e3
 
         feeder = None
         if variant != "alone":
@@ -133,8 +133,7 @@ async def _variant(url: str, worker: WorkerProc, variant: str, cfg: PriorityGene
                 await asyncio.sleep(0.05)
         before = _streamed_tokens(r, keys, flood_ids)
         start = time.monotonic()
-        ttfts = [ms for ms, _ in await asyncio.gather(
-            *(chat(at, start, i) for i, at in enumerate(arrivals)))]
+        ttfts = [ms for _, _, ms in filter(None, (await open_loop(chat, arrivals)).records)]
         span = time.monotonic() - start
         flood_tokens = _streamed_tokens(r, keys, flood_ids) - before
         if feeder is not None:
@@ -151,16 +150,7 @@ async def _variant(url: str, worker: WorkerProc, variant: str, cfg: PriorityGene
 
 def _ratios(variants: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, float | None]:
     def med(variant: str, *path: str) -> float | None:
-        values = []
-        for trial in variants.get(variant, []):
-            x: Any = trial
-            for p in path:
-                x = x[p]
-            values.append(x)
-        return median_of(values)
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return None if a is None or not b else a / b
+        return median_at(variants.get(variant, []), *path)
 
     return {
         "ttft_p99_preempt_vs_alone": ratio(med("preempt", "ttft_ms", "p99"),
@@ -176,15 +166,12 @@ def _ratios(variants: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, fl
 
 def results_markdown(r: Mapping[str, Any]) -> str:
     ratios = r["ratios"]
-    rows = [[variant, str(i + 1), str(t["chats"]), fmt_number(t["ttft_ms"]["p50"]),
-             fmt_number(t["ttft_ms"]["p99"]), fmt_number(t["flood_tokens_per_s"], 1),
-             str(t["preemptions"])]
-            for variant in VARIANTS for i, t in enumerate(r["variants"][variant])]
     p99, flood = ratios["ttft_p99_preempt_vs_alone"], ratios["flood_preempt_vs_no_preempt"]
     return render(
         "priority-generate", r, flood_priority=FLOOD_PRIORITY, chat_priority=CHAT_PRIORITY,
-        table=markdown_table(["variant", "trial", "chats", "chat TTFT p50 ms", "p99 ms",
-                              "flood tokens/s", "preemptions"], rows),
+        rows=render_rows("priority-generate.row", (
+            {**t, "variant": variant, "trial": i + 1}
+            for variant in VARIANTS for i, t in enumerate(r["variants"][variant]))),
         p99=fmt_number(p99, 2), p50=fmt_number(ratios["ttft_p50_preempt_vs_alone"], 2),
         no_preempt=fmt_number(ratios["ttft_p99_no_preempt_vs_alone"], 1),
         ttft_target=TTFT_TARGET, ttft_verdict=verdict(p99, TTFT_TARGET, at_most=True),
@@ -200,31 +187,15 @@ class PriorityGenerate(Scenario[PriorityGenerateConfig]):
     trials = (2, 1)
     markdown = staticmethod(results_markdown)
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--model", choices=("tiny", "smollm2"),
-                            default=ByMode("smollm2", "tiny"))
-        parser.add_argument("--slots", type=positive_int, default=ByMode(8, 4))
-        parser.add_argument("--flood-tokens", type=positive_int, default=ByMode(400, 300))
-        parser.add_argument("--chat-tokens", type=positive_int, default=16)
-        parser.add_argument("--rate", type=positive_float, default=ByMode(0.5, 4.0),
-                            help="chats per second (Poisson)")
-        parser.add_argument("--seconds", type=positive_float, default=ByMode(60.0, 5.0),
-                            help="how long chats arrive")
-        parser.add_argument("--seed", type=int, default=7)
-        parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
-                            help="the workers' --engine (vllm: needs vLLM installed, and "
-                                 "--model smollm2)")
-
     def measure(self, run: Run[PriorityGenerateConfig]) -> dict[str, Any]:
         cfg = run.cfg
         source = generation_source(cfg.model, run.out)
         _server, url = run.server()
         prompts = corpus.sentences(64, seed=cfg.seed)
         variants: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
-        for trial in range(run.trials):
-            order = VARIANTS[trial % 3:] + VARIANTS[:trial % 3]
+        for trial, order in run.rotations(VARIANTS):
             for variant in order:
-                say(f"trial {trial + 1}/{run.trials}: {variant}")
+                say(f"  {variant}")
                 worker = _worker(run, url, variant, trial, source)
                 try:
                     figures = asyncio.run(_variant(url, worker, variant, cfg, prompts))

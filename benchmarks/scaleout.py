@@ -21,21 +21,23 @@ from benchmarks.framework import (
     ByMode,
     Run,
     Scenario,
+    flag,
     int_list,
     noise_of,
     positive_float,
     positive_int,
     render,
+    render_rows,
 )
 from benchmarks.harness import (
     Cleanup,
     fmt_range,
-    markdown_table,
     say,
     summary,
     verdict,
 )
 from benchmarks.stack import (
+    SleepWindow,
     WorkerProc,
     add_worker_arguments,
     batches_of,
@@ -48,7 +50,6 @@ from benchmarks.stack import (
     queue_probe,
     redis_delta,
     redis_snapshot,
-    scaled,
     sleep_model,
     spawn_workers,
     stop_all,
@@ -69,29 +70,20 @@ PER_WORKER_RATES = (100, 1_000, 5_000)
 
 
 @dataclass(frozen=True)
-class ScaleConfig:
-    worker_counts: tuple[int, ...]
-    seconds: float
-    batch_ms: float
-    item_ms: float
-    max_batch_size: int
-    max_wait_ms: float
-    chunk: int
-    mode: str
+class ScaleConfig(SleepWindow):
+    worker_counts: tuple[int, ...] = flag(int_list, "1,2,4,8,16", "worker process counts, "
+                                          "comma-separated", name="--workers")
+    seconds: float = flag(positive_float, ByMode(20.0, 3.0), "work per pass, in seconds of "
+                          "ideal throughput")
+    chunk: int = flag(positive_int, 1000, "requests per enqueue_many call")
+    mode: str = flag(default="drain", choices=("drain", "e2e"), help="drain: fill while "
+                     "paused, then time the workers alone; e2e: the producer enqueues and "
+                     "awaits while they run")
     timeout_s: float = 600.0
-
-    @property
-    def batch_s(self) -> float:
-        return (self.batch_ms + self.item_ms * self.max_batch_size) / 1e3
-
-    @property
-    def ideal_per_worker(self) -> float:
-        """Requests/s of one worker running full batches back to back."""
-        return self.max_batch_size / self.batch_s
 
     def requests_for(self, workers: int) -> int:
         return max(self.max_batch_size * workers,
-                   round(workers * self.ideal_per_worker * self.seconds))
+                   round(workers * self.worker_capacity * self.seconds))
 
 
 # ------------------------------------------------------------------------------ passes
@@ -151,7 +143,7 @@ def _pass_result(n: int, count: int, throughput: float, wall_s: float,
     out: dict[str, Any] = {
         "workers": n, "requests": count, "throughput": throughput, "wall_s": wall_s,
         "per_worker": throughput / n, "efficiency_vs_ideal": throughput / (
-            n * cfg.ideal_per_worker),
+            n * cfg.worker_capacity),
         "batch_sizes": dict(sorted(sizes.items())),
         "mean_batch_size": count / max(sum(sizes.values()), 1),
         "spread": _spread(results, n), "cpu_seconds": dict(cpu),
@@ -267,25 +259,21 @@ def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
     pc = r["per_count"]
     xs = [float(k) for k in pc]
     base = pc[str(min(int(k) for k in pc))]["throughput"]["median"] or 0.0
-    ideal = r["config"]["ideal_per_worker"]
-    measured = charts.Series("measured (median, min..max)", xs,
-                             [pc[k]["throughput"]["median"] for k in pc],
-                             [pc[k]["throughput"]["min"] for k in pc],
-                             [pc[k]["throughput"]["max"] for k in pc])
+    ideal = r["config"]["worker_capacity"]
+    measured = charts.Series.of("measured (median, min..max)", xs,
+                                [s["throughput"] for s in pc.values()])
     linear = charts.Series("linear (n x measured 1 worker)", xs, [x * base for x in xs],
                            style="--")
     perfect = charts.Series(f"ideal (n x {ideal:.0f} req/s: full batches back to back)", xs,
                             [x * ideal for x in xs], style=":")
     p1 = charts.line_chart(
         folder / "scaleout-throughput.png",
-        title=f"Scale-out: sleep model, {r['config']['batch_s'] * 1e3:.0f} ms per batch of "
+        title=f"Scale-out: sleep model, {r['config']['full_batch_ms']:.0f} ms per batch of "
               f"{r['config']['max_batch_size']}", xlabel="worker processes",
         ylabel="requests/s", series=[measured, linear, perfect], logx=True, xticks=xs,
         note=f"mode {r['config']['mode']}; one queue, one Redis server (AOF everysec)")
-    eff = charts.Series("efficiency vs linear", xs,
-                        [pc[k]["efficiency_vs_linear"]["median"] for k in pc],
-                        [pc[k]["efficiency_vs_linear"]["min"] for k in pc],
-                        [pc[k]["efficiency_vs_linear"]["max"] for k in pc])
+    eff = charts.Series.of("efficiency vs linear", xs,
+                           [s["efficiency_vs_linear"] for s in pc.values()])
     redis_share = charts.Series("Redis CPU, share of one core", xs,
                                 [pc[k]["redis_cpu_share"]["median"] for k in pc], style="s--")
     p2 = charts.line_chart(
@@ -296,31 +284,18 @@ def draw_plots(r: Mapping[str, Any], folder: Path) -> list[Path]:
     return [p1, p2]
 
 
-def _f(s: Mapping[str, Any], digits: int = 0) -> str:
-    return fmt_range(s, digits)
-
-
 def results_markdown(r: Mapping[str, Any]) -> str:
     c, pc, est, fit = r["config"], r["per_count"], r["shard_estimate"], r.get("redis_cpu_fit")
-    rows = [[k, _f(s["throughput"]), _f(s["per_worker"], 1), _f(s["efficiency_vs_linear"], 2),
-             _f(s["efficiency_vs_ideal"], 2), _f(s["mean_batch_size"], 1),
-             _f(s["redis_ops_per_s"]), _f(s["redis_commands_per_request"], 1),
-             _f(s["redis_cpu_us_per_request"], 1), _f(scaled(s["redis_cpu_share"], 100), 1),
-             _f(s["spread_min_over_mean"], 2), _f(scaled(s["other_load"], 100))]
-            for k, s in pc.items()]
     estimate = "" if not est else render(
         "scaleout.shard", est, enqueue=est["enqueue_us"] or 0,
         fit_text=render("scaleout.fit", fit).rstrip() if fit else "at the largest worker count",
-        fleet_table=markdown_table(["one worker serves", "workers per shard"], [
-            [f"{int(rate):,} req/s", f"{n:,.0f}"] for rate, n in est["workers_per_shard"].items()]))
+        fleet=render_rows("scaleout.fleet", ({"rate": int(rate), "n": n}
+                                             for rate, n in est["workers_per_shard"].items())))
     return render(
         "scaleout", r, mode=render(f"scaleout.{c['mode']}", {}).rstrip(), estimate=estimate,
         rss=r["worker_rss_mib"]["per_worker_median"] or 0,
-        efficiency=_f(pc[str(r["target"]["workers"])]["efficiency_vs_linear"], 2),
-        table=markdown_table(
-            ["workers", "req/s", "per worker", "efficiency vs linear", "vs ideal", "mean batch",
-             "Redis ops/s", "Redis cmds/request", "Redis CPU us/request", "Redis CPU % of a core",
-             "least-loaded worker / mean", "other tenants' load %"], rows))
+        efficiency=fmt_range(pc[str(r["target"]["workers"])]["efficiency_vs_linear"], 2),
+        rows=render_rows("scaleout.row", pc.values()))
 
 
 # ------------------------------------------------------------------------------ scenario
@@ -335,18 +310,7 @@ class Scaleout(Scenario[ScaleConfig]):
     markdown = staticmethod(results_markdown)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--workers", dest="worker_counts", type=int_list,
-                            default=(1, 2, 4, 8, 16),
-                            help="worker process counts, comma-separated (default 1,2,4,8,16)")
-        parser.add_argument("--seconds", type=positive_float, default=ByMode(20.0, 3.0),
-                            help="work per pass, in seconds of ideal throughput "
-                                 "(default %(default)s)")
         add_worker_arguments(parser, max_batch_size=16, max_wait_ms=5.0, batch_ms=50.0)
-        parser.add_argument("--chunk", type=positive_int, default=1000,
-                            help="requests per enqueue_many call (default 1000)")
-        parser.add_argument("--mode", choices=("drain", "e2e"), default="drain",
-                            help="drain: fill while paused, then time the workers alone "
-                                 "(default); e2e: the producer enqueues and awaits while they run")
 
     def configure(self, args: argparse.Namespace) -> ScaleConfig:
         if args.batch_ms + args.item_ms <= 0:
@@ -360,8 +324,8 @@ class Scaleout(Scenario[ScaleConfig]):
         fleet_size = max(cfg.worker_counts)
         say(f"{self.name} benchmark ({cfg.mode}): workers {list(cfg.worker_counts)}, "
             f"{cfg.seconds:g} s of work per pass x {run.trials} trial(s); batch "
-            f"{cfg.batch_s * 1e3:.1f} ms for {cfg.max_batch_size} requests = "
-            f"{cfg.ideal_per_worker:.0f} req/s per worker ideal")
+            f"{cfg.full_batch_ms:.1f} ms for {cfg.max_batch_size} requests = "
+            f"{cfg.worker_capacity:.0f} req/s per worker ideal")
         ids = [f"bench-scale-{i:02d}" for i in range(fleet_size)]
         workers = spawn_workers(run.cleanup, url, ids, log_dir=run.log_dir,
                                 model_arg=sleep_model(MODEL, cfg.batch_ms, cfg.item_ms),

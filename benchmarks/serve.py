@@ -5,20 +5,13 @@ loops are described in benchmarks/README.md.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import importlib.util
 import json
-import os
 import random
-import signal
-import sys
-import time
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from benchmarks import corpus
@@ -27,26 +20,37 @@ from benchmarks.framework import (
     ByMode,
     Run,
     Scenario,
+    flag,
     float_list,
     int_list,
     noise_of,
     positive_int,
     render,
+    render_rows,
+    switch,
 )
 from benchmarks.harness import (
     BenchmarkFailed,
-    Child,
-    Cleanup,
     CpuProbe,
     fmt_range,
-    markdown_table,
     say,
     summary,
     verdict,
     version,
 )
 from benchmarks.loadgen import HttpPool, LoadResult, closed_loop, open_loop, poisson, request_bytes
-from benchmarks.stack import load_str, pcts, spawn_worker, summarize_trials, wait_registered
+from benchmarks.stack import (
+    at,
+    cpu_by_role,
+    gateway,
+    litserve,
+    load_str,
+    pcts,
+    spawn_worker,
+    summarize_trials,
+    tree,
+    wait_registered,
+)
 
 TARGET_RATIO = 1.2
 CORPUS_SEED = 11
@@ -59,73 +63,22 @@ PLAIN = "gateway-plain"
 
 @dataclass(frozen=True)
 class ServeConfig:
-    requests: int
-    open_requests: int
-    clients: int
-    loads: tuple[float, ...]
-    gateway_workers: tuple[int, ...]
-    litserve_batch: int
-    litserve_timeout_ms: float
-    limit_batch_sizes: tuple[int, ...]
-    limit_texts: int
-    skip_litserve: bool
-    plain_gateway: bool
+    requests: int = flag(positive_int, ByMode(2_000, 160), "answers per closed-loop pass")
+    open_requests: int = flag(positive_int, ByMode(1_000, 80), "requests per open-loop pass")
+    clients: int = flag(positive_int, 64, "concurrent clients of the closed loop")
+    loads: tuple[float, ...] = flag(float_list, "0.5,0.8", "open-loop rates, fractions of each "
+                                    "variant's closed-loop capacity")
+    gateway_workers: tuple[int, ...] = flag(int_list, "1,2",
+                                            "gateway process counts to run (`--workers`)")
+    litserve_batch: int = flag(positive_int, 32, "LitServe max_batch_size")
+    litserve_timeout_ms: float = flag(float, 10.0, "LitServe batch_timeout in ms")
+    limit_batch_sizes: tuple[int, ...] = flag(int_list, "8,16,32", "bare-model batch sizes")
+    limit_texts: int = flag(positive_int, ByMode(512, 128), "texts per bare-model pass")
+    plain_gateway: bool = switch("skip the gateway without its fast path and coalescing (the "
+                                 "'before' of the gateway's CPU per request)",
+                                 name="--no-plain-gateway")
+    skip_litserve: bool = switch("run without LitServe (also when it is not installed)")
     timeout_s: float = 300.0
-
-
-# ------------------------------------------------------------------ processes, servers
-
-
-def tree(pid: int) -> list[int]:
-    """``pid`` and its live descendants (LitServe's API server and inference worker,
-    uvicorn's worker processes)."""
-    pids, todo = [], [pid]
-    while todo:
-        pids.append(p := todo.pop())
-        for entry in Path("/proc").glob("[0-9]*"):
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                stat = (entry / "stat").read_text()
-                if int(stat[stat.rfind(")") + 2:].split()[1]) == p:
-                    todo.append(int(entry.name))
-    return pids
-
-
-def cpu_by_role(cpu: Mapping[str, float | None], n: int) -> dict[str, float | None]:
-    """CPU microseconds per request of each role (``role.i`` keys: the sum over its
-    processes)."""
-    roles: dict[str, float] = {}
-    for key, value in cpu.items():
-        if key not in ("other_load", "wall_s") and value is not None:
-            roles[key.split(".")[0]] = roles.get(key.split(".")[0], 0.0) + value
-    return {role: round(v / max(n, 1) * 1e6, 1) for role, v in roles.items()}
-
-
-def spawn_server(cleanup: Cleanup, name: str, argv: Sequence[str], log_dir: Path, url: str,
-                 env: Mapping[str, str] | None = None, timeout_s: float = 180.0) -> Child:
-    """A server process, its whole process group killed at the end, once ``url`` answers 200."""
-    child = cleanup.spawn(name, argv, log_path=log_dir / f"{name}.log",
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
-    # In a session of its own: its group is its own children, nothing else.
-    cleanup.on_close(f"{name} group", lambda: _kill_group(child.process.pid))
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
-            if response.status == 200:
-                return child
-        if not child.alive() or time.monotonic() > deadline:
-            raise BenchmarkFailed(f"{name}: {url} not ready\n{child.log_tail()}")
-        time.sleep(0.2)
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def free_port() -> int:
-    from inferq.embedded import free_port as free
-
-    return int(free())
 
 
 # --------------------------------------------------------------------------- the passes
@@ -253,12 +206,8 @@ def figures(cfg: ServeConfig, variants: Sequence[Variant],
     gateways = [v.name for v in variants if v.name.startswith("gateway") and v.name != PLAIN]
     if "litserve" in trials and gateways:
         def ratio(g: str, *path: str) -> dict[str, Any]:
-            def at(t: Mapping[str, Any]) -> float:
-                for key in path:
-                    t = t[key]
-                return float(t)  # type: ignore[arg-type]
-            return summary([at(a) / at(b) for a, b in zip(trials[g], trials["litserve"],
-                                                          strict=True)])
+            return summary([at(a, *path) / at(b, *path)
+                            for a, b in zip(trials[g], trials["litserve"], strict=True)])
 
         best = max(gateways, key=lambda g: out[g]["closed"]["throughput"]["median"] or 0.0)
         tput, p99 = ratio(best, "closed", "throughput"), ratio(best, "closed", "latency_ms",
@@ -273,26 +222,9 @@ def figures(cfg: ServeConfig, variants: Sequence[Variant],
 
 def results_markdown(r: Mapping[str, Any]) -> str:
     v, lim, target = r["variants"], r["limit"], r.get("target")
-    closed_rows, open_rows = [], []
-    for s in v.values():
-        cl = s["closed"]
-        closed_rows.append([
-            s["label"], fmt_range(cl["throughput"], 1),
-            f"{(cl['throughput']['median'] or 0) / lim['limit']:.2f}",
-            *(fmt_range(cl[k], 0) for k in ("p50_ms", "p99_ms", "client_cpu_us")),
-            ", ".join(f"{role} {fmt_range(stat, 0)}" for role, stat in cl["cpu_us"].items()
-                      if role != "client")])
-        open_rows += [[s["label"], f"{float(load):.0%}", fmt_range(o["offered"], 1),
-                       fmt_range(o["throughput"], 1), *(fmt_range(o[k], 0) for k in (
-                           "p50_ms", "p99_ms", "client_cpu_us"))]
-                      for load, o in s["open"].items()]
     verdict_text = "" if not target else render("serve.verdict", target, per=", ".join(
-        f"{g} {fmt_range(s, 2)}x" for g, s in target["per_gateway"].items()), table=markdown_table(
-        ["measure", "median (min..max)", "target", "verdict"],
-        [[f"{target['best_gateway']} / LitServe, closed-loop req/s",
-          fmt_range(target["ratio"], 2), f">= {TARGET_RATIO}", target["verdict"]],
-         [f"{target['best_gateway']} / LitServe, closed-loop p99",
-          fmt_range(target["p99_ratio"], 2), "<= 1.0", ""]]))
+        f"{g} {fmt_range(s, 2)}x" for g, s in target["per_gateway"].items()),
+        target_ratio=TARGET_RATIO)
     cut = ""
     if PLAIN in v and "gateway-1" in v:
         before = v[PLAIN]["closed"]["cpu_us"].get("server", {})
@@ -305,11 +237,15 @@ def results_markdown(r: Mapping[str, Any]) -> str:
         loads=", ".join(f"{x:.0%}" for x in r["config"]["loads"]),
         eq_text=", ".join(f"{k} {d:.1e}" for k, d in r["equality"]["max_abs_diff"].items()),
         limits=", ".join(f"bs {bs}: {rate:.1f}" for bs, rate in lim["per_batch_size"].items()),
-        closed_table=markdown_table(
-            ["variant", "closed loop req/s", "/ limit", "p50 ms", "p99 ms",
-             "load generator CPU us/req", "server CPU us/req (per process role)"], closed_rows),
-        open_table=markdown_table(["variant", "load", "offered req/s", "achieved req/s",
-                                   "p50 ms", "p99 ms", "load generator CPU us/req"], open_rows))
+        closed_rows=render_rows("serve.closed", ({
+            **s["closed"], "label": s["label"],
+            "over_limit": (s["closed"]["throughput"]["median"] or 0) / lim["limit"],
+            "servers": ", ".join(f"{role} {fmt_range(stat, 0)}" for role, stat
+                                 in s["closed"]["cpu_us"].items() if role != "client")}
+            for s in v.values())),
+        open_rows=render_rows("serve.open", ({**o, "label": s["label"], "load": float(load)}
+                                             for s in v.values()
+                                             for load, o in s["open"].items())))
 
 
 # ------------------------------------------------------------------------------ scenario
@@ -321,32 +257,6 @@ class Serve(Scenario[ServeConfig]):
     quick_help = "160 requests per closed loop, 80 per open loop, 1 trial (~3 min)"
     config = ServeConfig
     markdown = staticmethod(results_markdown)
-
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--requests", type=positive_int, default=ByMode(2_000, 160),
-                            help="answers per closed-loop pass (default %(default)s)")
-        parser.add_argument("--open-requests", type=positive_int, default=ByMode(1_000, 80),
-                            help="requests per open-loop pass (default %(default)s)")
-        parser.add_argument("--clients", type=positive_int, default=64,
-                            help="concurrent clients of the closed loop (default 64)")
-        parser.add_argument("--loads", type=float_list, default=(0.5, 0.8),
-                            help="open-loop rates, fractions of each variant's closed-loop "
-                                 "capacity (default 0.5,0.8)")
-        parser.add_argument("--gateway-workers", type=int_list, default=(1, 2),
-                            help="gateway process counts to run (`--workers`), default 1,2")
-        parser.add_argument("--litserve-batch", type=positive_int, default=32,
-                            help="LitServe max_batch_size (default 32)")
-        parser.add_argument("--litserve-timeout-ms", type=float, default=10.0,
-                            help="LitServe batch_timeout in ms (default 10)")
-        parser.add_argument("--limit-batch-sizes", type=int_list, default=(8, 16, 32),
-                            help="bare-model batch sizes (default 8,16,32)")
-        parser.add_argument("--limit-texts", type=positive_int, default=ByMode(512, 128),
-                            help="texts per bare-model pass (default %(default)s)")
-        parser.add_argument("--no-plain-gateway", dest="plain_gateway", action="store_false",
-                            help="skip the gateway without its fast path and coalescing (the "
-                                 "'before' of the gateway's CPU per request)")
-        parser.add_argument("--skip-litserve", action="store_true",
-                            help="run without LitServe (also when it is not installed)")
 
     def measure(self, run: Run[ServeConfig]) -> dict[str, Any]:
         from benchmarks.models import BareModel, minilm_path
@@ -371,12 +281,8 @@ class Serve(Scenario[ServeConfig]):
         if skip_litserve and not cfg.skip_litserve:
             say("LitServe is not installed (pip install -e '.[bench]'): running without it")
         if not skip_litserve:
-            port = free_port()
-            child = spawn_server(run.cleanup, "litserve", [
-                sys.executable, "-m", "benchmarks.serve_litserve", "--port", str(port),
-                "--max-batch-size", str(cfg.litserve_batch),
-                "--batch-timeout", str(cfg.litserve_timeout_ms / 1e3)], run.log_dir,
-                f"http://127.0.0.1:{port}/health")
+            child, port = litserve(run.cleanup, run.log_dir, cfg.litserve_batch,
+                                   cfg.litserve_timeout_ms / 1e3)
             variants.append(Variant("litserve", f"LitServe {version('litserve')} (batch "
                                     f"{cfg.litserve_batch}, {cfg.litserve_timeout_ms:g} ms)",
                                     port, {"server": child.process.pid}))
@@ -387,12 +293,9 @@ class Serve(Scenario[ServeConfig]):
                              "(before)", {"INFERQ_GATEWAY_FAST_PATH": "false",
                                           "INFERQ_GATEWAY_COALESCE": "false"}))
         for name, count, label, extra_env in gateways:
-            port = free_port()
-            child = spawn_server(run.cleanup, name, [
-                sys.executable, "-m", "inferq.gateway", "--port", str(port), "--workers",
-                str(count), "--log-level", "warning"], run.log_dir,
-                f"http://127.0.0.1:{port}/healthz", env={
-                    "INFERQ_REDIS_URL": url, "INFERQ_GATEWAY_READY_MODEL": MODEL, **extra_env})
+            child, port = gateway(run.cleanup, url, run.log_dir, name=name, env={
+                "INFERQ_GATEWAY_READY_MODEL": MODEL, **extra_env}, args=[
+                "--workers", str(count), "--log-level", "warning"])
             variants.append(Variant(name, label, port, {
                 "server": child.process.pid, "worker": worker.pid, "redis": server.pid}))
         variants.append(Variant("sdk", "inferq SDK (`AsyncClient`, no HTTP)", None,

@@ -17,6 +17,7 @@ import signal
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -138,6 +139,81 @@ def stop_all(server: BenchServer, workers: Mapping[str, WorkerProc]) -> dict[str
     return codes
 
 
+def tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (LitServe's API server and inference worker,
+    uvicorn's worker processes)."""
+    pids, todo = [], [pid]
+    while todo:
+        pids.append(p := todo.pop())
+        for entry in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (entry / "stat").read_text()
+                if int(stat[stat.rfind(")") + 2:].split()[1]) == p:
+                    todo.append(int(entry.name))
+    return pids
+
+
+def cpu_by_role(cpu: Mapping[str, float | None], n: int) -> dict[str, float | None]:
+    """CPU microseconds per request of each role (``role.i`` keys: the sum over its
+    processes)."""
+    roles: dict[str, float] = {}
+    for key, value in cpu.items():
+        if key not in ("other_load", "wall_s") and value is not None:
+            roles[key.split(".")[0]] = roles.get(key.split(".")[0], 0.0) + value
+    return {role: round(v / max(n, 1) * 1e6, 1) for role, v in roles.items()}
+
+
+def spawn_server(cleanup: Cleanup, name: str, argv: Sequence[str], log_dir: Path, url: str,
+                 env: Mapping[str, str] | None = None, timeout_s: float = 180.0) -> Child:
+    """A server process, its whole process group killed at the end, once ``url`` answers 200."""
+    child = cleanup.spawn(name, argv, log_path=log_dir / f"{name}.log",
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    # In a session of its own: its group is its own children, nothing else.
+    cleanup.on_close(f"{name} group", lambda: _kill_group(child.process.pid))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
+            if response.status == 200:
+                return child
+        if not child.alive() or time.monotonic() > deadline:
+            raise BenchmarkFailed(f"{name}: {url} not ready\n{child.log_tail()}")
+        time.sleep(0.2)
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def free_port() -> int:
+    from inferq.embedded import free_port as free
+
+    return int(free())
+
+
+def gateway(cleanup: Cleanup, url: str, log_dir: Path, *, name: str = "gateway",
+            env: Mapping[str, str] | None = None, args: Sequence[str] = ()) -> tuple[Child, int]:
+    """``python -m inferq.gateway`` on a free port over ``url``, once its /healthz answers;
+    the child and its port."""
+    port = free_port()
+    child = spawn_server(cleanup, name, [sys.executable, "-m", "inferq.gateway", "--host",
+                                         "127.0.0.1", "--port", str(port), *args], log_dir,
+                         f"http://127.0.0.1:{port}/healthz",
+                         env={"INFERQ_REDIS_URL": url, **(env or {})})
+    return child, port
+
+
+def litserve(cleanup: Cleanup, log_dir: Path, max_batch_size: int, batch_timeout_s: float
+             ) -> tuple[Child, int]:
+    """LitServe serving MiniLM (``serve_litserve.py``) on a free port, once it answers."""
+    port = free_port()
+    child = spawn_server(cleanup, "litserve", [
+        sys.executable, "-m", "benchmarks.serve_litserve", "--port", str(port),
+        "--max-batch-size", str(max_batch_size), "--batch-timeout", f"{batch_timeout_s:g}"],
+        log_dir, f"http://127.0.0.1:{port}/health")
+    return child, port
+
+
 def sleep_model(model: str, batch_ms: float, item_ms: float) -> str:
     """``--model`` of the built-in ``sleep`` model: a fixed time per batch and per request, no
     CPU (it models a GPU)."""
@@ -149,6 +225,26 @@ def window_flags(max_batch_size: int, max_wait_ms: float) -> list[str]:
     no tokenizer)."""
     return ["--max-batch-size", str(max_batch_size), "--max-wait-ms", f"{max_wait_ms:g}",
             "--max-batch-tokens", "0"]
+
+
+@dataclass(frozen=True)
+class SleepWindow:
+    """The config fields of ``add_worker_arguments`` with the sleep model, and what they
+    imply; a scenario's config that runs sleep-model workers extends it."""
+
+    batch_ms: float
+    item_ms: float
+    max_batch_size: int
+    max_wait_ms: float
+
+    @property
+    def full_batch_ms(self) -> float:
+        return self.batch_ms + self.item_ms * self.max_batch_size
+
+    @property
+    def worker_capacity(self) -> float:
+        """Requests/s one worker serves running full batches back to back."""
+        return self.max_batch_size / (self.full_batch_ms / 1e3)
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser, *, max_batch_size: int,
@@ -337,21 +433,33 @@ def warm_up(url: str, workers: Mapping[str, WorkerProc], texts: Sequence[str], *
     return sent
 
 
-def read_results(client: redis.Redis, keys: QueueKeys, ids: Sequence[str],
-                 chunk: int = 5000) -> list[Result]:
-    """The stored results of ``ids``, read with pipelined LINDEX (after a timed pass)."""
-    from inferq.protocol.codec import decode_result
-
-    out: list[Result] = []
+def pipelined(client: redis.Redis, ids: Sequence[str], call: Callable[[Any, str], Any],
+              chunk: int = 5000) -> list[Any]:
+    """``call(pipeline, id)`` for each of ``ids``, sent in pipelines of ``chunk``; the replies."""
+    replies: list[Any] = []
     for start in range(0, len(ids), chunk):
         pipe = client.pipeline(transaction=False)
         for request_id in ids[start:start + chunk]:
-            pipe.lindex(keys.result(request_id), 0)
-        for request_id, raw in zip(ids[start:start + chunk], pipe.execute(), strict=True):
-            if raw is None:
-                raise BenchmarkFailed(f"no result stored for request {request_id}")
-            out.append(decode_result(raw))
-    return out
+            call(pipe, request_id)
+        replies += pipe.execute()
+    return replies
+
+
+def read_results(client: redis.Redis, keys: QueueKeys, ids: Sequence[str]) -> list[Result]:
+    """The stored results of ``ids``, read with pipelined LINDEX (after a timed pass)."""
+    from inferq.protocol.codec import decode_result
+
+    raws = pipelined(client, ids, lambda pipe, i: pipe.lindex(keys.result(i), 0))
+    missing = [i for i, raw in zip(ids, raws, strict=True) if raw is None]
+    if missing:
+        raise BenchmarkFailed(f"no result stored for request {missing[0]}")
+    return [decode_result(raw) for raw in raws]
+
+
+def read_written(client: redis.Redis, keys: QueueKeys, ids: Sequence[str]) -> list[Result]:
+    """The results of those of ``ids`` that have one yet (the rest still wait or run)."""
+    written = pipelined(client, ids, lambda pipe, i: pipe.exists(keys.result(i)))
+    return read_results(client, keys, [i for i, e in zip(ids, written, strict=True) if e])
 
 
 @dataclass
@@ -419,10 +527,8 @@ def fill_and_drain(cleanup: Cleanup, url: str, model: str, prompts: Sequence[str
         results = read_results(client, keys, ids)
     finally:
         client.close()
-    first = min(r.started_ms for r in results if r.started_ms is not None)
-    last = max(r.finished_ms for r in results if r.finished_ms is not None)
     n = len(ids)
-    return Drained(ids=ids, results=results, seconds=(last - first) / 1e3, wall_s=wall, cpu=cpu,
+    return Drained(ids=ids, results=results, seconds=served_s(results), wall_s=wall, cpu=cpu,
                    redis_fill=redis_delta(start_fill, before, n),
                    redis_drain=redis_delta(before, after, n, own={"zcard": 3 * (polls + 1)}))
 
@@ -516,17 +622,23 @@ def pcts(values: Sequence[float], qs: Sequence[int] = (50, 90, 99)) -> dict[str,
     return out
 
 
+def at(data: Any, *path: str) -> Any:
+    """The value at ``path`` (nested keys) in ``data``; None where a key is missing."""
+    for key in path:
+        data = data.get(key) if isinstance(data, Mapping) else None
+    return data
+
+
 def summarize_trials(trials: Sequence[Mapping[str, Any]], path: Sequence[str]
                      ) -> dict[str, Any]:
     """``summary`` of the number at ``path`` (nested keys) in each trial, skipping gaps."""
-    values: list[float] = []
-    for t in trials:
-        v: Any = t
-        for key in path:
-            v = v.get(key) if isinstance(v, Mapping) else None
-        if isinstance(v, int | float):
-            values.append(float(v))
-    return summary(values)
+    return summary([v for t in trials if isinstance(v := at(t, *path), int | float)])
+
+
+def median_at(trials: Sequence[Mapping[str, Any]], *path: str) -> float | None:
+    """The median over ``trials`` of the number at ``path`` (nested keys); None without one."""
+    median: float | None = summarize_trials(trials, path)["median"]
+    return median
 
 
 def summarize_fields(trials: Sequence[Mapping[str, Any]], *fields: str) -> dict[str, Any]:
@@ -552,13 +664,24 @@ def scaled(s: Mapping[str, Any], factor: float) -> dict[str, Any]:
     return out
 
 
+def served_s(results: Iterable[Any]) -> float:
+    """Seconds from the first claim to the last finish of ``results``, on the Redis clock."""
+    done = [r for r in results if r.started_ms is not None and r.finished_ms is not None]
+    return (max(r.finished_ms for r in done) - min(r.started_ms for r in done)) / 1e3
+
+
+def batch_groups(results: Iterable[Any]) -> dict[tuple[Any, Any, Any], list[int]]:
+    """The batches reconstructed from results, as the indexes of their requests: one forward
+    pass = one (worker, finish time, compute time) triple, which every request of it shares."""
+    groups: dict[tuple[Any, Any, Any], list[int]] = {}
+    for i, r in enumerate(results):
+        groups.setdefault((r.worker, r.finished_ms, r.compute_ms), []).append(i)
+    return groups
+
+
 def batches_of(results: Iterable[Any]) -> Counter[int]:
-    """Batch sizes reconstructed from results: one forward pass = one (worker, finish time,
-    compute time) triple, which every request of the batch shares."""
-    groups: Counter[tuple[Any, Any, Any]] = Counter()
-    for r in results:
-        groups[(r.worker, r.finished_ms, r.compute_ms)] += 1
-    return Counter(groups.values())
+    """How many batches ran at each size (``batch_groups``)."""
+    return Counter(len(rows) for rows in batch_groups(results).values())
 
 
 def merge_counters(counters: Iterable[Mapping[Any, int]]) -> dict[int, int]:

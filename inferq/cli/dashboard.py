@@ -9,7 +9,12 @@ import argparse
 import os
 import sys
 
-from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
+from inferq.cli.options import (
+    Subcommands,
+    add_connection_options,
+    connection_from_args,
+    missing_extra,
+)
 from inferq.protocol.keys import DEFAULT_NAMESPACE
 
 
@@ -32,9 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
         from inferq.gateway.opsapp import create_ops_app
     except ImportError as exc:
-        print(f"inferq dashboard needs the gateway extra: pip install 'inferq[gateway]' ({exc})",
-              file=sys.stderr)
-        return 2
+        return missing_extra("dashboard", "gateway", exc)
     token = args.token or os.environ.get("INFERQ_GATEWAY_TOKEN") or None
     app = create_ops_app(connection_from_args(args), token=token, namespace=args.namespace)
     print(f"inferq dashboard: http://{args.host}:{args.port}/dashboard "

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from inferq.cli.options import Subcommands
+from inferq.cli.options import Subcommands, missing_extra
 
 
 def add_parser(sub: Subcommands) -> None:
@@ -18,7 +17,5 @@ def run(args: argparse.Namespace) -> int:
     try:
         from inferq.gateway.__main__ import serve
     except ImportError as exc:
-        print(f"inferq gateway needs the gateway extra: pip install 'inferq[gateway]' ({exc})",
-              file=sys.stderr)
-        return 2
+        return missing_extra("gateway", "gateway", exc)
     return serve(args.forwarded)

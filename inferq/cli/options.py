@@ -1,9 +1,11 @@
 """The flags every command that talks to Redis shares (``--redis-url``, ``--tls-*``), defined
-once, and the ``ConnectionSettings`` they make (unset flags fall back to the environment)."""
+once, and the ``ConnectionSettings`` they make (unset flags fall back to the environment); and
+what a command says when its extra is not installed (``missing_extra``)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TypeAlias
 
 from inferq.connection import (
@@ -51,3 +53,11 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
 def connection_from_args(args: argparse.Namespace) -> ConnectionSettings:
     return ConnectionSettings.from_env(args.redis_url, ssl_ca_certs=args.tls_ca,
                                        ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key)
+
+
+def missing_extra(command: str, extra: str, exc: ImportError) -> int:
+    """Say that ``inferq COMMAND`` needs ``inferq[EXTRA]`` (and what failed to import); the
+    exit status, 2."""
+    print(f"inferq {command} needs the {extra} extra: pip install 'inferq[{extra}]' ({exc})",
+          file=sys.stderr)
+    return 2

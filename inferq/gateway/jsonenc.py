@@ -1,5 +1,5 @@
-"""Response bodies as JSON bytes: ``orjson`` when installed (the gateway extra pulls it; about
-10x faster than the standard library on lists of floats), else ``json`` with compact
+"""Response bodies as JSON bytes: ``orjson`` when installed (the gateway extra pulls it; much
+faster than the standard library on lists of floats), else ``json`` with compact
 separators. Both write the same JSON values (floats round-trip exactly)."""
 
 from __future__ import annotations

