@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,7 @@ from benchmarks.harness import (
 from benchmarks.stack import (
     SCRIPT_CALLS,
     SCRIPT_INNER_COMMANDS,
+    RedisSnapshot,
     WorkerProc,
     add_worker_arguments,
     batches_of,
@@ -55,11 +56,13 @@ from benchmarks.stack import (
     fill_and_drain,
     load_str,
     merge_counters,
+    paused,
     pcts,
     queue_probe,
     redis_delta,
     redis_snapshot,
     scaled,
+    served_s,
     spawn_workers,
     stop_all,
     sum_cpu,
@@ -67,12 +70,17 @@ from benchmarks.stack import (
     summarize_trials,
     window_flags,
 )
+from inferq.protocol.keys import QueueKeys
 
 if TYPE_CHECKING:
     from inferq.protocol.codec import Result
 
-TARGET_RATIO = 10.0
+#: Issue #24: end to end and draining, one inferq worker vs the best peer (BullMQ on Node.js).
+TARGET_RATIO = 3.0
 TARGET_ONE_WORKER = 20_000.0
+#: Issue #24, one worker end to end: all-in CPU per request (producer + worker + Redis), Redis's
+#: share, and the commands Redis executes per request (those inside scripts included).
+TARGET_CPU_US, TARGET_REDIS_US, TARGET_COMMANDS = 30.0, 10.0, 4.0
 ARQ_TUNED = {"max_jobs": 100, "poll_delay": 0.01}
 POLL_S = 0.01
 #: Jobs per ``addBulk`` call (BullMQ), per ``gather`` of single enqueues (arq, SAQ).
@@ -453,6 +461,7 @@ class OverheadConfig:
     worker_counts: tuple[int, ...]
     chunk: int
     waiters: int
+    wait: str
     aof: bool
     max_batch_size: int
     max_wait_ms: float
@@ -462,6 +471,8 @@ class OverheadConfig:
     rq_fork_jobs: int
     peer_jobs: int
     baselines: tuple[str, ...]
+    shard_counts: tuple[int, ...]
+    shard_requests: int
     timeout_s: float = 300.0
 
     @property
@@ -522,7 +533,8 @@ def inferq_e2e_pass(url: str, fleet: Fleet, cfg: OverheadConfig, tag: str,
     before = redis_snapshot(client)
     probe.start()
     results, seconds, enqueue_s = asyncio.run(enqueue_and_await(
-        url, fleet.model, prompts, cfg.chunk, fleet.workers, cfg.timeout_s, cfg.waiters))
+        url, fleet.model, prompts, cfg.chunk, fleet.workers, cfg.timeout_s, cfg.waiters,
+        together=cfg.wait == "results"))
     cpu = probe.stop()
     work = redis_delta(before, redis_snapshot(client), len(results))
     client.close()
@@ -557,6 +569,51 @@ def inferq_drain_pass(cleanup: Cleanup, url: str, fleet: Fleet, cfg: OverheadCon
         f"{out['wall_throughput']:.0f}); mean batch {out['mean_batch_size']:.0f}; CPU us/req "
         f"workers {us['workers']:.0f}, Redis {us['server']:.0f}; other load "
         f"{load_str(d.cpu['other_load'])}")
+    return out
+
+
+def shard_pass(cleanup: Cleanup, url: str, server: int | None, shards: int, n: int,
+               cfg: OverheadConfig, log_dir: Path) -> dict[str, Any]:
+    """A queue of ``shards`` shards (its own, ``echo-s<shards>``), filled with ``n`` requests
+    while its one worker is paused, then drained: what Redis executes per request (claims,
+    their PEEKs at the shards' heads, starts, completions) and the drain rate."""
+    from inferq.producer.aio import AsyncClient
+
+    model = f"echo-s{shards}"
+    keys = QueueKeys.for_model("embed", model)
+    client = redis.Redis.from_url(url)
+    client.hset(keys.config, mapping={"shards": shards, "shards_seen": shards})
+    [worker] = spawn_workers(cleanup, url, [f"bench-overhead-s{shards}"],
+                             model_arg=f"{model}=builtin:echo", log_dir=log_dir,
+                             flags=window_flags(cfg.max_batch_size, cfg.max_wait_ms))
+    prompts = _prompts(f"s{shards}", n)
+
+    async def fill_then_drain(resume: Callable[[Sequence[int]], None]
+                              ) -> tuple[list[Result], RedisSnapshot, float]:
+        async with AsyncClient(url) as producer:
+            handles = [h for start in range(0, n, cfg.chunk) for h in
+                       await producer.enqueue_many(prompts[start:start + cfg.chunk],
+                                                   model=model)]
+            before = redis_snapshot(client)
+            t0 = time.perf_counter()
+            resume([worker.pid])
+            results = await producer.results(handles, timeout=cfg.timeout_s)
+            return results, before, time.perf_counter() - t0
+
+    try:
+        with paused(cleanup, [worker.pid]) as resume:
+            results, before, wall = asyncio.run(fill_then_drain(resume))
+        work = redis_delta(before, redis_snapshot(client), n)
+    finally:
+        stop_child(worker.child)
+        client.close()
+    check_ok(results, n, f"{shards} shards", outputs=prompts)
+    out = {"shards": shards, "requests": n, "throughput": n / served_s(results),
+           "wall_throughput": n / wall, "redis": asdict(work)}
+    say(f"  {shards:>3} shards: drain {out['throughput']:8.0f} req/s; "
+        f"{work.commands_per_request:.2f} Redis commands/req, "
+        f"{work.script_calls_per_request:.3f} script calls/req, Redis CPU "
+        f"{work.cpu_us_per_request:.0f} us/req")
     return out
 
 
@@ -717,17 +774,50 @@ def results_markdown(r: Mapping[str, Any]) -> str:
                         f">= {TARGET_ONE_WORKER:,.0f}", r["one_worker_target"]["verdict"]],
                        ["inferq, one worker, drain req/s (no producer in the loop)",
                         _f(one["drain"]["throughput"]), "(context)", ""]]
+        ratio_rows += cpu_target_rows(one["e2e"])
     return render(
         "overhead", r, table=table, cmd_table=cmd_table, reading=cpu_reading(r),
         ratio_table=markdown_table(["measure", "median (min..max)", "target", "verdict"],
                                    ratio_rows),
+        shard_table=shard_table(r.get("sharded", [])),
         skipped="".join(f"\n- Skipped {b}: {why}." for b, why in r["skipped"].items()),
-        waiting="one task per handle awaiting `result()`" if not c["waiters"] else
-        f"{c['waiters']} coroutines awaiting `result()` in enqueue order",
+        waiting="one `AsyncClient.results()` per chunk awaiting its results"
+        if c.get("wait") == "results" else "one task per handle awaiting `result()`"
+        if not c["waiters"] else f"{c['waiters']} coroutines awaiting `result()` in enqueue order",
         aof="with AOF (`appendfsync everysec`)" if c["aof"] else "**without AOF** (`--no-aof`)",
         peers=render("overhead.peers", r, bulk=BULLMQ_BULK, concurrency=peers.CONCURRENCY,
                      enqueue_concurrency=ENQUEUE_CONCURRENCY, arq=ARQ_TUNED,
                      node_bullmq=r["machine"]["versions"].get("bullmq_node") or "?").rstrip())
+
+
+def cpu_target_rows(e2e: Mapping[str, Any]) -> list[list[str]]:
+    """Issue #24's CPU targets, one worker end to end: all-in CPU, Redis CPU, commands."""
+    parts = [e2e[f"cpu_us_{p}"]["median"] for p in ("producer", "workers", "server")]
+    total = None if None in parts else sum(parts)
+    commands = e2e["redis_commands_per_request"]["median"]
+    return [
+        ["inferq, one worker: all-in CPU us/request end to end (producer + worker + Redis)",
+         "n/a" if total is None else f"{total:.0f}", f"<= {TARGET_CPU_US:.0f}",
+         verdict(total, TARGET_CPU_US, at_most=True)],
+        ["inferq, one worker: Redis CPU us/request end to end", _f(e2e["cpu_us_server"]),
+         f"<= {TARGET_REDIS_US:.0f}", verdict(parts[2], TARGET_REDIS_US, at_most=True)],
+        ["inferq, one worker: Redis commands/request end to end (inside scripts included)",
+         _f(e2e["redis_commands_per_request"], 2), f"<= {TARGET_COMMANDS:.0f}",
+         verdict(commands, TARGET_COMMANDS, at_most=True)]]
+
+
+def shard_table(sharded: Sequence[Mapping[str, Any]]) -> str:
+    """Commands and Redis CPU per request of one worker draining a queue of S shards."""
+    if not sharded:
+        return ""
+    rows = [[str(p["shards"]), f"{p['throughput']:.0f}",
+             f"{p['redis']['commands_per_request']:.2f}",
+             f"{p['redis']['script_calls_per_request']:.3f}",
+             f"{p['redis']['by_command_per_request'].get('zrange', 0.0):.2f}",
+             f"{p['redis']['cpu_us_per_request']:.0f}"] for p in sharded]
+    return markdown_table(["shards", "drain req/s", "Redis commands/request",
+                           "script calls/request", "ZRANGE/request (2 per PEEK)",
+                           "Redis CPU us/request"], rows)
 
 
 def cpu_reading(r: Mapping[str, Any]) -> str:
@@ -768,9 +858,20 @@ class Overhead(Scenario[OverheadConfig]):
                             help="inferq worker process counts, comma-separated (default 1,2,4)")
         parser.add_argument("--chunk", type=positive_int, default=1000,
                             help="requests per enqueue_many call (default 1000)")
+        parser.add_argument("--wait", choices=("results", "handles"), default="results",
+                            help="how the producer awaits: one AsyncClient.results() per "
+                                 "enqueue_many chunk (default), or each handle's result() "
+                                 "(see --waiters)")
         parser.add_argument("--waiters", type=int, default=0,
-                            help="coroutines awaiting results in enqueue order; 0 (default) = "
-                                 "one task per request")
+                            help="with --wait handles: coroutines awaiting results in enqueue "
+                                 "order; 0 (default) = one task per request")
+        parser.add_argument("--shards", dest="shard_counts", type=int_list,
+                            default=ByMode((1, 8, 64, 256), (1, 64)),
+                            help="shard counts of the sharded-queue drain passes, one worker "
+                                 "each (default 1,8,64,256; 'none'-like: 0)")
+        parser.add_argument("--shard-requests", type=positive_int,
+                            default=ByMode(20_000, 5_000),
+                            help="requests per sharded-queue drain pass (default %(default)s)")
         parser.add_argument("--no-aof", dest="aof", action="store_false",
                             help="run the server without AOF (default: AOF on, appendfsync "
                                  "everysec), to see what persistence costs")
@@ -833,9 +934,11 @@ class Overhead(Scenario[OverheadConfig]):
                     trials[variant].append(baseline_pass(
                         run.cleanup, url, peer, peer.jobs(cfg), run.log_dir, server.pid,
                         cfg.timeout_s))
+        sharded = [shard_pass(run.cleanup, url, server.pid, k, cfg.shard_requests, cfg,
+                              run.log_dir) for k in cfg.shard_counts if k > 0]
         exit_codes = stop_all(server, {w.worker_id: w for f in fleets.values()
                                        for w in f.workers})
-        return figures(fleets, trials, skipped, exit_codes)
+        return {**figures(fleets, trials, skipped, exit_codes), "sharded": sharded}
 
 
 SCENARIO = Overhead()

@@ -361,15 +361,17 @@ async def gather_watched(tasks: Sequence[asyncio.Future[T]], workers: Sequence[W
 
 
 async def enqueue_and_await(url: str, model: str, prompts: Sequence[str], chunk: int,
-                             workers: Sequence[WorkerProc], timeout_s: float, waiters: int = 0
-                             ) -> tuple[list[Result], float, float]:
+                             workers: Sequence[WorkerProc], timeout_s: float, waiters: int = 0,
+                             together: bool = False) -> tuple[list[Result], float, float]:
     """Enqueue in chunks while the results are awaited: by one task per handle (``waiters``
-    0), or by ``waiters`` coroutines taking the handles in enqueue order. Returns the results,
-    the seconds from the first enqueue to the last result, and the seconds enqueueing took."""
+    0), by ``waiters`` coroutines taking the handles in enqueue order, or (``together``) by one
+    ``AsyncClient.results`` per chunk. Returns the results, the seconds from the first enqueue
+    to the last result, and the seconds enqueueing took."""
     from inferq.producer.aio import AsyncClient, AsyncHandle
 
     async with AsyncClient(url) as client:
         tasks: list[asyncio.Future[Result]] = []
+        chunks: list[asyncio.Future[list[Result]]] = []
         handles: asyncio.Queue[tuple[int, AsyncHandle] | None] = asyncio.Queue()
         results: list[Result | None] = [None] * len(prompts)
 
@@ -377,11 +379,13 @@ async def enqueue_and_await(url: str, model: str, prompts: Sequence[str], chunk:
             while (item := await handles.get()) is not None:
                 results[item[0]] = await item[1].result()
 
-        consumers = [asyncio.ensure_future(waiter()) for _ in range(waiters)]
+        consumers = [asyncio.ensure_future(waiter()) for _ in range(0 if together else waiters)]
         t0 = time.perf_counter()
         for start in range(0, len(prompts), chunk):
             batch = await client.enqueue_many(prompts[start:start + chunk], model=model)
-            if waiters:
+            if together:
+                chunks.append(asyncio.ensure_future(client.results(batch)))
+            elif waiters:
                 for offset, h in enumerate(batch):
                     handles.put_nowait((start + offset, h))
             else:
@@ -389,7 +393,10 @@ async def enqueue_and_await(url: str, model: str, prompts: Sequence[str], chunk:
         enqueued = time.perf_counter() - t0
         for _ in consumers:
             handles.put_nowait(None)
-        if waiters:
+        if together:
+            done = [r for chunk_results in await gather_watched(chunks, workers, timeout_s)
+                    for r in chunk_results]
+        elif waiters:
             await gather_watched(consumers, workers, timeout_s)
             done = [r for r in results if r is not None]
         else:
