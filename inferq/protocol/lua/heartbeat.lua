@@ -25,16 +25,10 @@ if not a then return redis.error_reply('ERR inferq heartbeat: bad arguments') en
 local now = now_ms()
 local lost, renew = {}, {}
 local deadline = num(now + lease)
-local ids = {}
-for i = 1, #a, 2 do
-  if not strings(a[i], a[i + 1]) then
-    return redis.error_reply('ERR inferq heartbeat: bad arguments')
-  end
-  ids[#ids + 1] = a[i]
-end
-local tokens = tokens_of(KEYS[3], ids)
+local ids, held = leased(KEYS[3], a)
+if not ids then return redis.error_reply('ERR inferq heartbeat: bad arguments') end
 for n, id in ipairs(ids) do
-  if tokens[n] == a[2 * n] then
+  if held[n] then
     renew[#renew + 1] = deadline
     renew[#renew + 1] = id
   else

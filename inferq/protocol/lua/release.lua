@@ -22,16 +22,11 @@
 local inflight, pending, wake, started, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix, a = ARGV[1], rows(ARGV[2], 2)
 if not a then return redis.error_reply('ERR inferq release: bad arguments') end
-local back, asked = {}, {}
-for i = 1, #a, 2 do
-  if not strings(a[i], a[i + 1]) then
-    return redis.error_reply('ERR inferq release: bad arguments')
-  end
-  asked[#asked + 1] = a[i]
-end
-local tokens = tokens_of(leases, asked)
+local asked, held = leased(leases, a)
+if not asked then return redis.error_reply('ERR inferq release: bad arguments') end
+local back = {}
 for n, id in ipairs(asked) do
-  if tokens[n] == a[2 * n] then
+  if held[n] then
     local h = fields(prefix .. K_REQ .. id, F_SCORE)
     if h and int(h[1], 0, MAXI) then back[#back + 1] = {id, h[1]} end
   end

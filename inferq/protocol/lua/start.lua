@@ -15,16 +15,11 @@
 -- @include flight
 local prefix, a = ARGV[1], rows(ARGV[2], 2)
 if not a then return redis.error_reply('ERR inferq start: bad arguments') end
-local ok, lost, ids = {}, {}, {}
-for i = 1, #a, 2 do
-  if not strings(a[i], a[i + 1]) then
-    return redis.error_reply('ERR inferq start: bad arguments')
-  end
-  ids[#ids + 1] = a[i]
-end
-local tokens = tokens_of(KEYS[2], ids)
+local ids, held = leased(KEYS[2], a)
+if not ids then return redis.error_reply('ERR inferq start: bad arguments') end
+local ok, lost = {}, {}
 for n, id in ipairs(ids) do
-  if tokens[n] == a[2 * n] then ok[#ok + 1] = id else lost[#lost + 1] = id end
+  if held[n] then ok[#ok + 1] = id else lost[#lost + 1] = id end
 end
 bulk('SADD', KEYS[1], ok)
 return lost

@@ -1,4 +1,5 @@
 -- @include bulk
+-- @include rows
 -- Requests leaving flight: their leases (inflight, and their tokens in leases) and their
 -- marks as started go.
 local function land(inflight, started, leases, ids)
@@ -14,4 +15,16 @@ local function tokens_of(leases, ids)
     for j = 1, #got do out[i + j - 1] = got[j] end
   end
   return out
+end
+-- Rows of (id, token), as start, heartbeat and release take them: the ids, and whether each
+-- token is the id's current lease (held[n]); nil when a row is not two strings.
+local function leased(leases, a)
+  local ids = {}
+  for i = 1, #a, 2 do
+    if not strings(a[i], a[i + 1]) then return nil end
+    ids[#ids + 1] = a[i]
+  end
+  local tokens, held = tokens_of(leases, ids), {}
+  for n = 1, #ids do held[n] = tokens[n] == a[2 * n] end
+  return ids, held
 end
