@@ -141,11 +141,11 @@ if #queue > 0 then
                                tonumber(A[i + 8]), tonumber(A[i + 9]), last - #queue + n))
   end
   fair_save(fair)
-  local zadd, counted = {}, {}
+  local zadd, counted, enqueued = {}, {}, num(now)
   for n, i in ipairs(queue) do
     local score = scores[n]
     local h = {F_PAYLOAD, A[i + 2], F_SCORE, score, F_STATE, STATE_PENDING, F_ATTEMPTS, 0,
-               F_MAX_ATTEMPTS, A[i + 4], F_ENQUEUED, num(now)}
+               F_MAX_ATTEMPTS, A[i + 4], F_ENQUEUED, enqueued}
     if A[i + 3] ~= '' then
       h[#h + 1] = F_DEADLINE
       h[#h + 1] = num(now + tonumber(A[i + 3]))
