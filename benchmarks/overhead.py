@@ -865,10 +865,11 @@ class Overhead(Scenario[OverheadConfig]):
         parser.add_argument("--waiters", type=int, default=0,
                             help="with --wait handles: coroutines awaiting results in enqueue "
                                  "order; 0 (default) = one task per request")
-        parser.add_argument("--shards", dest="shard_counts", type=int_list,
+        parser.add_argument("--shards", dest="shard_counts",
+                            type=lambda text: () if text == "none" else int_list(text),
                             default=ByMode((1, 8, 64, 256), (1, 64)),
                             help="shard counts of the sharded-queue drain passes, one worker "
-                                 "each (default 1,8,64,256; 'none'-like: 0)")
+                                 "each, or 'none' (default 1,8,64,256)")
         parser.add_argument("--shard-requests", type=positive_int,
                             default=ByMode(20_000, 5_000),
                             help="requests per sharded-queue drain pass (default %(default)s)")
@@ -935,7 +936,7 @@ class Overhead(Scenario[OverheadConfig]):
                         run.cleanup, url, peer, peer.jobs(cfg), run.log_dir, server.pid,
                         cfg.timeout_s))
         sharded = [shard_pass(run.cleanup, url, server.pid, k, cfg.shard_requests, cfg,
-                              run.log_dir) for k in cfg.shard_counts if k > 0]
+                              run.log_dir) for k in cfg.shard_counts]
         exit_codes = stop_all(server, {w.worker_id: w for f in fleets.values()
                                        for w in f.workers})
         return {**figures(fleets, trials, skipped, exit_codes), "sharded": sharded}
