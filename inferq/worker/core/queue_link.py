@@ -140,14 +140,19 @@ class QueueLink:
         shard of a queue of up to PEEK_SHARDS shards, else the next group of PEEK_SHARDS on
         each call (one read of each head, in one round trip), so a better request in any of
         S shards is seen within ceil(S / PEEK_SHARDS) calls."""
+        pipe = self.redis.pipeline(transaction=False)
+        for keys in self._next_head_group():
+            pipe.zrange(keys.pending, 0, 0, withscores=True)
+        heads = [rows[0][1] for rows in await pipe.execute() if rows]
+        return scores.decode(min(heads))[0] if heads else None
+
+    def _next_head_group(self) -> list[QueueKeys]:
+        """The shards the next head read looks at: all of them up to PEEK_SHARDS, else the
+        next group of PEEK_SHARDS (rotating like the claim rounds' PEEKs)."""
         shards = self.shard_keys
         first = self._first_peeked(len(shards), self._head_turn)
         self._head_turn += 1
-        pipe = self.redis.pipeline(transaction=False)
-        for k in range(min(PEEK_SHARDS, len(shards))):
-            pipe.zrange(shards[(first + k) % len(shards)].pending, 0, 0, withscores=True)
-        heads = [rows[0][1] for rows in await pipe.execute() if rows]
-        return scores.decode(min(heads))[0] if heads else None
+        return [shards[(first + k) % len(shards)] for k in range(min(PEEK_SHARDS, len(shards)))]
 
     async def _claim_shard(self, shard: int, max_count: int,
                            max_score: int | None) -> ops.ClaimReply:
@@ -410,10 +415,11 @@ class QueueLink:
             waiter.set_keys(lists)
 
     async def pending_above(self, priority: int) -> int:
-        """Pending requests of strictly higher priority than ``priority`` (one ZCOUNT per
-        shard: they score below its band)."""
+        """Pending requests of strictly higher priority than ``priority`` (they score below
+        its band), in the shards read: one ZCOUNT per shard of the group ``head_priority``
+        reads next (every shard of a queue of up to PEEK_SHARDS shards)."""
         pipe = self.redis.pipeline(transaction=False)
-        for keys in self.shard_keys:
+        for keys in self._next_head_group():
             pipe.zcount(keys.pending, "-inf", f"({scores.band(priority)}")
         return sum(int(n) for n in await pipe.execute())
 
