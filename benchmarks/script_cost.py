@@ -1,21 +1,32 @@
-"""Redis CPU of the worker's per-window scripts: START + HEARTBEAT + COMPLETE of a window of
-echo-sized requests, per request, from the server's own ``INFO cpu``.
+"""Two developer's probes to compare versions of inferq side by side (run as a file, each uses
+whichever ``inferq`` is first on the path; not ``Scenario``s, no RESULTS.md section):
 
-    python benchmarks/script_cost.py                          # this checkout's scripts
-    PYTHONPATH=/path/to/other/checkout python benchmarks/script_cost.py   # another one's
+    python benchmarks/script_cost.py scripts      # server CPU of each hot script, per request
+    python benchmarks/script_cost.py split        # CPU split of one end-to-end pass
+    PYTHONPATH=/path/to/other/checkout python benchmarks/script_cost.py split   # another one's
 
-Not a ``Scenario``: a developer's probe to compare two versions of the scripts side by side
-(run as a file, it uses whichever ``inferq`` is first on the path). A Redis server (AOF off)
-is started for the run; each round enqueues and claims a window (not measured), then measures
-the server CPU the three calls cost.
+``scripts``: each round enqueues a chunk of 1,024 echo-sized requests (``Client.enqueue_many``),
+then claims, starts and completes it in windows of 512, reading the server's own ``INFO cpu``
+around each call. ``split``: one ``inferq worker`` process (built-in echo) and this process as
+the producer (``AsyncClient.enqueue_many`` in chunks of 1,000, awaiting with ``result()`` per
+handle, or ``--results`` with one ``results()`` per chunk); CPU seconds of the producer, the
+worker and Redis over the pass, per request, and the commands Redis ran. A server
+(``redis-server``, AOF off unless ``--aof``) is started for each run.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -31,45 +42,113 @@ def server_cpu_s(r: redis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def measure(url: str, rounds: int, window: int) -> list[float]:
-    """Server CPU µs per request of each round's START + HEARTBEAT + COMPLETE."""
+def completion(c: ops.Claimed, body: bytes) -> ops.Completion:
+    """An ok completion, in this checkout's ``ops.Completion`` (before #24 it took the id and
+    token; now the claim)."""
+    if "claimed" in ops.Completion.__dataclass_fields__:
+        return ops.Completion(c, "ok", body)  # type: ignore[arg-type]
+    return ops.Completion(c.id, c.token, "ok", body)  # type: ignore[call-arg, arg-type]
+
+
+def scripts_cost(url: str, rounds: int) -> dict[str, list[float]]:
     r = redis.Redis.from_url(url)
     scripts = ops.register(r)
     keys = QueueKeys.for_model("embed", "cost")
-    per_request: list[float] = []
-    with inferq.Client(url) as client, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # no worker serves the probe's queue
-        for _ in range(rounds):
-            client.enqueue_many([f"request {i} of the script cost probe" for i in range(window)],
-                                model="cost")
-            k, a = ops.claim_call(keys, "probe", 30_000, window, 60_000)
-            claimed = ops.parse_claim(scripts["claim"](keys=k, args=a)).claimed
-            leases = [(c.id, c.token) for c in claimed]
-            done = [ops.Completion(c, "ok", encode_result(
-                Result(id=c.id, status=Status.OK, output=[0.1] * 8, attempts=1)))
-                for c in claimed]
-            before = server_cpu_s(r)
-            k, a = ops.start_call(keys, leases)
-            scripts["start"](keys=k, args=a)
-            k, a = ops.heartbeat_call(keys, "probe", 30_000, 10_000, leases)
-            scripts["heartbeat"](keys=k, args=a)
-            k, a = ops.complete_call(keys, 60_000, 100, done)
-            scripts["complete"](keys=k, args=a)
-            per_request.append((server_cpu_s(r) - before) / len(claimed) * 1e6)
+    cost: dict[str, list[float]] = {"enqueue": [], "claim": [], "start": [], "complete": []}
+
+    def timed(name: str, n: int, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        before = server_cpu_s(r)
+        reply = call(*args, **kwargs)
+        cost[name].append((server_cpu_s(r) - before) / n * 1e6)
+        return reply
+
+    with inferq.Client(url) as client:
+        for k in range(rounds):
+            prompts = [f"request {k}-{i} of the script cost probe" for i in range(1024)]
+            timed("enqueue", 1024, client.enqueue_many, prompts, model="cost")
+            for _ in range(2):
+                a, b = ops.claim_call(keys, "probe", 30_000, 512, 60_000)
+                claimed = ops.parse_claim(timed("claim", 512, scripts["claim"], keys=a,
+                                                args=b)).claimed
+                a, b = ops.start_call(keys, [(c.id, c.token) for c in claimed])
+                timed("start", 512, scripts["start"], keys=a, args=b)
+                a, b = ops.complete_call(keys, 60_000, 100, [completion(c, encode_result(
+                    Result(id=c.id, status=Status.OK, output=c.id, attempts=1)))
+                    for c in claimed])
+                timed("complete", 512, scripts["complete"], keys=a, args=b)
     r.close()
-    return per_request
+    return cost
+
+
+def proc_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def split(url: str, server_pid: int, n: int, together: bool, folder: str) -> str:
+    # The worker imports the same inferq (run from a folder that shadows nothing).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "inferq", "--log-level", "error", "worker", "--redis-url", url,
+         "--model", "echo", "--max-batch-size", "512", "--max-wait-ms", "2",
+         "--max-batch-tokens", "0"], env=env, cwd=folder)
+    r = redis.Redis.from_url(url)
+    cpu0: list[float] = []
+
+    async def run() -> float:
+        async with inferq.AsyncClient(url) as client:
+            for h in await client.enqueue_many(["warm"] * 10, model="echo"):
+                await h.result(timeout=60)
+            r.config_resetstat()
+            mine = resource.getrusage(resource.RUSAGE_SELF)
+            cpu0.extend((mine.ru_utime + mine.ru_stime, proc_cpu_s(worker.pid),
+                          proc_cpu_s(server_pid)))
+            prompts = [f"t-{i:08d}-noop-request" for i in range(n)]
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            waits: list[asyncio.Future[object]] = []
+            for start in range(0, n, 1000):
+                handles = await client.enqueue_many(prompts[start:start + 1000], model="echo")
+                waits += ([asyncio.ensure_future(client.results(handles))] if together else
+                          [asyncio.ensure_future(h.result()) for h in handles])
+            await asyncio.gather(*waits)
+            return n / (loop.time() - t0)
+
+    try:
+        rate = asyncio.run(run())
+        mine = resource.getrusage(resource.RUSAGE_SELF)
+        producer = (mine.ru_utime + mine.ru_stime - cpu0[0]) / n * 1e6
+        work = (proc_cpu_s(worker.pid) - cpu0[1]) / n * 1e6
+        server = (proc_cpu_s(server_pid) - cpu0[2]) / n * 1e6
+        commands = sum(v["calls"] for v in r.info("commandstats").values()) / n
+    finally:
+        worker.terminate()
+        worker.wait()
+        r.close()
+    return (f"{rate:.0f} req/s  producer {producer:.1f} us  worker {work:.1f} us  redis "
+            f"{server:.1f} us  total {producer + work + server:.1f}  cmds/req {commands:.2f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("probe", choices=("scripts", "split"))
+    parser.add_argument("--rounds", type=int, default=20, help="scripts: rounds")
+    parser.add_argument("--requests", type=int, default=20_000, help="split: requests")
+    parser.add_argument("--results", action="store_true", help="split: await with results()")
+    parser.add_argument("--aof", action="store_true", help="the server with AOF (everysec)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedServer(tmp, appendonly=False) as server:
-        costs = measure(server.url, args.rounds, args.window)
-    print(f"START + HEARTBEAT + COMPLETE, windows of {args.window}: server CPU per request "
-          f"median {statistics.median(costs):.2f} us (min {min(costs):.2f}, "
-          f"max {max(costs):.2f}) over {args.rounds} rounds; inferq from {inferq.__file__}")
+    warnings.simplefilter("ignore")  # no worker serves the scripts probe's queue
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedServer(tmp, appendonly=args.aof) as srv:
+        if args.probe == "scripts":
+            cost = scripts_cost(srv.url, args.rounds)
+            print("  ".join(f"{k} {statistics.median(v):.1f}" for k, v in cost.items()),
+                  f" all four {sum(statistics.median(v) for v in cost.values()):.1f} us "
+                  "server CPU per request (medians)")
+        else:
+            assert srv.process is not None
+            print(split(srv.url, srv.process.pid, args.requests, args.results, tmp))
+    print(f"inferq from {inferq.__file__}")
 
 
 if __name__ == "__main__":
