@@ -34,3 +34,20 @@ def test_one_cycle_of_rounds_peeks_every_shard(shards: int) -> None:
     peeked = {(first + i) % shards for first in firsts(shards, cycle)
               for i in range(PEEK_SHARDS)}
     assert peeked == set(range(shards))
+
+
+@pytest.mark.parametrize("shards", [1, 5, 8, 64, 100])
+def test_the_head_reads_cover_every_shard_within_the_bound(shards: int) -> None:
+    """``head_priority`` and ``pending_above`` read the next group each call: every shard is
+    read within ceil(S / PEEK_SHARDS) calls, and a call reads at most PEEK_SHARDS shards."""
+    from inferq.protocol.keys import QueueKeys
+    from inferq.protocol.settings import QueueSettings
+
+    link = QueueLink.__new__(QueueLink)
+    link.keys = QueueKeys.for_model("embed", "m")
+    link.settings = QueueSettings(shards=shards, shards_seen=shards)
+    link._head_turn = 0
+    calls = -(-shards // PEEK_SHARDS)
+    groups = [link._next_head_group() for _ in range(calls)]
+    assert all(len(g) == min(shards, PEEK_SHARDS) for g in groups)
+    assert {k.shard for g in groups for k in g} == set(range(shards))
