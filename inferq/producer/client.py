@@ -215,7 +215,9 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         raws: list[Any] = []
         for handle in handles:
-            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            # Once the deadline has passed, each remaining result gets one last look (a 1 ms
+            # wait): a timeout of 0 is not a valid wait.
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
             if handle._via_inbox:
                 raws.append(handle._client.inbox(handle.keys).wait(handle.id, left))
             else:

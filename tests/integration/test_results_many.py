@@ -65,3 +65,16 @@ async def test_the_sync_client_gives_the_same(redis_url: str) -> None:
     finally:
         await stop(worker, task)
     assert [x.output for x in first] == [x.output for x in again] == [f"s{i}" for i in range(50)]
+
+
+def test_the_sync_client_times_out_with_handles_of_both_kinds(redis_url: str) -> None:
+    """No worker: the inbox handles and a handle made from an id each get their last look
+    once the shared deadline has passed, and the whole call is a ResultTimeout."""
+    with inferq.Client(redis_url) as client:
+        handles = client.enqueue_many(["a", "b"], model="t")
+        mixed = [*handles, client.handle(handles[0].id, model="t")]
+        with pytest.raises(ResultTimeout, match="3 of 3 results missing"):
+            client.results(mixed, timeout=0.2)
+        handles[1].cancel()
+        with pytest.raises(ResultTimeout, match="2 of 3 results missing"):
+            client.results(mixed, timeout=0.2)
