@@ -18,7 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from inferq.gateway import openai_fields
 from inferq.producer.common import RequestState
-from inferq.protocol.codec import ID_RE, Result
+from inferq.protocol.codec import PUBLIC_ID_RE, Result
 from inferq.protocol.generation import (
     MAX_MESSAGES,
     MAX_NEW_TOKENS_LIMIT,
@@ -35,7 +35,7 @@ from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
 
 ModelName = Annotated[str, Field(pattern=NAME_RE.pattern, examples=["minilm"])]
 TaskName = Annotated[str, Field(pattern=NAME_RE.pattern)]
-RequestId = Annotated[str, Field(pattern=ID_RE.pattern)]
+RequestId = Annotated[str, Field(pattern=PUBLIC_ID_RE.pattern)]
 Priority = Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX, strict=True,
                                 description="higher is served first; FIFO within a priority")]
 DeadlineS = Annotated[float, Field(gt=0, allow_inf_nan=False,

@@ -35,7 +35,11 @@ from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
 
 WIRE_VERSION = 1
 MAX_DEADLINE_S = 366 * 24 * 3600.0
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+#: An id as a caller gives it (the gateway's routes, a batch line's ``custom_id``): 128 chars.
+PUBLIC_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+#: An id as stored: a tenant's requests are ``<tenant>@<public id>`` (``tenancy.principal``),
+#: so up to 64 + 1 + 128 characters.
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,192}$")
 
 JSONScalar = str | int | float | bool | None
 ParamValue = JSONScalar | list[JSONScalar] | dict[str, JSONScalar]

@@ -201,3 +201,46 @@ def shard_of(request_id: str, shards: int) -> int:
     if shards <= 1:
         return 0
     return zlib.crc32(request_id.encode("utf-8")) % shards
+
+
+@dataclass(frozen=True, slots=True)
+class TenancyKeys:
+    """Key names of API keys, dashboard sessions, per-tenant limits and usage
+    (``inferq.tenancy``). All share the hash tag ``{<namespace>:tenancy}``: one slot, so each
+    tenancy script touches one slot, and every gateway replica reads the same state."""
+
+    namespace: str = DEFAULT_NAMESPACE
+
+    @property
+    def prefix(self) -> str:
+        return f"{{{self.namespace}:tenancy}}:"
+
+    @property
+    def key_index(self) -> str:
+        """Hash: key id -> sha256 of its secret (what ``inferq keys list`` walks)."""
+        return f"{self.prefix}keys"
+
+    def key(self, digest: str) -> str:
+        """Hash: one API key's record, found by the sha256 of its secret."""
+        return f"{self.prefix}key:{digest}"
+
+    def session(self, digest: str) -> str:
+        """Hash with a TTL: one dashboard session, by the sha256 of its cookie."""
+        return f"{self.prefix}session:{digest}"
+
+    def login_attempts(self, client: str) -> str:
+        """Counter with a TTL: failed dashboard sign-ins from one client address."""
+        return f"{self.prefix}login:{client}"
+
+    def limits(self, tenant: str) -> str:
+        """Hash: a tenant's token buckets (requests, tokens) and their last refill time."""
+        return f"{self.prefix}bucket:{tenant}"
+
+    def in_flight(self, tenant: str) -> str:
+        """Sorted set: a tenant's unfinished requests through the gateway, scored by the time
+        after which a lost one stops counting."""
+        return f"{self.prefix}inflight:{tenant}"
+
+    def queued_bytes(self, tenant: str) -> str:
+        """Sorted set: payload bytes a tenant has waiting, member ``<id>``, by expiry."""
+        return f"{self.prefix}bytes:{tenant}"

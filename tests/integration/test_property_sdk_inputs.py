@@ -49,7 +49,7 @@ OPTIONS = inferq.ClientOptions(limits=LIMITS)
 SEQ_BITS = 45  # scores.py: score = (100 - priority) * 2**45 + tag
 
 # The documented contract, restated independently of inferq's code.
-ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
+ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,192}")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MSGPACK_INTS = range(-(2**63), 2**64)
 KWARGS = frozenset({"prompt", "model", "task", "priority", "deadline_s", "id", "params",

@@ -11,7 +11,7 @@ from fastapi import Header
 from inferq.errors import RequestError
 from inferq.gateway.state import cancel_quietly
 from inferq.producer.aio import AsyncHandle
-from inferq.protocol.codec import ID_RE, Result
+from inferq.protocol.codec import PUBLIC_ID_RE, Result
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
 
 PriorityHeader = Annotated[int | None, Header(
@@ -24,7 +24,7 @@ TenantHeader = Annotated[str | None, Header(
     alias="X-Inferq-Tenant",
     description="the tenant (fair shares) when INFERQ_GATEWAY_TENANT_FROM=header")]
 RequestIdHeader = Annotated[str | None, Header(
-    alias="X-Request-Id", pattern=ID_RE.pattern,
+    alias="X-Request-Id", pattern=PUBLIC_ID_RE.pattern,
     description="the request's id (echoed): the client knows it before the first byte, to "
                 "resume a stream or read the request; an id already queued is that request")]
 TimeoutHeader = Annotated[float | None, Header(

@@ -26,11 +26,11 @@ from inferq.gateway.schemas import (
 from inferq.gateway.state import GatewayState, State
 from inferq.producer.aio import AsyncHandle
 from inferq.producer.common import RequestState
-from inferq.protocol.codec import ID_RE, Result
+from inferq.protocol.codec import PUBLIC_ID_RE, Result
 
 router = APIRouter(tags=["requests"])
 
-RequestIdPath = Annotated[str, Path(pattern=ID_RE.pattern)]
+RequestIdPath = Annotated[str, Path(pattern=PUBLIC_ID_RE.pattern)]
 ModelQuery = Annotated[ModelName, Query(description="the queue's model")]
 TaskQuery = Annotated[TaskName, Query(description="the queue's task")]
 WaitQuery = Annotated[bool, Query(description="wait for the result (200) instead of 202")]
