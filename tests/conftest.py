@@ -96,8 +96,11 @@ def make_api(redis_url: str) -> Callable[..., AbstractContextManager[TestClient]
     def make(**overrides: Any) -> Iterator[TestClient]:
         # Most tests play the worker themselves (no worker registers the queue): opt in to
         # the 404 for unserved models with require_served_model=True.
+        # TestClient's requests name the host "testserver".
         values: dict[str, Any] = {"redis_url": redis_url, "token": None, "timeout_s": 30.0,
-                                  "require_served_model": False, **overrides}
+                                  "require_served_model": False,
+                                  "allowed_hosts": "testserver,localhost,127.0.0.1",
+                                  **overrides}
         with TestClient(create_app(GatewaySettings(**values))) as api:
             yield api
 

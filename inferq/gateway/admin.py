@@ -13,14 +13,18 @@ Routes (``{queue}`` is ``TASK:MODEL``):
 * ``GET /admin/requests/{id}``: ``inferq request ID``.
 * ``GET /autoscale`` and ``GET /autoscale/{queue}``: the desired-workers signal as JSON, for
   KEDA's ``metrics-api`` scaler (``valueLocation: desired``).
-* ``GET /metrics/autoscale``: the same signal in Prometheus' text format (open, as the
-  workers' ``/metrics`` are: numbers and queue names only).
-* ``GET /dashboard``: the page; ``POST /dashboard/login``: its token form. The page uses
-  relative URLs, so it works behind a proxy prefix (``--root-path``).
+* ``GET /metrics/autoscale``: the same signal in Prometheus' text format.
+* ``GET /dashboard``: the page; ``POST /dashboard/login``: its sign-in form;
+  ``POST /dashboard/logout``. The page uses relative URLs, so it works behind a proxy prefix
+  (``--root-path``).
 
-The token (``INFERQ_GATEWAY_TOKEN``) protects all but ``/metrics/autoscale``: as a bearer
-header, or as the ``inferq_token`` cookie the dashboard's form sets (``HttpOnly``,
-``SameSite=Strict``, so another site cannot make a browser requeue or purge).
+Who may call them is decided by the front door (``frontdoor``) before a route runs: the
+admin routes need an admin-scoped key (or the operator's token), as a bearer header or
+through a dashboard session; ``/autoscale`` and ``/metrics/autoscale`` also take an
+autoscale-scoped key (numbers and queue names, no prompts). Signing in to the dashboard
+makes a server-side session (``tenancy.sessions``): the cookie is a random session id, never
+the key (``HttpOnly``, ``SameSite=Strict``, expiring); signing out, or revoking the key, ends
+it; failed sign-ins are limited per client address.
 
 The dashboard is one static page (``dashboard.html``) that fetches ``/admin/overview`` every
 second and draws it with a few lines of plain JavaScript. Why not Jinja2 + htmx: both would
@@ -32,7 +36,9 @@ JSON the admin API already serves needs no build step, no template engine and no
 from __future__ import annotations
 
 import asyncio
-import secrets
+import base64
+import hashlib
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Annotated, Any
@@ -40,24 +46,23 @@ from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field
 
 from inferq import autoscale, deadletters, plans, stats
 from inferq.autoscale import Signal, Tracker
 from inferq.deadletters import DeadLetterFilter
+from inferq.gateway.authn import Authenticator
 from inferq.gateway.errors import ApiError
 from inferq.lookup import find
 from inferq.producer.aio import AsyncClient
 from inferq.protocol.keys import QueueKeys, queue_name, queues_registry, requested_registry
 from inferq.protocol.ops import as_str
+from inferq.tenancy import apikeys, sessions
+from inferq.tenancy.principal import Principal
 
-COOKIE = "inferq_token"
+COOKIE = sessions.COOKIE
 #: Dead letters per queue in the overview.
 OVERVIEW_LETTERS = 20
-
-_bearer = HTTPBearer(auto_error=False, description="INFERQ_GATEWAY_TOKEN")
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
 @dataclass
@@ -65,7 +70,7 @@ class OpsState:
     """What the routes share: the app's ``AsyncClient`` and the signal's tracker."""
 
     client: AsyncClient
-    token: SecretStr | None
+    auth: Authenticator
     tracker: Tracker = field(default_factory=Tracker)
     #: One signal reading at a time (the tracker's readings are ordered in time).
     signal_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -77,22 +82,6 @@ def ops_state(request: Request) -> OpsState:
 
 
 Ops = Annotated[OpsState, Depends(ops_state)]
-
-
-def _valid(state: OpsState, given: str | None) -> bool:
-    if state.token is None:
-        return True
-    expected = state.token.get_secret_value().encode()
-    return secrets.compare_digest((given or "").encode(), expected)
-
-
-async def require_token(request: Request, state: Ops, credentials: Credentials) -> None:
-    """The bearer token, or the dashboard's cookie."""
-    given = credentials.credentials if credentials is not None else request.cookies.get(COOKIE)
-    if not _valid(state, given):
-        raise ApiError(401, "authentication_error", "invalid_api_key",
-                       "missing or invalid bearer token (or dashboard cookie)",
-                       headers={"WWW-Authenticate": "Bearer"})
 
 
 def queue_keys(queue: str, state: OpsState) -> QueueKeys:
@@ -127,12 +116,6 @@ class DeadLetterAction(BaseModel):
 
 
 api = APIRouter(tags=["admin"])
-
-
-def guarded(token: object | None) -> list[Any]:
-    """The dependencies ``api`` is included with: ``require_token`` when a token is set; none
-    without one, so that the schema then declares no security scheme (nothing is checked)."""
-    return [Depends(require_token)] if token is not None else []
 open_routes = APIRouter(tags=["admin"])
 
 
@@ -259,25 +242,81 @@ def _page(name: str) -> str:
     return (resources.files("inferq.gateway") / name).read_text(encoding="utf-8")
 
 
+_INLINE = re.compile(r"<(script|style)>(.*?)</\1>", re.DOTALL)
+
+
+def _csp(page: str) -> str:
+    """A Content-Security-Policy that admits exactly the page's own inline script and style
+    (by hash) and nothing from elsewhere."""
+    hashes: dict[str, list[str]] = {"script": [], "style": []}
+    for kind, body in _INLINE.findall(page):
+        digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
+        hashes[kind].append(f"'sha256-{digest}'")
+    return ("default-src 'none'; connect-src 'self'; img-src 'self'; form-action 'self'; "
+            "base-uri 'none'; frame-ancestors 'none'; "
+            f"script-src {' '.join(hashes['script']) or chr(39) + 'none' + chr(39)}; "
+            f"style-src {' '.join(hashes['style']) or chr(39) + 'none' + chr(39)}")
+
+
+def _html(page: str, status_code: int = 200) -> HTMLResponse:
+    return HTMLResponse(page, status_code=status_code, headers={"Content-Security-Policy":
+                                                                _csp(page)})
+
+
 def _login(message: str = "") -> str:
     return _page("dashboard_login.html").replace("{{message}}", message)
 
 
+async def _signed_in(request: Request, state: OpsState) -> Principal | None:
+    if await state.auth.is_open():
+        return Principal.operator()
+    cookie = request.cookies.get(COOKIE)
+    principal = await state.auth.session(cookie) if cookie else None
+    return principal if principal is not None and principal.admits("admin") else None
+
+
+def _client(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
 @open_routes.get("/dashboard", response_class=HTMLResponse, summary="The live dashboard")
 async def dashboard(request: Request, state: Ops) -> HTMLResponse:
-    if not _valid(state, request.cookies.get(COOKIE)):
-        return HTMLResponse(_login())
-    return HTMLResponse(_page("dashboard.html"))
+    if await _signed_in(request, state) is None:
+        return _html(_login())
+    return _html(_page("dashboard.html"))
 
 
 @open_routes.post("/dashboard/login", response_class=HTMLResponse, include_in_schema=False)
 async def login(request: Request, state: Ops) -> Any:
+    """Signs in with an admin-scoped key (or the operator's token): a session, not a cookie
+    holding the key."""
+    names, client = state.auth.names, _client(request)
+    redis = state.client.redis
+    if await plans.run_async(redis, sessions.blocked_plan(names, client)):
+        return _html(_login("too many failed sign-ins: try again later"), 429)
     form = parse_qs((await request.body()).decode("utf-8", "replace"))
-    token = (form.get("token") or [""])[0]
-    if not _valid(state, token):
-        return HTMLResponse(_login("wrong token"), status_code=401)
+    secret = (form.get("token") or [""])[0].strip()
+    principal = await state.auth.bearer(secret)
+    if principal is None or not principal.admits("admin"):
+        await plans.run_async(redis, sessions.failed_plan(names, client))
+        return _html(_login("wrong key, or not an admin key"), 401)
+    cookie = sessions.new_cookie()
+    holder = sessions.OPERATOR if principal.key_id is None else apikeys.digest(secret)
+    await plans.run_async(redis, sessions.create_plan(names, cookie, holder))
     response = RedirectResponse(f"{request.scope.get('root_path', '')}/dashboard",
                                 status_code=303)
-    response.set_cookie(COOKIE, token, httponly=True, samesite="strict",
-                        secure=request.url.scheme == "https")
+    response.set_cookie(COOKIE, cookie, max_age=sessions.TTL_S, httponly=True,
+                        samesite="strict", secure=request.url.scheme == "https")
+    return response
+
+
+@open_routes.post("/dashboard/logout", include_in_schema=False)
+async def logout(request: Request, state: Ops) -> RedirectResponse:
+    cookie = request.cookies.get(COOKIE)
+    if cookie:
+        await plans.run_async(state.client.redis, sessions.delete_plan(state.auth.names, cookie))
+        state.auth.forget_session(cookie)
+    response = RedirectResponse(f"{request.scope.get('root_path', '')}/dashboard",
+                                status_code=303)
+    response.delete_cookie(COOKIE, httponly=True, samesite="strict")
     return response

@@ -12,14 +12,17 @@ from fastapi import Depends, FastAPI
 
 import inferq
 from inferq.gateway import admin, errors
-from inferq.gateway.auth import bearer_auth
+from inferq.gateway.auth import declared_bearer
+from inferq.gateway.authn import Authenticator
 from inferq.gateway.batch_state import BatchState
 from inferq.gateway.fastpath import EmbeddingsFastPath
+from inferq.gateway.frontdoor import FrontDoor
 from inferq.gateway.routes import batches, completions, files, health, models, native, openai_compat
 from inferq.gateway.settings import GatewaySettings
 from inferq.gateway.state import GatewayState
 from inferq.producer.aio import AsyncClient
 from inferq.producer.common import ClientOptions
+from inferq.protocol.keys import TenancyKeys
 
 log = logging.getLogger("inferq.gateway")
 
@@ -34,11 +37,14 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                                 max_queue_depth=settings.max_queue_depth,
                                 max_connections=settings.max_connections, warn_no_worker=False)
         client = AsyncClient(settings.redis_url.get_secret_value(), options=options)
-        app.state.gateway = GatewayState(settings=settings, client=client)
+        auth = Authenticator(client.redis, TenancyKeys(settings.namespace), settings.token)
+        app.state.auth = auth
+        app.state.gateway = GatewayState(settings=settings, client=client, auth=auth)
         app.state.batch = BatchState.open(settings, client)
-        app.state.ops = admin.OpsState(client=client, token=settings.token)
+        app.state.ops = admin.OpsState(client=client, auth=auth)
         log.info("inferq gateway: redis %s, auth %s", settings.redacted_redis_url,
-                 "bearer token" if settings.token is not None else "OFF")
+                 "the operator's token and API keys" if settings.token is not None else
+                 "API keys (open to the allowed hosts while none exists)")
         try:
             yield
         finally:
@@ -51,10 +57,12 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                               "events), and inferq's native request API.")
     errors.install(app, retry_after_s=settings.retry_after_s)
     if settings.fast_path:
-        app.add_middleware(EmbeddingsFastPath, token=settings.token.get_secret_value()
-                           if settings.token is not None else None)
-    # Without a token nothing is checked, and the schema declares no security scheme.
-    authenticated = [Depends(bearer_auth(settings.token))] if settings.token is not None else []
+        app.add_middleware(EmbeddingsFastPath)
+    # Added last, so outermost: nothing runs, and no body is read, before it admits a caller.
+    app.add_middleware(FrontDoor, max_body_bytes=int(settings.max_body_mb * (1 << 20)),
+                       max_file_bytes=settings.max_file_bytes,
+                       allowed_hosts=settings.allowed_host_names)
+    authenticated = [Depends(declared_bearer)]
     app.include_router(health.router)
     app.include_router(openai_compat.router, dependencies=authenticated)
     app.include_router(completions.router, dependencies=authenticated)
@@ -62,6 +70,6 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(models.router, dependencies=authenticated)
     app.include_router(files.router, dependencies=authenticated)
     app.include_router(batches.router, dependencies=authenticated)
-    app.include_router(admin.api, dependencies=admin.guarded(settings.token))  # or the cookie
+    app.include_router(admin.api, dependencies=authenticated)  # or the dashboard's session
     app.include_router(admin.open_routes)
     return app

@@ -3,6 +3,7 @@ as a FastAPI dependency, and the checks routes make with it."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -41,3 +42,11 @@ def tenant_of(caller: Principal, requested: str | None) -> str | None:
     """A request's tenant: its key's; only a caller without one (the operator) may name one
     (where ``INFERQ_GATEWAY_TENANT_FROM`` lets it)."""
     return caller.tenant if caller.tenant is not None else requested
+
+
+def new_request_id(caller: Principal, given: str | None) -> str | None:
+    """The stored id of a new request: the caller's id (or a fresh one) in its tenant's name
+    space; None for the operator without an id (the SDK makes one)."""
+    if given is None:
+        return None if caller.tenant is None else caller.stored_id(uuid.uuid4().hex)
+    return caller.stored_id(given)

@@ -1,29 +1,30 @@
 """A fast path for ``POST /v1/embeddings``, the gateway's hot route.
 
 FastAPI spends most of a small request's CPU outside the route: resolving its dependencies
-(auth, state, three optional headers, the body) and matching the route, about as much as
+(state, three optional headers, the body) and matching the route, about as much as
 everything else the gateway does per call. This ASGI middleware serves the common case
-directly: a JSON body that ``EmbeddingsRequest`` accepts, the right bearer token (when one is
-configured) and none of the ``X-Priority`` / ``X-Deadline-S`` / ``X-Timeout-S`` /
-``X-Inferq-Tenant`` headers. It runs the very same code as the route (``embeddings_response``)
-and renders errors with the same functions as the app's exception handlers, so the answers
-are the same.
+directly: a JSON body that ``EmbeddingsRequest`` accepts and none of the ``X-Priority`` /
+``X-Deadline-S`` / ``X-Timeout-S`` / ``X-Inferq-Tenant`` headers. It sits inside the front
+door (``frontdoor``), which has already admitted the caller and bounds the body; the
+caller's principal (its tenant and priority ceiling) applies here as in the route. It runs
+the very same code as the route (``embeddings_response``) and renders errors with the same
+functions as the app's exception handlers, so the answers are the same.
 
-Everything else (a body that fails validation, a missing or wrong token, those headers, any
-other path) goes to the FastAPI app unchanged, with the body replayed: 422s naming the field,
-401s and the OpenAPI schema stay FastAPI's.
+Everything else (a body that fails validation, those headers, any other path) goes to the
+FastAPI app unchanged, with the body replayed: 422s naming the field and the OpenAPI schema
+stay FastAPI's.
 """
 
 from __future__ import annotations
-
-import secrets
 
 from pydantic import ValidationError as PydanticValidationError
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferq.errors import InferqError
+from inferq.gateway.caller import principal_of
 from inferq.gateway.errors import ApiError, from_inferq, unavailable
+from inferq.gateway.frontdoor import route_path
 from inferq.gateway.routes.openai_compat import embeddings_response
 from inferq.gateway.schemas import EmbeddingsRequest
 from inferq.gateway.state import GatewayState
@@ -33,16 +34,15 @@ _SLOW_HEADERS = frozenset({b"x-priority", b"x-deadline-s", b"x-timeout-s", b"x-i
 
 
 class EmbeddingsFastPath:
-    def __init__(self, app: ASGIApp, *, token: str | None) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.expected = f"bearer {token}".encode() if token is not None else None
         #: Calls served here, and handed to FastAPI (for tests and logs).
         self.served = 0
         self.passed = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] != "http" or scope["method"] != "POST"
-                or _route_path(scope) != PATH):
+                or route_path(scope) != PATH):
             await self.app(scope, receive, send)
             return
         body = await _read_body(receive)
@@ -55,7 +55,7 @@ class EmbeddingsFastPath:
         state = scope["app"].state.gateway
         assert isinstance(state, GatewayState)
         try:
-            response = await embeddings_response(state, request)
+            response = await embeddings_response(state, request, principal_of(scope))
         except ApiError as exc:
             response = exc.response()
         except InferqError as exc:
@@ -65,29 +65,15 @@ class EmbeddingsFastPath:
         await response(scope, receive, send)
 
     def _accept(self, scope: Scope, body: bytes) -> EmbeddingsRequest | None:
-        authorization = b""
         for name, value in scope["headers"]:
             if name in _SLOW_HEADERS:
                 return None
-            if name == b"authorization":
-                authorization = value
-            elif name == b"content-type" and not value.lower().startswith(b"application/json"):
-                return None
-        if self.expected is not None:
-            scheme, _, credentials = authorization.partition(b" ")
-            if not secrets.compare_digest(scheme.lower() + b" " + credentials.strip(),
-                                          self.expected):
+            if name == b"content-type" and not value.lower().startswith(b"application/json"):
                 return None
         try:
             return EmbeddingsRequest.model_validate_json(body)
         except (PydanticValidationError, ValueError):
             return None
-
-
-def _route_path(scope: Scope) -> str:
-    path: str = scope["path"]
-    root: str = scope.get("root_path", "")
-    return path[len(root):] if root and path.startswith(root) else path
 
 
 async def _read_body(receive: Receive) -> bytes:

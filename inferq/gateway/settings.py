@@ -3,7 +3,7 @@
 | variable | default | meaning |
 |---|---|---|
 | ``INFERQ_REDIS_URL`` | ``redis://localhost:6379/0`` | the queue's Redis (as the SDK) |
-| ``INFERQ_GATEWAY_TOKEN`` | unset | bearer token required on ``/v1/*``; unset = no auth |
+| ``INFERQ_GATEWAY_TOKEN`` | unset | operator's token: all scopes, no tenant |
 | ``INFERQ_GATEWAY_TIMEOUT_S`` | 60 | how long a call waits for results by default |
 | ``INFERQ_GATEWAY_MAX_TIMEOUT_S`` | 600 | the largest wait a caller may ask for |
 | ``INFERQ_GATEWAY_MAX_QUEUE_DEPTH`` | 1000000 | back-pressure: 429 beyond this many pending |
@@ -21,10 +21,12 @@
 | ``INFERQ_GATEWAY_BATCH_MAX_OUTSTANDING`` | 4096 | most lines of one batch in the queue |
 | ``INFERQ_GATEWAY_BATCH_CHUNK`` | 256 | lines a batch runner queues or drains per step |
 | ``INFERQ_GATEWAY_BATCH_IDLE_S`` | 1 | a batch runner with nothing to do blocks this long |
-| ``INFERQ_GATEWAY_MAX_FILE_BYTES`` | 536870912 | largest upload (OpenAI's 512 MB) |
 | ``INFERQ_GATEWAY_MAX_BATCH_BYTES`` | 209715200 | largest batch input (200 MB) |
 | ``INFERQ_GATEWAY_MAX_BATCH_LINES`` | 50000 | most lines per batch |
-| ``INFERQ_GATEWAY_TENANT_FROM`` | ``none`` | the tenant: ``user`` field, ``header``, ``none`` |
+| ``INFERQ_GATEWAY_TENANT_FROM`` | ``none`` | operator's tenant: ``user``, ``header``, ``none`` |
+| ``INFERQ_GATEWAY_MAX_BODY_MB`` | 16 | largest body (413 beyond, as it streams in) |
+| ``INFERQ_GATEWAY_MAX_FILE_MB`` | 200 | largest ``/v1/files`` upload (OpenAI's) |
+| ``INFERQ_GATEWAY_ALLOWED_HOSTS`` | ``localhost,127.0.0.1,::1`` | Hosts served while open |
 
 The Redis URL and the token are ``SecretStr``: neither appears in a repr or a log line; log
 ``redacted_redis_url`` instead.
@@ -82,7 +84,6 @@ class GatewaySettings(BaseSettings):
     # Files and batches (``inferq.batch``).
     file_store: str = Field(default_factory=lambda: os.path.expanduser("~/.inferq/files"))
     file_store_options: dict[str, Any] = Field(default_factory=dict)
-    max_file_bytes: Annotated[int, Field(ge=1)] = 512 << 20
     max_batch_bytes: Annotated[int, Field(ge=1)] = 200 << 20
     max_batch_lines: Annotated[int, Field(ge=1)] = 50_000
     batch_priority: Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)] = -50
@@ -92,6 +93,20 @@ class GatewaySettings(BaseSettings):
     batch_max_outstanding: Annotated[int, Field(ge=1)] = 4096
     #: A blocking read: at most 5 s, well inside the connections' read timeout.
     batch_idle_s: Annotated[float, Field(gt=0, le=5, allow_inf_nan=False)] = 1.0
+
+    # The front door (``frontdoor``): limits applied before a body is read.
+    max_body_mb: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 16.0
+    max_file_mb: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 200.0
+    #: Comma-separated ``Host`` names an open gateway (no token, no key) answers; ``*``: any.
+    allowed_hosts: str = "localhost,127.0.0.1,::1"
+
+    @property
+    def allowed_host_names(self) -> tuple[str, ...]:
+        return tuple(h.strip().lower() for h in self.allowed_hosts.split(",") if h.strip())
+
+    @property
+    def max_file_bytes(self) -> int:
+        return int(self.max_file_mb * (1 << 20))
 
     @field_validator("token")
     @classmethod

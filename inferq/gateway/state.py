@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
+from inferq.gateway.authn import Authenticator
 from inferq.gateway.coalesce import Coalescer
 from inferq.gateway.errors import ApiError, model_not_found
 from inferq.gateway.served import ServedQueues
@@ -24,6 +25,8 @@ log = logging.getLogger("inferq.gateway")
 class GatewayState:
     settings: GatewaySettings
     client: AsyncClient
+    #: Who a bearer key or a dashboard session stands for (used by ``frontdoor``).
+    auth: Authenticator
     #: A wait on a request this gateway did not enqueue (a repeated ``id``) blocks one pooled
     #: connection in ``BLMOVE``; bounding those waits keeps the pool free for everything else.
     blocking_waits: asyncio.Semaphore = field(init=False)

@@ -169,8 +169,9 @@ def revoke_plan(keys: TenancyKeys, key_id: str) -> Plan[bool]:
     return bool(done)
 
 
-def lookup_plan(keys: TenancyKeys, secret: str) -> Plan[ApiKey | None]:
-    (raw,) = yield [call("hgetall", keys.key(digest(secret)))]
+def lookup_plan(keys: TenancyKeys, secret: str, *, by_digest: bool = False
+                ) -> Plan[ApiKey | None]:
+    (raw,) = yield [call("hgetall", keys.key(secret if by_digest else digest(secret)))]
     return ApiKey.from_record(raw) if raw else None
 
 

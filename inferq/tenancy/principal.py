@@ -69,6 +69,11 @@ class Principal:
         prefix = self.tenant + ID_SEPARATOR
         return stored_id[len(prefix):] if stored_id.startswith(prefix) else stored_id
 
+    @property
+    def default_priority(self) -> int:
+        """The priority of a request that names none: 0, or the key's ceiling if lower."""
+        return 0 if self.max_priority is None else min(0, self.max_priority)
+
     def priority_refusal(self, priority: int) -> str | None:
         """Why ``priority`` is refused (above the key's ceiling), or None."""
         if self.max_priority is not None and priority > self.max_priority:

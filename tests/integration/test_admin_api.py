@@ -90,25 +90,32 @@ def test_the_signal_for_keda_and_prometheus(admin: TestClient, client: inferq.Cl
     assert admin.get("/autoscale/embed:m").status_code == 401
     every = admin.get("/autoscale", headers=AUTH).json()
     assert every["queues"]["embed:m"]["desired"] == 1
-    text = admin.get("/metrics/autoscale").text  # open, like the workers' /metrics
+    assert admin.get("/metrics/autoscale").status_code == 401  # an autoscale key or better
+    text = admin.get("/metrics/autoscale", headers=AUTH).text
     assert 'inferq_workers_desired{queue="embed:m"} 1' in text
 
 
-def test_the_dashboard_asks_for_the_token_and_sets_a_cookie(admin: TestClient) -> None:
+def test_the_dashboard_signs_in_to_a_session_not_a_cookie_holding_the_token(
+        admin: TestClient) -> None:
     page = admin.get("/dashboard")
     assert page.status_code == 200 and 'name="token"' in page.text
-    wrong = admin.post("/dashboard/login", content="token=nope",
-                       headers={"Content-Type": "application/x-www-form-urlencoded"})
-    assert wrong.status_code == 401 and "wrong token" in wrong.text
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    wrong = admin.post("/dashboard/login", content="token=nope", headers=form)
+    assert wrong.status_code == 401 and "wrong key" in wrong.text
     assert admin.get("/admin/overview").status_code == 401
     right = admin.post("/dashboard/login", content="token=sesame", follow_redirects=False,
-                       headers={"Content-Type": "application/x-www-form-urlencoded"})
-    assert right.status_code == 303 and COOKIE in right.headers["set-cookie"]
-    assert "HttpOnly" in right.headers["set-cookie"]
-    assert "samesite=strict" in right.headers["set-cookie"].lower()
-    admin.cookies.set(COOKIE, "sesame")
-    assert "/admin/overview" in admin.get("/dashboard").text
+                       headers=form)
+    cookie = right.headers["set-cookie"]
+    assert right.status_code == 303 and COOKIE in cookie and "sesame" not in cookie
+    assert "HttpOnly" in cookie and "samesite=strict" in cookie.lower() and "Max-Age" in cookie
+    assert "/admin/overview" in admin.get("/dashboard").text  # the client kept the cookie
     assert admin.get("/admin/overview").status_code == 200
+    out = admin.post("/dashboard/logout", follow_redirects=False)
+    assert out.status_code == 303
+    admin.cookies.clear()
+    admin.cookies.set(COOKIE, right.cookies[COOKIE])  # the old session id, replayed
+    assert admin.get("/admin/overview").status_code == 401
+    assert 'name="token"' in admin.get("/dashboard").text
 
 
 def test_the_overview_combines_the_workers_queue_waits(admin: TestClient, client: inferq.Client,
@@ -132,11 +139,12 @@ def test_inferq_dashboard_serves_the_same_without_a_gateway(redis_url: str,
     args = build_parser().parse_args(["dashboard", "--port", "9999", "--token", "t"])
     assert (args.host, args.port, args.token) == ("127.0.0.1", 9999, "t")
     client.enqueue("a", model="m")
-    with TestClient(create_ops_app(redis_url, token="t")) as ops:
+    with TestClient(create_ops_app(redis_url, token="t"), base_url="http://localhost") as ops:
         assert ops.get("/healthz").status_code == 200
         assert 'name="token"' in ops.get("/dashboard").text
         assert ops.get("/admin/overview").status_code == 401
         view = ops.get("/admin/overview", headers={"Authorization": "Bearer t"}).json()
         assert [q["queue"] for q in view["queues"]] == ["embed:m"]
-        assert 'inferq_workers_desired{queue="embed:m"} 1' in ops.get("/metrics/autoscale").text
+        assert 'inferq_workers_desired{queue="embed:m"} 1' in ops.get(
+            "/metrics/autoscale", headers={"Authorization": "Bearer t"}).text
         assert not any(p.startswith("/v1") for p in ops.get("/openapi.json").json()["paths"])

@@ -93,7 +93,7 @@ def test_files_round_trip_with_openai_shapes(batch_api: TestClient) -> None:
 
 
 def test_file_limits_and_purpose(make_api: MakeApi, tmp_path: Path) -> None:
-    with make_api(file_store=str(tmp_path), max_file_bytes=10) as api:
+    with make_api(file_store=str(tmp_path), max_file_mb=10 / (1 << 20)) as api:
         big = api.post("/v1/files", files={"file": ("x", b"x" * 11)}, data={"purpose": "batch"})
         assert big.status_code == 400 and big.json()["error"]["code"] == "file_too_large"
         assert api.get("/v1/files").json()["data"] == []  # nothing kept

@@ -35,6 +35,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from inferq.errors import InferqError, RequestError, ResultTimeout
+from inferq.gateway.caller import Caller, check_priority, new_request_id, tenant_of
 from inferq.gateway.errors import ApiError, from_inferq
 from inferq.gateway.routes.common import (
     DeadlineHeader,
@@ -61,6 +62,7 @@ from inferq.producer.common import RequestState, raise_for_status
 from inferq.producer.streaming import StreamEntry, StreamReader
 from inferq.protocol.codec import Result
 from inferq.protocol.generation import GENERATE_TASK, FinishReason
+from inferq.tenancy.principal import Principal
 
 router = APIRouter(tags=["openai"])
 
@@ -98,7 +100,8 @@ async def cancel_shielded(handle: AsyncHandle) -> None:
         await cancel_quietly([handle])
 
 
-async def enqueue(state: GatewayState, body: ChatCompletionRequest | CompletionRequest,
+async def enqueue(state: GatewayState, caller: Principal,
+                  body: ChatCompletionRequest | CompletionRequest,
                   priority: int | None, deadline_s: float | None,
                   request_id: str | None = None, tenant: str | None = None) -> AsyncHandle:
     if isinstance(body, ChatCompletionRequest):
@@ -106,15 +109,18 @@ async def enqueue(state: GatewayState, body: ChatCompletionRequest | CompletionR
         messages: list[Mapping[str, str]] | None = [m.model_dump() for m in body.messages]
     else:
         prompt, messages = body.prompt, None
+    chosen = check_priority(caller, body.priority if body.priority is not None else (
+        priority if priority is not None else caller.default_priority))
     await state.require_served(GENERATE_TASK, body.model)
     return await state.client.enqueue(
-        prompt, messages=messages, model=body.model, task=GENERATE_TASK,
-        priority=body.priority if body.priority is not None else (priority or 0),
+        prompt, messages=messages, model=body.model, task=GENERATE_TASK, priority=chosen,
         deadline_s=body.deadline_s if body.deadline_s is not None else deadline_s,
-        params=body.params(), id=request_id, tenant=state.tenant(body.user, tenant))
+        params=body.params(), id=new_request_id(caller, request_id),
+        tenant=tenant_of(caller, state.tenant(body.user, tenant)))
 
 
-async def wait(state: GatewayState, handle: AsyncHandle, timeout: float) -> Result:
+async def wait(state: GatewayState, caller: Principal, handle: AsyncHandle,
+               timeout: float) -> Result:
     """The ok result; a timeout (or this call being cancelled) cancels the request (not one
     that an earlier call with the same ``X-Request-Id`` queued: it is not this call's)."""
     try:
@@ -125,7 +131,7 @@ async def wait(state: GatewayState, handle: AsyncHandle, timeout: float) -> Resu
         if not handle.duplicate:
             await cancel_shielded(handle)
         error = from_inferq(exc)
-        error.request_id = handle.id
+        error.request_id = caller.public_id(handle.id)
         raise error from exc
     except BaseException:
         if not handle.duplicate:
@@ -345,34 +351,37 @@ def chunk_id(chat: bool, request_id: str) -> str:
     return f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
 
 
-async def respond(state: GatewayState, body: ChatCompletionRequest | CompletionRequest,
-                  headers: Headers,
+async def respond(state: GatewayState, caller: Principal,
+                  body: ChatCompletionRequest | CompletionRequest, headers: Headers,
                   answer: Callable[[Chunks, Result], CompletionResponse | ChatCompletionResponse]
                   ) -> Response:
     """Both routes: queue the request, then stream its chunks, or wait and ``answer`` with the
     response body made of the result."""
     timeout = state.timeout(headers.timeout_s, "X-Timeout-S")
-    handle = await enqueue(state, body, headers.priority, headers.deadline_s, headers.request_id,
-                           headers.tenant)
+    handle = await enqueue(state, caller, body, headers.priority, headers.deadline_s,
+                           headers.request_id, headers.tenant)
+    public = caller.public_id(handle.id)
     chat = isinstance(body, ChatCompletionRequest)
-    chunks = Chunks(chat=chat, id=chunk_id(chat, handle.id), model=body.model,
+    chunks = Chunks(chat=chat, id=chunk_id(chat, public), model=body.model,
                     created=int(time.time()))
-    echo = {"X-Request-Id": handle.id} if headers.request_id is not None else {}
+    echo = {"X-Inferq-Request-Id": public}
+    if headers.request_id is not None:
+        echo["X-Request-Id"] = public
     if body.stream:
         return stream_response(state, handle, chunks, timeout, body.include_usage,
                                cancel_on_close=not body.resumable, headers=echo,
                                ids=body.resumable or headers.event_stream)
-    result = await wait(state, handle, timeout)
+    result = await wait(state, caller, handle, timeout)
     return Response(answer(chunks, result).model_dump_json(), media_type="application/json",
-                    headers={"X-Inferq-Request-Id": handle.id, **echo})
+                    headers=echo)
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=STREAM_RESPONSES,
              summary="Create a text completion (OpenAI-compatible)")
-async def create_completion(body: CompletionRequest, state: State,
+async def create_completion(body: CompletionRequest, state: State, caller: Caller,
                             headers: RouteHeaders) -> Response:
     """Continues ``prompt`` (task ``generate``); ``usage`` is the worker tokenizer's count."""
-    return await respond(state, body, headers, lambda chunks, result: CompletionResponse(
+    return await respond(state, caller, body, headers, lambda chunks, result: CompletionResponse(
         id=chunks.id, created=chunks.created, model=body.model, usage=usage_of(result),
         choices=[CompletionChoice(text=text_of(result, body.model),
                                   finish_reason=finish_reason(result),
@@ -381,10 +390,11 @@ async def create_completion(body: CompletionRequest, state: State,
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
              responses=STREAM_RESPONSES, summary="Create a chat completion (OpenAI-compatible)")
-async def create_chat_completion(body: ChatCompletionRequest, state: State,
+async def create_chat_completion(body: ChatCompletionRequest, state: State, caller: Caller,
                                  headers: RouteHeaders) -> Response:
     """Answers ``messages`` (rendered with the model's chat template on the worker)."""
-    return await respond(state, body, headers, lambda chunks, result: ChatCompletionResponse(
+    return await respond(state, caller, body, headers,
+                         lambda chunks, result: ChatCompletionResponse(
         id=chunks.id, created=chunks.created, model=body.model, usage=usage_of(result),
         choices=[ChatChoice(message=AssistantMessage(content=text_of(result, body.model)),
                             finish_reason=finish_reason(result),
@@ -393,7 +403,8 @@ async def create_chat_completion(body: ChatCompletionRequest, state: State,
 
 @router.get("/v1/requests/{request_id}/stream", responses=STREAM_RESPONSES,
             summary="Resume a generation's event stream (Last-Event-ID)")
-async def resume_stream(request_id: RequestIdPath, state: State, model: ModelQuery,
+async def resume_stream(request_id: RequestIdPath, state: State, caller: Caller,
+                        model: ModelQuery,
                         format: Annotated[Literal["chat", "completion"], Query(
                             description="the chunks' shape: chat.completion.chunk or "
                                         "text_completion")] = "chat",
@@ -409,11 +420,13 @@ async def resume_stream(request_id: RequestIdPath, state: State, model: ModelQue
     any gateway, with no event twice. Reading never cancels the request."""
     position = Position.parse(last_event_id)
     timeout = state.timeout(x_timeout_s, "X-Timeout-S")
-    handle = await state.client.find(request_id, model=model, task=GENERATE_TASK)
+    handle = await state.client.find(caller.stored_id(request_id), model=model,
+                                     task=GENERATE_TASK)
     if await handle.status() is RequestState.UNKNOWN:
-        raise not_found(handle)
+        raise not_found(caller, handle)
     chat = format == "chat"
-    chunks = Chunks(chat=chat, id=chunk_id(chat, handle.id), model=model,
+    chunks = Chunks(chat=chat, id=chunk_id(chat, request_id), model=model,
                     created=int(time.time()))
     return stream_response(state, handle, chunks, timeout, include_usage,
-                           cancel_on_close=False, position=position)
+                           cancel_on_close=False, position=position,
+                           headers={"X-Inferq-Request-Id": request_id})

@@ -13,6 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response
 
 from inferq.errors import ResultTimeout
+from inferq.gateway.caller import Caller, check_priority, new_request_id, tenant_of
 from inferq.gateway.errors import ApiError, from_inferq
 from inferq.gateway.routes.common import DeadlineHeader, PriorityHeader, TenantHeader
 from inferq.gateway.schemas import (
@@ -27,6 +28,7 @@ from inferq.gateway.state import GatewayState, State
 from inferq.producer.aio import AsyncHandle
 from inferq.producer.common import RequestState
 from inferq.protocol.codec import PUBLIC_ID_RE, Result
+from inferq.tenancy.principal import Principal
 
 router = APIRouter(tags=["requests"])
 
@@ -38,25 +40,27 @@ TimeoutQuery = Annotated[float | None, Query(gt=0, allow_inf_nan=False,
                                              description="with wait: seconds to wait")]
 
 
-def view(handle: AsyncHandle, status: RequestState, result: Result | None = None,
-         duplicate: bool | None = None) -> RequestView:
-    return RequestView(id=handle.id, queue=handle.keys.queue, status=status,
+def view(caller: Principal, handle: AsyncHandle, status: RequestState,
+         result: Result | None = None, duplicate: bool | None = None) -> RequestView:
+    return RequestView(id=caller.public_id(handle.id), queue=handle.keys.queue, status=status,
                        duplicate=duplicate,
                        result=None if result is None else ResultView.of(result))
 
 
-def not_found(handle: AsyncHandle) -> ApiError:
+def not_found(caller: Principal, handle: AsyncHandle) -> ApiError:
+    public = caller.public_id(handle.id)
     return ApiError(404, "not_found_error", "not_found",
-                    f"no request {handle.id!r} in queue {handle.keys.queue!r} (never queued, "
-                    "or its result expired)", request_id=handle.id)
+                    f"no request {public!r} in queue {handle.keys.queue!r} (never queued, "
+                    "or its result expired)", request_id=public)
 
 
-async def current(handle: AsyncHandle, duplicate: bool | None = None) -> RequestView:
+async def current(caller: Principal, handle: AsyncHandle,
+                  duplicate: bool | None = None) -> RequestView:
     """The state now, and the result once there is one (two reads: the SDK has no one call
     that returns both)."""
     status = await handle.status()
     finished = status not in (RequestState.PENDING, RequestState.RUNNING, RequestState.UNKNOWN)
-    return view(handle, status, await handle.peek() if finished else None, duplicate)
+    return view(caller, handle, status, await handle.peek() if finished else None, duplicate)
 
 
 async def wait_for(state: GatewayState, handle: AsyncHandle, timeout: float) -> Result:
@@ -81,7 +85,7 @@ async def wait_for(state: GatewayState, handle: AsyncHandle, timeout: float) -> 
              responses={200: {"model": RequestView, "description": "with wait=true: done"},
                         404: {"description": "unknown request"}, **ERROR_RESPONSES},
              summary="Queue a request")
-async def create_request(body: CreateRequest, state: State, response: Response,
+async def create_request(body: CreateRequest, state: State, caller: Caller, response: Response,
                          x_priority: PriorityHeader = None,
                          x_deadline_s: DeadlineHeader = None,
                          x_inferq_tenant: TenantHeader = None,
@@ -91,36 +95,38 @@ async def create_request(body: CreateRequest, state: State, response: Response,
     ``wait=true``: 200 and the result, or the error that the result stands for (a 504 on
     timeout leaves the request queued: read it later by id)."""
     timeout = state.timeout(timeout_s, "timeout_s")
+    priority = check_priority(caller, body.priority if body.priority is not None else (
+        x_priority if x_priority is not None else caller.default_priority))
     await state.require_served(body.task, body.model)
     handle = await state.client.enqueue(
-        body.prompt, model=body.model, task=body.task,
-        priority=body.priority if body.priority is not None else (x_priority or 0),
+        body.prompt, model=body.model, task=body.task, priority=priority,
         deadline_s=body.deadline_s if body.deadline_s is not None else x_deadline_s,
-        id=body.id, params=body.params, max_attempts=body.max_attempts,
-        tenant=state.tenant(body.tenant, x_inferq_tenant))
+        id=new_request_id(caller, body.id), params=body.params,
+        max_attempts=body.max_attempts,
+        tenant=tenant_of(caller, state.tenant(body.tenant, x_inferq_tenant)))
     if wait:
         try:
             result = await wait_for(state, handle, timeout)
         except ResultTimeout as exc:
             error = from_inferq(exc)
-            error.request_id = handle.id  # still queued: the caller can read it later
+            error.request_id = caller.public_id(handle.id)  # still queued: read it later
             raise error from exc
         response.status_code = 200
-        return view(handle, RequestState.of(result.status), result, handle.duplicate)
+        return view(caller, handle, RequestState.of(result.status), result, handle.duplicate)
     if not handle.duplicate:
-        return view(handle, RequestState.PENDING, duplicate=False)
-    return await current(handle, duplicate=True)
+        return view(caller, handle, RequestState.PENDING, duplicate=False)
+    return await current(caller, handle, duplicate=True)
 
 
 @router.get("/v1/requests/{request_id}", response_model=RequestView,
             responses={404: {"description": "unknown request"}, **ERROR_RESPONSES},
             summary="A request's state, with its result once finished")
-async def get_request(request_id: RequestIdPath, state: State, model: ModelQuery,
-                      task: TaskQuery = "embed") -> RequestView:
-    handle = await state.client.find(request_id, model=model, task=task)
-    found = await current(handle)
+async def get_request(request_id: RequestIdPath, state: State, caller: Caller,
+                      model: ModelQuery, task: TaskQuery = "embed") -> RequestView:
+    handle = await state.client.find(caller.stored_id(request_id), model=model, task=task)
+    found = await current(caller, handle)
     if found.status is RequestState.UNKNOWN:
-        raise not_found(handle)
+        raise not_found(caller, handle)
     return found
 
 
@@ -128,14 +134,14 @@ async def get_request(request_id: RequestIdPath, state: State, model: ModelQuery
                responses={404: {"description": "unknown request"},
                           409: {"description": "already finished"}, **ERROR_RESPONSES},
                summary="Cancel a queued or running request")
-async def cancel_request(request_id: RequestIdPath, state: State, model: ModelQuery,
-                         task: TaskQuery = "embed") -> RequestView:
-    handle = await state.client.find(request_id, model=model, task=task)
+async def cancel_request(request_id: RequestIdPath, state: State, caller: Caller,
+                         model: ModelQuery, task: TaskQuery = "embed") -> RequestView:
+    handle = await state.client.find(caller.stored_id(request_id), model=model, task=task)
     if await handle.cancel():
-        return view(handle, RequestState.CANCELLED, await handle.peek())
+        return view(caller, handle, RequestState.CANCELLED, await handle.peek())
     status = await handle.status()
     if status is RequestState.UNKNOWN:
-        raise not_found(handle)
+        raise not_found(caller, handle)
     raise ApiError(409, "conflict_error", "already_finished",
                    f"request {request_id!r} already finished with status {status.value!r}",
                    request_id=request_id)

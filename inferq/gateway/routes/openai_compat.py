@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 
 from inferq.errors import QueueFull
+from inferq.gateway.caller import Caller, check_priority, tenant_of
 from inferq.gateway.errors import ApiError, from_inferq
 from inferq.gateway.jsonenc import dumps
 from inferq.gateway.routes.common import (
@@ -23,6 +24,7 @@ from inferq.gateway.routes.common import (
 )
 from inferq.gateway.schemas import ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse
 from inferq.gateway.state import GatewayState, State, cancel_quietly
+from inferq.tenancy.principal import Principal
 
 router = APIRouter(tags=["openai"])
 
@@ -56,18 +58,18 @@ def as_vector(output: Any, index: int, model: str) -> list[float]:
 
 @router.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=ERROR_RESPONSES,
              summary="Create embeddings (OpenAI-compatible)")
-async def create_embeddings(body: EmbeddingsRequest, state: State,
+async def create_embeddings(body: EmbeddingsRequest, state: State, caller: Caller,
                             x_priority: PriorityHeader = None,
                             x_deadline_s: DeadlineHeader = None,
                             x_timeout_s: TimeoutHeader = None,
                             x_inferq_tenant: TenantHeader = None) -> Response:
     """Queues every input (task ``embed``) in one round trip and waits for all of them. If one
     fails or the wait times out, the others are cancelled and the call fails as a whole."""
-    return await embeddings_response(state, body, x_priority, x_deadline_s, x_timeout_s,
+    return await embeddings_response(state, body, caller, x_priority, x_deadline_s, x_timeout_s,
                                      x_inferq_tenant)
 
 
-async def embeddings_response(state: GatewayState, body: EmbeddingsRequest,
+async def embeddings_response(state: GatewayState, body: EmbeddingsRequest, caller: Principal,
                               x_priority: int | None = None, x_deadline_s: float | None = None,
                               x_timeout_s: float | None = None,
                               x_tenant: str | None = None) -> Response:
@@ -85,13 +87,14 @@ async def embeddings_response(state: GatewayState, body: EmbeddingsRequest,
             raise ApiError(422, "invalid_request_error", "payload_too_large",
                            f"input[{i}]: longer than {max_bytes} bytes", param=f"input[{i}]")
     timeout = state.timeout(x_timeout_s, "X-Timeout-S")
-    priority = body.priority if body.priority is not None else (x_priority or 0)
+    priority = check_priority(caller, body.priority if body.priority is not None else (
+        x_priority if x_priority is not None else caller.default_priority))
     deadline_s = body.deadline_s if body.deadline_s is not None else x_deadline_s
     await state.require_served("embed", body.model)
     try:
         handles = await state.enqueue_many(
             texts, model=body.model, task="embed", priority=priority, deadline_s=deadline_s,
-            tenant=state.tenant(body.user, x_tenant))
+            tenant=tenant_of(caller, state.tenant(body.user, x_tenant)))
     except QueueFull as exc:
         # Some inputs may have got in before the queue filled: all or nothing.
         await cancel_quietly(exc.accepted)
