@@ -27,6 +27,7 @@ from inferq.cli import (
     demo,
     enqueue,
     gateway,
+    keys,
     queue,
     stats,
     worker,
@@ -48,13 +49,14 @@ Start a worker for a model, enqueue prompts from anywhere, watch the queue:
   inferq enqueue "hello" --model minilm         queue one prompt and print its result
   inferq stats                                  queue depths, in flight, workers, throughput
   inferq gateway                                OpenAI-compatible HTTP API (needs inferq[gateway])
+  inferq keys create --tenant acme              an API key for a tenant of the gateway
   inferq batch submit in.jsonl --endpoint /v1/embeddings   a batch job through the gateway
 
 Every command that talks to Redis takes --redis-url (default $INFERQ_REDIS_URL or
 redis://localhost:6379/0). `inferq COMMAND --help` shows a command's options."""
 
 #: In the order ``inferq --help`` lists them.
-COMMANDS = (worker, stats, queue, enqueue, gateway, batch, convert, demo, deadletter,
+COMMANDS = (worker, stats, queue, enqueue, gateway, keys, batch, convert, demo, deadletter,
             request_cmd, dashboard)
 #: Failures to reach or log in to the server; anything else keeps its traceback.
 CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, NoPermissionError,

@@ -32,6 +32,7 @@ from inferq.protocol import ops
 from inferq.protocol.codec import Result
 from inferq.protocol.keys import QueueKeys, shard_of
 from inferq.protocol.settings import QueueSettings
+from inferq.tenancy.apikeys import KeyStore
 
 T = TypeVar("T")
 
@@ -123,6 +124,8 @@ class Client:
         self.presence = WorkerPresence(self.options.namespace,
                                        warn=self.options.warn_no_worker)
         self.client_id = uuid.uuid4().hex
+        #: The gateway's API keys (``inferq keys``): ``client.keys.create("acme")``.
+        self.keys = KeyStore(self.redis, self.options.namespace)
         self._inboxes: dict[QueueKeys, SyncResultInbox] = {}
         self._inbox_lock = threading.Lock()
 
