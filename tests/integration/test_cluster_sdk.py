@@ -279,7 +279,7 @@ def test_the_gateway_serves_a_cluster(redis_cluster: LocalCluster, cluster_url: 
     main(["queue", "set", f"embed:{model}", "--shards", "3", "--redis-url", cluster_url])
     keys = QueueKeys.for_model("embed", model)
     settings = GatewaySettings(redis_url=redis_cluster.masters[1].url, token=None,
-                               timeout_s=30.0)
+                               timeout_s=30.0, allowed_hosts="testserver")
     with TestClient(create_app(settings)) as api:
         ready = api.get(f"/readyz?model={model}")
         assert ready.status_code == 503 and ready.json()["redis"] is True

@@ -1,5 +1,7 @@
 """schemathesis against the gateway's own OpenAPI schema, over every operation, through a real
-uvicorn server: no 5xx, no traceback, every refusal a JSON error that names the field. A
+uvicorn server that authenticates by tenant keys, called with a tenant's key (an ``api``
+scope: the admin routes answer 403): no 5xx, no traceback, every refusal a JSON error that
+names the field. A
 bounded run (``FUZZ_EXAMPLES`` per operation); a longer one sets ``INFERQ_FUZZ_EXAMPLES``
 (there is no benchmark scenario for it)."""
 
@@ -24,15 +26,23 @@ pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
-def fuzz_gateway(server: Any) -> Iterator[str]:
+def fuzz_gateway(server: Any) -> Iterator[tuple[str, dict[str, str]]]:
+    """The gateway's base URL, and a tenant key's header."""
+    import redis
+
     from inferq.gateway import GatewaySettings
+    from inferq.tenancy import KeyStore
+
+    with redis.Redis.from_url(server.url) as r:
+        r.flushall()
+        key = KeyStore(r).create("fuzzer", max_priority=10)
 
     # No worker: a valid body reaches the queue and is answered 404 model_not_found at once
     # (require_served_model), so every operation answers without waiting.
     settings = GatewaySettings(redis_url=SecretStr(server.url), token=None,
                                require_served_model=True, timeout_s=2)
     with serve(settings) as url:
-        yield url.removesuffix("/v1")
+        yield url.removesuffix("/v1"), {"Authorization": f"Bearer {key.secret}"}
 
 
 def operations() -> list[Any]:
@@ -95,7 +105,9 @@ def refusals_are_json_errors_naming_the_field(ctx: Any, response: Any, case: Any
 @pytest.mark.parametrize(("operation", "mode"), CASES,
                          ids=[f"{mode.value}-{op.label}" for op, mode in CASES])
 def test_the_api_answers_every_generated_request(operation: Any, mode: GenerationMode,
-                                                 fuzz_gateway: str) -> None:
+                                                 fuzz_gateway: tuple[str, dict[str, str]]
+                                                 ) -> None:
+    base_url, key = fuzz_gateway
     checks = [no_server_error, refusals_are_json_errors_naming_the_field]
     if mode is GenerationMode.NEGATIVE:
         checks.append(negative_data_rejection)
@@ -104,7 +116,12 @@ def test_the_api_answers_every_generated_request(operation: Any, mode: Generatio
     @settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
     def run(case: Any) -> None:
-        response = case.call(base_url=fuzz_gateway, timeout=30)
+        # The tenant's key in place of the generated credentials; a negative case that left
+        # the header out is sent without one (its invalid part: the 401 is its rejection).
+        headers = dict(case.headers or {})
+        if mode is GenerationMode.POSITIVE or "Authorization" in headers:
+            headers.update(key)
+        response = case.call(base_url=base_url, timeout=30, headers=headers)
         case.validate_response(response, checks=checks)
 
     run()

@@ -50,7 +50,7 @@ def served(redis_url_module: str) -> Iterator[TestClient]:
     from inferq.gateway import GatewaySettings, create_app
 
     settings = GatewaySettings(redis_url=SecretStr(redis_url_module), token=None,
-                               require_served_model=True)
+                               require_served_model=True, allowed_hosts="testserver")
     with TestClient(create_app(settings)) as api:
         yield api
 
