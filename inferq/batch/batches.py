@@ -127,7 +127,7 @@ class Batches:
         store = self.files.store
         total, model = await asyncio.to_thread(
             lambda: check_file(store.blocks(content_name(input_file_id)), endpoint,
-                               self.config.max_batch_lines))
+                               self.config.max_batch_lines, self.config.max_line_bytes))
         task = TASKS[endpoint]
         batch_id = f"batch_{uuid.uuid4().hex[:24]}"
         keys = BatchKeys.of(batch_id, task, model, self.namespace)

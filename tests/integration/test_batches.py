@@ -13,6 +13,7 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from inferq.batch.config import MAX_LINE_BYTES
 from inferq.batch.envelope import line_request_id
 from inferq.batch.fields import BatchField
 from inferq.batch.keys import BatchKeys
@@ -134,6 +135,22 @@ def test_an_invalid_file_is_a_400_naming_the_line(
     error = response.json()["error"]
     assert error["code"] == code and error["param"] == f"line {line}"
     assert error["message"].startswith(f"line {line}: ")
+    assert batch_api.get("/v1/batches").json()["data"] == []
+    assert r.zcard(EMBED.pending) == 0
+
+
+def test_a_huge_single_line_is_a_400_naming_it(batch_api: TestClient, r: redis.Redis) -> None:
+    """20 MiB of one line (no newline): refused at create by the per-line limit, read in
+    bounded memory (``tests/unit/test_batch_input.py`` measures it); the same after a good
+    line names line 2."""
+    for data, line in ((b'{"custom_id": "' + b"x" * (20 << 20), 1),
+                       (jsonl([embed_line("a", "x")]) + b"y" * (20 << 20) + b"\n", 2)):
+        response = create(batch_api, upload(batch_api, data)["id"])
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == "line_too_long" and error["param"] == f"line {line}"
+        assert error["message"] == (f"line {line}: longer than the limit of "
+                                    f"{MAX_LINE_BYTES} bytes per line")
     assert batch_api.get("/v1/batches").json()["data"] == []
     assert r.zcard(EMBED.pending) == 0
 
