@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import Any
 
 from inferq.batch import ops
 from inferq.batch.batches import Batches, decode
@@ -34,6 +35,8 @@ from inferq.batch.fields import BatchField as B
 from inferq.batch.files import content_name
 from inferq.batch.keys import BatchKeys, inbox_name
 from inferq.batch.lines import LineRefused, error_line, outcome, parse_line, response_line
+from inferq.errors import InferqError
+from inferq.gateway.errors import INVALID, ApiError, from_inferq
 from inferq.producer import common
 from inferq.producer.aio import AsyncClient
 from inferq.protocol import ops as queue_ops
@@ -43,6 +46,10 @@ log = logging.getLogger("inferq.gateway.batch")
 
 #: Ids per withdraw call.
 WITHDRAW_CHUNK = 500
+#: The longest a batch whose steps keep failing waits for its next try.
+MAX_BACKOFF_S = 30.0
+#: Enqueue outcomes that are back-pressure: the line is queued again by a later step.
+BACK_PRESSURE = ("full", common.TENANT_FULL)
 
 
 class LeaseLost(Exception):
@@ -94,6 +101,9 @@ class BatchRunner:
         #: A batch's keys never change: read from the index once.
         self._keys: dict[str, BatchKeys] = {}
         self._stop = asyncio.Event()
+        #: Batches whose last step raised: when to try again, and how many failed in a row.
+        self._retry_at: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
 
     def stop(self) -> None:
         self._stop.set()
@@ -117,18 +127,39 @@ class BatchRunner:
 
     async def round(self) -> str | None:
         """One step on each active batch. Returns None when nothing was done and nothing is
-        awaited, the inbox to block on when nothing was done, '' when work was done."""
+        awaited, the inbox to block on when nothing was done, '' when work was done.
+
+        Each batch's step is isolated: one that raises is logged and that batch alone is
+        retried later (backing off while it keeps failing); the others go on in this round."""
         did = False
         inbox: str | None = None
+        now = time.monotonic()
         for raw in await self.redis.smembers(self.batches.index.active):
             batch_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+            if self._retry_at.get(batch_id, 0.0) > now:
+                continue
             try:
                 worked, waits_on = await self.step(batch_id)
             except LeaseLost:
                 continue
+            except Exception:
+                self._failed(batch_id)
+                continue
+            self._retry_at.pop(batch_id, None)
+            self._failures.pop(batch_id, None)
             did = did or worked
             inbox = inbox or waits_on
         return "" if did else inbox
+
+    def _failed(self, batch_id: str) -> None:
+        """A step of ``batch_id`` raised: log it, and skip the batch for a while (doubling,
+        up to ``MAX_BACKOFF_S``) so a step that keeps failing costs no other batch a thing."""
+        failures = self._failures.get(batch_id, 0) + 1
+        self._failures[batch_id] = failures
+        delay = min(MAX_BACKOFF_S, self.config.idle_s * 2 ** min(failures - 1, 16))
+        self._retry_at[batch_id] = time.monotonic() + delay
+        log.exception("batch %s: a step failed (%d in a row); retried in %.1f s", batch_id,
+                      failures, delay)
 
     async def lease(self, keys: BatchKeys) -> str | None:
         k, a = ops.lease_call(keys, self.token, int(self.config.lease_s * 1000))
@@ -257,12 +288,17 @@ class BatchRunner:
                 made.append(response_line(request_id, parsed.custom_id, parsed.error.status,
                                           parsed.error.body()))
             else:
-                mapping[request_id] = json.dumps(parsed.meta)
                 request = {**parsed.enqueue, "priority": held.n(B.PRIORITY),
                            "deadline_s": deadline_s, "id": request_id}
+                prepared = self._prepare(parsed.prompt, request, batch_id)
+                if isinstance(prepared, ApiError):  # what the queue refuses: this line only
+                    prepared.request_id = request_id
+                    made.append(response_line(request_id, parsed.custom_id, prepared.status,
+                                              prepared.body()))
+                    continue
+                mapping[request_id] = json.dumps(parsed.meta)
                 made.append(len(items))
-                items.append(common.prepare(parsed.prompt, request, self.client.options,
-                                            reply_to=inbox_name(batch_id)).item)
+                items.append(prepared)
         count = len(lines)
         if items:
             await self.redis.hset(held.keys.lines, mapping=mapping)
@@ -270,10 +306,11 @@ class BatchRunner:
                 self.redis, self.queue_scripts["enqueue"], [(held.keys.queue, items)],
                 self.client.options)
             outcomes = queue_ops.parse_enqueue(raw_reply).outcomes
-            if "full" in outcomes:
+            refused = [i for i, o in enumerate(outcomes) if o in BACK_PRESSURE]
+            if refused:
                 # Back-pressure: commit only the lines before the first one refused (those
                 # after it that got in are queued again, idempotently, by the next step).
-                first = outcomes.index("full")
+                first = refused[0]
                 count = made.index(first)
                 if count == 0:
                     return False
@@ -292,6 +329,20 @@ class BatchRunner:
                                          new_offset=end_offset, invalid=invalid,
                                          expired=expired))
         return True
+
+    def _prepare(self, prompt: str, request: dict[str, Any],
+                 batch_id: str) -> queue_ops.EnqueueItem | ApiError:
+        """A line's queue item, or the error the online endpoint would answer for what the
+        SDK refuses at enqueue (an empty or blank input, one over the prompt limit, a
+        parameter or priority out of bounds): that line goes to the error file, the batch
+        goes on."""
+        try:
+            return common.prepare(prompt, request, self.client.options,
+                                  reply_to=inbox_name(batch_id)).item
+        except InferqError as exc:
+            return from_inferq(exc)
+        except (TypeError, ValueError) as exc:  # not the SDK's own: still this line's fault
+            return ApiError(400, INVALID, "invalid_request", str(exc))
 
     async def drain(self, held: Held) -> bool:
         """Append finished lines from the inbox to a part."""
