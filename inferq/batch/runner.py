@@ -41,6 +41,7 @@ from inferq.producer import common
 from inferq.producer.aio import AsyncClient
 from inferq.protocol import ops as queue_ops
 from inferq.protocol.codec import Status, decode_result
+from inferq.tenancy.principal import Principal
 
 log = logging.getLogger("inferq.gateway.batch")
 
@@ -50,6 +51,12 @@ WITHDRAW_CHUNK = 500
 MAX_BACKOFF_S = 30.0
 #: Enqueue outcomes that are back-pressure: the line is queued again by a later step.
 BACK_PRESSURE = ("full", common.TENANT_FULL)
+
+
+def refused_line(request_id: str, custom_id: str, error: ApiError) -> bytes:
+    """The error-file line of a line refused before it was queued (OpenAI's shape)."""
+    error.request_id = request_id
+    return response_line(request_id, custom_id, error.status, error.body())
 
 
 class LeaseLost(Exception):
@@ -80,6 +87,22 @@ class Held:
     @property
     def status(self) -> str:
         return self.h[B.STATUS]
+
+    @property
+    def owner(self) -> str | None:
+        """The tenant that owns the batch (None: the operator)."""
+        return self.h.get(B.OWNER) or None
+
+    @property
+    def principal(self) -> Principal:
+        """The owner as a principal: the name space of its lines' ids."""
+        return Principal(tenant=self.owner)
+
+    @property
+    def priority(self) -> int:
+        """The lines' priority: the batch's, never above the creating key's ceiling."""
+        ceiling = self.h.get(B.MAX_PRIORITY)
+        return self.n(B.PRIORITY) if not ceiling else min(self.n(B.PRIORITY), int(ceiling))
 
     @property
     def accounted(self) -> int:
@@ -271,34 +294,20 @@ class BatchRunner:
         if not lines:
             return False
         batch_id = held.keys.batch_id
-        endpoint = held.h[B.ENDPOINT]
         deadline_s = max(1.0, float(held.n(B.EXPIRES_AT) - held.now_s))
         #: Per line: its error line, or the index of its queue item.
         made: list[bytes | int] = []
         mapping: dict[str, str] = {}
         items: list[queue_ops.EnqueueItem] = []
         for _, raw in lines:
-            parsed = parse_line(raw, endpoint)
-            request_id = line_request_id(batch_id, parsed.custom_id)
-            if expire:
-                made.append(error_line(request_id, parsed.custom_id, "expired",
-                                       "the batch expired before this line was queued"))
-            elif isinstance(parsed, LineRefused):
-                parsed.error.request_id = request_id
-                made.append(response_line(request_id, parsed.custom_id, parsed.error.status,
-                                          parsed.error.body()))
-            else:
-                request = {**parsed.enqueue, "priority": held.n(B.PRIORITY),
-                           "deadline_s": deadline_s, "id": request_id}
-                prepared = self._prepare(parsed.prompt, request, batch_id)
-                if isinstance(prepared, ApiError):  # what the queue refuses: this line only
-                    prepared.request_id = request_id
-                    made.append(response_line(request_id, parsed.custom_id, prepared.status,
-                                              prepared.body()))
-                    continue
-                mapping[request_id] = json.dumps(parsed.meta)
-                made.append(len(items))
-                items.append(prepared)
+            line = self._ingest_line(held, raw, expire=expire, deadline_s=deadline_s)
+            if isinstance(line, bytes):
+                made.append(line)
+                continue
+            stored_id, meta, item = line
+            mapping[stored_id] = meta
+            made.append(len(items))
+            items.append(item)
         count = len(lines)
         if items:
             await self.redis.hset(held.keys.lines, mapping=mapping)
@@ -329,6 +338,28 @@ class BatchRunner:
                                          new_offset=end_offset, invalid=invalid,
                                          expired=expired))
         return True
+
+    def _ingest_line(self, held: Held, raw: bytes, *, expire: bool,
+                     deadline_s: float) -> bytes | tuple[str, str, queue_ops.EnqueueItem]:
+        """One input line: its error-file line, or its stored id, its meta and its queue
+        item. It runs as the owner's request: the owner's tenant (fair share), an id in the
+        owner's name space, the batch's priority within the creating key's ceiling."""
+        parsed = parse_line(raw, held.h[B.ENDPOINT])
+        public_id = line_request_id(held.keys.batch_id, parsed.custom_id)
+        if expire:
+            return error_line(public_id, parsed.custom_id, "expired",
+                              "the batch expired before this line was queued")
+        if isinstance(parsed, LineRefused):
+            return refused_line(public_id, parsed.custom_id, parsed.error)
+        stored_id = held.principal.stored_id(public_id)
+        request = {**parsed.enqueue, "priority": held.priority, "deadline_s": deadline_s,
+                   "id": stored_id}
+        if held.owner is not None:
+            request["tenant"] = held.owner
+        prepared = self._prepare(parsed.prompt, request, held.keys.batch_id)
+        if isinstance(prepared, ApiError):  # what the queue refuses: this line only
+            return refused_line(public_id, parsed.custom_id, prepared)
+        return stored_id, json.dumps(parsed.meta), prepared
 
     def _prepare(self, prompt: str, request: dict[str, Any],
                  batch_id: str) -> queue_ops.EnqueueItem | ApiError:
@@ -362,6 +393,8 @@ class BatchRunner:
         endpoint, model = held.h[B.ENDPOINT], held.h[B.MODEL]
         for (line_id, body), meta in zip(parsed, metas, strict=True):
             result = decode_result(body, self.client.options.limits)
+            # the files name a line by the id its owner knows it by
+            result = result.model_copy(update={"id": held.principal.public_id(result.id)})
             line_meta = json.loads(meta) if meta is not None else [line_id, False, 0]
             done = outcome(endpoint, model, result, line_meta, created)
             tally[done.kind] += 1
@@ -387,7 +420,8 @@ class BatchRunner:
         name = content_name(held.h[B.INPUT_FILE_ID])
         count = held.n(B.CURSOR) + self.config.chunk
         for _, raw in islice(read_lines(self.store.blocks(name)), count):
-            yield line_request_id(held.keys.batch_id, json.loads(raw)["custom_id"])
+            yield held.principal.stored_id(
+                line_request_id(held.keys.batch_id, json.loads(raw)["custom_id"]))
 
     async def withdraw(self, held: Held, mode: str) -> None:
         """Take the batch's waiting lines out of the queue, chunk by chunk (a pass redone
@@ -416,12 +450,14 @@ class BatchRunner:
         if held.n(B.COMPLETED):
             size = await asyncio.to_thread(self.store.concat, content_name(out_id),
                                            [o for o, _ in parts])
-            await files.record(out_id, f"{batch_id}_output.jsonl", "batch_output", size)
+            await files.record(out_id, f"{batch_id}_output.jsonl", "batch_output", size,
+                               held.owner)
             values.append((B.OUTPUT_FILE_ID, out_id))
         if held.n(B.FAILED) + held.n(B.INVALID) + held.n(B.EXPIRED):
             size = await asyncio.to_thread(self.store.concat, content_name(err_id),
                                            [e for _, e in parts])
-            await files.record(err_id, f"{batch_id}_error.jsonl", "batch_output", size)
+            await files.record(err_id, f"{batch_id}_error.jsonl", "batch_output", size,
+                               held.owner)
             values.append((B.ERROR_FILE_ID, err_id))
         final = held.h.get(B.FINAL_STATUS) or "completed"
         await self.move(held, ("finalizing",), final, f"{final}_at", values)
