@@ -469,5 +469,5 @@ class BatchRunner:
         await asyncio.to_thread(self.store.delete, f"batches/{keys.batch_id}")
         await self.redis.delete(keys.lines)
         await self.redis.srem(self.batches.index.active, keys.batch_id)
-        self._feeds.pop(keys.batch_id, None)
-        self._keys.pop(keys.batch_id, None)
+        for known in (self._feeds, self._keys, self._retry_at, self._failures):
+            known.pop(keys.batch_id, None)
