@@ -1,5 +1,12 @@
 """The Batches API's operations on Redis: create (after checking the whole input file),
-read, list and cancel. The work on a batch is the runner's (``runner``)."""
+read, list and cancel. The work on a batch is the runner's (``runner``).
+
+Every operation acts for a caller (a ``Principal``; the operator when none is named). A batch
+belongs to its creator's tenant (``BatchField.OWNER``): another tenant gets None / 404 for
+it, as if it did not exist (get, cancel), and lists and stats show a tenant its own only; the
+operator and admin keys see every one. A batch needs an input file its caller may see. Its
+lines inherit the owner's tenant and the creating key's ceiling on priority: a
+``metadata.priority`` above the ceiling is a 403; the default priority is lowered to it."""
 
 from __future__ import annotations
 
@@ -12,9 +19,10 @@ from inferq.batch import ops
 from inferq.batch.config import BatchConfig
 from inferq.batch.envelope import TASKS, check_file
 from inferq.batch.fields import BatchField as B
-from inferq.batch.files import Files, content_name
+from inferq.batch.files import OPERATOR, Files, content_name
 from inferq.batch.keys import BatchKeys, Index
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
+from inferq.tenancy.principal import Principal
 
 WINDOWS = {"24h": 24 * 3600}
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
@@ -69,10 +77,14 @@ def batch_object(batch_id: str, h: dict[str, str]) -> dict[str, Any]:
     return body
 
 
-def priority_of(metadata: dict[str, str] | None, default: int) -> int:
+def priority_of(metadata: dict[str, str] | None, default: int,
+                caller: Principal = OPERATOR) -> int:
+    """A batch's priority: ``metadata.priority`` (403 above the caller's ceiling), else the
+    default, lowered to the ceiling."""
     raw = (metadata or {}).get("priority")
     if raw is None:
-        return default
+        ceiling = caller.max_priority
+        return default if ceiling is None else min(default, ceiling)
     try:
         value = int(raw)
     except ValueError:
@@ -80,7 +92,14 @@ def priority_of(metadata: dict[str, str] | None, default: int) -> int:
     if not PRIORITY_MIN <= value <= PRIORITY_MAX:
         raise BatchRefused(400, "invalid_request", f"metadata.priority must be an integer in "
                            f"[{PRIORITY_MIN}, {PRIORITY_MAX}], got {raw!r}", "metadata")
+    reason = caller.priority_refusal(value)
+    if reason is not None:
+        raise BatchRefused(403, "priority_not_allowed", reason, "metadata")
     return value
+
+
+def not_found(batch_id: str) -> BatchRefused:
+    return BatchRefused(404, "not_found", f"no batch {batch_id!r}")
 
 
 class Batches:
@@ -105,7 +124,8 @@ class Batches:
         return int(seconds)
 
     async def create(self, input_file_id: str, endpoint: str, completion_window: str,
-                     metadata: dict[str, str] | None) -> dict[str, Any]:
+                     metadata: dict[str, str] | None,
+                     caller: Principal = OPERATOR) -> dict[str, Any]:
         if endpoint not in TASKS:
             raise BatchRefused(400, "invalid_request", f"endpoint must be one of "
                                f"{sorted(TASKS)}, got {endpoint!r}", "endpoint")
@@ -113,8 +133,8 @@ class Batches:
             raise BatchRefused(400, "invalid_request", f"completion_window must be one of "
                                f"{sorted(WINDOWS)}, got {completion_window!r}",
                                "completion_window")
-        priority = priority_of(metadata, self.config.priority)
-        meta = await self.files.get(input_file_id)
+        priority = priority_of(metadata, self.config.priority, caller)
+        meta = await self.files.get(input_file_id, caller)
         if meta is None:
             raise BatchRefused(404, "not_found", f"no file {input_file_id!r}", "input_file_id")
         if meta["purpose"] != "batch":
@@ -127,7 +147,7 @@ class Batches:
         store = self.files.store
         total, model = await asyncio.to_thread(
             lambda: check_file(store.blocks(content_name(input_file_id)), endpoint,
-                               self.config.max_batch_lines))
+                               self.config.max_batch_lines, self.config.max_line_bytes))
         task = TASKS[endpoint]
         batch_id = f"batch_{uuid.uuid4().hex[:24]}"
         keys = BatchKeys.of(batch_id, task, model, self.namespace)
@@ -137,6 +157,8 @@ class Batches:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(self.index.where, batch_id, keys.queue.queue)
             pipe.zadd(self.index.batches, {batch_id: created_ms})
+            if caller.tenant is not None:
+                pipe.zadd(self.index.batches_of(caller.tenant), {batch_id: created_ms})
             pipe.sadd(self.index.active, batch_id)
             await pipe.execute()
         await self.redis.hset(keys.batch, mapping={
@@ -144,59 +166,70 @@ class Batches:
             B.INPUT_FILE_ID: input_file_id, B.COMPLETION_WINDOW: completion_window,
             B.METADATA: json.dumps(metadata), B.PRIORITY: priority, B.CREATED_AT: now,
             B.EXPIRES_AT: now + WINDOWS[completion_window], B.TOTAL: total, B.CURSOR: 0,
-            B.OFFSET: 0, B.PARTS: 0})
+            B.OFFSET: 0, B.PARTS: 0, B.OWNER: caller.tenant or "",
+            B.MAX_PRIORITY: "" if caller.max_priority is None else caller.max_priority})
         await self.redis.lpush(self.index.wake, batch_id)
-        created = await self.get(batch_id)
+        created = await self.get(batch_id, caller)
         assert created is not None
         return created
 
-    async def get(self, batch_id: str) -> dict[str, Any] | None:
+    async def get(self, batch_id: str, caller: Principal = OPERATOR) -> dict[str, Any] | None:
+        """The batch, or None when there is none ``caller`` may see."""
         keys = await self.keys_of(batch_id)
         if keys is None:
             return None
         h = decode(await self.redis.hgetall(keys.batch))
-        if not h:
+        if not h or not caller.owns(h.get(B.OWNER) or None):
             return None
         return batch_object(batch_id, h)
 
-    async def list(self, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
-        """Newest first, after the id ``after``."""
+    def _listed(self, caller: Principal) -> str:
+        """The index ``caller`` lists: every batch, or its tenant's."""
+        if caller.sees_all or caller.tenant is None:
+            return self.index.batches
+        return self.index.batches_of(caller.tenant)
+
+    async def list(self, after: str | None, limit: int,
+                   caller: Principal = OPERATOR) -> tuple[list[dict[str, Any]], bool]:
+        """The batches ``caller`` may see, newest first, after the id ``after``."""
+        index = self._listed(caller)
         start = 0
         if after is not None:
-            rank = await self.redis.zrevrank(self.index.batches, after)
+            rank = await self.redis.zrevrank(index, after)
             if rank is None:
                 return [], False
             start = int(rank) + 1
-        ids = await self.redis.zrange(self.index.batches, start, start + limit, desc=True)
+        ids = await self.redis.zrange(index, start, start + limit, desc=True)
         found = []
         for raw in ids[:limit]:
-            item = await self.get(_text(raw))
+            item = await self.get(_text(raw), caller)
             if item is not None:
                 found.append(item)
         return found, len(ids) > limit
 
-    async def cancel(self, batch_id: str) -> dict[str, Any]:
+    async def cancel(self, batch_id: str, caller: Principal = OPERATOR) -> dict[str, Any]:
         keys = await self.keys_of(batch_id)
-        if keys is None:
-            raise BatchRefused(404, "not_found", f"no batch {batch_id!r}")
+        if keys is None or await self.get(batch_id, caller) is None:
+            raise not_found(batch_id)
         k, a = ops.status_call(keys, "", ("validating", "in_progress"), "cancelling",
                                B.CANCELLING_AT)
         outcome, status = ops.parse_pair(await self.scripts["status"](keys=k, args=a))
         if outcome == "gone":
-            raise BatchRefused(404, "not_found", f"no batch {batch_id!r}")
+            raise not_found(batch_id)
         if outcome == "refused" and status not in ("cancelling", "cancelled"):
             raise BatchRefused(409, "conflict", f"batch {batch_id} is {status}: only a "
                                "validating or in_progress batch can be cancelled")
         await self.redis.lpush(self.index.wake, batch_id)
-        found = await self.get(batch_id)
+        found = await self.get(batch_id, caller)
         assert found is not None
         return found
 
-    async def stats(self) -> dict[str, Any]:
-        """Batches by status, lines by outcome, and the progress of the active ones."""
+    async def stats(self, caller: Principal = OPERATOR) -> dict[str, Any]:
+        """Batches by status, lines by outcome, and the progress of the active ones (those
+        ``caller`` may see)."""
         items = []
-        for raw in await self.redis.zrange(self.index.batches, 0, -1):
-            item = await self.get(_text(raw))
+        for raw in await self.redis.zrange(self._listed(caller), 0, -1):
+            item = await self.get(_text(raw), caller)
             if item is not None:
                 items.append(item)
         return summarize(items)

@@ -5,9 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferq.errors import ConfigError
+from inferq.protocol.codec import DEFAULT_LIMITS
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
 
 MB = 1 << 20
+#: The default longest line of a batch input: a prompt at the SDK's limit written as JSON
+#: (``json.dumps`` escapes non-ASCII text as ``\uXXXX``: up to 3 times its UTF-8 bytes), its
+#: parameters at their limit, and the envelope. A longer line could only be refused when
+#: queued, so it is refused at create, and read in memory bounded by this.
+MAX_LINE_BYTES = 3 * DEFAULT_LIMITS.max_prompt_bytes + DEFAULT_LIMITS.max_params_bytes + 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +33,8 @@ class BatchConfig:
     max_file_bytes: int = 512 * MB
     max_batch_bytes: int = 200 * MB
     max_batch_lines: int = 50_000
+    #: The longest line of a batch input (bytes, its newline not counted).
+    max_line_bytes: int = MAX_LINE_BYTES
 
     def __post_init__(self) -> None:
         if not PRIORITY_MIN <= self.priority <= PRIORITY_MAX:
@@ -35,6 +43,8 @@ class BatchConfig:
         if self.lease_s <= 0 or self.idle_s <= 0 or self.chunk < 1:
             raise ConfigError(f"batch lease_s, idle_s must be > 0 and chunk >= 1, got "
                               f"{self.lease_s}, {self.idle_s}, {self.chunk}")
+        if self.max_line_bytes < 1:
+            raise ConfigError(f"batch max_line_bytes must be >= 1, got {self.max_line_bytes}")
         if not 1 <= self.min_outstanding <= self.max_outstanding:
             raise ConfigError(f"need 1 <= min_outstanding <= max_outstanding, got "
                               f"{self.min_outstanding}, {self.max_outstanding}")

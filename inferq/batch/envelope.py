@@ -1,6 +1,7 @@
 """The envelope of a batch's input file, checked whole at create (a 400 naming the first bad
-line): each line JSON, a unique ``custom_id``, ``method`` POST, ``url`` equal to the batch's
-endpoint, a ``body`` naming the same model as line 1. Reading JSONL in bounded memory.
+line): each line within the per-line limit, JSON, a unique ``custom_id``, ``method`` POST,
+``url`` equal to the batch's endpoint, a ``body`` naming the same model as line 1. Reading
+JSONL in bounded memory.
 Free of the gateway's imports: the gateway's app imports it."""
 
 from __future__ import annotations
@@ -29,21 +30,37 @@ class FileInvalid(Exception):
         self.message = where + message
 
 
-def read_lines(blocks: Iterable[bytes], offset: int = 0) -> Iterator[tuple[int, bytes]]:
+def read_lines(blocks: Iterable[bytes], offset: int = 0,
+               max_line: int | None = None) -> Iterator[tuple[int, bytes]]:
     """``(byte offset after the line, line)`` for each line of the stream of blocks (a final
-    line without its newline included), starting at file offset ``offset``."""
+    line without its newline included), starting at file offset ``offset``.
+
+    With ``max_line``, a line longer than that many bytes (its newline not counted) raises
+    ``FileInvalid`` naming it (1-based from ``offset``) as soon as that many bytes of it have
+    been read: memory stays within ``max_line`` plus one block however long the line is."""
     rest = b""
     position = offset
+    number = 0
     for block in blocks:
         data = rest + block
         start = 0
         while (end := data.find(b"\n", start)) >= 0:
+            number += 1
+            if max_line is not None and end - start > max_line:
+                raise line_too_long(number, max_line)
             position += end + 1 - start
             yield position, data[start:end]
             start = end + 1
         rest = data[start:]
+        if max_line is not None and len(rest) > max_line:
+            raise line_too_long(number + 1, max_line)
     if rest:
         yield position + len(rest), rest
+
+
+def line_too_long(number: int, max_line: int) -> FileInvalid:
+    return FileInvalid(number, "line_too_long",
+                       f"longer than the limit of {max_line} bytes per line")
 
 
 def line_request_id(batch_id: str, custom_id: str) -> str:
@@ -64,14 +81,16 @@ def _object(raw: bytes, number: int) -> dict[str, Any]:
     return value
 
 
-def check_file(blocks: Iterable[bytes], endpoint: str, max_lines: int) -> tuple[int, str]:
-    """Every line's envelope: JSON, a unique ``custom_id``, ``method`` POST, ``url`` equal to
-    ``endpoint``, a ``body`` with the same ``model`` as the first line. The line count and
-    the model, or ``FileInvalid`` naming the first bad line."""
+def check_file(blocks: Iterable[bytes], endpoint: str, max_lines: int,
+               max_line_bytes: int | None = None) -> tuple[int, str]:
+    """Every line's envelope: at most ``max_line_bytes`` (read in bounded memory), JSON, a
+    unique ``custom_id``, ``method`` POST, ``url`` equal to ``endpoint``, a ``body`` with the
+    same ``model`` as the first line. The line count and the model, or ``FileInvalid`` naming
+    the first bad line."""
     seen: set[str] = set()
     model: str | None = None
     number = 0
-    for number, (_, raw) in enumerate(read_lines(blocks), start=1):
+    for number, (_, raw) in enumerate(read_lines(blocks, max_line=max_line_bytes), start=1):
         if number > max_lines:
             raise FileInvalid(number, "too_many_lines",
                               f"a batch has at most {max_lines} lines")

@@ -17,6 +17,12 @@ class BatchField(StrEnum):
     COMPLETION_WINDOW = "completion_window"
     METADATA = "metadata"
     PRIORITY = "priority"
+    #: The tenant of the principal that created the batch ('' for the operator): it owns the
+    #: batch and its output files, and its lines run as its requests (fair share, ids).
+    OWNER = "owner"
+    #: The creating key's ceiling on priority ('' for none): the runner's lines never exceed
+    #: it, whichever gateway runs them.
+    MAX_PRIORITY = "max_priority"
     OUTPUT_FILE_ID = "output_file_id"
     ERROR_FILE_ID = "error_file_id"
     ERRORS = "errors"

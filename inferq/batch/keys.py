@@ -4,7 +4,8 @@ A batch's own keys (its hash, its lines hash and its reply inbox) live on shard 
 queue, under that shard's hash tag: the scripts that withdraw its lines, drain its inbox and
 advance its counters each touch one slot. Its lines are queued on shard 0 too (a sharded
 queue's workers claim across shards by priority, so they are served all the same). The
-indexes (which batches exist, which are active, which files exist) have a tag of their own.
+indexes (which batches exist, which are active, which files exist, and each tenant's files
+and batches) have a tag of their own.
 """
 
 from __future__ import annotations
@@ -78,6 +79,14 @@ class Index:
     def files(self) -> str:
         """Sorted set: file id -> creation order (ms)."""
         return self._tag + "files"
+
+    def files_of(self, tenant: str) -> str:
+        """Sorted set: ``tenant``'s file ids -> creation order (ms); the list a tenant sees."""
+        return f"{self._tag}files:by:{tenant}"
+
+    def batches_of(self, tenant: str) -> str:
+        """Sorted set: ``tenant``'s batch ids -> creation order (ms)."""
+        return f"{self._tag}index:by:{tenant}"
 
     def file(self, file_id: str) -> str:
         """Hash of one file's metadata."""

@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import Any
 
 from inferq.batch import ops
 from inferq.batch.batches import Batches, decode
@@ -34,15 +35,28 @@ from inferq.batch.fields import BatchField as B
 from inferq.batch.files import content_name
 from inferq.batch.keys import BatchKeys, inbox_name
 from inferq.batch.lines import LineRefused, error_line, outcome, parse_line, response_line
+from inferq.errors import InferqError
+from inferq.gateway.errors import INVALID, ApiError, from_inferq
 from inferq.producer import common
 from inferq.producer.aio import AsyncClient
 from inferq.protocol import ops as queue_ops
 from inferq.protocol.codec import Status, decode_result
+from inferq.tenancy.principal import Principal
 
 log = logging.getLogger("inferq.gateway.batch")
 
 #: Ids per withdraw call.
 WITHDRAW_CHUNK = 500
+#: The longest a batch whose steps keep failing waits for its next try.
+MAX_BACKOFF_S = 30.0
+#: Enqueue outcomes that are back-pressure: the line is queued again by a later step.
+BACK_PRESSURE = ("full", common.TENANT_FULL)
+
+
+def refused_line(request_id: str, custom_id: str, error: ApiError) -> bytes:
+    """The error-file line of a line refused before it was queued (OpenAI's shape)."""
+    error.request_id = request_id
+    return response_line(request_id, custom_id, error.status, error.body())
 
 
 class LeaseLost(Exception):
@@ -75,6 +89,22 @@ class Held:
         return self.h[B.STATUS]
 
     @property
+    def owner(self) -> str | None:
+        """The tenant that owns the batch (None: the operator)."""
+        return self.h.get(B.OWNER) or None
+
+    @property
+    def principal(self) -> Principal:
+        """The owner as a principal: the name space of its lines' ids."""
+        return Principal(tenant=self.owner)
+
+    @property
+    def priority(self) -> int:
+        """The lines' priority: the batch's, never above the creating key's ceiling."""
+        ceiling = self.h.get(B.MAX_PRIORITY)
+        return self.n(B.PRIORITY) if not ceiling else min(self.n(B.PRIORITY), int(ceiling))
+
+    @property
     def accounted(self) -> int:
         return sum(self.n(f) for f in (B.INVALID, B.COMPLETED, B.FAILED, B.EXPIRED,
                                        B.WITHDRAWN))
@@ -94,6 +124,9 @@ class BatchRunner:
         #: A batch's keys never change: read from the index once.
         self._keys: dict[str, BatchKeys] = {}
         self._stop = asyncio.Event()
+        #: Batches whose last step raised: when to try again, and how many failed in a row.
+        self._retry_at: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
 
     def stop(self) -> None:
         self._stop.set()
@@ -117,18 +150,39 @@ class BatchRunner:
 
     async def round(self) -> str | None:
         """One step on each active batch. Returns None when nothing was done and nothing is
-        awaited, the inbox to block on when nothing was done, '' when work was done."""
+        awaited, the inbox to block on when nothing was done, '' when work was done.
+
+        Each batch's step is isolated: one that raises is logged and that batch alone is
+        retried later (backing off while it keeps failing); the others go on in this round."""
         did = False
         inbox: str | None = None
+        now = time.monotonic()
         for raw in await self.redis.smembers(self.batches.index.active):
             batch_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+            if self._retry_at.get(batch_id, 0.0) > now:
+                continue
             try:
                 worked, waits_on = await self.step(batch_id)
             except LeaseLost:
                 continue
+            except Exception:
+                self._failed(batch_id)
+                continue
+            self._retry_at.pop(batch_id, None)
+            self._failures.pop(batch_id, None)
             did = did or worked
             inbox = inbox or waits_on
         return "" if did else inbox
+
+    def _failed(self, batch_id: str) -> None:
+        """A step of ``batch_id`` raised: log it, and skip the batch for a while (doubling,
+        up to ``MAX_BACKOFF_S``) so a step that keeps failing costs no other batch a thing."""
+        failures = self._failures.get(batch_id, 0) + 1
+        self._failures[batch_id] = failures
+        delay = min(MAX_BACKOFF_S, self.config.idle_s * 2 ** min(failures - 1, 16))
+        self._retry_at[batch_id] = time.monotonic() + delay
+        log.exception("batch %s: a step failed (%d in a row); retried in %.1f s", batch_id,
+                      failures, delay)
 
     async def lease(self, keys: BatchKeys) -> str | None:
         k, a = ops.lease_call(keys, self.token, int(self.config.lease_s * 1000))
@@ -240,29 +294,20 @@ class BatchRunner:
         if not lines:
             return False
         batch_id = held.keys.batch_id
-        endpoint = held.h[B.ENDPOINT]
         deadline_s = max(1.0, float(held.n(B.EXPIRES_AT) - held.now_s))
         #: Per line: its error line, or the index of its queue item.
         made: list[bytes | int] = []
         mapping: dict[str, str] = {}
         items: list[queue_ops.EnqueueItem] = []
         for _, raw in lines:
-            parsed = parse_line(raw, endpoint)
-            request_id = line_request_id(batch_id, parsed.custom_id)
-            if expire:
-                made.append(error_line(request_id, parsed.custom_id, "expired",
-                                       "the batch expired before this line was queued"))
-            elif isinstance(parsed, LineRefused):
-                parsed.error.request_id = request_id
-                made.append(response_line(request_id, parsed.custom_id, parsed.error.status,
-                                          parsed.error.body()))
-            else:
-                mapping[request_id] = json.dumps(parsed.meta)
-                request = {**parsed.enqueue, "priority": held.n(B.PRIORITY),
-                           "deadline_s": deadline_s, "id": request_id}
-                made.append(len(items))
-                items.append(common.prepare(parsed.prompt, request, self.client.options,
-                                            reply_to=inbox_name(batch_id)).item)
+            line = self._ingest_line(held, raw, expire=expire, deadline_s=deadline_s)
+            if isinstance(line, bytes):
+                made.append(line)
+                continue
+            stored_id, meta, item = line
+            mapping[stored_id] = meta
+            made.append(len(items))
+            items.append(item)
         count = len(lines)
         if items:
             await self.redis.hset(held.keys.lines, mapping=mapping)
@@ -270,10 +315,11 @@ class BatchRunner:
                 self.redis, self.queue_scripts["enqueue"], [(held.keys.queue, items)],
                 self.client.options)
             outcomes = queue_ops.parse_enqueue(raw_reply).outcomes
-            if "full" in outcomes:
+            refused = [i for i, o in enumerate(outcomes) if o in BACK_PRESSURE]
+            if refused:
                 # Back-pressure: commit only the lines before the first one refused (those
                 # after it that got in are queued again, idempotently, by the next step).
-                first = outcomes.index("full")
+                first = refused[0]
                 count = made.index(first)
                 if count == 0:
                     return False
@@ -293,6 +339,42 @@ class BatchRunner:
                                          expired=expired))
         return True
 
+    def _ingest_line(self, held: Held, raw: bytes, *, expire: bool,
+                     deadline_s: float) -> bytes | tuple[str, str, queue_ops.EnqueueItem]:
+        """One input line: its error-file line, or its stored id, its meta and its queue
+        item. It runs as the owner's request: the owner's tenant (fair share), an id in the
+        owner's name space, the batch's priority within the creating key's ceiling."""
+        parsed = parse_line(raw, held.h[B.ENDPOINT])
+        public_id = line_request_id(held.keys.batch_id, parsed.custom_id)
+        if expire:
+            return error_line(public_id, parsed.custom_id, "expired",
+                              "the batch expired before this line was queued")
+        if isinstance(parsed, LineRefused):
+            return refused_line(public_id, parsed.custom_id, parsed.error)
+        stored_id = held.principal.stored_id(public_id)
+        request = {**parsed.enqueue, "priority": held.priority, "deadline_s": deadline_s,
+                   "id": stored_id}
+        if held.owner is not None:
+            request["tenant"] = held.owner
+        prepared = self._prepare(parsed.prompt, request, held.keys.batch_id)
+        if isinstance(prepared, ApiError):  # what the queue refuses: this line only
+            return refused_line(public_id, parsed.custom_id, prepared)
+        return stored_id, json.dumps(parsed.meta), prepared
+
+    def _prepare(self, prompt: str, request: dict[str, Any],
+                 batch_id: str) -> queue_ops.EnqueueItem | ApiError:
+        """A line's queue item, or the error the online endpoint would answer for what the
+        SDK refuses at enqueue (an empty or blank input, one over the prompt limit, a
+        parameter or priority out of bounds): that line goes to the error file, the batch
+        goes on."""
+        try:
+            return common.prepare(prompt, request, self.client.options,
+                                  reply_to=inbox_name(batch_id)).item
+        except InferqError as exc:
+            return from_inferq(exc)
+        except (TypeError, ValueError) as exc:  # not the SDK's own: still this line's fault
+            return ApiError(400, INVALID, "invalid_request", str(exc))
+
     async def drain(self, held: Held) -> bool:
         """Append finished lines from the inbox to a part."""
         entries = await self.redis.lrange(held.keys.inbox, 0, self.config.chunk - 1)
@@ -311,6 +393,8 @@ class BatchRunner:
         endpoint, model = held.h[B.ENDPOINT], held.h[B.MODEL]
         for (line_id, body), meta in zip(parsed, metas, strict=True):
             result = decode_result(body, self.client.options.limits)
+            # the files name a line by the id its owner knows it by
+            result = result.model_copy(update={"id": held.principal.public_id(result.id)})
             line_meta = json.loads(meta) if meta is not None else [line_id, False, 0]
             done = outcome(endpoint, model, result, line_meta, created)
             tally[done.kind] += 1
@@ -336,7 +420,8 @@ class BatchRunner:
         name = content_name(held.h[B.INPUT_FILE_ID])
         count = held.n(B.CURSOR) + self.config.chunk
         for _, raw in islice(read_lines(self.store.blocks(name)), count):
-            yield line_request_id(held.keys.batch_id, json.loads(raw)["custom_id"])
+            yield held.principal.stored_id(
+                line_request_id(held.keys.batch_id, json.loads(raw)["custom_id"]))
 
     async def withdraw(self, held: Held, mode: str) -> None:
         """Take the batch's waiting lines out of the queue, chunk by chunk (a pass redone
@@ -365,12 +450,14 @@ class BatchRunner:
         if held.n(B.COMPLETED):
             size = await asyncio.to_thread(self.store.concat, content_name(out_id),
                                            [o for o, _ in parts])
-            await files.record(out_id, f"{batch_id}_output.jsonl", "batch_output", size)
+            await files.record(out_id, f"{batch_id}_output.jsonl", "batch_output", size,
+                               held.owner)
             values.append((B.OUTPUT_FILE_ID, out_id))
         if held.n(B.FAILED) + held.n(B.INVALID) + held.n(B.EXPIRED):
             size = await asyncio.to_thread(self.store.concat, content_name(err_id),
                                            [e for _, e in parts])
-            await files.record(err_id, f"{batch_id}_error.jsonl", "batch_output", size)
+            await files.record(err_id, f"{batch_id}_error.jsonl", "batch_output", size,
+                               held.owner)
             values.append((B.ERROR_FILE_ID, err_id))
         final = held.h.get(B.FINAL_STATUS) or "completed"
         await self.move(held, ("finalizing",), final, f"{final}_at", values)
@@ -382,5 +469,5 @@ class BatchRunner:
         await asyncio.to_thread(self.store.delete, f"batches/{keys.batch_id}")
         await self.redis.delete(keys.lines)
         await self.redis.srem(self.batches.index.active, keys.batch_id)
-        self._feeds.pop(keys.batch_id, None)
-        self._keys.pop(keys.batch_id, None)
+        for known in (self._feeds, self._keys, self._retry_at, self._failures):
+            known.pop(keys.batch_id, None)

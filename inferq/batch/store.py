@@ -3,11 +3,15 @@ directory (the default, for the embedded and compose setups); ``s3://bucket/pref
 through s3fs (``pip install s3fs``), with its usual settings (``AWS_*`` variables, or
 ``INFERQ_GATEWAY_FILE_STORE_OPTIONS`` as JSON for an endpoint URL). Metadata stays in Redis.
 
+In a local directory, every file is written with mode 0600 and every folder made with 0700
+(whatever the umask): a batch's prompts and outputs are readable by the gateway's user only.
+
 The calls are blocking (fsspec's sync API): the gateway runs them on a thread.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
@@ -18,6 +22,9 @@ from inferq.errors import ConfigError
 
 #: Bytes copied per read when streaming a file through (bounded memory).
 BLOCK = 1 << 20
+#: Modes of what the store makes in a local directory: the gateway's user only.
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
 
 class FileStore:
@@ -40,10 +47,20 @@ class FileStore:
 
     def open(self, name: str, mode: str = "rb") -> IO[bytes]:
         if self.local and "w" in mode:
-            parent = self.path(name).rsplit("/", 1)[0]
-            self.fs.makedirs(parent, exist_ok=True)
+            self._private(self.path(name))
         handle: IO[bytes] = self.fs.open(self.path(name), mode)
         return handle
+
+    def _private(self, path: str) -> None:
+        """Make ``path``'s folder (0700) and the file itself with mode 0600 before fsspec
+        opens it: its writer truncates an existing file and keeps its mode."""
+        parent = path.rsplit("/", 1)[0]
+        os.makedirs(parent, mode=DIR_MODE, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, FILE_MODE)
+        try:
+            os.fchmod(fd, FILE_MODE)  # a file written before (by an older version)
+        finally:
+            os.close(fd)
 
     def write_lines(self, name: str, lines: Iterable[bytes]) -> int:
         """Replace ``name`` with these lines (each ends with a newline); the byte count."""

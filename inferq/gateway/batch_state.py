@@ -29,7 +29,8 @@ def batch_config(settings: GatewaySettings) -> BatchConfig:
                        min_outstanding=min(64, settings.batch_max_outstanding),
                        idle_s=settings.batch_idle_s, max_file_bytes=settings.max_file_bytes,
                        max_batch_bytes=settings.max_batch_bytes,
-                       max_batch_lines=settings.max_batch_lines)
+                       max_batch_lines=settings.max_batch_lines,
+                       max_line_bytes=settings.max_batch_line_bytes)
 
 
 @dataclass

@@ -23,6 +23,7 @@
 | ``INFERQ_GATEWAY_BATCH_IDLE_S`` | 1 | a batch runner with nothing to do blocks this long |
 | ``INFERQ_GATEWAY_MAX_BATCH_BYTES`` | 209715200 | largest batch input (200 MB) |
 | ``INFERQ_GATEWAY_MAX_BATCH_LINES`` | 50000 | most lines per batch |
+| ``INFERQ_GATEWAY_MAX_BATCH_LINE_BYTES`` | 3215360 | longest batch input line (3 MiB + 68 KiB) |
 | ``INFERQ_GATEWAY_TENANT_FROM`` | ``none`` | operator's tenant: ``user``, ``header``, ``none`` |
 | ``INFERQ_GATEWAY_MAX_BODY_MB`` | 16 | largest body (413 beyond, as it streams in) |
 | ``INFERQ_GATEWAY_MAX_FILE_MB`` | 200 | largest ``/v1/files`` upload (OpenAI's) |
@@ -40,6 +41,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from inferq.batch.config import MAX_LINE_BYTES
 from inferq.connection import DEFAULT_URL, URL_ENV, redact_url
 from inferq.errors import ConfigError
 from inferq.protocol.keys import DEFAULT_NAMESPACE, NAME_RE
@@ -86,6 +88,7 @@ class GatewaySettings(BaseSettings):
     file_store_options: dict[str, Any] = Field(default_factory=dict)
     max_batch_bytes: Annotated[int, Field(ge=1)] = 200 << 20
     max_batch_lines: Annotated[int, Field(ge=1)] = 50_000
+    max_batch_line_bytes: Annotated[int, Field(ge=1)] = MAX_LINE_BYTES
     batch_priority: Annotated[int, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)] = -50
     batch_runner: bool = True
     batch_lease_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 15.0

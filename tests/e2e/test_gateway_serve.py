@@ -48,7 +48,7 @@ def test_serve_from_the_environment_and_log_no_secrets(redis_url: str, tmp_path:
             assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
     text = log_path.read_text()
     assert "Application shutdown complete" in text
-    assert "auth bearer token" in text
+    assert "auth the operator's token and API keys" in text
     assert f"redis {redis_url}" in text
     assert TOKEN not in text
 

@@ -13,6 +13,7 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from inferq.batch.config import MAX_LINE_BYTES
 from inferq.batch.envelope import line_request_id
 from inferq.batch.fields import BatchField
 from inferq.batch.keys import BatchKeys
@@ -138,6 +139,22 @@ def test_an_invalid_file_is_a_400_naming_the_line(
     assert r.zcard(EMBED.pending) == 0
 
 
+def test_a_huge_single_line_is_a_400_naming_it(batch_api: TestClient, r: redis.Redis) -> None:
+    """20 MiB of one line (no newline): refused at create by the per-line limit, read in
+    bounded memory (``tests/unit/test_batch_input.py`` measures it); the same after a good
+    line names line 2."""
+    for data, line in ((b'{"custom_id": "' + b"x" * (20 << 20), 1),
+                       (jsonl([embed_line("a", "x")]) + b"y" * (20 << 20) + b"\n", 2)):
+        response = create(batch_api, upload(batch_api, data)["id"])
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == "line_too_long" and error["param"] == f"line {line}"
+        assert error["message"] == (f"line {line}: longer than the limit of "
+                                    f"{MAX_LINE_BYTES} bytes per line")
+    assert batch_api.get("/v1/batches").json()["data"] == []
+    assert r.zcard(EMBED.pending) == 0
+
+
 def test_create_refusals(make_api: MakeApi, tmp_path: Path) -> None:
     with make_api(file_store=str(tmp_path), max_batch_lines=2, max_batch_bytes=400) as api:
         three = upload(api, jsonl([embed_line(str(i), "x") for i in range(3)]))["id"]
@@ -206,6 +223,48 @@ def test_an_embeddings_batch_runs_to_completed(batch_api: TestClient, r: redis.R
     assert r.zcard(EMBED.pending) == 0
     listed = batch_api.get("/v1/batches").json()
     assert [b["id"] for b in listed["data"]] == [batch_id]
+
+
+def test_lines_the_queue_refuses_go_to_the_error_file_and_no_batch_stalls(
+        batch_api: TestClient, r: redis.Redis) -> None:
+    """A batch with lines the SDK refuses at enqueue (an empty input, a blank one, one over
+    the max prompt bytes), created before 6 good batches: every batch completes, the bad
+    lines in the poisoned batch's error file with the reason the online endpoint gives."""
+    too_long = "x" * ((1 << 20) + 1)
+    rows = [embed_line("ok-0", "fine"), embed_line("empty", ""), embed_line("ok-1", "fine too"),
+            embed_line("blank", " \t\n "), embed_line("huge", too_long),
+            embed_line("ok-2", "last")]
+    poisoned = create(batch_api, upload(batch_api, jsonl(rows))["id"]).json()["id"]
+    good = [create(batch_api, upload(batch_api, jsonl(
+        [embed_line(f"g{b}-{i}", f"text {b} {i}") for i in range(3)]))["id"]).json()["id"]
+        for b in range(6)]
+    statuses: dict[str, str] = {}
+
+    def all_done() -> bool:
+        answer(r)  # the worker: whatever waits
+        statuses.update({b: getter(batch_api, b)()["status"] for b in [poisoned, *good]})
+        return all(s == "completed" for s in statuses.values())
+
+    wait_until(all_done, timeout=60, what="every batch completed")
+    for batch_id in good:
+        done = getter(batch_api, batch_id)()
+        assert done["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+    done = getter(batch_api, poisoned)()
+    assert done["request_counts"] == {"total": 6, "completed": 3, "failed": 3}
+    assert done["inferq"]["invalid"] == 3
+    assert sorted(line["custom_id"] for line in content(batch_api, done["output_file_id"])) == [
+        "ok-0", "ok-1", "ok-2"]
+    errors = {line["custom_id"]: line for line in content(batch_api, done["error_file_id"])}
+    assert set(errors) == {"empty", "blank", "huge"}
+    for custom_id, line in errors.items():
+        request_id = line_request_id(poisoned, custom_id)
+        assert line["id"] == f"batch_req_{request_id}" and line["error"] is None
+        response = line["response"]
+        assert response["status_code"] == 422 and response["request_id"] == request_id
+        assert response["body"]["error"]["type"] == "invalid_request_error"
+    assert errors["huge"]["response"]["body"]["error"]["code"] == "payload_too_large"
+    assert "1048576" in errors["huge"]["response"]["body"]["error"]["message"]
+    assert errors["empty"]["response"]["body"]["error"]["code"] == "invalid_request"
 
 
 def test_a_chat_batch_and_metadata_priority(batch_api: TestClient, r: redis.Redis) -> None:
@@ -382,6 +441,46 @@ async def test_one_holder_at_a_time_and_a_stale_holder_cannot_commit(
         k, a = ops.commit_call(keys, second.token, ops.Step(5, True, 0, 1, 10))
         assert await batches.scripts["commit"](keys=k, args=a) == b"stale"
         assert (await batches.get(batch["id"]) or {})["inferq"]["ingested"] == 0
+
+
+async def test_a_batch_whose_steps_fail_stops_no_other_batch(
+        redis_url: str, tmp_path: Path, r: redis.Redis,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Per-batch isolation in the runner's round: a batch whose state breaks its steps (a
+    damaged counter here) is logged and backed off; the batches beside it go on."""
+    import io
+
+    from inferq.batch.batches import Batches
+    from inferq.batch.config import BatchConfig
+    from inferq.batch.files import Files
+    from inferq.batch.keys import Index
+    from inferq.batch.runner import BatchRunner
+    from inferq.batch.store import FileStore
+    from inferq.producer.aio import AsyncClient
+
+    async with AsyncClient(redis_url) as client:
+        files = Files(client.redis, FileStore(str(tmp_path)), Index())
+        batches = Batches(client.redis, files, BatchConfig(lease_s=30), "inferq")
+
+        async def new_batch(name: str) -> str:
+            made = await files.upload("in.jsonl", "batch", io.BytesIO(jsonl(
+                [embed_line(f"{name}-{i}", f"t{i}") for i in range(2)])), 1 << 20)
+            assert made is not None
+            return str((await batches.create(made["id"], "/v1/embeddings", "24h", None))["id"])
+
+        broken = await new_batch("broken")
+        await client.redis.hset(BatchKeys.of(broken, "embed", "echo").batch,
+                                BatchField.TOTAL, "damaged")
+        fine = [await new_batch(f"fine{n}") for n in range(3)]
+        runner = BatchRunner(batches, client)
+        for _ in range(3):  # validating -> in_progress, then the lines queued
+            await runner.round()
+        assert r.zcard(EMBED.pending) == 6
+        for batch_id in fine:
+            assert (await batches.get(batch_id) or {})["inferq"]["ingested"] == 2
+        assert f"batch {broken}: a step failed (1 in a row)" in caplog.text
+        assert "round failed" not in caplog.text
+        assert "(2 in a row)" not in caplog.text  # backed off: not retried at once
 
 
 def test_ingestion_waits_out_a_full_queue(make_api: MakeApi, tmp_path: Path,

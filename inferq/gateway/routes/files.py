@@ -11,6 +11,7 @@ from fastapi.responses import StreamingResponse
 
 from inferq.batch.files import PURPOSES, content_name
 from inferq.gateway.batch_state import BatchDep
+from inferq.gateway.caller import Caller
 from inferq.gateway.errors import INVALID, ApiError
 from inferq.gateway.schemas import ERROR_RESPONSES
 
@@ -22,7 +23,7 @@ def not_found(file_id: str) -> ApiError:
 
 
 @router.post("/v1/files", responses=ERROR_RESPONSES, summary="Upload a file (OpenAI Files API)")
-async def upload_file(state: BatchDep, file: Annotated[UploadFile, File()],
+async def upload_file(state: BatchDep, caller: Caller, file: Annotated[UploadFile, File()],
                       purpose: Annotated[str, Form()]) -> dict[str, Any]:
     """Stored in the gateway's file store; ``purpose="batch"`` makes it a batch input. At
     most ``INFERQ_GATEWAY_MAX_FILE_BYTES`` (512 MB, OpenAI's limit)."""
@@ -30,7 +31,8 @@ async def upload_file(state: BatchDep, file: Annotated[UploadFile, File()],
         raise ApiError(400, INVALID, "invalid_request", f"purpose must be one of "
                        f"{list(PURPOSES)}, got {purpose!r}", param="purpose")
     limit = state.batches.config.max_file_bytes
-    made = await state.files.upload(file.filename or "upload", purpose, file.file, limit)
+    made = await state.files.upload(file.filename or "upload", purpose, file.file, limit,
+                                    caller.tenant)
     if made is None:
         raise ApiError(400, INVALID, "file_too_large",
                        f"the file is larger than the limit of {limit} bytes", param="file")
@@ -38,18 +40,19 @@ async def upload_file(state: BatchDep, file: Annotated[UploadFile, File()],
 
 
 @router.get("/v1/files", responses=ERROR_RESPONSES, summary="List files")
-async def list_files(state: BatchDep, purpose: str | None = None, after: str | None = None,
+async def list_files(state: BatchDep, caller: Caller, purpose: str | None = None,
+                     after: str | None = None,
                      limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
                      order: Literal["asc", "desc"] = "desc") -> dict[str, Any]:
     data, more = await state.files.list(after=after, limit=limit, purpose=purpose,
-                                        newest_first=order == "desc")
+                                        newest_first=order == "desc", caller=caller)
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": more}
 
 
 @router.get("/v1/files/{file_id}", responses=ERROR_RESPONSES, summary="Retrieve a file")
-async def get_file(state: BatchDep, file_id: str) -> dict[str, Any]:
-    found = await state.files.get(file_id)
+async def get_file(state: BatchDep, caller: Caller, file_id: str) -> dict[str, Any]:
+    found = await state.files.get(file_id, caller)
     if found is None:
         raise not_found(file_id)
     return found
@@ -57,9 +60,9 @@ async def get_file(state: BatchDep, file_id: str) -> dict[str, Any]:
 
 @router.get("/v1/files/{file_id}/content", responses=ERROR_RESPONSES,
             summary="Retrieve a file's content")
-async def file_content(state: BatchDep, file_id: str) -> StreamingResponse:
+async def file_content(state: BatchDep, caller: Caller, file_id: str) -> StreamingResponse:
     """Streamed from the file store in blocks (bounded memory whatever the size)."""
-    found = await state.files.get(file_id)
+    found = await state.files.get(file_id, caller)
     if found is None:
         raise not_found(file_id)
     blocks = state.files.store.blocks(content_name(file_id))
@@ -68,7 +71,7 @@ async def file_content(state: BatchDep, file_id: str) -> StreamingResponse:
 
 
 @router.delete("/v1/files/{file_id}", responses=ERROR_RESPONSES, summary="Delete a file")
-async def delete_file(state: BatchDep, file_id: str) -> dict[str, Any]:
-    if not await state.files.delete(file_id):
+async def delete_file(state: BatchDep, caller: Caller, file_id: str) -> dict[str, Any]:
+    if not await state.files.delete(file_id, caller):
         raise not_found(file_id)
     return {"id": file_id, "object": "file", "deleted": True}
