@@ -1,11 +1,12 @@
 """Files and batches belong to the tenant that made them: another tenant gets the 404 of a
 thing that does not exist, lists and stats show a tenant its own, the operator and admin keys
 see everything; a batch's lines run as its owner's requests (tenant, ids in its name space)
-within the creating key's priority ceiling. The front door is played by ``TestPrincipal``."""
+within the creating key's priority ceiling. Through the real front door, with real keys."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,29 +19,48 @@ from inferq.protocol import scores
 from inferq.protocol.fields import Field
 from tests.support.batch import (
     EMBED,
-    TestPrincipal,
     answer,
-    as_tenant,
     embed_line,
     jsonl,
     read_jsonl,
     wait_status,
 )
+from inferq.tenancy import KeyStore
 from tests.support.processes import wait_until
 
-ALICE = as_tenant("alice")
-BOB = as_tenant("bob")
-ADMIN = as_tenant("ops", scopes="api,admin")
+OPERATOR_TOKEN = "op-token"
+
+
+@dataclass
+class Who:
+    """Bearer headers of real keys (``inferq keys``) and of the operator's token."""
+
+    store: KeyStore
+
+    def key(self, tenant: str, *, scopes: str = "api",
+            max_priority: int | None = None) -> dict[str, str]:
+        made = self.store.create(tenant, scopes=scopes.split(","), max_priority=max_priority)
+        return {"Authorization": f"Bearer {made.secret}"}
+
+    def __post_init__(self) -> None:
+        self.alice = self.key("alice")
+        self.bob = self.key("bob")
+        self.admin = self.key("ops", scopes="api,admin")
+        self.operator = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+
+
+@pytest.fixture
+def who(r: redis.Redis) -> Who:
+    return Who(KeyStore(r))
 
 
 @pytest.fixture
 def api(redis_url: str, tmp_path: Path) -> Iterator[TestClient]:
     from inferq.gateway import GatewaySettings, create_app
 
-    app = create_app(GatewaySettings(redis_url=redis_url, token=None, timeout_s=30.0,
+    app = create_app(GatewaySettings(redis_url=redis_url, token=OPERATOR_TOKEN, timeout_s=30.0,
                                      require_served_model=False,
                                      file_store=str(tmp_path / "files"), batch_idle_s=0.2))
-    app.add_middleware(TestPrincipal)
     with TestClient(app) as client:
         yield client
 
@@ -75,41 +95,41 @@ def missing(api: TestClient, method: str, path: str, headers: dict[str, str],
             fake_id, real_id)}}
 
 
-def test_a_tenant_cannot_tell_another_tenants_file_exists(api: TestClient) -> None:
-    mine = upload(api, ALICE, jsonl([embed_line("a", "x")]))
-    theirs = upload(api, BOB, jsonl([embed_line("a", "y")]))
+def test_a_tenant_cannot_tell_another_tenants_file_exists(api: TestClient, who: Who) -> None:
+    mine = upload(api, who.alice, jsonl([embed_line("a", "x")]))
+    theirs = upload(api, who.bob, jsonl([embed_line("a", "y")]))
     for method, path in (("GET", "/v1/files/{}"), ("GET", "/v1/files/{}/content"),
                          ("DELETE", "/v1/files/{}")):
-        missing(api, method, path, BOB, mine, "file-000000000000000000000000")
-    assert ids(api, "/v1/files", ALICE) == [mine]
-    assert ids(api, "/v1/files", BOB) == [theirs]
-    assert ids(api, "/v1/files", BOB, after=mine) == []  # no paging through another's
-    assert ids(api, "/v1/files", ADMIN) == [theirs, mine]
-    assert ids(api, "/v1/files", {}) == [theirs, mine]  # the operator
-    assert api.get(f"/v1/files/{mine}/content", headers=ADMIN).status_code == 200
-    assert api.get(f"/v1/files/{mine}/content", headers=ALICE).content == jsonl(
+        missing(api, method, path, who.bob, mine, "file-000000000000000000000000")
+    assert ids(api, "/v1/files", who.alice) == [mine]
+    assert ids(api, "/v1/files", who.bob) == [theirs]
+    assert ids(api, "/v1/files", who.bob, after=mine) == []  # no paging through another's
+    assert ids(api, "/v1/files", who.admin) == [theirs, mine]
+    assert ids(api, "/v1/files", who.operator) == [theirs, mine]  # the operator
+    assert api.get(f"/v1/files/{mine}/content", headers=who.admin).status_code == 200
+    assert api.get(f"/v1/files/{mine}/content", headers=who.alice).content == jsonl(
         [embed_line("a", "x")])
-    assert api.delete(f"/v1/files/{mine}", headers=ALICE).json()["deleted"] is True
-    assert ids(api, "/v1/files", ADMIN) == [theirs]
+    assert api.delete(f"/v1/files/{mine}", headers=who.alice).json()["deleted"] is True
+    assert ids(api, "/v1/files", who.admin) == [theirs]
     # a tenant cannot make a batch of another's file: the same 404 as for none
-    refused = create(api, ALICE, theirs)
+    refused = create(api, who.alice, theirs)
     assert refused.status_code == 404 and refused.json()["error"]["param"] == "input_file_id"
 
 
 def test_a_batch_belongs_to_its_tenant_and_runs_as_its_requests(
-        api: TestClient, r: redis.Redis) -> None:
+        api: TestClient, r: redis.Redis, who: Who) -> None:
     rows = [embed_line("same-id", "alice's text"), embed_line("bad", "")]
-    mine = create(api, ALICE, upload(api, ALICE, jsonl(rows))).json()
+    mine = create(api, who.alice, upload(api, who.alice, jsonl(rows))).json()
     # Bob's batch uses the same custom_id: the two never collide.
-    theirs = create(api, BOB, upload(api, BOB, jsonl([embed_line("same-id", "bob's")]))).json()
+    theirs = create(api, who.bob, upload(api, who.bob, jsonl([embed_line("same-id", "bob's")]))).json()
     for method, path in (("GET", "/v1/batches/{}"), ("POST", "/v1/batches/{}/cancel")):
-        missing(api, method, path, BOB, mine["id"], "batch_000000000000000000000000")
-    assert ids(api, "/v1/batches", ALICE) == [mine["id"]]
-    assert ids(api, "/v1/batches", BOB) == [theirs["id"]]
-    assert ids(api, "/v1/batches", BOB, after=mine["id"]) == []
-    assert ids(api, "/v1/batches", ADMIN) == ids(api, "/v1/batches", {}) == [
+        missing(api, method, path, who.bob, mine["id"], "batch_000000000000000000000000")
+    assert ids(api, "/v1/batches", who.alice) == [mine["id"]]
+    assert ids(api, "/v1/batches", who.bob) == [theirs["id"]]
+    assert ids(api, "/v1/batches", who.bob, after=mine["id"]) == []
+    assert ids(api, "/v1/batches", who.admin) == ids(api, "/v1/batches", who.operator) == [
         theirs["id"], mine["id"]]
-    stats = api.get("/v1/batches/stats", headers=BOB).json()
+    stats = api.get("/v1/batches/stats", headers=who.bob).json()
     assert [b["id"] for b in stats["active"]] == [theirs["id"]]
     assert sum(stats["batches"].values()) == 1
     # The lines are each owner's requests: its tenant, ids in its name space.
@@ -120,24 +140,24 @@ def test_a_batch_belongs_to_its_tenant_and_runs_as_its_requests(
     assert r.hget(EMBED.request(alice_line), Field.TENANT) == b"alice"
     assert r.hget(EMBED.request(bob_line), Field.TENANT) == b"bob"
     answer(r)
-    done = wait_status(lambda: api.get(f"/v1/batches/{mine['id']}", headers=ALICE).json(),
+    done = wait_status(lambda: api.get(f"/v1/batches/{mine['id']}", headers=who.alice).json(),
                        "completed")
-    wait_status(lambda: api.get(f"/v1/batches/{theirs['id']}", headers=BOB).json(),
+    wait_status(lambda: api.get(f"/v1/batches/{theirs['id']}", headers=who.bob).json(),
                 "completed")
     # Its output and error files are the owner's, naming lines by the ids it knows.
     for file_id in (done["output_file_id"], done["error_file_id"]):
-        missing(api, "GET", "/v1/files/{}/content", BOB, file_id,
+        missing(api, "GET", "/v1/files/{}/content", who.bob, file_id,
                 "file-000000000000000000000000")
-        assert file_id in ids(api, "/v1/files", ALICE)
-        assert file_id not in ids(api, "/v1/files", BOB)
-    content = api.get(f"/v1/files/{done['output_file_id']}/content", headers=ALICE)
+        assert file_id in ids(api, "/v1/files", who.alice)
+        assert file_id not in ids(api, "/v1/files", who.bob)
+    content = api.get(f"/v1/files/{done['output_file_id']}/content", headers=who.alice)
     (line,) = read_jsonl(content.content)
     assert line["custom_id"] == "same-id"
     assert line["response"]["request_id"] == line_request_id(mine["id"], "same-id")
-    errors = api.get(f"/v1/files/{done['error_file_id']}/content", headers=ALICE)
+    errors = api.get(f"/v1/files/{done['error_file_id']}/content", headers=who.alice)
     (error,) = read_jsonl(errors.content)
     assert error["custom_id"] == "bad" and error["response"]["status_code"] == 422
-    assert api.post(f"/v1/batches/{mine['id']}/cancel", headers=ALICE).status_code == 409
+    assert api.post(f"/v1/batches/{mine['id']}/cancel", headers=who.alice).status_code == 409
 
 
 def priority_of_waiting(r: redis.Redis) -> int:
@@ -146,8 +166,8 @@ def priority_of_waiting(r: redis.Redis) -> int:
 
 
 def test_batch_lines_stay_within_the_keys_priority_ceiling(
-        api: TestClient, r: redis.Redis) -> None:
-    capped = as_tenant("alice", max_priority=-60)
+        api: TestClient, r: redis.Redis, who: Who) -> None:
+    capped = who.key("alice", max_priority=-60)
     file_id = upload(api, capped, jsonl([embed_line("a", "x")]))
     above = create(api, capped, file_id, metadata={"priority": "-10"})
     assert above.status_code == 403, above.text
