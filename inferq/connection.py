@@ -131,6 +131,9 @@ ACL_COMMANDS: tuple[str, ...] = (
     # the gateway's batch jobs (files, batches, their runner): indexes, the wake list, a
     # batch's inbox, the metadata transactions
     "lrange", "lpush", "zrank", "zrevrank", "multi", "exec",
+    # the gateway's stream reader (``inferq.gateway.streams``): its connection's id, the
+    # wake-up of its blocked XREAD when a stream opens, and a resume position's check
+    "client|id", "client|unblock", "xrevrange",
 )
 
 

@@ -32,10 +32,12 @@ from typing import Annotated, Any, Literal
 import anyio
 from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.responses import StreamingResponse
+from redis.exceptions import RedisError
 from starlette.types import Receive, Scope, Send
 
 from inferq.errors import InferqError, RequestError, ResultTimeout
-from inferq.gateway.errors import ApiError, from_inferq
+from inferq.gateway.caller import Caller
+from inferq.gateway.errors import ApiError, from_inferq, unavailable
 from inferq.gateway.routes.common import (
     DeadlineHeader,
     PriorityHeader,
@@ -56,6 +58,7 @@ from inferq.gateway.schemas import (
     CompletionUsage,
 )
 from inferq.gateway.state import GatewayState, State, cancel_quietly
+from inferq.gateway.streams import Slot, entry_key
 from inferq.producer.aio import AsyncHandle
 from inferq.producer.common import RequestState, raise_for_status
 from inferq.producer.streaming import StreamEntry, StreamReader
@@ -208,7 +211,9 @@ def event(data: Mapping[str, Any] | str, event_id: str | None = None) -> str:
 #: The tail of a stream after its last entry: the finish chunk, the usage chunk, ``[DONE]``.
 TAIL = ("f", "u", "d")
 START = "0-0"
-LAST_EVENT_ID_RE = re.compile(r"^(\d{1,20}-\d{1,20})(?::([fud]))?$")
+LAST_EVENT_ID_RE = re.compile(r"^(\d{1,20})-(\d{1,20})(?::([fud]))?$")
+#: Both halves of a stream entry id are unsigned 64-bit numbers (XREAD refuses others).
+ENTRY_ID_MAX = 2**64 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,12 +230,29 @@ class Position:
         if last_event_id is None:
             return cls()
         match = LAST_EVENT_ID_RE.match(last_event_id.strip())
-        if match is None:
+        if match is None or max(int(match[1]), int(match[2])) > ENTRY_ID_MAX:
             raise ApiError(422, "invalid_request_error", "invalid_request",
                            f"Last-Event-ID: {last_event_id!r} is not an event id of this "
-                           "stream (<ms>-<seq>, optionally :f, :u or :d)",
+                           "stream (<ms>-<seq>, each below 2^64, optionally :f, :u or :d)",
                            param="Last-Event-ID")
-        return cls(match[1], match[2], resumed=True)
+        # Canonical (no leading zeros): compared with the stream's own ids.
+        return cls(f"{int(match[1])}-{int(match[2])}", match[3], resumed=True)
+
+    def check(self, last_entry: str | None, raw: str | None) -> None:
+        """416 unless the stream could have sent this position: an entry id at or before its
+        last entry (``0-0``: nothing yet), and a tail event (``:f``/``:u``/``:d``) only after
+        its last entry. Past the end nothing can be resumed: an empty 200 that waits out its
+        timeout would hide the client's bug."""
+        if not self.resumed:
+            return
+        last = entry_key(last_entry) if last_entry is not None else (0, 0)
+        at = entry_key(self.entry)
+        if at > last or (self.tail is not None and at != last):
+            where = f"its last entry is {last_entry}" if last_entry else "it has no entry yet"
+            raise ApiError(416, "invalid_request_error", "last_event_id_out_of_range",
+                           f"Last-Event-ID: {raw!r} is past the end of this stream ({where}); "
+                           "resume with the id of the last event received, or none to "
+                           "read from the start", param="Last-Event-ID")
 
 
 class EventStream(StreamingResponse):
@@ -255,12 +277,14 @@ class EventStream(StreamingResponse):
 
 
 def stream_response(state: GatewayState, handle: AsyncHandle, chunks: Chunks, timeout: float,
-                    include_usage: bool, *, cancel_on_close: bool = True,
+                    include_usage: bool, slot: Slot, *, cancel_on_close: bool = True,
                     position: Position = Position(), headers: Mapping[str, str] = {},
                     ids: bool = True) -> EventStream:
     """The events of ``handle``'s generation after ``position``, each with its ``id:`` when
-    ``ids``. With ``cancel_on_close``, a stream that ends before the result (client gone,
-    timeout) cancels the request."""
+    ``ids``, read through the gateway's stream reader (``state.streams``: no connection of
+    the shared pool is held while waiting). With ``cancel_on_close``, a stream that ends
+    before the result (client gone, timeout) cancels the request. ``slot`` (the stream's
+    place under the caps) is given back when the stream ends, however it ends."""
     finished = False
 
     def sse(data: Mapping[str, Any] | str, event_id: str) -> str:
@@ -273,8 +297,8 @@ def stream_response(state: GatewayState, handle: AsyncHandle, chunks: Chunks, ti
         role = chunks.chat and not position.resumed
         reader = StreamReader(position.entry)
         try:
-            async for item in handle.stream_entries(timeout, after=position.entry,
-                                                    reader=reader):
+            async for item in state.streams.follow(handle.keys, handle.id, timeout,
+                                                   after=position.entry, reader=reader):
                 if role:
                     role = False
                     yield sse(chunks.chunk(role="assistant", text=""), START)
@@ -296,8 +320,13 @@ def stream_response(state: GatewayState, handle: AsyncHandle, chunks: Chunks, ti
             error = from_inferq(exc, retry_after_s=state.settings.retry_after_s)
             error.request_id = error.request_id or handle.id
             yield event(error.body())
+        except RedisError as exc:  # after the 200 went out: an error event, not a traceback
+            error = unavailable(exc)
+            error.request_id = handle.id
+            yield event(error.body())
 
     async def on_close() -> None:
+        slot.release()
         # Client gone, timed out, or failed to read: nobody will read it.
         if not finished and cancel_on_close and not handle.duplicate:
             await cancel_quietly([handle])
@@ -346,20 +375,27 @@ def chunk_id(chat: bool, request_id: str) -> str:
 
 
 async def respond(state: GatewayState, body: ChatCompletionRequest | CompletionRequest,
-                  headers: Headers,
+                  headers: Headers, caller: Caller,
                   answer: Callable[[Chunks, Result], CompletionResponse | ChatCompletionResponse]
                   ) -> Response:
     """Both routes: queue the request, then stream its chunks, or wait and ``answer`` with the
-    response body made of the result."""
+    response body made of the result. A stream takes its place under the caps before the
+    request is queued (a 429 leaves nothing queued)."""
     timeout = state.timeout(headers.timeout_s, "X-Timeout-S")
-    handle = await enqueue(state, body, headers.priority, headers.deadline_s, headers.request_id,
-                           headers.tenant)
+    slot = state.stream_slots.take(caller.tenant) if body.stream else None
+    try:
+        handle = await enqueue(state, body, headers.priority, headers.deadline_s,
+                               headers.request_id, headers.tenant)
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
     chat = isinstance(body, ChatCompletionRequest)
     chunks = Chunks(chat=chat, id=chunk_id(chat, handle.id), model=body.model,
                     created=int(time.time()))
     echo = {"X-Request-Id": handle.id} if headers.request_id is not None else {}
-    if body.stream:
-        return stream_response(state, handle, chunks, timeout, body.include_usage,
+    if slot is not None:
+        return stream_response(state, handle, chunks, timeout, body.include_usage, slot,
                                cancel_on_close=not body.resumable, headers=echo,
                                ids=body.resumable or headers.event_stream)
     result = await wait(state, handle, timeout)
@@ -370,9 +406,9 @@ async def respond(state: GatewayState, body: ChatCompletionRequest | CompletionR
 @router.post("/v1/completions", response_model=CompletionResponse, responses=STREAM_RESPONSES,
              summary="Create a text completion (OpenAI-compatible)")
 async def create_completion(body: CompletionRequest, state: State,
-                            headers: RouteHeaders) -> Response:
+                            headers: RouteHeaders, caller: Caller) -> Response:
     """Continues ``prompt`` (task ``generate``); ``usage`` is the worker tokenizer's count."""
-    return await respond(state, body, headers, lambda chunks, result: CompletionResponse(
+    return await respond(state, body, headers, caller, lambda chunks, result: CompletionResponse(
         id=chunks.id, created=chunks.created, model=body.model, usage=usage_of(result),
         choices=[CompletionChoice(text=text_of(result, body.model),
                                   finish_reason=finish_reason(result),
@@ -382,18 +418,22 @@ async def create_completion(body: CompletionRequest, state: State,
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
              responses=STREAM_RESPONSES, summary="Create a chat completion (OpenAI-compatible)")
 async def create_chat_completion(body: ChatCompletionRequest, state: State,
-                                 headers: RouteHeaders) -> Response:
+                                 headers: RouteHeaders, caller: Caller) -> Response:
     """Answers ``messages`` (rendered with the model's chat template on the worker)."""
-    return await respond(state, body, headers, lambda chunks, result: ChatCompletionResponse(
-        id=chunks.id, created=chunks.created, model=body.model, usage=usage_of(result),
-        choices=[ChatChoice(message=AssistantMessage(content=text_of(result, body.model)),
-                            finish_reason=finish_reason(result),
-                            logprobs=chat_logprobs(result.output))]))
+    def answer(chunks: Chunks, result: Result) -> ChatCompletionResponse:
+        return ChatCompletionResponse(
+            id=chunks.id, created=chunks.created, model=body.model, usage=usage_of(result),
+            choices=[ChatChoice(message=AssistantMessage(content=text_of(result, body.model)),
+                                finish_reason=finish_reason(result),
+                                logprobs=chat_logprobs(result.output))])
+
+    return await respond(state, body, headers, caller, answer)
 
 
 @router.get("/v1/requests/{request_id}/stream", responses=STREAM_RESPONSES,
             summary="Resume a generation's event stream (Last-Event-ID)")
-async def resume_stream(request_id: RequestIdPath, state: State, model: ModelQuery,
+async def resume_stream(request_id: RequestIdPath, state: State, caller: Caller,
+                        model: ModelQuery,
                         format: Annotated[Literal["chat", "completion"], Query(
                             description="the chunks' shape: chat.completion.chunk or "
                                         "text_completion")] = "chat",
@@ -412,8 +452,10 @@ async def resume_stream(request_id: RequestIdPath, state: State, model: ModelQue
     handle = await state.client.find(request_id, model=model, task=GENERATE_TASK)
     if await handle.status() is RequestState.UNKNOWN:
         raise not_found(handle)
+    position.check(await state.streams.last_entry(handle.keys, handle.id), last_event_id)
     chat = format == "chat"
     chunks = Chunks(chat=chat, id=chunk_id(chat, handle.id), model=model,
                     created=int(time.time()))
     return stream_response(state, handle, chunks, timeout, include_usage,
-                           cancel_on_close=False, position=position)
+                           state.stream_slots.take(caller.tenant), cancel_on_close=False,
+                           position=position)
