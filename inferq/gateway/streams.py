@@ -125,6 +125,7 @@ class _Group:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # Redis down, or a bug: every stream of the group ends
+            self.client_id = None  # a new connection next time
             if not isinstance(exc, RedisError):
                 log.exception("stream reader failed")
             for follower in list(self.followers):
