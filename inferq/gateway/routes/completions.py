@@ -17,7 +17,12 @@ read every event as ``data: `` + JSON and fail on any other field. A client that
 stream (its connection, or the gateway process, died) sends the last id it got as
 ``Last-Event-ID`` to ``GET /v1/requests/{id}/stream`` on any gateway and gets the events after
 it, read from the request's Redis Stream: no event twice, none missing. ``X-Request-Id``, when
-given, is the request's id (and echoed), so the client knows it before the first byte.
+given, is the request's id (and echoed), so the client knows it before the first byte. A
+``Last-Event-ID`` past the stream's end is a 416 (numbers XREAD refuses, a 422), before the 200.
+
+Open streams are read by the gateway's one multiplexed reader (``inferq.gateway.streams``),
+never on the pool the other routes use, and capped per gateway and per tenant: a stream over
+either cap is a 429 with ``Retry-After``, before its request is queued.
 """
 
 from __future__ import annotations
@@ -250,7 +255,8 @@ class Position:
         if at > last or (self.tail is not None and at != last):
             where = f"its last entry is {last_entry}" if last_entry else "it has no entry yet"
             raise ApiError(416, "invalid_request_error", "last_event_id_out_of_range",
-                           f"Last-Event-ID: {raw!r} is past the end of this stream ({where}); "
+                           f"Last-Event-ID: {raw!r} is not a position this stream has sent "
+                           f"({where}{'' if self.tail is None else ', and :f/:u/:d follow it'}); "
                            "resume with the id of the last event received, or none to "
                            "read from the start", param="Last-Event-ID")
 
