@@ -84,7 +84,8 @@ CLUSTER_UNAVAILABLE = (ClusterDownError, MasterDownError, TryAgainError, SlotNot
 
 #: Query arguments whose value is a secret (redis-py reads ``password``; the others are what
 #: other clients and proxies call theirs).
-_QUERY_SECRET = re.compile(r"([?&](?:password|pass|passwd|auth|token)=)[^&#]+", re.IGNORECASE)
+#: A secret's value runs to the next ``&``: a raw ``#`` in it is part of it, not a fragment.
+_QUERY_SECRET = re.compile(r"([?&](?:password|pass|passwd|auth|token)=)[^&]+", re.IGNORECASE)
 
 #: The longest a single blocking read (BLMOVE, BLPOP, XREAD BLOCK) may block in Redis. Longer
 #: waits are sliced into calls of at most this (and at most half the socket read timeout,
@@ -130,6 +131,9 @@ ACL_COMMANDS: tuple[str, ...] = (
     # the gateway's batch jobs (files, batches, their runner): indexes, the wake list, a
     # batch's inbox, the metadata transactions
     "lrange", "lpush", "zrank", "zrevrank", "multi", "exec",
+    # the gateway's stream reader (``inferq.gateway.streams``): its connection's id, the
+    # wake-up of its blocked XREAD when a stream opens, and a resume position's check
+    "client|id", "client|unblock", "xrevrange",
 )
 
 
@@ -161,13 +165,26 @@ def redact_url(url: str) -> str:
     The rule leans to the safe side: after ``user:`` whatever follows (even nothing) is
     masked; a userinfo without a colon is masked whole (``redis://pw@host``: some clients take
     a lone userinfo for the password); and the values of the query arguments ``password``
-    (which redis-py also accepts), ``pass``, ``passwd``, ``auth`` and ``token``.
+    (which redis-py also accepts), ``pass``, ``passwd``, ``auth`` and ``token``, up to the
+    next ``&``.
+
+    The userinfo ends at the *last* ``@`` before any secret query argument, not at the first
+    ``/``, ``?`` or ``#`` as a URL parser reads it: a password written without
+    percent-encoding (``redis://:pa#ss@host``, ``redis://:p/w?x@host``) is a URL that redis-py
+    misreads, and exactly the one that ends up in an error message, so it is masked whole.
+    The price: an ``@`` in a path or a non-secret query value masks everything before it.
     """
-    head, userinfo, hostport, tail = _split(url)
-    if userinfo is not None:
-        user, colon, _ = userinfo.partition(":")
-        hostport = f"{user}:{REDACTED}@{hostport}" if colon else f"{REDACTED}@{hostport}"
-    return head + hostport + _QUERY_SECRET.sub(rf"\g<1>{REDACTED}", tail)
+    scheme, sep, rest = url.partition("://")
+    head = scheme + sep if sep else ""
+    if not sep:
+        rest = url
+    secret = _QUERY_SECRET.search(rest)
+    at = rest.rfind("@", 0, secret.start() if secret is not None else len(rest))
+    if at != -1:
+        user, colon, _ = rest[:at].partition(":")
+        head += f"{user}:{REDACTED}@" if colon else f"{REDACTED}@"
+        rest = rest[at + 1:]
+    return head + _QUERY_SECRET.sub(rf"\g<1>{REDACTED}", rest)
 
 
 def _credentials(url: str) -> tuple[str, str | None, str | None]:

@@ -48,6 +48,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await app.state.gateway.streams.aclose()
             await app.state.batch.close()
             await client.aclose()
 

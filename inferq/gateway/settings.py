@@ -28,6 +28,8 @@
 | ``INFERQ_GATEWAY_MAX_BODY_MB`` | 16 | largest body (413 beyond, as it streams in) |
 | ``INFERQ_GATEWAY_MAX_FILE_MB`` | 200 | largest ``/v1/files`` upload (OpenAI's) |
 | ``INFERQ_GATEWAY_ALLOWED_HOSTS`` | ``localhost,127.0.0.1,::1`` | Hosts served while open |
+| ``INFERQ_GATEWAY_MAX_STREAMS`` | 2048 | open event streams per gateway (429 beyond) |
+| ``INFERQ_GATEWAY_MAX_STREAMS_PER_TENANT`` | 512 | open event streams per tenant (429 beyond) |
 
 The Redis URL and the token are ``SecretStr``: neither appears in a repr or a log line; log
 ``redacted_redis_url`` instead.
@@ -96,6 +98,11 @@ class GatewaySettings(BaseSettings):
     batch_max_outstanding: Annotated[int, Field(ge=1)] = 4096
     #: A blocking read: at most 5 s, well inside the connections' read timeout.
     batch_idle_s: Annotated[float, Field(gt=0, le=5, allow_inf_nan=False)] = 1.0
+    #: Open event streams (completions with ``stream``, resumes) on this gateway, and per
+    #: tenant (callers without one, the operator, are one tenant): 429 beyond either. Streams
+    #: are read by one multiplexed reader (``inferq.gateway.streams``), not a connection each.
+    max_streams: Annotated[int, Field(ge=1)] = 2048
+    max_streams_per_tenant: Annotated[int, Field(ge=1)] = 512
 
     # The front door (``frontdoor``): limits applied before a body is read.
     max_body_mb: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 16.0

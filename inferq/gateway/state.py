@@ -16,6 +16,7 @@ from inferq.gateway.coalesce import Coalescer
 from inferq.gateway.errors import ApiError, model_not_found
 from inferq.gateway.served import ServedQueues
 from inferq.gateway.settings import GatewaySettings
+from inferq.gateway.streams import StreamMux, StreamSlots
 from inferq.producer.aio import AsyncClient, AsyncHandle
 
 log = logging.getLogger("inferq.gateway")
@@ -34,11 +35,19 @@ class GatewayState:
     served: ServedQueues = field(init=False)
     #: Enqueues of concurrent embedding calls, sent as one ``enqueue_many`` per loop turn.
     coalescer: Coalescer = field(init=False)
+    #: Every open event stream's reads, multiplexed off the shared pool, and their caps.
+    streams: StreamMux = field(init=False)
+    stream_slots: StreamSlots = field(init=False)
 
     def __post_init__(self) -> None:
         self.blocking_waits = asyncio.Semaphore(max(1, self.settings.max_connections // 4))
         self.served = ServedQueues()
         self.coalescer = Coalescer(self.client)
+        self.streams = StreamMux(self.client.connection, self.client.options,
+                                 self.client.redis)
+        self.stream_slots = StreamSlots(self.settings.max_streams,
+                                        self.settings.max_streams_per_tenant,
+                                        self.settings.retry_after_s)
 
     async def require_served(self, task: str, model: str) -> None:
         """404 ``model_not_found`` unless a worker has served ``task:model`` (when

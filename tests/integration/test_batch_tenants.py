@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from inferq.batch.envelope import line_request_id
 from inferq.protocol import scores
 from inferq.protocol.fields import Field
+from inferq.tenancy import KeyStore
 from tests.support.batch import (
     EMBED,
     answer,
@@ -25,7 +26,6 @@ from tests.support.batch import (
     read_jsonl,
     wait_status,
 )
-from inferq.tenancy import KeyStore
 from tests.support.processes import wait_until
 
 OPERATOR_TOKEN = "op-token"
@@ -121,7 +121,8 @@ def test_a_batch_belongs_to_its_tenant_and_runs_as_its_requests(
     rows = [embed_line("same-id", "alice's text"), embed_line("bad", "")]
     mine = create(api, who.alice, upload(api, who.alice, jsonl(rows))).json()
     # Bob's batch uses the same custom_id: the two never collide.
-    theirs = create(api, who.bob, upload(api, who.bob, jsonl([embed_line("same-id", "bob's")]))).json()
+    bob_file = upload(api, who.bob, jsonl([embed_line("same-id", "bob's")]))
+    theirs = create(api, who.bob, bob_file).json()
     for method, path in (("GET", "/v1/batches/{}"), ("POST", "/v1/batches/{}/cancel")):
         missing(api, method, path, who.bob, mine["id"], "batch_000000000000000000000000")
     assert ids(api, "/v1/batches", who.alice) == [mine["id"]]

@@ -17,7 +17,12 @@ read every event as ``data: `` + JSON and fail on any other field. A client that
 stream (its connection, or the gateway process, died) sends the last id it got as
 ``Last-Event-ID`` to ``GET /v1/requests/{id}/stream`` on any gateway and gets the events after
 it, read from the request's Redis Stream: no event twice, none missing. ``X-Request-Id``, when
-given, is the request's id (and echoed), so the client knows it before the first byte.
+given, is the request's id (and echoed), so the client knows it before the first byte. A
+``Last-Event-ID`` past the stream's end is a 416 (numbers XREAD refuses, a 422), before the 200.
+
+Open streams are read by the gateway's one multiplexed reader (``inferq.gateway.streams``),
+never on the pool the other routes use, and capped per gateway and per tenant: a stream over
+either cap is a 429 with ``Retry-After``, before its request is queued.
 """
 
 from __future__ import annotations
@@ -32,11 +37,12 @@ from typing import Annotated, Any, Literal
 import anyio
 from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.responses import StreamingResponse
+from redis.exceptions import RedisError
 from starlette.types import Receive, Scope, Send
 
 from inferq.errors import InferqError, RequestError, ResultTimeout
 from inferq.gateway.caller import Caller, check_priority, new_request_id, tenant_of
-from inferq.gateway.errors import ApiError, from_inferq
+from inferq.gateway.errors import ApiError, from_inferq, unavailable
 from inferq.gateway.routes.common import (
     DeadlineHeader,
     PriorityHeader,
@@ -57,6 +63,7 @@ from inferq.gateway.schemas import (
     CompletionUsage,
 )
 from inferq.gateway.state import GatewayState, State, cancel_quietly
+from inferq.gateway.streams import Slot, entry_key
 from inferq.producer.aio import AsyncHandle
 from inferq.producer.common import RequestState, raise_for_status
 from inferq.producer.streaming import StreamEntry, StreamReader
@@ -214,7 +221,9 @@ def event(data: Mapping[str, Any] | str, event_id: str | None = None) -> str:
 #: The tail of a stream after its last entry: the finish chunk, the usage chunk, ``[DONE]``.
 TAIL = ("f", "u", "d")
 START = "0-0"
-LAST_EVENT_ID_RE = re.compile(r"^(\d{1,20}-\d{1,20})(?::([fud]))?$")
+LAST_EVENT_ID_RE = re.compile(r"^(\d{1,20})-(\d{1,20})(?::([fud]))?$")
+#: Both halves of a stream entry id are unsigned 64-bit numbers (XREAD refuses others).
+ENTRY_ID_MAX = 2**64 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,12 +240,30 @@ class Position:
         if last_event_id is None:
             return cls()
         match = LAST_EVENT_ID_RE.match(last_event_id.strip())
-        if match is None:
+        if match is None or max(int(match[1]), int(match[2])) > ENTRY_ID_MAX:
             raise ApiError(422, "invalid_request_error", "invalid_request",
                            f"Last-Event-ID: {last_event_id!r} is not an event id of this "
-                           "stream (<ms>-<seq>, optionally :f, :u or :d)",
+                           "stream (<ms>-<seq>, each below 2^64, optionally :f, :u or :d)",
                            param="Last-Event-ID")
-        return cls(match[1], match[2], resumed=True)
+        # Canonical (no leading zeros): compared with the stream's own ids.
+        return cls(f"{int(match[1])}-{int(match[2])}", match[3], resumed=True)
+
+    def check(self, last_entry: str | None, raw: str | None) -> None:
+        """416 unless the stream could have sent this position: an entry id at or before its
+        last entry (``0-0``: nothing yet), and a tail event (``:f``/``:u``/``:d``) only after
+        its last entry. Past the end nothing can be resumed: an empty 200 that waits out its
+        timeout would hide the client's bug."""
+        if not self.resumed:
+            return
+        last = entry_key(last_entry) if last_entry is not None else (0, 0)
+        at = entry_key(self.entry)
+        if at > last or (self.tail is not None and at != last):
+            where = f"its last entry is {last_entry}" if last_entry else "it has no entry yet"
+            raise ApiError(416, "invalid_request_error", "last_event_id_out_of_range",
+                           f"Last-Event-ID: {raw!r} is not a position this stream has sent "
+                           f"({where}{'' if self.tail is None else ', and :f/:u/:d follow it'}); "
+                           "resume with the id of the last event received, or none to "
+                           "read from the start", param="Last-Event-ID")
 
 
 class EventStream(StreamingResponse):
@@ -261,12 +288,14 @@ class EventStream(StreamingResponse):
 
 
 def stream_response(state: GatewayState, handle: AsyncHandle, chunks: Chunks, timeout: float,
-                    include_usage: bool, *, cancel_on_close: bool = True,
+                    include_usage: bool, slot: Slot, *, cancel_on_close: bool = True,
                     position: Position = Position(), headers: Mapping[str, str] = {},
                     ids: bool = True) -> EventStream:
     """The events of ``handle``'s generation after ``position``, each with its ``id:`` when
-    ``ids``. With ``cancel_on_close``, a stream that ends before the result (client gone,
-    timeout) cancels the request."""
+    ``ids``, read through the gateway's stream reader (``state.streams``: no connection of
+    the shared pool is held while waiting). With ``cancel_on_close``, a stream that ends
+    before the result (client gone, timeout) cancels the request. ``slot`` (the stream's
+    place under the caps) is given back when the stream ends, however it ends."""
     finished = False
 
     def sse(data: Mapping[str, Any] | str, event_id: str) -> str:
@@ -279,8 +308,8 @@ def stream_response(state: GatewayState, handle: AsyncHandle, chunks: Chunks, ti
         role = chunks.chat and not position.resumed
         reader = StreamReader(position.entry)
         try:
-            async for item in handle.stream_entries(timeout, after=position.entry,
-                                                    reader=reader):
+            async for item in state.streams.follow(handle.keys, handle.id, timeout,
+                                                   after=position.entry, reader=reader):
                 if role:
                     role = False
                     yield sse(chunks.chunk(role="assistant", text=""), START)
@@ -302,8 +331,13 @@ def stream_response(state: GatewayState, handle: AsyncHandle, chunks: Chunks, ti
             error = from_inferq(exc, retry_after_s=state.settings.retry_after_s)
             error.request_id = error.request_id or handle.id
             yield event(error.body())
+        except RedisError as exc:  # after the 200 went out: an error event, not a traceback
+            error = unavailable(exc)
+            error.request_id = handle.id
+            yield event(error.body())
 
     async def on_close() -> None:
+        slot.release()
         # Client gone, timed out, or failed to read: nobody will read it.
         if not finished and cancel_on_close and not handle.duplicate:
             await cancel_quietly([handle])
@@ -356,10 +390,17 @@ async def respond(state: GatewayState, caller: Principal,
                   answer: Callable[[Chunks, Result], CompletionResponse | ChatCompletionResponse]
                   ) -> Response:
     """Both routes: queue the request, then stream its chunks, or wait and ``answer`` with the
-    response body made of the result."""
+    response body made of the result. A stream takes its place under the caps before the
+    request is queued (a 429 leaves nothing queued)."""
     timeout = state.timeout(headers.timeout_s, "X-Timeout-S")
-    handle = await enqueue(state, caller, body, headers.priority, headers.deadline_s,
-                           headers.request_id, headers.tenant)
+    slot = state.stream_slots.take(caller.tenant) if body.stream else None
+    try:
+        handle = await enqueue(state, caller, body, headers.priority, headers.deadline_s,
+                               headers.request_id, headers.tenant)
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
     public = caller.public_id(handle.id)
     chat = isinstance(body, ChatCompletionRequest)
     chunks = Chunks(chat=chat, id=chunk_id(chat, public), model=body.model,
@@ -367,8 +408,8 @@ async def respond(state: GatewayState, caller: Principal,
     echo = {"X-Inferq-Request-Id": public}
     if headers.request_id is not None:
         echo["X-Request-Id"] = public
-    if body.stream:
-        return stream_response(state, handle, chunks, timeout, body.include_usage,
+    if slot is not None:
+        return stream_response(state, handle, chunks, timeout, body.include_usage, slot,
                                cancel_on_close=not body.resumable, headers=echo,
                                ids=body.resumable or headers.event_stream)
     result = await wait(state, caller, handle, timeout)
@@ -393,12 +434,14 @@ async def create_completion(body: CompletionRequest, state: State, caller: Calle
 async def create_chat_completion(body: ChatCompletionRequest, state: State, caller: Caller,
                                  headers: RouteHeaders) -> Response:
     """Answers ``messages`` (rendered with the model's chat template on the worker)."""
-    return await respond(state, caller, body, headers,
-                         lambda chunks, result: ChatCompletionResponse(
-        id=chunks.id, created=chunks.created, model=body.model, usage=usage_of(result),
-        choices=[ChatChoice(message=AssistantMessage(content=text_of(result, body.model)),
-                            finish_reason=finish_reason(result),
-                            logprobs=chat_logprobs(result.output))]))
+    def answer(chunks: Chunks, result: Result) -> ChatCompletionResponse:
+        return ChatCompletionResponse(
+            id=chunks.id, created=chunks.created, model=body.model, usage=usage_of(result),
+            choices=[ChatChoice(message=AssistantMessage(content=text_of(result, body.model)),
+                                finish_reason=finish_reason(result),
+                                logprobs=chat_logprobs(result.output))])
+
+    return await respond(state, caller, body, headers, answer)
 
 
 @router.get("/v1/requests/{request_id}/stream", responses=STREAM_RESPONSES,
@@ -424,9 +467,10 @@ async def resume_stream(request_id: RequestIdPath, state: State, caller: Caller,
                                      task=GENERATE_TASK)
     if await handle.status() is RequestState.UNKNOWN:
         raise not_found(caller, handle)
+    position.check(await state.streams.last_entry(handle.keys, handle.id), last_event_id)
     chat = format == "chat"
     chunks = Chunks(chat=chat, id=chunk_id(chat, request_id), model=model,
                     created=int(time.time()))
     return stream_response(state, handle, chunks, timeout, include_usage,
-                           cancel_on_close=False, position=position,
-                           headers={"X-Inferq-Request-Id": request_id})
+                           state.stream_slots.take(caller.tenant), cancel_on_close=False,
+                           position=position, headers={"X-Inferq-Request-Id": request_id})
