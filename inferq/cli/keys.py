@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from datetime import UTC, datetime
 
 from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
@@ -43,6 +45,10 @@ def add_parser(sub: Subcommands) -> None:
                         help="most unfinished requests of the tenant at once")
     create.add_argument("--max-queued-bytes", type=int, default=None, metavar="BYTES",
                         help="most payload bytes the tenant may have waiting in Redis")
+    create.add_argument("--secret-from-env", default=None, metavar="VAR",
+                        help="register the secret in $VAR (made by the operator, e.g. "
+                             "iq_$(openssl rand -hex 32)) instead of making one; a secret "
+                             "registered before is left as it is (idempotent: for a Job)")
     listing = actions.add_parser("list", help="every key (never a secret)")
     listing.add_argument("--tenant", default=None, help="only this tenant's keys")
     revoke = actions.add_parser("revoke", help="refuse a key from now on (every gateway)")
@@ -67,14 +73,22 @@ def run(args: argparse.Namespace) -> int:
     store = KeyStore(sync_client(connection_from_args(args)), args.namespace)
     try:
         if args.action == "create":
+            given = None
+            if args.secret_from_env is not None:
+                given = os.environ.get(args.secret_from_env)
+                if not given:
+                    print(f"inferq keys: ${args.secret_from_env} is not set", file=sys.stderr)
+                    return 2
             made = store.create(args.tenant, scopes=args.scopes or ["api"], name=args.name,
-                                **{name: getattr(args, name) for name in LIMITS})
+                                secret=given, **{name: getattr(args, name) for name in LIMITS})
+            shown = {} if given is not None else {"secret": made.secret}
             if args.json:
-                print(json.dumps({**made.key.as_dict(), "secret": made.secret}, indent=2))
+                print(json.dumps({**made.key.as_dict(), **shown}, indent=2))
             else:
                 print(describe(made.key))
-                print(f"secret: {made.secret}")
-                print("(shown once: Redis keeps only its hash)")
+                if given is None:
+                    print(f"secret: {made.secret}")
+                    print("(shown once: Redis keeps only its hash)")
             return 0
         if args.action == "list":
             found = store.list(args.tenant)

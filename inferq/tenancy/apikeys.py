@@ -32,10 +32,14 @@ SECRET_PREFIX = "iq_"
 #: How long a gateway trusts a lookup: a revoked key is refused everywhere within this.
 CACHE_S = 1.0
 
+# KEYS[1] the record, KEYS[2] the index; ARGV[1] id, ARGV[2] digest, ARGV[3..] the record's
+# field/value pairs. Returns the id of the key with this secret (an existing one: no change).
 _CREATE = """
+local existing = redis.call('HGET', KEYS[1], 'id')
+if existing then return existing end
 redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-return 1
+return ARGV[1]
 """
 # KEYS[1] index; ARGV[1] key id; ARGV[2] the records' key prefix. Returns 1 if revoked.
 _REVOKE = """
@@ -133,11 +137,25 @@ class NewKey:
     secret: str
 
 
+#: A secret the operator supplies (``--secret-from-env``) must be at least this long.
+MIN_SECRET_CHARS = 32
+
+
+def check_secret(secret: str) -> str:
+    if not secret.startswith(SECRET_PREFIX) or len(secret) < MIN_SECRET_CHARS or any(
+            c.isspace() for c in secret):
+        raise ValidationError(f"a key's secret must start with {SECRET_PREFIX!r}, hold no "
+                              f"spaces and be at least {MIN_SECRET_CHARS} characters "
+                              "(e.g. iq_$(openssl rand -hex 32))", field="secret")
+    return secret
+
+
 def new_key(tenant: str, *, scopes: Iterable[str] = ("api",), name: str = "",
+            secret: str | None = None,
             max_priority: int | None = None, requests_per_minute: int | None = None,
             tokens_per_minute: int | None = None, max_in_flight: int | None = None,
             max_queued_bytes: int | None = None) -> NewKey:
-    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    secret = SECRET_PREFIX + secrets.token_urlsafe(32) if secret is None else check_secret(secret)
     key = ApiKey(id="key_" + secrets.token_hex(8), tenant=tenant,
                  scopes=tuple(dict.fromkeys(scopes)),  # type: ignore[arg-type]
                  name=name, max_priority=max_priority, requests_per_minute=requests_per_minute,
@@ -149,9 +167,13 @@ def new_key(tenant: str, *, scopes: Iterable[str] = ("api",), name: str = "",
 
 # --- plans: one description of each conversation, for the sync and the async client ------
 
-def create_plan(keys: TenancyKeys, made: NewKey) -> Plan[None]:
-    yield Direct(call("eval", _CREATE, 2, keys.key(digest(made.secret)), keys.key_index,
-                      made.key.id, digest(made.secret), *made.key.record()))
+def create_plan(keys: TenancyKeys, made: NewKey) -> Plan[str]:
+    """Stores the key; the id stored under its secret (an earlier key's, if the secret was
+    registered before: creating with a given secret is idempotent)."""
+    stored = yield Direct(call("eval", _CREATE, 2, keys.key(digest(made.secret)),
+                               keys.key_index, made.key.id, digest(made.secret),
+                               *made.key.record()))
+    return as_str(stored)
 
 
 def list_plan(keys: TenancyKeys) -> Plan[list[ApiKey]]:
@@ -191,9 +213,14 @@ class KeyStore:
 
     def create(self, tenant: str, **options: Any) -> NewKey:
         """A new key of ``tenant`` (options as ``new_key``); its secret is in the result
-        and nowhere else."""
+        and nowhere else. With ``secret=`` (one the operator made), a secret registered
+        before is not registered again: the result is that key."""
         made = new_key(tenant, **options)
-        plans.run(self.redis, create_plan(self.names, made))
+        stored = plans.run(self.redis, create_plan(self.names, made))
+        if stored != made.key.id:
+            existing = self.lookup(made.secret)
+            assert existing is not None, "a key with this secret vanished"
+            return NewKey(existing, made.secret)
         return made
 
     def list(self, tenant: str | None = None) -> list[ApiKey]:
