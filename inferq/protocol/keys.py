@@ -40,6 +40,14 @@ _REQ, _RESULT, _STREAM, _INBOX, _CANCELS = PER_REQUEST.values()
 #: (``lua/includes/tenants.lua``).
 TENANT_COUNT = "tenant:"
 
+#: The key suffix of a shard's hourly usage hashes (``QueueKeys.usage``), their counters, the
+#: tenant name requests without a tenant are counted under (not a valid tenant name, so it
+#: cannot collide with one) and how long an hour's counts are kept.
+USAGE = "usage:"
+USAGE_COUNTERS = ("requests", "prompt_tokens", "completion_tokens")
+NO_TENANT = "-"
+USAGE_RETENTION_MS = 400 * 24 * 3_600_000
+
 #: Registry of queue names (a plain set, outside any queue's slot) for ``inferq stats``.
 def queues_registry(namespace: str = DEFAULT_NAMESPACE) -> str:
     """Set of the queues (``task:model``) some worker has served (each adds its own)."""
@@ -165,6 +173,12 @@ class QueueKeys:
         """Hash: unix second -> completed count, trimmed to recent seconds."""
         return self.prefix + "tput"
 
+    def usage(self, hour: int) -> str:
+        """Hash of billable usage in one hour (``hour`` = unix ms // 3,600,000): field
+        ``<tenant>|<counter>`` (``USAGE_COUNTERS``), written by the complete script with each
+        final result, expiring ``USAGE_RETENTION_MS`` after its hour."""
+        return f"{self.prefix}{USAGE}{hour}"
+
     def tuning(self, model_id: str) -> str:
         """Hash of persisted adaptive-window state for this queue and model weights."""
         return f"{self.prefix}tuning:{model_id}"
@@ -233,7 +247,8 @@ class TenancyKeys:
         return f"{self.prefix}login:{client}"
 
     def limits(self, tenant: str) -> str:
-        """Hash: a tenant's token buckets (requests, tokens) and their last refill time."""
+        """Hash: a tenant's token buckets (``rq`` requests, ``tk`` tokens), their last refill
+        time (``ts``, ms) and the payload bytes its admitted requests hold (``qb``)."""
         return f"{self.prefix}bucket:{tenant}"
 
     def in_flight(self, tenant: str) -> str:
@@ -242,5 +257,6 @@ class TenancyKeys:
         return f"{self.prefix}inflight:{tenant}"
 
     def queued_bytes(self, tenant: str) -> str:
-        """Sorted set: payload bytes a tenant has waiting, member ``<id>``, by expiry."""
-        return f"{self.prefix}bytes:{tenant}"
+        """Hash: what each of a tenant's admitted requests reserved, ``<id>`` ->
+        ``"<tokens> <bytes>"``; settle gives it back (HDEL: once per id)."""
+        return f"{self.prefix}reserved:{tenant}"
