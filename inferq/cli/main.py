@@ -29,6 +29,7 @@ from inferq.cli import (
     gateway,
     queue,
     stats,
+    usage,
     worker,
 )
 from inferq.cli import request as request_cmd
@@ -55,7 +56,7 @@ redis://localhost:6379/0). `inferq COMMAND --help` shows a command's options."""
 
 #: In the order ``inferq --help`` lists them.
 COMMANDS = (worker, stats, queue, enqueue, gateway, batch, convert, demo, deadletter,
-            request_cmd, dashboard)
+            request_cmd, dashboard, usage)
 #: Failures to reach or log in to the server; anything else keeps its traceback.
 CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, NoPermissionError,
                      AuthenticationWrongNumberOfArgsError, InvalidResponse)

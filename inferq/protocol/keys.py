@@ -179,6 +179,11 @@ class QueueKeys:
         final result, expiring ``USAGE_RETENTION_MS`` after its hour."""
         return f"{self.prefix}{USAGE}{hour}"
 
+    @property
+    def usage_total(self) -> str:
+        """Hash: the shard's billable usage since it was created, fields as ``usage``."""
+        return f"{self.prefix}{USAGE}total"
+
     def tuning(self, model_id: str) -> str:
         """Hash of persisted adaptive-window state for this queue and model weights."""
         return f"{self.prefix}tuning:{model_id}"
