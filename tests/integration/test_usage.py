@@ -7,15 +7,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 import redis
+from fastapi import FastAPI
 
 import inferq
 from inferq import plans
 from inferq.cli.main import main
+from inferq.gateway import errors
+from inferq.gateway.admin import OpsState
+from inferq.gateway.usage_routes import admin_usage, usage_metrics
 from inferq.protocol import ops
 from inferq.protocol.codec import Result, Status, Usage, encode_result
 from inferq.protocol.keys import NO_TENANT, QueueKeys
+from inferq.tenancy import KeyStore
 from inferq.usage import bounded, parse_since, prometheus_text, report
 from inferq.worker.models.builtin import EchoModel
 from inferq.worker.window.worker import WindowWorker
@@ -160,3 +166,31 @@ async def test_a_real_worker_counts_each_results_input_tokens(
     tokens = [res.input_tokens or 0 for res in results]
     assert all(tokens)
     assert usage(r) == {("acme", "embed:t"): (3, sum(tokens), 0)}
+
+
+async def test_the_admin_route_and_the_metrics_route(aclient: inferq.AsyncClient,
+                                                     r: redis.Redis) -> None:
+    for name in ("t1", "t2"):
+        await aclient.enqueue("a", task="generate", model="m", tenant=name)
+    w = Worker(r)
+    w.complete(w.claim(), 2, 3)
+    KeyStore(r).create("t1")
+    app = FastAPI()
+    app.state.ops = OpsState(client=aclient, token=None)
+    errors.install(app, 1)
+    app.include_router(admin_usage)
+    app.include_router(usage_metrics)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as http:
+        got = (await http.get("/admin/usage", params={"tenant": "t2", "since": "2h"})).json()
+        assert [(u["tenant"], u["total_tokens"]) for u in got["usage"]] == [("t2", 5)]
+        every = (await http.get("/admin/usage", params={"since": "all"})).json()
+        assert every["since"] is None and len(every["usage"]) == 2
+        bad = await http.get("/admin/usage", params={"since": "soon"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "since"
+        text = (await http.get("/metrics/usage")).text
+    # t1 has a key, t2 has none: its usage is "other"
+    assert 'inferq_tenant_requests_total{tenant="t1",task="generate",model="m"} 1' in text
+    assert ('inferq_tenant_tokens_total{tenant="other",task="generate",model="m",'
+            'kind="completion"} 3') in text
+    assert 't2' not in text
