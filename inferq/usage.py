@@ -6,7 +6,8 @@ Each queue shard keeps one hash per hour (``QueueKeys.usage(hour)``, kept
 ``USAGE_RETENTION_MS``) and one of all-time totals (``QueueKeys.usage_total``). A report
 reads the hours of every known queue (the queue registries, no ``KEYS``) and every shard,
 pipelined, and sums them; ``since`` has an hour's resolution (the hour that holds it counts
-whole). Requests sent without a tenant are counted under ``NO_TENANT`` ("-").
+whole). Only requests with a tenant are counted (an API key's, or one a producer named):
+requests without one are billable to no one, and cost the complete script nothing.
 
 ``prometheus_text`` renders the all-time totals as counters with bounded labels: ``tenant``
 is one of the tenants the caller names (those with API keys), else one of the ``top``
@@ -25,7 +26,6 @@ from inferq.errors import ValidationError
 from inferq.plans import Plan, call
 from inferq.protocol.keys import (
     DEFAULT_NAMESPACE,
-    NO_TENANT,
     USAGE_COUNTERS,
     QueueKeys,
     queues_registry,
@@ -135,8 +135,8 @@ def report(*, since_ms: int | None = None, all_time: bool = False, tenant: str |
            queues: Sequence[str] | None = None,
            namespace: str = DEFAULT_NAMESPACE) -> Plan[UsageReport]:
     """Usage per tenant and queue since ``since_ms`` (default: ``DEFAULT_SINCE_MS`` ago), or
-    ``all_time`` (the totals hashes), of ``tenant`` only if given (``NO_TENANT`` for requests
-    without one), over ``queues`` (default: every known queue)."""
+    ``all_time`` (the totals hashes), of ``tenant`` only if given, over ``queues`` (default:
+    every known queue)."""
     now = yield from _redis_ms()
     names = list(queues) if queues is not None else (yield from known_queues(namespace))
     since = None if all_time else (now - DEFAULT_SINCE_MS if since_ms is None else since_ms)
@@ -159,12 +159,11 @@ def report(*, since_ms: int | None = None, all_time: bool = False, tenant: str |
 
 def bounded(rows: Iterable[UsageRow], tenants: Iterable[str] | None = None,
             top: int = TOP_TENANTS) -> list[UsageRow]:
-    """``rows`` with at most a bounded set of tenant names: those in ``tenants`` (and
-    ``NO_TENANT``) if given, else the ``top`` by tokens; every other tenant's usage summed
-    per queue as ``OTHER``."""
+    """``rows`` with at most a bounded set of tenant names: those in ``tenants`` if given,
+    else the ``top`` by tokens; every other tenant's usage summed per queue as ``OTHER``."""
     rows = list(rows)
     if tenants is not None:
-        keep = set(tenants) | {NO_TENANT}
+        keep = set(tenants)
     else:
         totals: dict[str, int] = {}
         for row in rows:

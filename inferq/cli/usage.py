@@ -10,7 +10,6 @@ import time
 from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
 from inferq.connection import sync_client
 from inferq.plans import run as run_plan
-from inferq.protocol.keys import NO_TENANT
 from inferq.usage import UsageReport, parse_since, report
 
 
@@ -20,10 +19,10 @@ def add_parser(sub: Subcommands) -> None:
         description="Requests and their actual prompt and completion tokens (embeddings: "
                     "input tokens, as prompt tokens) per tenant and model, counted where each "
                     "result was written, once per request, summed over every known queue and "
-                    f"shard. Requests sent without a tenant are shown as {NO_TENANT!r}.")
+                    "shard. Requests sent without a tenant are not counted.")
     add_connection_options(s)
     s.add_argument("--tenant", metavar="T", default=None,
-                   help=f"only this tenant ({NO_TENANT!r}: requests without one)")
+                   help="only this tenant")
     s.add_argument("--since", metavar="DURATION|ISO", default=None,
                    help="from this long ago (30m, 24h, 7d) or this ISO date or time (UTC "
                         "unless given), counted from the start of its hour (default: 30 days; "

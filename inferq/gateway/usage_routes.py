@@ -7,8 +7,8 @@
 * ``GET /metrics/usage``: the all-time totals as Prometheus counters,
   ``inferq_tenant_requests_total{tenant,task,model}`` and
   ``inferq_tenant_tokens_total{tenant,task,model,kind}`` (kind: prompt, completion). Labels
-  are bounded: ``tenant`` is a tenant with an API key (or ``-``, requests without a tenant),
-  every other tenant summed as ``other``; without any key, the ``TOP_TENANTS`` by tokens.
+  are bounded: ``tenant`` is a tenant with an API key, every other tenant summed as
+  ``other``; without any key, the ``TOP_TENANTS`` by tokens.
   Router ``usage_metrics``: mount it where ``/metrics/autoscale`` is (numbers and names
   only, no prompts).
 
@@ -45,8 +45,7 @@ async def _report(state: OpsState, *, since_ms: int | None = None, all_time: boo
 
 @admin_usage.get("/admin/usage", summary="Billable requests and tokens per tenant and model")
 async def usage(state: Ops,
-                tenant: Annotated[str | None, Query(description="only this tenant ('-': "
-                                                    "requests without one)")] = None,
+                tenant: Annotated[str | None, Query(description="only this tenant")] = None,
                 since: Annotated[str | None, Query(description="a duration back (30m, 24h, "
                                                    "7d), an ISO date or time, or 'all' "
                                                    "(default: 30 days)")] = None

@@ -40,12 +40,11 @@ _REQ, _RESULT, _STREAM, _INBOX, _CANCELS = PER_REQUEST.values()
 #: (``lua/includes/tenants.lua``).
 TENANT_COUNT = "tenant:"
 
-#: The key suffix of a shard's hourly usage hashes (``QueueKeys.usage``), their counters, the
-#: tenant name requests without a tenant are counted under (not a valid tenant name, so it
-#: cannot collide with one) and how long an hour's counts are kept.
+#: The key suffix of a shard's usage hashes (``QueueKeys.usage``, ``usage_total``), their
+#: counters (per tenant: requests without a tenant are not counted) and how long an hour's
+#: counts are kept.
 USAGE = "usage:"
 USAGE_COUNTERS = ("requests", "prompt_tokens", "completion_tokens")
-NO_TENANT = "-"
 USAGE_RETENTION_MS = 400 * 24 * 3_600_000
 
 #: Registry of queue names (a plain set, outside any queue's slot) for ``inferq stats``.

@@ -20,7 +20,7 @@ from inferq.gateway.admin import OpsState
 from inferq.gateway.usage_routes import admin_usage, usage_metrics
 from inferq.protocol import ops
 from inferq.protocol.codec import Result, Status, Usage, encode_result
-from inferq.protocol.keys import NO_TENANT, QueueKeys
+from inferq.protocol.keys import USAGE_RETENTION_MS, QueueKeys
 from inferq.tenancy import KeyStore
 from inferq.usage import bounded, parse_since, prometheus_text, report
 from inferq.worker.models.builtin import EchoModel
@@ -71,7 +71,10 @@ def test_a_request_completed_twice_counts_once(client: inferq.Client, r: redis.R
     claimed = w.claim()
     assert w.complete(claimed) == [True, True]
     assert w.complete(claimed) == [False, False]  # the same write again: refused, not counted
-    expected = {("acme", "generate:m"): (1, 5, 7), (NO_TENANT, "generate:m"): (1, 5, 7)}
+    expected = {("acme", "generate:m"): (1, 5, 7)}  # "b" has no tenant: not counted
+    hourly = [k for k in r.keys(GEN.prefix + "usage:*") if k != GEN.usage_total.encode()]
+    assert len(hourly) == 1 and r.pttl(hourly[0]) > USAGE_RETENTION_MS
+    assert r.pttl(GEN.usage_total) == -1
     assert usage(r) == expected
     assert usage(r, all_time=True) == expected
     assert usage(r, tenant="acme") == {("acme", "generate:m"): (1, 5, 7)}
