@@ -11,7 +11,9 @@ Every script declares in KEYS the shard-wide keys it touches (``pending``, ``inf
 declared key always names the shard's slot. Per-request keys (``req:<id>``, ``result:<id>``,
 ``stream:<id>``, ``inbox:<client>``, ``cancels:<worker>``) are built inside the scripts from the
 ``prefix`` argument, because a script learns which ids it acts on only while it runs (the head
-of ``pending``, the expired members of ``inflight``). They are not declared, and need not be:
+of ``pending``, the expired members of ``inflight``); so is the usage hash of the current hour
+(``usage:<hour>``, and ``usage:total``), whose hour only the script's clock (Redis ``TIME``)
+knows. They are not declared, and need not be:
 Redis Cluster hashes only the text between the first ``{`` and the next ``}``, and every such
 key is ``prefix`` + a suffix, with ``prefix`` ending in ``{<tag>}:``, so it hashes to exactly
 the slot of the declared keys (built from the same ``prefix``). Ids and client names cannot

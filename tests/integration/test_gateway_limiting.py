@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
+from fastapi import FastAPI, Response
+
+from inferq.gateway import errors
 
 from inferq.gateway.errors import ApiError
 from inferq.gateway.limiting import (
@@ -87,3 +91,26 @@ def test_actual_tokens_per_kind_of_result() -> None:
     assert actual_tokens(Result(id="f", status=Status.FAILED)) == 0
     assert estimate_tokens(10, max_tokens=16, n=2) == 3 + 32
     assert estimate_tokens(0) == 1
+
+
+async def test_the_429_over_http_carries_the_headers(aio: aioredis.Redis) -> None:
+    key = Principal(tenant="acme", scopes=frozenset({"api"}), requests_per_minute=1)
+    app = FastAPI()
+    errors.install(app, 1)
+
+    @app.post("/call/{request_id}")
+    async def call(request_id: str, response: Response) -> dict[str, str]:
+        response.headers.update(await admit_call(
+            aio, key, [key.stored_id(request_id)], estimate=1, payload_bytes=0, ttl_s=30))
+        return {"id": request_id}
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as http:
+        ok = await http.post("/call/a")
+        refused = await http.post("/call/b")
+    assert ok.status_code == 200 and ok.headers["x-ratelimit-remaining-requests"] == "0"
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "requests"
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.headers["x-ratelimit-limit-requests"] == "1"

@@ -4,6 +4,7 @@ settles, and the rate-limit headers."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -178,3 +179,10 @@ def test_headers_only_for_the_limits_a_key_has() -> None:
         "x-ratelimit-limit-requests": "10", "x-ratelimit-remaining-requests": "9",
         "x-ratelimit-reset-requests": "6s", "x-ratelimit-limit-tokens": "1000",
         "x-ratelimit-remaining-tokens": "400", "x-ratelimit-reset-tokens": "36s"}
+
+
+async def test_concurrent_admissions_never_overshoot(limiter: Limiter) -> None:
+    who = tenant(requests_per_minute=10, max_in_flight=50)
+    got = await asyncio.gather(*(limiter.admit(who, [f"c{i}"], 0, 0, TTL) for i in range(40)))
+    assert sum(a.admitted for a in got) == 10
+    assert {a.limit for a in got if not a.admitted} == {"requests"}
