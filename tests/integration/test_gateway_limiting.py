@@ -12,7 +12,6 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI, Response
 
 from inferq.gateway import errors
-
 from inferq.gateway.errors import ApiError
 from inferq.gateway.limiting import (
     actual_tokens,
