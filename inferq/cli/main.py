@@ -30,6 +30,7 @@ from inferq.cli import (
     keys,
     queue,
     stats,
+    usage,
     worker,
 )
 from inferq.cli import request as request_cmd
@@ -56,8 +57,8 @@ Every command that talks to Redis takes --redis-url (default $INFERQ_REDIS_URL o
 redis://localhost:6379/0). `inferq COMMAND --help` shows a command's options."""
 
 #: In the order ``inferq --help`` lists them.
-COMMANDS = (worker, stats, queue, enqueue, gateway, keys, batch, convert, demo, deadletter,
-            request_cmd, dashboard)
+COMMANDS = (worker, stats, queue, enqueue, gateway, keys, usage, batch, convert, demo,
+            deadletter, request_cmd, dashboard)
 #: Failures to reach or log in to the server; anything else keeps its traceback.
 CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, NoPermissionError,
                      AuthenticationWrongNumberOfArgsError, InvalidResponse)

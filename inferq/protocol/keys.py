@@ -11,7 +11,9 @@ Every script declares in KEYS the shard-wide keys it touches (``pending``, ``inf
 declared key always names the shard's slot. Per-request keys (``req:<id>``, ``result:<id>``,
 ``stream:<id>``, ``inbox:<client>``, ``cancels:<worker>``) are built inside the scripts from the
 ``prefix`` argument, because a script learns which ids it acts on only while it runs (the head
-of ``pending``, the expired members of ``inflight``). They are not declared, and need not be:
+of ``pending``, the expired members of ``inflight``); so is the usage hash of the current hour
+(``usage:<hour>``, and ``usage:total``), whose hour only the script's clock (Redis ``TIME``)
+knows. They are not declared, and need not be:
 Redis Cluster hashes only the text between the first ``{`` and the next ``}``, and every such
 key is ``prefix`` + a suffix, with ``prefix`` ending in ``{<tag>}:``, so it hashes to exactly
 the slot of the declared keys (built from the same ``prefix``). Ids and client names cannot
@@ -39,6 +41,13 @@ _REQ, _RESULT, _STREAM, _INBOX, _CANCELS = PER_REQUEST.values()
 #: The field prefix, in a shard's stats hash, of a tenant's count of unfinished requests
 #: (``lua/includes/tenants.lua``).
 TENANT_COUNT = "tenant:"
+
+#: The key suffix of a shard's usage hashes (``QueueKeys.usage``, ``usage_total``), their
+#: counters (per tenant: requests without a tenant are not counted) and how long an hour's
+#: counts are kept.
+USAGE = "usage:"
+USAGE_COUNTERS = ("requests", "prompt_tokens", "completion_tokens")
+USAGE_RETENTION_MS = 400 * 24 * 3_600_000
 
 #: Registry of queue names (a plain set, outside any queue's slot) for ``inferq stats``.
 def queues_registry(namespace: str = DEFAULT_NAMESPACE) -> str:
@@ -165,6 +174,17 @@ class QueueKeys:
         """Hash: unix second -> completed count, trimmed to recent seconds."""
         return self.prefix + "tput"
 
+    def usage(self, hour: int) -> str:
+        """Hash of billable usage in one hour (``hour`` = unix ms // 3,600,000): field
+        ``<tenant>|<counter>`` (``USAGE_COUNTERS``), written by the complete script with each
+        final result, expiring ``USAGE_RETENTION_MS`` after its hour."""
+        return f"{self.prefix}{USAGE}{hour}"
+
+    @property
+    def usage_total(self) -> str:
+        """Hash: the shard's billable usage since it was created, fields as ``usage``."""
+        return f"{self.prefix}{USAGE}total"
+
     def tuning(self, model_id: str) -> str:
         """Hash of persisted adaptive-window state for this queue and model weights."""
         return f"{self.prefix}tuning:{model_id}"
@@ -233,7 +253,8 @@ class TenancyKeys:
         return f"{self.prefix}login:{client}"
 
     def limits(self, tenant: str) -> str:
-        """Hash: a tenant's token buckets (requests, tokens) and their last refill time."""
+        """Hash: a tenant's token buckets (``rq`` requests, ``tk`` tokens), their last refill
+        time (``ts``, ms) and the payload bytes its admitted requests hold (``qb``)."""
         return f"{self.prefix}bucket:{tenant}"
 
     def in_flight(self, tenant: str) -> str:
@@ -242,5 +263,6 @@ class TenancyKeys:
         return f"{self.prefix}inflight:{tenant}"
 
     def queued_bytes(self, tenant: str) -> str:
-        """Sorted set: payload bytes a tenant has waiting, member ``<id>``, by expiry."""
-        return f"{self.prefix}bytes:{tenant}"
+        """Hash: what each of a tenant's admitted requests reserved, ``<id>`` ->
+        ``"<tokens> <bytes>"``; settle gives it back (HDEL: once per id)."""
+        return f"{self.prefix}reserved:{tenant}"

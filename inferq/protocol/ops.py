@@ -210,6 +210,10 @@ class Completion:
     status: str
     body: bytes
     retry_delay_ms: int = 0
+    #: Billable tokens of a final result (embeddings: the input tokens as prompt tokens),
+    #: counted in the shard's usage hash by the script that writes it (``keys.USAGE``).
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
     @property
     def id(self) -> str:
@@ -226,7 +230,8 @@ def complete_call(keys: QueueKeys, result_ttl_ms: int, dead_cap: int,
     for item in items:
         c = item.claimed
         values += (c.id, c.token, item.status, item.body, item.retry_delay_ms, c.attempt,
-                   c.enqueued_ms, c.reply_to, c.tenant)
+                   c.enqueued_ms, c.reply_to, c.tenant, max(0, int(item.prompt_tokens)),
+                   max(0, int(item.completion_tokens)))
     return ([keys.inflight, keys.stats, keys.delayed, keys.dead, keys.wake, keys.started,
              keys.dead_letters, keys.leases],
             [keys.prefix, result_ttl_ms, dead_cap, packed(values)])

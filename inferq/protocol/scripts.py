@@ -39,7 +39,7 @@ from importlib import resources
 from inferq.fairness import cost
 from inferq.protocol import fields, keys, scores
 from inferq.protocol.codec import WIRE_VERSION
-from inferq.protocol.keys import TENANT_COUNT
+from inferq.protocol.keys import TENANT_COUNT, USAGE, USAGE_RETENTION_MS
 
 #: Every script, by name (its file is ``lua/<name>.lua``).
 NAMES = ("enqueue", "claim", "peek", "start", "heartbeat", "complete", "reclaim", "release",
@@ -59,6 +59,7 @@ def constants() -> str:
     return (fields.lua_constants()
             + f"local {names} = {suffixes}\n"
             + f"local RESULT_VERSION = {WIRE_VERSION}\n"
+            + f"local K_USAGE, USAGE_RETENTION_MS = '{USAGE}', {USAGE_RETENTION_MS}\n"
             + fair_constants())
 
 

@@ -248,13 +248,17 @@ async def test_publish_writes_text_results_and_end_markers_in_one_round_trip() -
     assert [request_id for request_id, _ in book.snapshot()] == ["a", "b"]
 
 
+#: Values per request in the complete script's packed rows (lua/complete.lua's header).
+COMPLETE_ROW = 11
+
+
 async def test_publish_routes_every_write_to_the_shard_of_its_lease() -> None:
     clock = Clock()
     link, book = make_link(clock)
     book.add("d", "token-d", shard=2)
     book.add("e", "token-e", shard=2)
     redis = FakeRedis({"stream": [], "complete": lambda args: [1] * (len(
-        msgpack.unpackb(args[3])) // 5), "stream_end": 1})
+        msgpack.unpackb(args[3])) // COMPLETE_ROW), "stream_end": 1})
     link.attach(redis=redis, scripts=fake_scripts("stream", "complete", "stream_end"))
     published = await link.publish(
         [delta("a"), delta("d")],

@@ -13,14 +13,16 @@
     ARGV[1] prefix
     ARGV[2] result_ttl_ms
     ARGV[3] dead_letter_cap
-    ARGV[4] packed rows of 9: id, token, status, body, retry_delay_ms, attempt, enqueued_ms, reply_to, tenant
+    ARGV[4] packed rows of 11: id, token, status, body, retry_delay_ms, attempt, enqueued_ms, reply_to, tenant, prompt_tokens, completion_tokens
 
   A zombie (a worker whose lease was taken over) or a request cancelled meanwhile gets its
   write refused. Status 'retry' puts the request in the delayed set for the given backoff,
   its finished run counted in its attempts (claim promotes it when due); 'dead' writes the
   body as the final result and dead-letters the id; any other status is final and deletes
   the request hash (one DEL for all of them). A retry also pushes a wake token, so an idle worker learns when the
-  retry falls due. Stats, inboxes and sets are written once per call.
+  retry falls due. Stats, inboxes and sets are written once per call. Each final result
+  counts its tenant's billable usage (a request and its prompt and completion tokens) in the
+  shard's hourly usage hash, once per call per tenant (``includes/usage``).
 
   The tokens are checked in leases, one HMGET for the call; the rest of a row (this run's
   attempt, the enqueue time, reply inbox and tenant) is what the claim returned, trusted
@@ -36,11 +38,12 @@
 -- @include graves
 -- @include stats
 -- @include tenants
+-- @include usage
 -- @include wake
 local inflight, stats, delayed, dead, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local started, records, leases = KEYS[6], KEYS[7], KEYS[8]
 local prefix, ttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local W = 9
+local W = 11
 local a = rows(ARGV[4], W)
 if not a then return redis.error_reply('ERR inferq complete: bad arguments') end
 local now = now_ms()
@@ -49,7 +52,8 @@ local ids = {}
 for i = 1, #a, W do
   if not (strings(a[i], a[i + 1]) and strings(a[i + 2], a[i + 3])
           and int(a[i + 4], 0, MAXI) and int(a[i + 5], 1, MAX_ATTEMPTS)
-          and int(a[i + 6], 0, MAXI) and strings(a[i + 7], a[i + 8])) then
+          and int(a[i + 6], 0, MAXI) and strings(a[i + 7], a[i + 8])
+          and int(a[i + 9], 0, MAXI) and int(a[i + 10], 0, MAXI)) then
     return redis.error_reply('ERR inferq complete: bad arguments')
   end
   ids[#ids + 1] = a[i]
@@ -79,6 +83,7 @@ for n, id in ipairs(ids) do
     end
     gone[#gone + 1] = rkey
     tenant_done(tn)
+    usage_add(tn, a[i + 9], a[i + 10])
     counts[status] = (counts[status] or 0) + 1
     done[#done + 1] = id
     out[n] = 1
@@ -90,6 +95,7 @@ flush_inboxes(prefix, ttl)
 dead_letter(dead, records, stats, cap)
 for status, c in pairs(counts) do count_done(stats, status, c, now) end
 tenant_flush(stats)
+usage_flush(prefix, now)
 if refused > 0 then redis.call('HINCRBY', stats, 'refused', refused) end
 if #retry > 0 then
   bulk('ZADD', delayed, retry)

@@ -21,6 +21,7 @@ from inferq.protocol.codec import (
     RequestPayload,
     Result,
     Status,
+    Usage,
     decode_request,
     decode_requests,
     encode_result,
@@ -123,7 +124,19 @@ def completion(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) 
         data = encode_result_fields({"status": status, **body, **common}, config.limits)
     except (InferqError, TypeError, ValueError, OverflowError):
         status, data = _encode_checked(config, status, body, common)
-    return ops.Completion(c, status.value, data)
+    prompt, generated = billable(fields)
+    return ops.Completion(c, status.value, data, prompt_tokens=prompt,
+                          completion_tokens=generated)
+
+
+def billable(fields: dict[str, Any]) -> tuple[int, int]:
+    """(prompt, completion) tokens of a result's fields: its ``usage``, else its
+    ``input_tokens`` as prompt tokens (embeddings), else none."""
+    usage = fields.get("usage")
+    if isinstance(usage, Usage):
+        return usage.prompt_tokens, usage.completion_tokens
+    tokens = fields.get("input_tokens")
+    return (tokens, 0) if isinstance(tokens, int) and tokens > 0 else (0, 0)
 
 
 def _encode_checked(config: WorkerConfig, status: Status, body: dict[str, Any],
@@ -169,7 +182,7 @@ def batch_completions(config: WorkerConfig, claims: Sequence[Claim], outcomes: S
                 packer = msgpack.Packer(use_bin_type=True)
             else:
                 if len(data) <= limit:
-                    out.append(ops.Completion(c, "ok", data))
+                    out.append(ops.Completion(c, "ok", data, prompt_tokens=tokens))
                     continue
         out.append(completion(config, claim, outcome, batch_size=size, input_tokens=tokens,
                               truncated=cut or None, finished_ms=finished_ms,

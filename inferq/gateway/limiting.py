@@ -1,0 +1,103 @@
+"""The gateway's side of the per-tenant limits (``inferq.tenancy.limits``): admit a call
+before it is queued (a refusal is a 429 with ``Retry-After`` and OpenAI's ``x-ratelimit-*``
+headers), and settle it once its results are known.
+
+* ``admit_call``: one script call (none for a key without limits); raises ``ApiError`` 429
+  with ``type`` ``rate_limit_error`` and ``code`` the limit (``requests``, ``tokens``,
+  ``in_flight``, ``queued_bytes``), else returns the headers for the success response.
+* ``settle_results``: the actual tokens of each ``Result`` (``usage`` for a generation, the
+  worker's ``input_tokens`` for embeddings; neither: the estimate stands for an ``ok`` result
+  and nothing is charged for one that did not run to an output).
+* ``release``: give a reservation back whole (the enqueue failed, or the call was refused
+  after admission).
+
+The ids are the ids requests have in Redis (``Principal.stored_id``), the same at admission
+and at settlement; a request whose settlement never comes (an async call whose result the
+gateway does not read, a gateway that died) stops counting after ``ttl_s``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from inferq.gateway.errors import ApiError
+from inferq.protocol.codec import Result, Status
+from inferq.protocol.keys import DEFAULT_NAMESPACE
+from inferq.tenancy.headers import rate_limit_headers
+from inferq.tenancy.limits import Limiter
+from inferq.tenancy.principal import Principal
+
+#: Bytes of text per token in the estimate (OpenAI's rule of thumb for English).
+BYTES_PER_TOKEN = 4
+#: What an admission reserves beyond the caller's own wait, before a lost request stops
+#: counting (a result is written at most this long after the wait ends).
+TTL_MARGIN_S = 60.0
+
+_limiters: WeakKeyDictionary[Any, dict[str, Limiter]] = WeakKeyDictionary()
+
+
+def limiter_for(redis: Any, namespace: str = DEFAULT_NAMESPACE) -> Limiter:
+    """One ``Limiter`` per client and namespace (its scripts are registered once)."""
+    per_client = _limiters.setdefault(redis, {})
+    if namespace not in per_client:
+        per_client[namespace] = Limiter(redis, namespace)
+    return per_client[namespace]
+
+
+def estimate_tokens(text_bytes: int, max_tokens: int = 0, n: int = 1) -> int:
+    """What a call may cost before it runs: its input at ``BYTES_PER_TOKEN`` bytes a token
+    (at least one), plus the completion tokens it may generate (``max_tokens`` per choice)."""
+    return max(1, math.ceil(text_bytes / BYTES_PER_TOKEN)) + max(0, max_tokens) * max(1, n)
+
+
+def ttl_for(timeout_s: float) -> float:
+    """How long an admission holds its reservation: the call's wait plus ``TTL_MARGIN_S``."""
+    return max(0.0, timeout_s) + TTL_MARGIN_S
+
+
+async def admit_call(redis: Any, principal: Principal, ids: Sequence[str], *,
+                     estimate: int, payload_bytes: int, ttl_s: float,
+                     namespace: str = DEFAULT_NAMESPACE) -> dict[str, str]:
+    """Admit a call of ``ids`` (stored ids): the headers for its response, or ``ApiError``
+    429 naming the limit that refused it. No Redis call for a key without limits."""
+    if principal.tenant is None or not principal.limited:
+        return {}
+    admission = await limiter_for(redis, namespace).admit(
+        principal, ids, estimate, payload_bytes, ttl_s)
+    headers = rate_limit_headers(admission)
+    if not admission.admitted:
+        raise ApiError(429, "rate_limit_error", admission.limit or "rate_limit_exceeded",
+                       admission.message, headers=headers)
+    return headers
+
+
+def actual_tokens(result: Result) -> int | None:
+    """The tokens a finished request used: prompt + completion for a generation, the input
+    tokens for embeddings; None (keep the estimate) for an ``ok`` result with neither, 0 for
+    one that produced no output (failed, cancelled, expired, dead)."""
+    if result.usage is not None:
+        return result.usage.total_tokens
+    if result.input_tokens is not None:
+        return result.input_tokens
+    return None if result.status is Status.OK else 0
+
+
+async def settle_results(redis: Any, principal: Principal, results: Iterable[Result], *,
+                         namespace: str = DEFAULT_NAMESPACE) -> int:
+    """Settle each result's reservation on its actual tokens; the ids settled (each id at
+    most once, however often this is called)."""
+    if principal.tenant is None or not principal.limited:
+        return 0
+    return await limiter_for(redis, namespace).settle(
+        principal, [(r.id, actual_tokens(r)) for r in results])
+
+
+async def release(redis: Any, principal: Principal, ids: Iterable[str], *,
+                  namespace: str = DEFAULT_NAMESPACE) -> int:
+    """Give back all that ``ids`` reserved (they were not queued after all)."""
+    if principal.tenant is None or not principal.limited:
+        return 0
+    return await limiter_for(redis, namespace).settle(principal, [(i, 0) for i in ids])

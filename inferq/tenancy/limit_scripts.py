@@ -1,0 +1,154 @@
+"""The two Lua scripts of the per-tenant limits (``limits``), each one atomic call in the
+tenancy slot (``TenancyKeys``: a tenant's bucket hash, in-flight sorted set and reservations
+hash). Time comes from Redis ``TIME``, so every gateway replica reads one clock.
+
+ADMIT reads everything and decides before its first write: a refusal writes nothing (expired
+reservations are then left for the next admission, which ignores them in its counts anyway).
+
+* KEYS[1] bucket (``rq``, ``tk``: bucket levels; ``ts``: their last refill, ms; ``qb``: bytes
+  held), KEYS[2] in-flight (id -> expiry ms), KEYS[3] reservations (id -> ``"<tokens> <bytes>"``)
+* ARGV[1] requests per minute, ARGV[2] tokens per minute, ARGV[3] max in flight, ARGV[4] max
+  queued bytes (0: no such limit), ARGV[5] ttl ms, ARGV[6..] rows of 3: id, tokens, bytes
+* returns {admitted 0/1, refused limit or '', retry ms, requests left, requests reset ms,
+  tokens left, tokens reset ms, in flight, queued bytes}
+
+An id that already holds a live reservation is admitted again without a charge (a repeated
+idempotent request is one request). A bucket holds at most its per-minute capacity and refills
+continuously (capacity per 60,000 ms).
+
+SETTLE gives back, per id that still holds a reservation, its reserved tokens minus the actual
+ones (the bucket never above its capacity, nor below minus it), frees its bytes and its
+in-flight slot, and deletes the reservation: a second settle of the id finds none and does
+nothing.
+
+* KEYS as ADMIT; ARGV[1] requests per minute, ARGV[2] tokens per minute, ARGV[3..] rows of 2:
+  id, actual tokens ('' : unknown, the reservation stands)
+* returns the number of ids settled
+"""
+
+from __future__ import annotations
+
+#: Expired reservations one admission drops at most (the rest go with the next ones).
+PURGE = 256
+
+_COMMON = """
+local bucket, flight, reserved = KEYS[1], KEYS[2], KEYS[3]
+local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local st = redis.call('HMGET', bucket, 'rq', 'tk', 'ts', 'qb')
+local elapsed = math.max(0, now - (tonumber(st[3]) or now))
+local function level(v, cap)
+  if cap <= 0 then return 0 end
+  local x = tonumber(v)
+  if x == nil then return cap end
+  return math.min(cap, x + elapsed * cap / 60000)
+end
+local function fmt(x) return string.format('%.3f', x) end
+local rq, tk, qb = level(st[1], rpm), level(st[2], tpm), tonumber(st[4]) or 0
+"""
+
+ADMIT = _COMMON + f"""
+local max_flight, max_bytes, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local expired = redis.call('ZRANGEBYSCORE', flight, '-inf', now, 'LIMIT', 0, {PURGE})
+local stale = {{}}
+if #expired > 0 then
+  local held = redis.call('HMGET', reserved, unpack(expired))
+  for i, id in ipairs(expired) do
+    stale[id] = true
+    if held[i] then qb = qb - (tonumber(string.match(held[i], ' (%-?%d+)$')) or 0) end
+  end
+end
+if qb < 0 then qb = 0 end
+local asked = {{}}
+for i = 6, #ARGV, 3 do asked[#asked + 1] = ARGV[i] end
+local ids, toks, sizes, n, need_t, need_b = {{}}, {{}}, {{}}, 0, 0, 0
+if #asked > 0 then
+  local held = redis.call('HMGET', reserved, unpack(asked))
+  for k, id in ipairs(asked) do
+    if not held[k] or stale[id] then
+      n = n + 1
+      ids[n], toks[n], sizes[n] = id, tonumber(ARGV[4 + 3 * k]), tonumber(ARGV[5 + 3 * k])
+      need_t, need_b = need_t + toks[n], need_b + sizes[n]
+    end
+  end
+end
+local live = redis.call('ZCOUNT', flight, '(' .. now, '+inf')
+local limit, wait = '', 0
+local function refuse(name, ms)
+  if limit == '' then limit = name end
+  if ms > wait then wait = ms end
+end
+local reset_rq, reset_tk = 0, 0
+if rpm > 0 and n > 0 then
+  if n > rpm then refuse('requests', 60000); reset_rq = 60000
+  elseif rq < n then reset_rq = math.ceil((n - rq) * 60000 / rpm); refuse('requests', reset_rq)
+  end
+end
+if tpm > 0 and need_t > 0 then
+  if need_t > tpm then refuse('tokens', 60000); reset_tk = 60000
+  elseif tk < need_t then
+    reset_tk = math.ceil((need_t - tk) * 60000 / tpm); refuse('tokens', reset_tk)
+  end
+end
+if max_flight > 0 and n > 0 and live + n > max_flight then refuse('in_flight', 1000) end
+if max_bytes > 0 and n > 0 and qb + need_b > max_bytes then refuse('queued_bytes', 1000) end
+if limit == '' and n > 0 then
+  if #expired > 0 then
+    redis.call('ZREM', flight, unpack(expired))
+    redis.call('HDEL', reserved, unpack(expired))
+  end
+  local scored, held = {{}}, {{}}
+  for k = 1, n do
+    scored[#scored + 1] = now + ttl
+    scored[#scored + 1] = ids[k]
+    held[#held + 1] = ids[k]
+    held[#held + 1] = toks[k] .. ' ' .. sizes[k]
+  end
+  redis.call('ZADD', flight, unpack(scored))
+  redis.call('HSET', reserved, unpack(held))
+  qb, live = qb + need_b, live + n
+  local fields = {{'ts', now, 'qb', qb}}
+  if rpm > 0 then rq = rq - n; fields[#fields + 1] = 'rq'; fields[#fields + 1] = fmt(rq) end
+  if tpm > 0 then
+    tk = tk - need_t; fields[#fields + 1] = 'tk'; fields[#fields + 1] = fmt(tk)
+  end
+  redis.call('HSET', bucket, unpack(fields))
+  for _, key in ipairs({{bucket, flight, reserved}}) do redis.call('PEXPIRE', key, ttl + 60000) end
+end
+if limit == '' then
+  if rpm > 0 then reset_rq = math.ceil((rpm - rq) * 60000 / rpm) end
+  if tpm > 0 then reset_tk = math.ceil((tpm - tk) * 60000 / tpm) end
+end
+return {{limit == '' and 1 or 0, limit, wait, math.floor(rq), reset_rq, math.floor(tk),
+        reset_tk, live, qb}}
+"""
+
+SETTLE = _COMMON + """
+local ids = {}
+for i = 3, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
+if #ids == 0 then return 0 end
+local held = redis.call('HMGET', reserved, unpack(ids))
+local back, freed, done = 0, 0, {}
+for k, id in ipairs(ids) do
+  if held[k] then
+    local tok, size = string.match(held[k], '^(%-?%d+) (%-?%d+)$')
+    local actual = tonumber(ARGV[2 + 2 * k])
+    if actual and tok then back = back + tonumber(tok) - actual end
+    freed = freed + (tonumber(size) or 0)
+    done[#done + 1] = id
+  end
+end
+if #done == 0 then return 0 end
+redis.call('HDEL', reserved, unpack(done))
+redis.call('ZREM', flight, unpack(done))
+if not st[3] then return #done end  -- no bucket left: it is full, and holds no bytes
+local fields = {'ts', now, 'qb', math.max(0, qb - freed)}
+if rpm > 0 then fields[#fields + 1] = 'rq'; fields[#fields + 1] = fmt(rq) end
+if tpm > 0 then
+  fields[#fields + 1] = 'tk'
+  fields[#fields + 1] = fmt(math.max(-tpm, math.min(tpm, tk + back)))
+end
+redis.call('HSET', bucket, unpack(fields))
+return #done
+"""

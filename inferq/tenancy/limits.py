@@ -1,0 +1,179 @@
+"""Per-tenant limits in Redis, shared by every gateway replica: requests and tokens per minute
+as token buckets, requests in flight, and payload bytes waiting in Redis.
+
+``Limiter.admit`` reserves, in one atomic script (``limit_scripts.ADMIT``), one request per id
+and the caller's token estimate, an in-flight slot and the payload's bytes, each reservation
+expiring after ``ttl_s`` (a request whose settle never comes stops counting then). It decides
+before it writes: a refusal changes nothing and says which limit refused and when to retry.
+``Limiter.settle`` gives back what a finished request reserved beyond its actual tokens, and
+frees its slot and bytes, once per id. A principal without limits (or without a tenant) costs
+no Redis call at all.
+
+The buckets hold at most the per-minute limit and refill continuously, so a tenant can burst
+up to a minute's worth and then runs at its rate. Settling may also take more than was
+reserved (a generation longer than its estimate): the token bucket then goes below zero (never
+below minus its capacity) and the next requests wait for it to refill.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from inferq.errors import ValidationError
+from inferq.protocol.keys import DEFAULT_NAMESPACE, TenancyKeys
+from inferq.protocol.ops import as_str
+from inferq.tenancy.limit_scripts import ADMIT, SETTLE
+from inferq.tenancy.principal import Principal
+
+LimitName = Literal["requests", "tokens", "in_flight", "queued_bytes"]
+LIMIT_NAMES: tuple[LimitName, ...] = ("requests", "tokens", "in_flight", "queued_bytes")
+#: Ids one call may reserve or settle (every id is one script argument row).
+MAX_IDS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What an admission decided, and what the rate-limit headers need."""
+
+    admitted: bool
+    #: The limit that refused (the first of ``LIMIT_NAMES`` that did), None if admitted.
+    limit: LimitName | None = None
+    #: On refusal: whole seconds until every refusing limit could admit (at least 1).
+    retry_after_s: int = 0
+    requests_limit: int | None = None
+    requests_remaining: int = 0
+    #: ms until the requests bucket is full again (refused: until it holds the need).
+    requests_reset_ms: int = 0
+    tokens_limit: int | None = None
+    tokens_remaining: int = 0
+    tokens_reset_ms: int = 0
+    in_flight: int = 0
+    in_flight_limit: int | None = None
+    queued_bytes: int = 0
+    queued_bytes_limit: int | None = None
+    #: What was asked: requests (new ids), tokens and bytes.
+    asked_requests: int = 0
+    asked_tokens: int = 0
+    asked_bytes: int = 0
+
+    @property
+    def message(self) -> str:
+        """Why it was refused, naming the limit ('' when admitted)."""
+        if self.limit is None:
+            return ""
+        if self.limit == "requests":
+            what = f"requests per minute ({self.requests_limit})"
+            if self.asked_requests > (self.requests_limit or 0):
+                return (f"rate limit reached: {self.asked_requests} requests at once is more "
+                        f"than this key's {what}")
+        elif self.limit == "tokens":
+            what = f"tokens per minute ({self.tokens_limit})"
+            if self.asked_tokens > (self.tokens_limit or 0):
+                return (f"request too large: about {self.asked_tokens} tokens is more than "
+                        f"this key's {what}")
+        elif self.limit == "in_flight":
+            what = f"requests in flight ({self.in_flight_limit}, {self.in_flight} now)"
+        else:
+            what = (f"queued bytes ({self.queued_bytes_limit}, {self.queued_bytes} held, "
+                    f"{self.asked_bytes} asked)")
+        return f"rate limit reached for {what}; retry after {self.retry_after_s} s"
+
+
+UNLIMITED = Admission(admitted=True)
+
+
+def split(total: int, parts: int) -> list[int]:
+    """``total`` in ``parts`` integers that differ by at most one and sum to it."""
+    base, extra = divmod(max(0, total), parts)
+    return [base + (1 if k < extra else 0) for k in range(parts)]
+
+
+def _limit(value: int | None) -> int:
+    return value or 0
+
+
+def parse_admission(principal: Principal, reply: Any, asked: tuple[int, int, int]
+                    ) -> Admission:
+    admitted = int(reply[0]) == 1
+    limit = as_str(reply[1]) or None
+    return Admission(
+        admitted=admitted, limit=limit if limit in LIMIT_NAMES else None,
+        retry_after_s=0 if admitted else max(1, math.ceil(int(reply[2]) / 1000)),
+        requests_limit=principal.requests_per_minute,
+        requests_remaining=max(0, int(reply[3])), requests_reset_ms=max(0, int(reply[4])),
+        tokens_limit=principal.tokens_per_minute,
+        tokens_remaining=max(0, int(reply[5])), tokens_reset_ms=max(0, int(reply[6])),
+        in_flight=int(reply[7]), in_flight_limit=principal.max_in_flight,
+        queued_bytes=int(reply[8]), queued_bytes_limit=principal.max_queued_bytes,
+        asked_requests=asked[0], asked_tokens=asked[1], asked_bytes=asked[2])
+
+
+def admit_args(principal: Principal, ids: Sequence[str], estimate_tokens: int,
+               payload_bytes: int, ttl_s: float) -> list[str | int]:
+    if not 1 <= len(ids) <= MAX_IDS:
+        raise ValidationError(f"admit takes 1 to {MAX_IDS} ids, got {len(ids)}")
+    if ttl_s <= 0:
+        raise ValidationError(f"ttl_s must be positive, got {ttl_s}")
+    unique = list(dict.fromkeys(ids))
+    args: list[str | int] = [
+        _limit(principal.requests_per_minute), _limit(principal.tokens_per_minute),
+        _limit(principal.max_in_flight), _limit(principal.max_queued_bytes),
+        max(1, math.ceil(ttl_s * 1000))]
+    for request_id, tokens, size in zip(unique, split(estimate_tokens, len(unique)),
+                                        split(payload_bytes, len(unique)), strict=True):
+        args += [request_id, tokens, size]
+    return args
+
+
+def settle_args(principal: Principal, actual: Iterable[tuple[str, int | None]]
+                ) -> list[str | int]:
+    args: list[str | int] = [_limit(principal.requests_per_minute),
+                             _limit(principal.tokens_per_minute)]
+    for request_id, tokens in dict(actual).items():
+        args += [request_id, "" if tokens is None else max(0, int(tokens))]
+    if len(args) > 2 + 2 * MAX_IDS:
+        raise ValidationError(f"settle takes at most {MAX_IDS} ids")
+    return args
+
+
+class Limiter:
+    """The limits of every principal, on an asyncio redis client (what the gateway holds).
+
+    ``admit`` and ``settle`` are one script call each (EVALSHA, loaded on first use), in the
+    tenancy slot; they never raise for a refusal (``Admission.admitted`` says it), only for
+    a Redis failure."""
+
+    def __init__(self, redis: Any, namespace: str = DEFAULT_NAMESPACE) -> None:
+        self.redis = redis
+        self.names = TenancyKeys(namespace)
+        self._admit = redis.register_script(ADMIT)
+        self._settle = redis.register_script(SETTLE)
+
+    def keys(self, tenant: str) -> list[str]:
+        return [self.names.limits(tenant), self.names.in_flight(tenant),
+                self.names.queued_bytes(tenant)]
+
+    async def admit(self, principal: Principal, ids: Sequence[str], estimate_tokens: int,
+                    payload_bytes: int, ttl_s: float) -> Admission:
+        """Reserve one request per id (repeats of a live id are free), ``estimate_tokens``
+        and ``payload_bytes`` (spread over the ids), for at most ``ttl_s`` seconds."""
+        if principal.tenant is None or not principal.limited:
+            return UNLIMITED
+        args = admit_args(principal, ids, estimate_tokens, payload_bytes, ttl_s)
+        reply = await self._admit(keys=self.keys(principal.tenant), args=args)
+        return parse_admission(principal, reply, (len(set(ids)), estimate_tokens,
+                                                  payload_bytes))
+
+    async def settle(self, principal: Principal,
+                     actual: Iterable[tuple[str, int | None]]) -> int:
+        """Give back what each id reserved beyond its actual tokens (None: unknown, the
+        reservation stands) and free its slot and bytes; the ids settled (each once)."""
+        if principal.tenant is None or not principal.limited:
+            return 0
+        args = settle_args(principal, actual)
+        if len(args) == 2:
+            return 0
+        return int(await self._settle(keys=self.keys(principal.tenant), args=args))
