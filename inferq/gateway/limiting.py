@@ -18,10 +18,13 @@ gateway does not read, a gateway that died) stops counting after ``ttl_s``.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 from weakref import WeakKeyDictionary
+
+import anyio
 
 from inferq.gateway.errors import ApiError
 from inferq.protocol.codec import Result, Status
@@ -36,6 +39,7 @@ BYTES_PER_TOKEN = 4
 #: counting (a result is written at most this long after the wait ends).
 TTL_MARGIN_S = 60.0
 
+log = logging.getLogger("inferq.gateway")
 _limiters: WeakKeyDictionary[Any, dict[str, Limiter]] = WeakKeyDictionary()
 
 
@@ -101,3 +105,60 @@ async def release(redis: Any, principal: Principal, ids: Iterable[str], *,
     if principal.tenant is None or not principal.limited:
         return 0
     return await limiter_for(redis, namespace).settle(principal, [(i, 0) for i in ids])
+
+
+class Reservation:
+    """One call's admission: its reservation ids (stored request ids, or ids of the call's
+    own for inputs whose request ids are made later), the headers for its response, and
+    how it settles. Free for a caller without limits (no Redis call anywhere)."""
+
+    __slots__ = ("headers", "ids", "namespace", "principal", "redis")
+
+    def __init__(self, redis: Any, principal: Principal, ids: Sequence[str],
+                 headers: dict[str, str], namespace: str) -> None:
+        self.redis = redis
+        self.principal = principal
+        self.ids = list(ids)
+        self.headers = headers
+        self.namespace = namespace
+
+    @property
+    def active(self) -> bool:
+        return self.principal.tenant is not None and self.principal.limited
+
+    async def settle(self, results: Sequence[Result]) -> None:
+        """Settle reservation i on result i's actual tokens."""
+        if self.active:
+            await limiter_for(self.redis, self.namespace).settle(
+                self.principal, [(i, actual_tokens(r)) for i, r in zip(self.ids, results,
+                                                                        strict=True)])
+
+    async def release(self) -> None:
+        if self.active:
+            await release(self.redis, self.principal, self.ids, namespace=self.namespace)
+
+
+async def settle_from(handle: Any, reservation: Reservation) -> None:
+    """Settle a one-request reservation on the request's result, if it has one (a request
+    still running keeps its reservation until ``ttl_s``); shielded, and never raises: the
+    call's own answer matters more than its accounting."""
+    if not reservation.active or not reservation.ids:
+        return
+    with anyio.CancelScope(shield=True):
+        try:
+            result = await handle.peek()
+            if result is not None:
+                await reservation.settle([result])
+        except Exception as exc:  # accounting never fails a call
+            log.warning("could not settle the reservation of %s: %s", handle.id, exc)
+
+
+async def reserve(redis: Any, principal: Principal, ids: Sequence[str], *, text_bytes: int,
+                  timeout_s: float, max_tokens: int = 0, n: int = 1,
+                  namespace: str = DEFAULT_NAMESPACE) -> Reservation:
+    """Admit a call (``admit_call``) and return its reservation; 429 ``ApiError`` if refused."""
+    headers = await admit_call(redis, principal, ids,
+                               estimate=estimate_tokens(text_bytes, max_tokens, n),
+                               payload_bytes=text_bytes, ttl_s=ttl_for(timeout_s),
+                               namespace=namespace)
+    return Reservation(redis, principal, ids, headers, namespace)

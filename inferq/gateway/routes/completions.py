@@ -43,6 +43,7 @@ from starlette.types import Receive, Scope, Send
 from inferq.errors import InferqError, RequestError, ResultTimeout
 from inferq.gateway.caller import Caller, check_priority, new_request_id, tenant_of
 from inferq.gateway.errors import ApiError, from_inferq, unavailable
+from inferq.gateway.limiting import Reservation, reserve, settle_from
 from inferq.gateway.routes.common import (
     DeadlineHeader,
     PriorityHeader,
@@ -50,7 +51,13 @@ from inferq.gateway.routes.common import (
     TenantHeader,
     TimeoutHeader,
 )
-from inferq.gateway.routes.native import ModelQuery, RequestIdPath, not_found, wait_for
+from inferq.gateway.routes.native import (
+    DEFAULT_MAX_NEW_TOKENS,
+    ModelQuery,
+    RequestIdPath,
+    not_found,
+    wait_for,
+)
 from inferq.gateway.schemas import (
     ERROR_RESPONSES,
     AssistantMessage,
@@ -110,7 +117,8 @@ async def cancel_shielded(handle: AsyncHandle) -> None:
 async def enqueue(state: GatewayState, caller: Principal,
                   body: ChatCompletionRequest | CompletionRequest,
                   priority: int | None, deadline_s: float | None,
-                  request_id: str | None = None, tenant: str | None = None) -> AsyncHandle:
+                  stored_id: str | None = None, tenant: str | None = None) -> AsyncHandle:
+    """Queues the call's request under ``stored_id`` (``new_request_id``)."""
     if isinstance(body, ChatCompletionRequest):
         prompt = ""
         messages: list[Mapping[str, str]] | None = [m.model_dump() for m in body.messages]
@@ -122,7 +130,7 @@ async def enqueue(state: GatewayState, caller: Principal,
     return await state.client.enqueue(
         prompt, messages=messages, model=body.model, task=GENERATE_TASK, priority=chosen,
         deadline_s=body.deadline_s if body.deadline_s is not None else deadline_s,
-        params=body.params(), id=new_request_id(caller, request_id),
+        params=body.params(), id=stored_id,
         tenant=tenant_of(caller, state.tenant(body.user, tenant)))
 
 
@@ -289,6 +297,7 @@ class EventStream(StreamingResponse):
 
 def stream_response(state: GatewayState, handle: AsyncHandle, chunks: Chunks, timeout: float,
                     include_usage: bool, slot: Slot, *, cancel_on_close: bool = True,
+                    reservation: Reservation | None = None,
                     position: Position = Position(), headers: Mapping[str, str] = {},
                     ids: bool = True) -> EventStream:
     """The events of ``handle``'s generation after ``position``, each with its ``id:`` when
@@ -341,6 +350,8 @@ def stream_response(state: GatewayState, handle: AsyncHandle, chunks: Chunks, ti
         # Client gone, timed out, or failed to read: nobody will read it.
         if not finished and cancel_on_close and not handle.duplicate:
             await cancel_quietly([handle])
+        if reservation is not None:
+            await settle_from(handle, reservation)
 
     return EventStream(events(), on_close,
                        headers={"X-Inferq-Request-Id": handle.id, **headers})
@@ -381,6 +392,13 @@ def route_headers(x_priority: PriorityHeader = None, x_deadline_s: DeadlineHeade
 RouteHeaders = Annotated[Headers, Depends(route_headers)]
 
 
+def text_bytes(body: ChatCompletionRequest | CompletionRequest) -> int:
+    """The size of a call's input, for its token estimate and byte budget."""
+    if isinstance(body, ChatCompletionRequest):
+        return sum(len(m.content.encode("utf-8")) for m in body.messages)
+    return len(body.prompt.encode("utf-8"))
+
+
 def chunk_id(chat: bool, request_id: str) -> str:
     return f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
 
@@ -393,26 +411,36 @@ async def respond(state: GatewayState, caller: Principal,
     response body made of the result. A stream takes its place under the caps before the
     request is queued (a 429 leaves nothing queued)."""
     timeout = state.timeout(headers.timeout_s, "X-Timeout-S")
+    stored_id = new_request_id(caller, headers.request_id)
+    reservation = await reserve(
+        state.client.redis, caller, [stored_id] if stored_id is not None else [],
+        text_bytes=text_bytes(body), timeout_s=timeout, namespace=state.settings.namespace,
+        max_tokens=body.params().get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
     slot = state.stream_slots.take(caller.tenant) if body.stream else None
     try:
         handle = await enqueue(state, caller, body, headers.priority, headers.deadline_s,
-                               headers.request_id, headers.tenant)
+                               stored_id, headers.tenant)
     except BaseException:
         if slot is not None:
             slot.release()
+        await reservation.release()
         raise
     public = caller.public_id(handle.id)
     chat = isinstance(body, ChatCompletionRequest)
     chunks = Chunks(chat=chat, id=chunk_id(chat, public), model=body.model,
                     created=int(time.time()))
-    echo = {"X-Inferq-Request-Id": public}
+    echo = {"X-Inferq-Request-Id": public, **reservation.headers}
     if headers.request_id is not None:
         echo["X-Request-Id"] = public
     if slot is not None:
         return stream_response(state, handle, chunks, timeout, body.include_usage, slot,
                                cancel_on_close=not body.resumable, headers=echo,
-                               ids=body.resumable or headers.event_stream)
-    result = await wait(state, caller, handle, timeout)
+                               ids=body.resumable or headers.event_stream,
+                               reservation=reservation)
+    try:
+        result = await wait(state, caller, handle, timeout)
+    finally:
+        await settle_from(handle, reservation)
     return Response(answer(chunks, result).model_dump_json(), media_type="application/json",
                     headers=echo)
 

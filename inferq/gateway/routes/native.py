@@ -15,6 +15,7 @@ from fastapi import APIRouter, Path, Query, Response
 from inferq.errors import ResultTimeout
 from inferq.gateway.caller import Caller, check_priority, new_request_id, tenant_of
 from inferq.gateway.errors import ApiError, from_inferq
+from inferq.gateway.limiting import Reservation, reserve, settle_from
 from inferq.gateway.routes.common import DeadlineHeader, PriorityHeader, TenantHeader
 from inferq.gateway.schemas import (
     ERROR_RESPONSES,
@@ -28,10 +29,12 @@ from inferq.gateway.state import GatewayState, State
 from inferq.producer.aio import AsyncHandle
 from inferq.producer.common import RequestState
 from inferq.protocol.codec import PUBLIC_ID_RE, Result
+from inferq.protocol.generation import GENERATE_TASK, GenerationParams
 from inferq.tenancy.principal import Principal
 
 router = APIRouter(tags=["requests"])
 
+DEFAULT_MAX_NEW_TOKENS: int = GenerationParams.model_fields["max_new_tokens"].default
 RequestIdPath = Annotated[str, Path(pattern=PUBLIC_ID_RE.pattern)]
 ModelQuery = Annotated[ModelName, Query(description="the queue's model")]
 TaskQuery = Annotated[TaskName, Query(description="the queue's task")]
@@ -98,12 +101,23 @@ async def create_request(body: CreateRequest, state: State, caller: Caller, resp
     priority = check_priority(caller, body.priority if body.priority is not None else (
         x_priority if x_priority is not None else caller.default_priority))
     await state.require_served(body.task, body.model)
-    handle = await state.client.enqueue(
-        body.prompt, model=body.model, task=body.task, priority=priority,
-        deadline_s=body.deadline_s if body.deadline_s is not None else x_deadline_s,
-        id=new_request_id(caller, body.id), params=body.params,
-        max_attempts=body.max_attempts,
-        tenant=tenant_of(caller, state.tenant(body.tenant, x_inferq_tenant)))
+    stored_id = new_request_id(caller, body.id)
+    max_tokens = (body.params or {}).get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+    reservation = await reserve(
+        state.client.redis, caller, [stored_id] if stored_id is not None else [],
+        text_bytes=len(body.prompt.encode("utf-8")), timeout_s=timeout,
+        max_tokens=max_tokens if body.task == GENERATE_TASK and isinstance(max_tokens, int)
+        else 0, namespace=state.settings.namespace)
+    try:
+        handle = await state.client.enqueue(
+            body.prompt, model=body.model, task=body.task, priority=priority,
+            deadline_s=body.deadline_s if body.deadline_s is not None else x_deadline_s,
+            id=stored_id, params=body.params, max_attempts=body.max_attempts,
+            tenant=tenant_of(caller, state.tenant(body.tenant, x_inferq_tenant)))
+    except BaseException:
+        await reservation.release()
+        raise
+    response.headers.update(reservation.headers)
     if wait:
         try:
             result = await wait_for(state, handle, timeout)
@@ -111,6 +125,7 @@ async def create_request(body: CreateRequest, state: State, caller: Caller, resp
             error = from_inferq(exc)
             error.request_id = caller.public_id(handle.id)  # still queued: read it later
             raise error from exc
+        await reservation.settle([result])
         response.status_code = 200
         return view(caller, handle, RequestState.of(result.status), result, handle.duplicate)
     if not handle.duplicate:
@@ -127,6 +142,10 @@ async def get_request(request_id: RequestIdPath, state: State, caller: Caller,
     found = await current(caller, handle)
     if found.status is RequestState.UNKNOWN:
         raise not_found(caller, handle)
+    if caller.limited and found.result is not None:
+        # a request queued without wait is settled when its caller first sees it finished
+        await settle_from(handle, Reservation(state.client.redis, caller, [handle.id], {},
+                                              state.settings.namespace))
     return found
 
 

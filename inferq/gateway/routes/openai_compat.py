@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import math
 import struct
+import uuid
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -14,6 +15,7 @@ from inferq.errors import QueueFull
 from inferq.gateway.caller import Caller, check_priority, tenant_of
 from inferq.gateway.errors import ApiError, from_inferq
 from inferq.gateway.jsonenc import dumps
+from inferq.gateway.limiting import reserve
 from inferq.gateway.routes.common import (
     DeadlineHeader,
     InputFailed,
@@ -91,6 +93,13 @@ async def embeddings_response(state: GatewayState, body: EmbeddingsRequest, call
         x_priority if x_priority is not None else caller.default_priority))
     deadline_s = body.deadline_s if body.deadline_s is not None else x_deadline_s
     await state.require_served("embed", body.model)
+    # Reservations of the call's own (its requests' ids are made when they are queued).
+    call = uuid.uuid4().hex
+    reservation = await reserve(
+        state.client.redis, caller,
+        [f"{call}:{i}" for i in range(len(texts))] if caller.limited else [],
+        text_bytes=sum(len(t.encode("utf-8")) for t in texts), timeout_s=timeout,
+        namespace=settings.namespace)
     try:
         handles = await state.enqueue_many(
             texts, model=body.model, task="embed", priority=priority, deadline_s=deadline_s,
@@ -98,11 +107,20 @@ async def embeddings_response(state: GatewayState, body: EmbeddingsRequest, call
     except QueueFull as exc:
         # Some inputs may have got in before the queue filled: all or nothing.
         await cancel_quietly(exc.accepted)
+        await reservation.release()
+        raise
+    except BaseException:
+        await reservation.release()
         raise
     try:
         results = await wait_all(handles, timeout)
     except InputFailed as exc:
+        await reservation.release()
         raise from_inferq(exc.error, param=f"input[{exc.index}]") from exc
+    except BaseException:
+        await reservation.release()
+        raise
+    await reservation.settle(results)
     b64 = body.encoding_format == "base64"
     data = []
     for i, result in enumerate(results):
@@ -115,4 +133,4 @@ async def embeddings_response(state: GatewayState, body: EmbeddingsRequest, call
     response = {"object": "list", "data": data, "model": body.model,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
     return Response(dumps(response), media_type="application/json",
-                    headers={"X-Inferq-Usage": "estimated"})
+                    headers={"X-Inferq-Usage": "estimated", **reservation.headers})

@@ -1,0 +1,86 @@
+"""Per-tenant limits through the gateway: requests/min, tokens/min and in-flight caps are
+429s with Retry-After and OpenAI's x-ratelimit-* headers, successes carry the remaining
+counts, a finished request gives its place back, and one tenant's limits never touch
+another's. The buckets live in Redis: a second gateway sees the first one's use."""
+
+from __future__ import annotations
+
+import redis
+from fastapi.testclient import TestClient
+
+from inferq.protocol.keys import QueueKeys
+from inferq.tenancy import KeyStore
+from tests.security.conftest import Tenants
+from tests.support.batch import answer
+from tests.support.gateway import MakeApi
+
+ECHO = QueueKeys.for_model("embed", "echo")
+BODY = {"prompt": "hi", "model": "echo"}
+
+
+def test_requests_per_minute_is_a_429_with_openais_headers(
+        keyed_api: TestClient, make_api: MakeApi, tenants: Tenants, r: redis.Redis) -> None:
+    limited = Tenants.bearer(KeyStore(r).create("acme2", requests_per_minute=3))
+    remaining = []
+    for _ in range(3):
+        ok = keyed_api.post("/v1/requests", json=BODY, headers=limited)
+        assert ok.status_code == 202, ok.text
+        assert ok.headers["x-ratelimit-limit-requests"] == "3"
+        remaining.append(int(ok.headers["x-ratelimit-remaining-requests"]))
+    assert remaining == [2, 1, 0]
+    with make_api() as other_gateway:  # the bucket is in Redis: every gateway agrees
+        refused = other_gateway.post("/v1/requests", json=BODY, headers=limited)
+    assert refused.status_code == 429
+    error = refused.json()["error"]
+    assert error["type"] == "rate_limit_error" and error["code"] == "requests"
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    assert refused.headers["x-ratelimit-reset-requests"].endswith("s")
+    # another tenant is not limited by acme2's bucket, and has no such headers
+    other = keyed_api.post("/v1/requests", json=BODY, headers=Tenants.bearer(tenants.globex))
+    assert other.status_code == 202 and "x-ratelimit-limit-requests" not in other.headers
+
+
+def test_max_in_flight_counts_unfinished_requests_and_frees_on_finish(
+        keyed_api: TestClient, r: redis.Redis) -> None:
+    limited = Tenants.bearer(KeyStore(r).create("acme3", max_in_flight=2))
+    first = keyed_api.post("/v1/requests", json={**BODY, "id": "a"}, headers=limited)
+    second = keyed_api.post("/v1/requests", json={**BODY, "id": "b"}, headers=limited)
+    assert first.status_code == second.status_code == 202
+    refused = keyed_api.post("/v1/requests", json={**BODY, "id": "c"}, headers=limited)
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "in_flight"
+    assert not r.exists(ECHO.request("acme3@c"))  # refused before anything was queued
+    assert answer(r, ECHO) == ["acme3@a", "acme3@b"]
+    # the caller sees "a" finished: its place is given back
+    assert keyed_api.get("/v1/requests/a?model=echo", headers=limited).json()["status"] == "ok"
+    assert keyed_api.post("/v1/requests", json={**BODY, "id": "c"},
+                          headers=limited).status_code == 202
+
+
+def test_tokens_per_minute_refuses_what_would_overdraw_the_bucket(
+        keyed_api: TestClient, r: redis.Redis) -> None:
+    limited = Tenants.bearer(KeyStore(r).create("acme4", tokens_per_minute=100))
+    big = {"input": "x" * 360, "model": "echo"}  # about 90 tokens at 4 bytes a token
+    first = keyed_api.post("/v1/requests", json={"prompt": "x" * 360, "model": "echo"},
+                           headers=limited)
+    assert first.status_code == 202
+    assert int(first.headers["x-ratelimit-remaining-tokens"]) <= 10
+    refused = keyed_api.post("/v1/embeddings", json=big, headers=limited)
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "tokens"
+    assert refused.headers["x-ratelimit-limit-tokens"] == "100"
+
+
+def test_a_generation_that_stops_early_gives_back_what_it_did_not_use(
+        keyed_api: TestClient, r: redis.Redis) -> None:
+    limited = Tenants.bearer(KeyStore(r).create("acme5", tokens_per_minute=300))
+    body = {"prompt": "hello world", "model": "echo", "task": "generate",
+            "params": {"max_new_tokens": 200}}
+    queued = keyed_api.post("/v1/requests", json={**body, "id": "g1"}, headers=limited)
+    assert queued.status_code == 202
+    assert int(queued.headers["x-ratelimit-remaining-tokens"]) < 100  # 200 + prompt reserved
+    answer(r, QueueKeys.for_model("generate", "echo"))  # 2 prompt + 2 completion tokens
+    done = keyed_api.get("/v1/requests/g1?model=echo&task=generate", headers=limited)
+    assert done.json()["status"] == "ok"
+    after = keyed_api.post("/v1/requests", json={**body, "id": "g2"}, headers=limited)
+    assert after.status_code == 202  # would be a 429 had g1 kept its 203 tokens
+    assert int(after.headers["x-ratelimit-remaining-tokens"]) >= 300 - 4 - 203 - 5
