@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 import inferq
-from inferq.gateway import admin, errors
+from inferq.gateway import admin, errors, usage_routes
 from inferq.gateway.auth import declared_bearer
 from inferq.gateway.authn import Authenticator
 from inferq.gateway.batch_state import BatchState
@@ -73,4 +73,6 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(batches.router, dependencies=authenticated)
     app.include_router(admin.api, dependencies=authenticated)  # or the dashboard's session
     app.include_router(admin.open_routes)
+    app.include_router(usage_routes.admin_usage, dependencies=authenticated)
+    app.include_router(usage_routes.usage_metrics, dependencies=authenticated)
     return app

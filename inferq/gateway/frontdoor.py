@@ -12,8 +12,9 @@ For each HTTP request, in order:
 3. Otherwise every route but the probes, the schema and the dashboard's own pages needs a
    principal, from the ``Authorization: Bearer`` header alone (the admin family also takes
    the dashboard's session cookie), whose scopes admit the route's family: ``/admin`` needs
-   admin; ``/autoscale`` and ``/metrics/autoscale`` autoscale (or admin); the rest api (or
-   admin). 401 without one, 403 when its scopes do not reach.
+   admin, and so does ``/metrics/usage`` (every tenant's usage); ``/autoscale`` and
+   ``/metrics/autoscale`` autoscale (or admin); the rest api (or admin). 401 without one,
+   403 when its scopes do not reach.
 4. The body is then handed on through a counting ``receive``: a ``Content-Length`` over the
    route's limit is a 413 at once, and a body that streams past it is cut off with a 413
    (``BodyTooLarge``), so no caller makes the gateway buffer more than the limit:
@@ -62,7 +63,7 @@ class BodyTooLarge(HTTPException):
 
 
 def family_of(path: str) -> str:
-    if path == "/admin" or path.startswith("/admin/"):
+    if path == "/admin" or path.startswith("/admin/") or path == "/metrics/usage":
         return "admin"
     if path in ("/autoscale", "/metrics/autoscale") or path.startswith("/autoscale/"):
         return "autoscale"

@@ -9,8 +9,8 @@
   ``inferq_tenant_tokens_total{tenant,task,model,kind}`` (kind: prompt, completion). Labels
   are bounded: ``tenant`` is a tenant with an API key, every other tenant summed as
   ``other``; without any key, the ``TOP_TENANTS`` by tokens.
-  Router ``usage_metrics``: mount it where ``/metrics/autoscale`` is (numbers and names
-  only, no prompts).
+  Router ``usage_metrics``: it names every tenant's usage, so the front door admits the
+  admin scope only.
 
 Both read through the app's ``OpsState`` client (``admin.Ops``).
 """

@@ -84,3 +84,20 @@ def test_a_generation_that_stops_early_gives_back_what_it_did_not_use(
     after = keyed_api.post("/v1/requests", json={**body, "id": "g2"}, headers=limited)
     assert after.status_code == 202  # would be a 429 had g1 kept its 203 tokens
     assert int(after.headers["x-ratelimit-remaining-tokens"]) >= 300 - 4 - 203 - 5
+
+
+def test_usage_is_billed_once_per_request_and_shown_to_admins_only(
+        keyed_api: TestClient, tenants: Tenants, r: redis.Redis) -> None:
+    acme = Tenants.bearer(tenants.acme)
+    for i in range(3):
+        keyed_api.post("/v1/requests", json={"prompt": "one two three", "model": "echo",
+                                             "task": "generate", "id": f"u{i}"}, headers=acme)
+    answer(r, QueueKeys.for_model("generate", "echo"))  # 3 prompt + 2 completion tokens each
+    assert keyed_api.get("/admin/usage", headers=acme).status_code == 403
+    assert keyed_api.get("/metrics/usage", headers=acme).status_code == 403
+    admin = Tenants.bearer(tenants.admin)
+    (row,) = keyed_api.get("/admin/usage", headers=admin).json()["usage"]
+    assert (row["tenant"], row["model"], row["requests"]) == ("acme", "echo", 3)
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (9, 6)
+    text = keyed_api.get("/metrics/usage", headers=admin).text
+    assert 'inferq_tenant_requests_total{tenant="acme",task="generate",model="echo"} 3' in text

@@ -69,7 +69,10 @@ def answer(r: redis.Redis, keys: QueueKeys = EMBED, limit: int = 10_000,
             if keys.queue.startswith("generate") else None
         body = encode_result(Result(id=c.id, status=Status.OK, output=value,
                                     attempts=c.attempt, usage=usage))
-        completions.append(ops.Completion(c, "ok", body))
+        # billed as a worker bills it: the counts its result reports
+        completions.append(ops.Completion(
+            c, "ok", body, prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0))
     if completions:
         k, a = ops.complete_call(keys, TTL_MS, 100, completions)
         assert all(ops.parse_complete(scripts["complete"](keys=k, args=a)))
