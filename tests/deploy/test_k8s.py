@@ -57,10 +57,18 @@ OBJECTS = by_kind(ALL)
 
 def test_every_overlay_renders_and_names_are_unique() -> None:
     assert len(OBJECTS) == len(ALL)
-    assert {k for k, _ in OBJECTS} == {"ConfigMap", "Secret", "Deployment", "Service",
-                                       "StatefulSet", "ScaledObject", "TriggerAuthentication"}
-    assert {d["kind"] for d in render(K8S / "base")} == {"ConfigMap", "Secret", "Deployment",
-                                                         "Service"}
+    assert {k for k, _ in OBJECTS} == {"ConfigMap", "Deployment", "Service", "StatefulSet",
+                                       "ScaledObject", "TriggerAuthentication", "Job"}
+    assert {d["kind"] for d in render(K8S / "base")} == {"ConfigMap", "Deployment", "Service"}
+
+
+def test_no_manifest_ships_a_secret() -> None:
+    """Keys are made by the operator (inferq keys create), never shipped: no Secret object,
+    no literal token anywhere."""
+    assert not [d for d in ALL if d["kind"] == "Secret"]
+    for path in K8S.rglob("*.yaml"):
+        text = path.read_text()
+        assert "change-me" not in text and "stringData" not in text, path
 
 
 @pytest.mark.parametrize("doc", [d for d in ALL if "keda.sh" not in d["apiVersion"]],
@@ -118,12 +126,11 @@ def test_the_gateway_is_probed_on_healthz_and_scraped_for_the_signal() -> None:
     assert {gateway[p]["httpGet"]["path"] for p in ("livenessProbe", "readinessProbe")} == {
         "/healthz"}
     routes = set(create_app(GatewaySettings(token=None)).openapi()["paths"])
-    notes = pod["metadata"]["annotations"]
-    assert notes["prometheus.io/path"] in routes and notes["prometheus.io/port"] == str(port)
+    # /metrics/autoscale needs a key: no annotation-based (keyless) scrape of the gateway
+    assert "prometheus.io/scrape" not in pod["metadata"].get("annotations", {})
     assert "/healthz" in routes and "/autoscale/{queue}" in routes
     token = next(e for e in gateway["env"] if e["name"] == "INFERQ_GATEWAY_TOKEN")
-    secret = token["valueFrom"]["secretKeyRef"]
-    assert "token" in OBJECTS["Secret", secret["name"]]["stringData"]
+    assert token["valueFrom"]["secretKeyRef"]["optional"] is True  # keys are the way in
     service = OBJECTS["Service", "inferq-gateway"]
     assert service["spec"]["selector"] == pod["metadata"]["labels"] | service["spec"]["selector"]
 
@@ -145,7 +152,13 @@ def test_the_scaled_object_reads_the_desired_workers_signal() -> None:
     auth = OBJECTS["TriggerAuthentication", trigger["authenticationRef"]["name"]]["spec"]
     ref = auth["secretTargetRef"][0]
     assert meta["authMode"] == "bearer" and ref["parameter"] == "token"
-    assert ref["key"] in OBJECTS["Secret", ref["name"]]["stringData"]
+    # the Job registers exactly the secret KEDA presents, as an autoscale-only key
+    job = OBJECTS["Job", "inferq-keda-key"]["spec"]["template"]["spec"]["containers"][0]
+    args, extra = cli_args(job["command"])
+    assert (args.command, args.action, args.scopes) == ("keys", "create", ["autoscale"])
+    assert not extra
+    env = next(e for e in job["env"] if e["name"] == args.secret_from_env)
+    assert env["valueFrom"]["secretKeyRef"] == {"name": ref["name"], "key": ref["key"]}
 
 
 def test_the_redis_url_names_the_bundled_redis_service() -> None:
