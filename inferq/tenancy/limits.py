@@ -17,11 +17,14 @@ below minus its capacity) and the next requests wait for it to refill.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from inferq import cluster
+from inferq.cluster import ScriptCall
 from inferq.errors import ValidationError
 from inferq.protocol.keys import DEFAULT_NAMESPACE, TenancyKeys
 from inferq.protocol.ops import as_str
@@ -139,18 +142,73 @@ def settle_args(principal: Principal, actual: Iterable[tuple[str, int | None]]
     return args
 
 
+class ScriptBatcher:
+    """Script calls of one event-loop turn sent as one pipelined round trip
+    (``cluster.run_scripts_async``), each caller awaiting its own reply: under load, the
+    admissions and settlements of concurrent HTTP calls share one round trip, as their
+    enqueues do (``gateway.coalesce``). Each call is still its own atomic script; a Redis
+    failure reaches every caller of that round trip."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+        self._pending: list[tuple[ScriptCall, asyncio.Future[Any]]] = []
+        self._scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Round trips sent and calls carried (for tests and logs).
+        self.round_trips = 0
+        self.calls = 0
+
+    async def call(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._pending.append(((script, keys, args), future))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return await asyncio.shield(future)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        batch, self._pending = self._pending, []
+        task = asyncio.get_running_loop().create_task(self._send(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, batch: list[tuple[ScriptCall, asyncio.Future[Any]]]) -> None:
+        self.round_trips += 1
+        self.calls += len(batch)
+        try:
+            if len(batch) == 1:  # a plain EVALSHA: lighter than a pipeline of one
+                (script, keys, args), _ = batch[0]
+                replies = [await script(keys=keys, args=args)]
+            else:
+                replies = await cluster.run_scripts_async(self.redis, [c for c, _ in batch])
+        except BaseException as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        for (_, future), reply in zip(batch, replies, strict=True):
+            if not future.done():
+                future.set_result(reply)
+
+
 class Limiter:
     """The limits of every principal, on an asyncio redis client (what the gateway holds).
 
     ``admit`` and ``settle`` are one script call each (EVALSHA, loaded on first use), in the
-    tenancy slot; they never raise for a refusal (``Admission.admitted`` says it), only for
-    a Redis failure."""
+    tenancy slot, sharing a round trip with the other calls of their loop turn
+    (``ScriptBatcher``); they never raise for a refusal (``Admission.admitted`` says it),
+    only for a Redis failure."""
 
     def __init__(self, redis: Any, namespace: str = DEFAULT_NAMESPACE) -> None:
         self.redis = redis
         self.names = TenancyKeys(namespace)
         self._admit = redis.register_script(ADMIT)
         self._settle = redis.register_script(SETTLE)
+        self.batcher = ScriptBatcher(redis)
 
     def keys(self, tenant: str) -> list[str]:
         return [self.names.limits(tenant), self.names.in_flight(tenant),
@@ -163,7 +221,7 @@ class Limiter:
         if principal.tenant is None or not principal.limited:
             return UNLIMITED
         args = admit_args(principal, ids, estimate_tokens, payload_bytes, ttl_s)
-        reply = await self._admit(keys=self.keys(principal.tenant), args=args)
+        reply = await self.batcher.call(self._admit, self.keys(principal.tenant), args)
         return parse_admission(principal, reply, (len(set(ids)), estimate_tokens,
                                                   payload_bytes))
 
@@ -176,4 +234,4 @@ class Limiter:
         args = settle_args(principal, actual)
         if len(args) == 2:
             return 0
-        return int(await self._settle(keys=self.keys(principal.tenant), args=args))
+        return int(await self.batcher.call(self._settle, self.keys(principal.tenant), args))
