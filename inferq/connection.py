@@ -134,6 +134,9 @@ ACL_COMMANDS: tuple[str, ...] = (
     # the gateway's stream reader (``inferq.gateway.streams``): its connection's id, the
     # wake-up of its blocked XREAD when a stream opens, and a resume position's check
     "client|id", "client|unblock", "xrevrange",
+    # tenant keys and dashboard sessions (``inferq.tenancy``): create/revoke and the failed
+    # sign-in counter are small EVAL scripts; a gateway is open while HLEN of the key index is 0
+    "eval", "hlen",
 )
 
 

@@ -227,13 +227,15 @@ def shard_of(request_id: str, shards: int) -> int:
 class TenancyKeys:
     """Key names of API keys, dashboard sessions, per-tenant limits and usage
     (``inferq.tenancy``). All share the hash tag ``{<namespace>:tenancy}``: one slot, so each
-    tenancy script touches one slot, and every gateway replica reads the same state."""
+    tenancy script touches one slot, and every gateway replica reads the same state. They
+    start with ``<namespace>:`` like every other key, so an ACL user's ``~<namespace>:*``
+    covers them."""
 
     namespace: str = DEFAULT_NAMESPACE
 
     @property
     def prefix(self) -> str:
-        return f"{{{self.namespace}:tenancy}}:"
+        return f"{self.namespace}:{{{self.namespace}:tenancy}}:"
 
     @property
     def key_index(self) -> str:

@@ -130,3 +130,35 @@ def test_the_minimal_acl_user_can_operate_dead_letters_and_read_the_signal(
         assert plans.run(client.redis, Tracker().read(keys)).desired == 1
         assert letters.requeue(ids=["d1"]).count("requeued") == 1
         assert letters.purge(ids=["d1"]).outcomes == {"absent": ["d1"]}
+
+
+def test_the_minimal_acl_user_runs_a_keyed_gateway(acl_server: SecureServer) -> None:
+    """Keys, limits, dashboard sessions and usage under the least-privilege ACL user."""
+    from fastapi.testclient import TestClient
+    from pydantic import SecretStr
+
+    from inferq.gateway import GatewaySettings, create_app
+    from inferq.tenancy import KeyStore
+
+    conn = ConnectionSettings(acl_server.url(), username=ACL_USER, password=ACL_PASSWORD)
+    url = acl_server.url().replace("redis://", f"redis://{ACL_USER}:{ACL_PASSWORD}@")
+    with inferq.Client(conn) as client:
+        made = client.keys.create("acl-tenant", requests_per_minute=100, max_in_flight=5)
+        admin = client.keys.create("acl-ops", scopes=["admin"])
+        assert [k.tenant for k in KeyStore(client.redis).list()] == ["acl-ops", "acl-tenant"]
+        settings = GatewaySettings(redis_url=SecretStr(url), require_served_model=False)
+        with TestClient(create_app(settings)) as api:
+            assert api.post("/v1/requests", json={"prompt": "x", "model": "acl"}).status_code == 401
+            ok = api.post("/v1/requests", json={"prompt": "x", "model": "acl", "id": "a1"},
+                          headers={"Authorization": f"Bearer {made.secret}"})
+            assert ok.status_code == 202, ok.text
+            assert ok.headers["x-ratelimit-remaining-requests"] == "99"
+            assert api.get("/v1/requests/a1?model=acl", headers={
+                "Authorization": f"Bearer {made.secret}"}).json()["status"] == "pending"
+            form = {"Content-Type": "application/x-www-form-urlencoded"}
+            assert api.post("/dashboard/login", content="token=wrong",
+                            headers=form).status_code == 401
+            assert api.post("/dashboard/login", content=f"token={admin.secret}",
+                            headers=form, follow_redirects=False).status_code == 303
+            assert api.get("/admin/usage").status_code == 200  # by the session
+        assert client.keys.revoke(made.key.id)
