@@ -127,8 +127,9 @@ class Reservation:
         return self.principal.tenant is not None and self.principal.limited
 
     async def settle(self, results: Sequence[Result]) -> None:
-        """Settle reservation i on result i's actual tokens."""
-        if self.active:
+        """Settle reservation i on result i's actual tokens (no call for a key whose
+        reservations hold nothing to give back: ``Principal.settles``)."""
+        if self.active and self.principal.settles:
             await limiter_for(self.redis, self.namespace).settle(
                 self.principal, [(i, actual_tokens(r)) for i, r in zip(self.ids, results,
                                                                         strict=True)])
@@ -142,7 +143,7 @@ async def settle_from(handle: Any, reservation: Reservation) -> None:
     """Settle a one-request reservation on the request's result, if it has one (a request
     still running keeps its reservation until ``ttl_s``); shielded, and never raises: the
     call's own answer matters more than its accounting."""
-    if not reservation.active or not reservation.ids:
+    if not reservation.active or not reservation.principal.settles or not reservation.ids:
         return
     with anyio.CancelScope(shield=True):
         try:

@@ -58,6 +58,14 @@ class Principal:
         return (self.requests_per_minute is not None or self.tokens_per_minute is not None
                 or self.max_in_flight is not None or self.max_queued_bytes is not None)
 
+    @property
+    def settles(self) -> bool:
+        """Whether a finished request has anything to give back: tokens (a tokens/min limit),
+        an in-flight slot or queued bytes. A requests/min-only key has not: its
+        reservations just expire."""
+        return (self.tokens_per_minute is not None or self.max_in_flight is not None
+                or self.max_queued_bytes is not None)
+
     def stored_id(self, public_id: str) -> str:
         """The id a request of this principal's has in Redis."""
         return public_id if self.tenant is None else f"{self.tenant}{ID_SEPARATOR}{public_id}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import redis
 from fastapi.testclient import TestClient
 
-from inferq.protocol.keys import QueueKeys
+from inferq.protocol.keys import QueueKeys, TenancyKeys
 from inferq.tenancy import KeyStore
 from tests.security.conftest import Tenants
 from tests.support.batch import answer
@@ -101,3 +101,21 @@ def test_usage_is_billed_once_per_request_and_shown_to_admins_only(
     assert (row["prompt_tokens"], row["completion_tokens"]) == (9, 6)
     text = keyed_api.get("/metrics/usage", headers=admin).text
     assert 'inferq_tenant_requests_total{tenant="acme",task="generate",model="echo"} 3' in text
+
+
+def test_a_requests_only_key_settles_nothing(keyed_api: TestClient, r: redis.Redis) -> None:
+    """Nothing to give back: no settlement script runs, its reservations simply expire; a key
+    with an in-flight limit has its reservations settled as its requests are read back."""
+    names = TenancyKeys()
+    for tenant, limits in (("rpm-only", {"requests_per_minute": 50}),
+                           ("in-flight", {"max_in_flight": 50})):
+        key = Tenants.bearer(KeyStore(r).create(tenant, **limits))  # type: ignore[arg-type]
+        for i in range(3):
+            assert keyed_api.post("/v1/requests", json={**BODY, "id": f"s{i}"},
+                                  headers=key).status_code == 202
+        assert r.hlen(names.queued_bytes(tenant)) == 3  # reserved
+        answer(r, ECHO)
+        for i in range(3):
+            assert keyed_api.get(f"/v1/requests/s{i}?model=echo",
+                                 headers=key).json()["status"] == "ok"
+        assert r.hlen(names.queued_bytes(tenant)) == (3 if tenant == "rpm-only" else 0)

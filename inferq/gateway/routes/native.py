@@ -142,7 +142,7 @@ async def get_request(request_id: RequestIdPath, state: State, caller: Caller,
     found = await current(caller, handle)
     if found.status is RequestState.UNKNOWN:
         raise not_found(caller, handle)
-    if caller.limited and found.result is not None:
+    if caller.limited and caller.settles and found.result is not None:
         # a request queued without wait is settled when its caller first sees it finished
         await settle_from(handle, Reservation(state.client.redis, caller, [handle.id], {},
                                               state.settings.namespace))
