@@ -137,6 +137,8 @@ ACL_COMMANDS: tuple[str, ...] = (
     # tenant keys and dashboard sessions (``inferq.tenancy``): create/revoke and the failed
     # sign-in counter are small EVAL scripts; a gateway is open while HLEN of the key index is 0
     "eval", "hlen",
+    # billable usage (``lua/includes/usage.lua``): each hour's hash expires at a fixed time
+    "pexpireat",
 )
 
 

@@ -27,6 +27,8 @@ from inferq.tenancy import apikeys, sessions
 from inferq.tenancy.apikeys import CACHE_S
 from inferq.tenancy.principal import Principal
 
+#: What a cache entry is a lookup of (the secret or cookie follows).
+_KEY_TAG, _SESSION_TAG = "key:", "session:"
 #: Bound on cached lookups; past it the cache starts over (a flood of distinct valid keys).
 CACHE_ENTRIES = 10_000
 
@@ -62,18 +64,18 @@ class Authenticator:
             return Principal.operator()
         if not secret.startswith(apikeys.SECRET_PREFIX):
             return None
-        return await self._cached("k" + secret, self._key)
+        return await self._cached(_KEY_TAG + secret, self._key)
 
     async def session(self, cookie: str) -> Principal | None:
         """The principal a dashboard session cookie was signed in as, while it lasts."""
         if not cookie.startswith(sessions.COOKIE_PREFIX):
             return None
-        return await self._cached("s" + cookie, self._session)
+        return await self._cached(_SESSION_TAG + cookie, self._session)
 
     def forget_session(self, cookie: str) -> None:
         """Drop a signed-out session from this gateway's cache (others drop it within
         ``CACHE_S``)."""
-        self._cache.pop(self._cache_key("s" + cookie), None)
+        self._cache.pop(self._cache_key(_SESSION_TAG + cookie), None)
 
     @staticmethod
     def _cache_key(tagged: str) -> str:
@@ -99,7 +101,7 @@ class Authenticator:
         hit = self._cache.get(cache_key)
         if hit is not None and now < hit[0]:
             return hit[1]
-        found: Principal | None = await look(tagged[1:])
+        found: Principal | None = await look(tagged.partition(":")[2])
         if found is not None:  # a miss is not cached: a key just created works at once
             if len(self._cache) >= CACHE_ENTRIES:
                 self._cache.clear()

@@ -45,7 +45,8 @@ def test_openapi_lists_the_routes(api: TestClient, make_api: MakeApi) -> None:
     admin = {"/admin/overview", "/admin/queues/{queue}/dead-letters",
              "/admin/queues/{queue}/dead-letters/{request_id}",
              "/admin/queues/{queue}/dead-letters/{action}", "/admin/requests/{request_id}",
-             "/autoscale", "/autoscale/{queue}", "/metrics/autoscale", "/dashboard"}
+             "/autoscale", "/autoscale/{queue}", "/metrics/autoscale", "/dashboard",
+             "/admin/usage", "/metrics/usage"}
     assert admin <= set(paths)
     assert set(paths) - admin == {"/healthz", "/readyz", "/v1/embeddings", "/v1/completions",
                           "/v1/chat/completions", "/v1/requests", "/v1/requests/{request_id}",

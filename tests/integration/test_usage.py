@@ -17,10 +17,11 @@ from inferq import plans
 from inferq.cli.main import main
 from inferq.gateway import errors
 from inferq.gateway.admin import OpsState
+from inferq.gateway.authn import Authenticator
 from inferq.gateway.usage_routes import admin_usage, usage_metrics
 from inferq.protocol import ops
 from inferq.protocol.codec import Result, Status, Usage, encode_result
-from inferq.protocol.keys import USAGE_RETENTION_MS, QueueKeys
+from inferq.protocol.keys import USAGE_RETENTION_MS, QueueKeys, TenancyKeys
 from inferq.tenancy import KeyStore
 from inferq.usage import bounded, parse_since, prometheus_text, report
 from inferq.worker.models.builtin import EchoModel
@@ -179,7 +180,8 @@ async def test_the_admin_route_and_the_metrics_route(aclient: inferq.AsyncClient
     w.complete(w.claim(), 2, 3)
     KeyStore(r).create("t1")
     app = FastAPI()
-    app.state.ops = OpsState(client=aclient, token=None)
+    app.state.ops = OpsState(client=aclient, auth=Authenticator(
+        aclient.redis, TenancyKeys(), token=None))
     errors.install(app, 1)
     app.include_router(admin_usage)
     app.include_router(usage_metrics)
