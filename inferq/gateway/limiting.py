@@ -26,7 +26,7 @@ from weakref import WeakKeyDictionary
 
 import anyio
 
-from inferq.gateway.errors import ApiError
+from inferq.openai.errors import ApiError
 from inferq.protocol.codec import Result, Status
 from inferq.protocol.keys import DEFAULT_NAMESPACE
 from inferq.tenancy.headers import rate_limit_headers

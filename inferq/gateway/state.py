@@ -13,10 +13,10 @@ from fastapi import Depends, Request
 
 from inferq.gateway.authn import Authenticator
 from inferq.gateway.coalesce import Coalescer
-from inferq.gateway.errors import ApiError, model_not_found
 from inferq.gateway.served import ServedQueues
 from inferq.gateway.settings import GatewaySettings
 from inferq.gateway.streams import StreamMux, StreamSlots
+from inferq.openai.errors import ApiError, model_not_found
 from inferq.producer.aio import AsyncClient, AsyncHandle
 
 log = logging.getLogger("inferq.gateway")

@@ -15,9 +15,9 @@ from pydantic import ValidationError as PydanticValidationError
 from inferq.embedded import free_port
 from inferq.errors import ConfigError, QueueFull, RequestFailed
 from inferq.gateway import create_app
-from inferq.gateway.errors import from_inferq, param_of
-from inferq.gateway.routes.openai_compat import encode_base64, estimate_tokens
 from inferq.gateway.settings import GatewaySettings
+from inferq.openai.errors import from_inferq, param_of
+from inferq.openai.responses import encode_base64, estimate_tokens
 from inferq.protocol.codec import ErrorInfo, Result, Status
 
 BODY = {"prompt": "hi", "model": "echo"}

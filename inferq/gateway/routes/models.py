@@ -8,9 +8,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from inferq.gateway.errors import model_not_found
 from inferq.gateway.schemas import ERROR_RESPONSES, ModelName
 from inferq.gateway.state import State
+from inferq.openai.errors import model_not_found
 
 router = APIRouter(tags=["openai"])
 

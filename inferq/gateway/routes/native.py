@@ -14,7 +14,6 @@ from fastapi import APIRouter, Path, Query, Response
 
 from inferq.errors import ResultTimeout
 from inferq.gateway.caller import Caller, check_priority, new_request_id, tenant_of
-from inferq.gateway.errors import ApiError, from_inferq
 from inferq.gateway.limiting import Reservation, reserve, settle_from
 from inferq.gateway.routes.common import DeadlineHeader, PriorityHeader, TenantHeader
 from inferq.gateway.schemas import (
@@ -26,6 +25,7 @@ from inferq.gateway.schemas import (
     TaskName,
 )
 from inferq.gateway.state import GatewayState, State
+from inferq.openai.errors import ApiError, from_inferq
 from inferq.producer.aio import AsyncHandle
 from inferq.producer.common import RequestState
 from inferq.protocol.codec import PUBLIC_ID_RE, Result
