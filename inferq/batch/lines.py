@@ -28,7 +28,7 @@ from inferq.openai.responses import (
     chat_response,
     completion_response,
     embeddings_body,
-    estimate_tokens,
+    embeddings_tokens,
     response_id,
 )
 from inferq.openai.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest
@@ -82,7 +82,7 @@ def parse_line(raw: bytes, endpoint: str) -> LineRequest | LineRefused:
                 f"input: a batch line embeds one text, got {len(texts)}", param="input"))
         return LineRequest(custom_id, texts[0], embeddings_fields(body),
                            [custom_id, body.encoding_format == "base64",
-                            estimate_tokens(texts[0])])
+                            embeddings_tokens([len(texts[0].encode("utf-8"))])])
     assert isinstance(body, ChatCompletionRequest | CompletionRequest)
     if body.stream:
         return LineRefused(custom_id, ApiError(400, "invalid_request_error", "invalid_request",

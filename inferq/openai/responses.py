@@ -6,7 +6,6 @@ runner alike. A result whose output is not what the endpoint makes raises ``ApiE
 from __future__ import annotations
 
 import base64
-import math
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -21,17 +20,8 @@ from inferq.openai.schemas import (
     CompletionUsage,
 )
 from inferq.protocol.codec import Result
+from inferq.protocol.cost import estimate_tokens
 from inferq.protocol.generation import FinishReason
-
-#: Results carry no token counts, so ``usage`` is an ESTIMATE, not the worker tokenizer's
-#: count: OpenAI's rule of thumb of about 4 characters per token (English text). Responses
-#: say so in the ``X-Inferq-Usage: estimated`` header.
-CHARS_PER_TOKEN = 4
-
-
-def estimate_tokens(text: str) -> int:
-    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
-
 
 # --- generation ----------------------------------------------------------------------------
 
@@ -128,11 +118,19 @@ def as_vector(output: Any, index: int, model: str) -> list[float]:
                    param=f"input[{index}]")
 
 
+def embeddings_tokens(text_bytes: Sequence[int]) -> int:
+    """The estimated ``usage`` of inputs of these sizes (UTF-8 bytes): the protocol's one
+    token estimate (``cost.estimate_tokens``), which fair shares and limits count with."""
+    return sum(estimate_tokens(n) for n in text_bytes)
+
+
 def embeddings_body(model: str, outputs: Sequence[Any], tokens: int,
                     b64: bool) -> dict[str, Any]:
     """``POST /v1/embeddings``'s body (``EmbeddingsResponse``'s shape) for the outputs of its
-    inputs' ``embed`` requests, in order; ``tokens`` is the inputs' estimate. A plain dict,
-    encoded in one pass (``jsonenc``): pydantic would re-validate every float."""
+    inputs' ``embed`` requests, in order. Results carry no token counts, so ``tokens`` (the
+    ``usage``) is an ESTIMATE, not the worker tokenizer's count: ``embeddings_tokens``
+    (responses say so in the ``X-Inferq-Usage: estimated`` header). A plain dict, encoded in
+    one pass (``jsonenc``): pydantic would re-validate every float."""
     data = []
     for i, output in enumerate(outputs):
         vector = as_vector(output, i, model)

@@ -45,13 +45,7 @@ from inferq.gateway.routes.common import (
     TenantHeader,
     TimeoutHeader,
 )
-from inferq.gateway.routes.native import (
-    DEFAULT_MAX_NEW_TOKENS,
-    ModelQuery,
-    RequestIdPath,
-    not_found,
-    wait_for,
-)
+from inferq.gateway.routes.native import ModelQuery, RequestIdPath, not_found, wait_for
 from inferq.gateway.schemas import ERROR_RESPONSES
 from inferq.gateway.sse import Chunks, Position, stream_response
 from inferq.gateway.state import GatewayState, State, cancel_quietly
@@ -67,6 +61,7 @@ from inferq.openai.schemas import (
 from inferq.producer.aio import AsyncHandle
 from inferq.producer.common import RequestState
 from inferq.protocol.codec import Result
+from inferq.protocol.cost import DEFAULT_MAX_NEW_TOKENS
 from inferq.protocol.generation import GENERATE_TASK
 from inferq.tenancy.principal import Principal
 

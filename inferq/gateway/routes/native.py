@@ -29,12 +29,12 @@ from inferq.openai.errors import ApiError, from_inferq
 from inferq.producer.aio import AsyncHandle
 from inferq.producer.common import RequestState
 from inferq.protocol.codec import PUBLIC_ID_RE, Result
-from inferq.protocol.generation import GENERATE_TASK, GenerationParams
+from inferq.protocol.cost import DEFAULT_MAX_NEW_TOKENS
+from inferq.protocol.generation import GENERATE_TASK
 from inferq.tenancy.principal import Principal
 
 router = APIRouter(tags=["requests"])
 
-DEFAULT_MAX_NEW_TOKENS: int = GenerationParams.model_fields["max_new_tokens"].default
 RequestIdPath = Annotated[str, Path(pattern=PUBLIC_ID_RE.pattern)]
 ModelQuery = Annotated[ModelName, Query(description="the queue's model")]
 TaskQuery = Annotated[TaskName, Query(description="the queue's task")]

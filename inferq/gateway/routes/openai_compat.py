@@ -23,7 +23,7 @@ from inferq.gateway.state import GatewayState, State, cancel_quietly
 from inferq.openai.errors import ApiError, from_inferq
 from inferq.openai.jsonenc import dumps
 from inferq.openai.requests import embedding_texts, embeddings_fields
-from inferq.openai.responses import embeddings_body, estimate_tokens
+from inferq.openai.responses import embeddings_body, embeddings_tokens
 from inferq.openai.schemas import EmbeddingsRequest, EmbeddingsResponse
 from inferq.tenancy.principal import Principal
 
@@ -56,8 +56,9 @@ async def embeddings_response(state: GatewayState, body: EmbeddingsRequest, call
                        f"input: at most {settings.max_embedding_inputs} texts per call, "
                        f"got {len(texts)}", param="input")
     max_bytes = state.client.options.limits.max_prompt_bytes
-    for i, text in enumerate(texts):
-        if len(text.encode("utf-8")) > max_bytes:
+    sizes = [len(text.encode("utf-8")) for text in texts]
+    for i, size in enumerate(sizes):
+        if size > max_bytes:
             raise ApiError(422, "invalid_request_error", "payload_too_large",
                            f"input[{i}]: longer than {max_bytes} bytes", param=f"input[{i}]")
     timeout = state.timeout(x_timeout_s, "X-Timeout-S")
@@ -70,7 +71,7 @@ async def embeddings_response(state: GatewayState, body: EmbeddingsRequest, call
     reservation = await reserve(
         state.client.redis, caller,
         [f"{call}:{i}" for i in range(len(texts))] if caller.limited else [],
-        text_bytes=sum(len(t.encode("utf-8")) for t in texts), timeout_s=timeout,
+        text_bytes=sum(sizes), timeout_s=timeout,
         namespace=settings.namespace)
     try:
         handles = await state.enqueue_many(
@@ -93,8 +94,7 @@ async def embeddings_response(state: GatewayState, body: EmbeddingsRequest, call
         await reservation.release()
         raise
     await reservation.settle(results)
-    tokens = sum(estimate_tokens(t) for t in texts)
-    response = embeddings_body(body.model, [r.output for r in results], tokens,
+    response = embeddings_body(body.model, [r.output for r in results], embeddings_tokens(sizes),
                                body.encoding_format == "base64")
     return Response(dumps(response), media_type="application/json",
                     headers={"X-Inferq-Usage": "estimated", **reservation.headers})
