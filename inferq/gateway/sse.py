@@ -17,8 +17,9 @@ from redis.exceptions import RedisError
 from starlette.types import Receive, Scope, Send
 
 from inferq.errors import InferqError
+from inferq.gateway.coalesce import cancel_quietly
 from inferq.gateway.limiting import Reservation, settle_from
-from inferq.gateway.state import GatewayState, cancel_quietly
+from inferq.gateway.state import GatewayState
 from inferq.gateway.streams import Slot, entry_key
 from inferq.openai.errors import ApiError, from_inferq, unavailable
 from inferq.openai.responses import finish_reason, usage_of

@@ -37,6 +37,7 @@ from fastapi import APIRouter, Depends, Header, Query, Response
 
 from inferq.errors import RequestError, ResultTimeout
 from inferq.gateway.caller import Caller, check_priority, new_request_id, tenant_of
+from inferq.gateway.coalesce import cancel_quietly
 from inferq.gateway.limiting import reserve, settle_from
 from inferq.gateway.routes.common import (
     DeadlineHeader,
@@ -48,7 +49,7 @@ from inferq.gateway.routes.common import (
 from inferq.gateway.routes.native import ModelQuery, RequestIdPath, not_found, wait_for
 from inferq.gateway.schemas import ERROR_RESPONSES
 from inferq.gateway.sse import Chunks, Position, stream_response
-from inferq.gateway.state import GatewayState, State, cancel_quietly
+from inferq.gateway.state import GatewayState, State
 from inferq.openai.errors import from_inferq
 from inferq.openai.requests import generation_request, text_bytes
 from inferq.openai.responses import chat_response, completion_response, response_id

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Response
 
 from inferq.errors import QueueFull
 from inferq.gateway.caller import Caller, check_priority, tenant_of
+from inferq.gateway.coalesce import cancel_quietly
 from inferq.gateway.limiting import reserve
 from inferq.gateway.routes.common import (
     DeadlineHeader,
@@ -19,7 +20,7 @@ from inferq.gateway.routes.common import (
     wait_all,
 )
 from inferq.gateway.schemas import ERROR_RESPONSES
-from inferq.gateway.state import GatewayState, State, cancel_quietly
+from inferq.gateway.state import GatewayState, State
 from inferq.openai.errors import ApiError, from_inferq
 from inferq.openai.jsonenc import dumps
 from inferq.openai.requests import embedding_texts, embeddings_fields
