@@ -20,11 +20,6 @@ from inferq.openai.schemas import (
 from inferq.producer.common import RequestState
 from inferq.protocol.codec import Result
 
-__all__ = ["ERROR_RESPONSES", "CreateRequest", "DeadlineS", "ErrorInfoView", "Health",
-           "ModelName", "Priority", "Readiness", "RequestId", "RequestView", "ResultView",
-           "TaskName"]
-
-
 # --- native --------------------------------------------------------------------------------
 
 class CreateRequest(Body):

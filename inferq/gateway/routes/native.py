@@ -16,16 +16,10 @@ from inferq.errors import ResultTimeout
 from inferq.gateway.caller import Caller, check_priority, new_request_id, tenant_of
 from inferq.gateway.limiting import Reservation, reserve, settle_from
 from inferq.gateway.routes.common import DeadlineHeader, PriorityHeader, TenantHeader
-from inferq.gateway.schemas import (
-    ERROR_RESPONSES,
-    CreateRequest,
-    ModelName,
-    RequestView,
-    ResultView,
-    TaskName,
-)
+from inferq.gateway.schemas import ERROR_RESPONSES, CreateRequest, RequestView, ResultView
 from inferq.gateway.state import GatewayState, State
 from inferq.openai.errors import ApiError, from_inferq
+from inferq.openai.schemas import ModelName, TaskName
 from inferq.producer.aio import AsyncHandle
 from inferq.producer.common import RequestState
 from inferq.protocol.codec import PUBLIC_ID_RE, Result
