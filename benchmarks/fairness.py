@@ -114,8 +114,8 @@ def flood(cleanup: Cleanup, url: str, cfg: FairnessConfig, worker: WorkerProc,
     interleaved chunks); then the worker runs for ``cfg.seconds`` while, with ``light``, a
     light tenant sends Poisson arrivals at ``light_share`` of capacity, each awaited. Served
     cost and requests per tenant are read from the results written before the worker stops."""
-    from inferq.fairness import estimate
     from inferq.producer.aio import AsyncClient
+    from inferq.protocol.cost import estimate
 
     rng = random.Random(SEED)
     backlog = cfg.backlog if backlog is None else backlog

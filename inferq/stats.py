@@ -45,7 +45,7 @@ class QueueStats:
     #: Shards read (a sharded queue: every shard it ever had, summed here).
     shards: int = 1
     #: Unfinished requests (waiting, running or waiting for a retry) per tenant, for the
-    #: requests that name one (``inferq.fairness``).
+    #: requests that name one (``inferq.protocol.fair``).
     tenants: dict[str, int] = field(default_factory=dict)
 
     @property

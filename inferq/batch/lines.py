@@ -16,27 +16,29 @@ from typing import Any
 import pydantic
 
 from inferq.errors import RequestError
-from inferq.gateway.errors import ApiError, from_inferq
-from inferq.gateway.jsonenc import dumps
-from inferq.gateway.routes.completions import finish_reason, text_of, usage_of
-from inferq.gateway.routes.openai_compat import as_vector, encode_base64, estimate_tokens
-from inferq.gateway.schemas import (
-    AssistantMessage,
-    ChatChoice,
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    CompletionChoice,
-    CompletionRequest,
-    CompletionResponse,
-    EmbeddingsRequest,
+from inferq.openai.errors import ApiError, from_inferq
+from inferq.openai.jsonenc import dumps
+from inferq.openai.requests import (
+    EMBED_TASK,
+    embedding_texts,
+    embeddings_fields,
+    generation_request,
 )
+from inferq.openai.responses import (
+    chat_response,
+    completion_response,
+    embeddings_body,
+    embeddings_tokens,
+    response_id,
+)
+from inferq.openai.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest
 from inferq.producer.common import raise_for_status
 from inferq.protocol.codec import Result, Status
 from inferq.protocol.generation import GENERATE_TASK
 
 #: endpoint -> (task, body model)
 ENDPOINTS: dict[str, tuple[str, type[pydantic.BaseModel]]] = {
-    "/v1/embeddings": ("embed", EmbeddingsRequest),
+    "/v1/embeddings": (EMBED_TASK, EmbeddingsRequest),
     "/v1/chat/completions": (GENERATE_TASK, ChatCompletionRequest),
     "/v1/completions": (GENERATE_TASK, CompletionRequest),
 }
@@ -73,27 +75,21 @@ def parse_line(raw: bytes, endpoint: str) -> LineRequest | LineRefused:
         return LineRefused(custom_id, ApiError(400, "invalid_request_error", "invalid_request",
                                                problems))
     if isinstance(body, EmbeddingsRequest):
-        texts = [body.input] if isinstance(body.input, str) else body.input
+        texts = embedding_texts(body)
         if len(texts) != 1:
             return LineRefused(custom_id, ApiError(
                 400, "invalid_request_error", "invalid_request",
                 f"input: a batch line embeds one text, got {len(texts)}", param="input"))
-        return LineRequest(custom_id, texts[0], {"model": body.model, "task": "embed"},
+        return LineRequest(custom_id, texts[0], embeddings_fields(body),
                            [custom_id, body.encoding_format == "base64",
-                            estimate_tokens(texts[0])])
+                            embeddings_tokens([len(texts[0].encode("utf-8"))])])
     assert isinstance(body, ChatCompletionRequest | CompletionRequest)
     if body.stream:
         return LineRefused(custom_id, ApiError(400, "invalid_request_error", "invalid_request",
                                                "stream: a batch line cannot stream",
                                                param="stream"))
-    request: dict[str, Any] = {"model": body.model, "task": GENERATE_TASK,
-                               "params": body.params()}
-    if isinstance(body, ChatCompletionRequest):
-        request["messages"] = [m.model_dump() for m in body.messages]
-        prompt = ""
-    else:
-        prompt = body.prompt
-    return LineRequest(custom_id, prompt, request, [custom_id, False, 0])
+    request = generation_request(body)
+    return LineRequest(custom_id, request.prompt, request.fields, [custom_id, False, 0])
 
 
 def _json(value: Any) -> bytes:
@@ -117,24 +113,16 @@ def error_line(request_id: str, custom_id: str, code: str, message: str) -> byte
 
 def ok_body(endpoint: str, model: str, result: Result, meta: list[Any],
             created: int) -> dict[str, Any]:
-    """The body the online endpoint would have answered (raises ``ApiError`` when the
-    output is not what the endpoint makes)."""
+    """The body the online endpoint would have answered, made by the same builders
+    (``inferq.openai.responses``; raises ``ApiError`` when the output is not what the
+    endpoint makes)."""
     if endpoint == "/v1/embeddings":
-        vector = as_vector(result.output, 0, model)
-        tokens = int(meta[2])
-        return {"object": "list", "model": model,
-                "data": [{"object": "embedding", "index": 0,
-                          "embedding": encode_base64(vector) if meta[1] else vector}],
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return embeddings_body(model, [result.output], int(meta[2]), bool(meta[1]))
     if endpoint == "/v1/chat/completions":
-        return ChatCompletionResponse(
-            id=f"chatcmpl-{result.id}", created=created, model=model, usage=usage_of(result),
-            choices=[ChatChoice(message=AssistantMessage(content=text_of(result, model)),
-                                finish_reason=finish_reason(result))]).model_dump()
-    return CompletionResponse(
-        id=f"cmpl-{result.id}", created=created, model=model, usage=usage_of(result),
-        choices=[CompletionChoice(text=text_of(result, model),
-                                  finish_reason=finish_reason(result))]).model_dump()
+        return chat_response(response_id(True, result.id), created, model,
+                             result).model_dump()
+    return completion_response(response_id(False, result.id), created, model,
+                               result).model_dump()
 
 
 @dataclass(frozen=True, slots=True)

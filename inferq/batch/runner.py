@@ -36,7 +36,7 @@ from inferq.batch.files import content_name
 from inferq.batch.keys import BatchKeys, inbox_name
 from inferq.batch.lines import LineRefused, error_line, outcome, parse_line, response_line
 from inferq.errors import InferqError
-from inferq.gateway.errors import INVALID, ApiError, from_inferq
+from inferq.openai.errors import INVALID, ApiError, from_inferq
 from inferq.producer import common
 from inferq.producer.aio import AsyncClient
 from inferq.protocol import ops as queue_ops

@@ -249,7 +249,8 @@ def check_source(spec: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from inferq.worker.core.config import WorkerConfig
-    from inferq.worker.models.registry import BUILTIN_PREFIX, PYTHON_PREFIX, parse_model_arg
+    from inferq.worker.models.custom import PYTHON_PREFIX
+    from inferq.worker.models.registry import BUILTIN_PREFIX, parse_model_arg
 
     spec = parse_model_arg(args.model)
     # A built-in model or your own class (python:...) is served in adaptive windows.

@@ -52,8 +52,8 @@ from inferq import autoscale, deadletters, plans, stats
 from inferq.autoscale import Signal, Tracker
 from inferq.deadletters import DeadLetterFilter
 from inferq.gateway.authn import Authenticator
-from inferq.gateway.errors import ApiError
 from inferq.lookup import find
+from inferq.openai.errors import ApiError
 from inferq.producer.aio import AsyncClient
 from inferq.protocol.keys import QueueKeys, queue_name, queues_registry, requested_registry
 from inferq.protocol.ops import as_str

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from fastapi import Depends, Request
 
@@ -14,12 +14,10 @@ from inferq.batch.batches import Batches
 from inferq.batch.config import BatchConfig
 from inferq.batch.files import Files
 from inferq.batch.keys import Index
+from inferq.batch.runner import BatchRunner
 from inferq.batch.store import FileStore
 from inferq.gateway.settings import GatewaySettings
 from inferq.producer.aio import AsyncClient
-
-if TYPE_CHECKING:
-    from inferq.batch.runner import BatchRunner
 
 
 def batch_config(settings: GatewaySettings) -> BatchConfig:
@@ -48,9 +46,6 @@ class BatchState:
         batches = Batches(client.redis, files, batch_config(settings), settings.namespace)
         state = cls(files=files, batches=batches)
         if settings.batch_runner:
-            # imported here: the runner imports the gateway's routes (response bodies)
-            from inferq.batch.runner import BatchRunner
-
             state.runner = BatchRunner(batches, client)
             state.task = asyncio.create_task(state.runner.run(), name="inferq-batch-runner")
         return state

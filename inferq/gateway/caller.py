@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from starlette.types import Scope
 
-from inferq.gateway.errors import ApiError
+from inferq.openai.errors import ApiError
 from inferq.tenancy.principal import Principal
 
 SCOPE_KEY = "inferq.principal"

@@ -21,12 +21,15 @@ Each HTTP request still succeeds or fails alone:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from inferq.errors import QueueFull
 from inferq.producer.aio import AsyncClient, AsyncHandle
+
+log = logging.getLogger("inferq.gateway")
 
 
 @dataclass
@@ -66,8 +69,6 @@ class Coalescer:
     def _abandoned(self, future: asyncio.Future[list[AsyncHandle]]) -> None:
         if future.cancelled() or future.exception() is not None:
             return
-        from inferq.gateway.state import cancel_quietly
-
         task = asyncio.get_running_loop().create_task(cancel_quietly(future.result()))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -138,3 +139,14 @@ def _resolve(entry: _Entry, handles: list[AsyncHandle]) -> None:
 def _fail(entry: _Entry, exc: BaseException) -> None:
     if not entry.future.done():
         entry.future.set_exception(exc)
+
+
+async def cancel_quietly(handles: Iterable[AsyncHandle]) -> None:
+    """Best effort: cancel requests nobody will read any more (finished ones are untouched)."""
+    handles = list(handles)
+    if not handles:
+        return
+    outcomes = await asyncio.gather(*(h.cancel() for h in handles), return_exceptions=True)
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    if failed:
+        log.warning("could not cancel %d abandoned request(s): %s", len(failed), failed[0])

@@ -23,11 +23,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferq.errors import InferqError
 from inferq.gateway.caller import principal_of
-from inferq.gateway.errors import ApiError, from_inferq, unavailable
+from inferq.gateway.errors import error_response
 from inferq.gateway.frontdoor import route_path
 from inferq.gateway.routes.openai_compat import embeddings_response
-from inferq.gateway.schemas import EmbeddingsRequest
 from inferq.gateway.state import GatewayState
+from inferq.openai.errors import ApiError, from_inferq, unavailable
+from inferq.openai.schemas import EmbeddingsRequest
 
 PATH = "/v1/embeddings"
 _SLOW_HEADERS = frozenset({b"x-priority", b"x-deadline-s", b"x-timeout-s", b"x-inferq-tenant"})
@@ -57,11 +58,12 @@ class EmbeddingsFastPath:
         try:
             response = await embeddings_response(state, request, principal_of(scope))
         except ApiError as exc:
-            response = exc.response()
+            response = error_response(exc)
         except InferqError as exc:
-            response = from_inferq(exc, retry_after_s=state.settings.retry_after_s).response()
+            response = error_response(
+                from_inferq(exc, retry_after_s=state.settings.retry_after_s))
         except RedisError as exc:
-            response = unavailable(exc).response()
+            response = error_response(unavailable(exc))
         await response(scope, receive, send)
 
     def _accept(self, scope: Scope, body: bytes) -> EmbeddingsRequest | None:

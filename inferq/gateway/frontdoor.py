@@ -35,7 +35,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferq.gateway.authn import Authenticator
 from inferq.gateway.caller import SCOPE_KEY
-from inferq.gateway.errors import INVALID, ApiError, unavailable
+from inferq.gateway.errors import error_response
+from inferq.openai.errors import INVALID, ApiError, unavailable
 from inferq.tenancy import sessions
 from inferq.tenancy.principal import Principal
 
@@ -106,10 +107,10 @@ class FrontDoor:
         try:
             principal = await self._admit(scope, headers, path, method)
         except ApiError as exc:
-            await exc.response()(scope, receive, send)
+            await error_response(exc)(scope, receive, send)
             return
         except RedisError as exc:
-            await unavailable(exc).response()(scope, receive, send)
+            await error_response(unavailable(exc))(scope, receive, send)
             return
         scope[SCOPE_KEY] = principal
         limit = self._limit(path, method)
@@ -217,9 +218,10 @@ def _bounded(receive: Receive, limit: int) -> Receive:
 
 
 def _too_large(limit: int) -> Any:
-    return ApiError(413, INVALID, "payload_too_large",
-                    f"the request body is larger than the limit of {limit} bytes "
-                    f"({limit / MB:g} MiB)", headers={"Connection": "close"}).response()
+    return error_response(ApiError(413, INVALID, "payload_too_large",
+                                   f"the request body is larger than the limit of {limit} "
+                                   f"bytes ({limit / MB:g} MiB)",
+                                   headers={"Connection": "close"}))
 
 
 def _with_security_headers(send: Send) -> Send:

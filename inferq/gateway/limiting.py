@@ -19,22 +19,20 @@ gateway does not read, a gateway that died) stops counting after ``ttl_s``.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 from weakref import WeakKeyDictionary
 
 import anyio
 
-from inferq.gateway.errors import ApiError
+from inferq.openai.errors import ApiError
+from inferq.protocol import cost
 from inferq.protocol.codec import Result, Status
 from inferq.protocol.keys import DEFAULT_NAMESPACE
 from inferq.tenancy.headers import rate_limit_headers
 from inferq.tenancy.limits import Limiter
 from inferq.tenancy.principal import Principal
 
-#: Bytes of text per token in the estimate (OpenAI's rule of thumb for English).
-BYTES_PER_TOKEN = 4
 #: What an admission reserves beyond the caller's own wait, before a lost request stops
 #: counting (a result is written at most this long after the wait ends).
 TTL_MARGIN_S = 60.0
@@ -52,9 +50,10 @@ def limiter_for(redis: Any, namespace: str = DEFAULT_NAMESPACE) -> Limiter:
 
 
 def estimate_tokens(text_bytes: int, max_tokens: int = 0, n: int = 1) -> int:
-    """What a call may cost before it runs: its input at ``BYTES_PER_TOKEN`` bytes a token
-    (at least one), plus the completion tokens it may generate (``max_tokens`` per choice)."""
-    return max(1, math.ceil(text_bytes / BYTES_PER_TOKEN)) + max(0, max_tokens) * max(1, n)
+    """What a call may cost before it runs: its input's tokens (``cost.estimate_tokens``, the
+    estimate fair shares use), plus the completion tokens it may generate (``max_tokens`` per
+    choice)."""
+    return cost.estimate_tokens(text_bytes) + max(0, max_tokens) * max(1, n)
 
 
 def ttl_for(timeout_s: float) -> float:

@@ -78,7 +78,7 @@ class GatewaySettings(BaseSettings):
     fast_path: bool = True
     ready_model: Name = "minilm"
     ready_task: Name = "embed"
-    #: Where a call's tenant (fair shares, ``inferq.fairness``) comes from: OpenAI's ``user``
+    #: Where a call's tenant (fair shares, ``inferq.protocol.fair``) comes from: OpenAI's ``user``
     #: field (``user``; the native route's ``tenant`` field), the ``X-Inferq-Tenant`` header
     #: (``header``), or nowhere (``none``: every call is in the default flow). The operator
     #: picks one so that callers cannot choose a source the operator does not trust.

@@ -4,8 +4,6 @@ inside the server's event loop)."""
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -13,13 +11,11 @@ from fastapi import Depends, Request
 
 from inferq.gateway.authn import Authenticator
 from inferq.gateway.coalesce import Coalescer
-from inferq.gateway.errors import ApiError, model_not_found
 from inferq.gateway.served import ServedQueues
 from inferq.gateway.settings import GatewaySettings
 from inferq.gateway.streams import StreamMux, StreamSlots
+from inferq.openai.errors import ApiError, model_not_found
 from inferq.producer.aio import AsyncClient, AsyncHandle
-
-log = logging.getLogger("inferq.gateway")
 
 
 @dataclass
@@ -87,14 +83,3 @@ async def get_state(request: Request) -> GatewayState:
 
 
 State = Annotated[GatewayState, Depends(get_state)]
-
-
-async def cancel_quietly(handles: Iterable[AsyncHandle]) -> None:
-    """Best effort: cancel requests nobody will read any more (finished ones are untouched)."""
-    handles = list(handles)
-    if not handles:
-        return
-    outcomes = await asyncio.gather(*(h.cancel() for h in handles), return_exceptions=True)
-    failed = [o for o in outcomes if isinstance(o, BaseException)]
-    if failed:
-        log.warning("could not cancel %d abandoned request(s): %s", len(failed), failed[0])

@@ -43,7 +43,7 @@ from redis.exceptions import RedisError
 from inferq import connection
 from inferq.connection import ConnectionSettings, wrap_connection_errors
 from inferq.errors import ResultTimeout
-from inferq.gateway.errors import ApiError
+from inferq.openai.errors import ApiError
 from inferq.producer.common import ClientOptions, block_timeout, parse_result
 from inferq.producer.streaming import BLOCK_MS, READ_COUNT, StreamEntry, StreamReader
 from inferq.protocol.codec import Result

@@ -26,7 +26,7 @@ from fastapi.responses import PlainTextResponse
 from inferq import plans
 from inferq.errors import ValidationError
 from inferq.gateway.admin import Ops, OpsState
-from inferq.gateway.errors import ApiError
+from inferq.openai.errors import ApiError
 from inferq.protocol.keys import TenancyKeys
 from inferq.tenancy.apikeys import list_plan
 from inferq.usage import UsageReport, bounded, parse_since, prometheus_text, report

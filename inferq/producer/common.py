@@ -22,7 +22,6 @@ from inferq.errors import (
     ResultTimeout,
     ValidationError,
 )
-from inferq.fairness.cost import estimate
 from inferq.protocol import ops, scores
 from inferq.protocol.codec import (
     DEFAULT_LIMITS,
@@ -36,6 +35,7 @@ from inferq.protocol.codec import (
     encode_request,
     pack,
 )
+from inferq.protocol.cost import estimate
 from inferq.protocol.fields import HashState
 from inferq.protocol.generation import check_task_params
 from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys, shard_of

@@ -28,7 +28,7 @@ from pydantic import (
 from pydantic import ValidationError as PydanticValidationError
 
 from inferq.errors import PayloadTooLarge, ValidationError
-from inferq.fairness.cost import ESTIMATED_TASKS, MAX_COST, estimate
+from inferq.protocol.cost import ESTIMATED_TASKS, MAX_COST, estimate
 from inferq.protocol.generation import MAX_MESSAGES, ChatMessage, FinishReason
 from inferq.protocol.keys import NAME_RE
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
@@ -84,7 +84,7 @@ class RequestPayload(BaseModel):
     #: prompt is then empty. Absent (None) from payloads that do not use it.
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = (
         None)
-    #: Who sent it (``inferq.fairness``): fair shares within a priority are per tenant.
+    #: Who sent it (``inferq.protocol.fair``): fair shares within a priority are per tenant.
     #: Absent (None) from payloads without one.
     tenant: Annotated[str, Field(pattern=NAME_RE.pattern)] | None = None
     #: The producer's cost of a request of a custom task (fair-share accounting; the built-in
@@ -115,7 +115,7 @@ class RequestPayload(BaseModel):
 
     @property
     def fair_cost(self) -> int:
-        """The cost charged to the tenant at enqueue (``inferq.fairness.cost``)."""
+        """The cost charged to the tenant at enqueue (``inferq.protocol.cost``)."""
         return estimate(self.task, self.text_bytes, self.params, self.cost)
 
     @property

@@ -38,7 +38,7 @@ class Field(StrEnum):
     OWNER = "o"
     #: The time of the current claim (ms, Redis clock).
     CLAIMED = "cl"
-    #: The tenant that sent it (``inferq.fairness``); absent without one.
+    #: The tenant that sent it (``inferq.protocol.fair``); absent without one.
     TENANT = "tn"
 
 

@@ -69,6 +69,18 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
+def check_tenant(tenant: object) -> str:
+    """A tenant name, validated like a queue's names (letters, digits, ``._-``): the one check
+    of a tenant's name (fair shares, keys, settings)."""
+    if not isinstance(tenant, str):
+        raise ValidationError(f"tenant must be a str, got {type(tenant).__name__}",
+                              field="tenant")
+    try:
+        return check_name("tenant", tenant)
+    except ValidationError as exc:
+        raise ValidationError(exc.message, field="tenant") from exc
+
+
 def queue_name(task: str, model: str) -> str:
     return f"{check_name('task', task)}:{check_name('model', model)}"
 
@@ -135,7 +147,7 @@ class QueueKeys:
 
     @property
     def fair(self) -> str:
-        """Hash of the shard's fair-share clocks (``inferq.fairness``): per band its epoch and
+        """Hash of the shard's fair-share clocks (``inferq.protocol.fair``): per band its epoch and
         latest virtual finish time, per band and tenant the tenant's last finish time."""
         return self.prefix + "fair"
 

@@ -67,7 +67,7 @@ class EnqueueItem:
     reply_to: str | None = None
     #: Refuse (shed) when the pending depth is already at this limit; 0 = unbounded.
     depth_limit: int = 0
-    #: Fair shares within the band (``inferq.fairness``): the tenant ("" = none), its weight
+    #: Fair shares within the band (``inferq.protocol.fair``): the tenant ("" = none), its weight
     #: and the request's cost.
     tenant: str = ""
     weight: int = 1

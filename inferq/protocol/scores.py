@@ -3,7 +3,7 @@
 ``score = (PRIORITY_MAX - priority) * 2**SEQ_BITS + tag``. Lower scores are served first, so a
 higher priority always wins. Within a priority (a *band*) the enqueue script computes
 ``tag = vt * 2**TIE_BITS + seq % 2**TIE_BITS``: ``vt`` is the request's virtual finish time
-(``inferq.fairness``: its tenant's clock advanced by cost / weight), ``seq`` a counter that
+(``inferq.protocol.fair``: its tenant's clock advanced by cost / weight), ``seq`` a counter that
 Redis increments inside the enqueue script, so equal finish times are served in arrival order
 (exact for requests enqueued within ``2**TIE_BITS`` of each other on the shard). Without
 tenants every request of a band is one flow whose finish times strictly grow, so the order is
@@ -23,7 +23,7 @@ SEQ_LIMIT: int = 1 << SEQ_BITS
 #: Low bits of a tag: the arrival-order tie-break between equal virtual finish times.
 TIE_BITS = 14
 TIE_LIMIT: int = 1 << TIE_BITS
-#: Virtual finish times are clamped below this (see ``inferq.fairness``).
+#: Virtual finish times are clamped below this (see ``inferq.protocol.fair``).
 VT_LIMIT: int = 1 << (SEQ_BITS - TIE_BITS)
 
 

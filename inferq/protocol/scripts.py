@@ -36,8 +36,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-from inferq.fairness import cost
-from inferq.protocol import fields, keys, scores
+from inferq.protocol import cost, fields, keys, scores
 from inferq.protocol.codec import WIRE_VERSION
 from inferq.protocol.keys import TENANT_COUNT, USAGE, USAGE_RETENTION_MS
 
@@ -64,7 +63,7 @@ def constants() -> str:
 
 
 def fair_constants() -> str:
-    """The score layout and fair-share limits (``scores``, ``inferq.fairness``) as Lua."""
+    """The score layout and fair-share limits (``scores``, ``inferq.protocol.fair``) as Lua."""
     values = {"BAND_WIDTH": scores.SEQ_LIMIT, "TIE_LIMIT": scores.TIE_LIMIT,
               "VT_LIMIT": scores.VT_LIMIT, "FAIR_RESET_AT": cost.RESET_AT,
               "FAIR_MAX_WEIGHT": cost.MAX_WEIGHT, "FAIR_MAX_COST": cost.MAX_COST}

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from inferq.errors import ValidationError
-from inferq.fairness.cost import DEFAULT_WEIGHT, MAX_WEIGHT, check_tenant, check_weight
+from inferq.protocol.cost import DEFAULT_WEIGHT, MAX_WEIGHT, check_weight
+from inferq.protocol.keys import check_tenant
 
 MAX_SHARDS = 1024
 
@@ -27,7 +28,7 @@ class QueueSettings:
     target_wait_ms: int | None = None
     #: The autoscaling signal drops to 0 after this long idle (s); None: its default.
     scale_to_zero_after_s: float | None = None
-    #: Fair-share weight per named tenant (``inferq.fairness``), sorted by name.
+    #: Fair-share weight per named tenant (``inferq.protocol.fair``), sorted by name.
     tenant_weights: tuple[tuple[str, int], ...] = ()
     #: The weight of every tenant not named in ``tenant_weights`` (and of requests without
     #: a tenant).

@@ -23,7 +23,7 @@ from typing import Any
 from inferq import plans
 from inferq.errors import ValidationError
 from inferq.plans import Direct, Plan, call
-from inferq.protocol.keys import DEFAULT_NAMESPACE, TenancyKeys, check_name
+from inferq.protocol.keys import DEFAULT_NAMESPACE, TenancyKeys, check_tenant
 from inferq.protocol.ops import as_str
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
 from inferq.tenancy.principal import SCOPES, Principal, Scope
@@ -73,7 +73,7 @@ class ApiKey:
     hint: str = ""
 
     def __post_init__(self) -> None:
-        check_name("tenant", self.tenant)
+        check_tenant(self.tenant)
         if not self.scopes or any(s not in SCOPES for s in self.scopes):
             raise ValidationError(f"scopes must be a non-empty subset of {list(SCOPES)}, "
                                   f"got {list(self.scopes)}", field="scope")

@@ -288,6 +288,56 @@ def test_a_chat_batch_and_metadata_priority(batch_api: TestClient, r: redis.Redi
     assert error["custom_id"] == "streams" and error["response"]["status_code"] == 400
 
 
+def worker_logprobs(text: str) -> list[dict[str, Any]]:
+    """The generate worker's ``logprobs`` output (``Engine.logprob_output``): per token its
+    text, id and log-probability, and the top alternatives."""
+    return [{"token": token, "id": i, "logprob": -0.25 * (i + 1),
+             "top": [{"token": token, "id": i, "logprob": -0.25 * (i + 1)},
+                     {"token": "?", "id": 99, "logprob": -3.0}]}
+            for i, token in enumerate(text.split())]
+
+
+def test_batch_lines_that_ask_for_logprobs_get_them(batch_api: TestClient,
+                                                    r: redis.Redis) -> None:
+    """The same body as online: chat's ``logprobs.content`` and the completion's
+    ``tokens``/``token_logprobs``/``top_logprobs``/``text_offset``; none when not asked."""
+    def output(text: str, _: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {"text": f"echo {text}"}
+        if "logprobs" in text:
+            out["logprobs"] = worker_logprobs(f"echo {text}")
+        return out
+
+    chat = jsonl([chat_line("with", "logprobs", logprobs=True, top_logprobs=2),
+                  chat_line("without", "plain")])
+    chat_batch = create(batch_api, upload(batch_api, chat)["id"],
+                        endpoint="/v1/chat/completions").json()
+    completion = jsonl([{"custom_id": "with", "method": "POST", "url": "/v1/completions",
+                         "body": {"model": "echo", "prompt": "logprobs", "logprobs": 2}}])
+    completion_batch = create(batch_api, upload(batch_api, completion)["id"],
+                              endpoint="/v1/completions").json()
+    wait_until(lambda: r.zcard(GENERATE.pending) == 3, what="3 generate lines queued")
+    answer(r, GENERATE, output=output)
+
+    done = wait_status(getter(batch_api, chat_batch["id"]), "completed")
+    out = {line["custom_id"]: line["response"]["body"]
+           for line in content(batch_api, done["output_file_id"])}
+    assert out["without"]["choices"][0]["logprobs"] is None
+    assert out["with"]["choices"][0]["logprobs"] == {"refusal": None, "content": [
+        {"token": "echo", "logprob": -0.25, "bytes": list(b"echo"),
+         "top_logprobs": [{"token": "echo", "logprob": -0.25, "bytes": list(b"echo")},
+                          {"token": "?", "logprob": -3.0, "bytes": list(b"?")}]},
+        {"token": "logprobs", "logprob": -0.5, "bytes": list(b"logprobs"),
+         "top_logprobs": [{"token": "logprobs", "logprob": -0.5, "bytes": list(b"logprobs")},
+                          {"token": "?", "logprob": -3.0, "bytes": list(b"?")}]}]}
+
+    done = wait_status(getter(batch_api, completion_batch["id"]), "completed")
+    (line,) = content(batch_api, done["output_file_id"])
+    assert line["response"]["body"]["choices"][0]["logprobs"] == {
+        "tokens": ["echo", "logprobs"], "token_logprobs": [-0.25, -0.5],
+        "top_logprobs": [{"echo": -0.25, "?": -3.0}, {"logprobs": -0.5, "?": -3.0}],
+        "text_offset": [0, 4]}
+
+
 def test_cancel_withdraws_waiting_lines_and_keeps_finished_ones(
         batch_api: TestClient, r: redis.Redis) -> None:
     file_id = upload(batch_api, jsonl([embed_line(f"l{i}", f"t{i}") for i in range(6)]))["id"]

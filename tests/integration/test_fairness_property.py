@@ -1,5 +1,5 @@
 """Property: the pending order a real server builds from random tenants, weights, priorities
-and costs (the ``enqueue`` script) is the reference model's (``inferq.fairness.model``), and
+and costs (the ``enqueue`` script) is the reference model's (``inferq.protocol.fair``), and
 so is the order the ``claim`` script takes requests in.
 
 Each example is a program of steps against one empty queue: enqueue calls (1-6 requests each,
@@ -18,10 +18,10 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferq.fairness import MAX_COST
-from inferq.fairness.model import Arrival, FairShard
 from inferq.protocol import ops, scores
 from inferq.protocol.codec import build_request, encode_request
+from inferq.protocol.cost import MAX_COST
+from inferq.protocol.fair import Arrival, FairShard
 from inferq.protocol.keys import QueueKeys
 from tests.support.property import InputCounter, examples
 

@@ -12,7 +12,6 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI, Response
 
 from inferq.gateway import errors
-from inferq.gateway.errors import ApiError
 from inferq.gateway.limiting import (
     actual_tokens,
     admit_call,
@@ -21,6 +20,7 @@ from inferq.gateway.limiting import (
     settle_results,
     ttl_for,
 )
+from inferq.openai.errors import ApiError
 from inferq.protocol.codec import Result, Status, Usage
 from inferq.tenancy import Principal
 

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import inferq
-from inferq.gateway import openai_fields
+from inferq.openai import fields as openai_fields
 from tests.support.gateway import CHAT
 from tests.support.generation import MODEL
 
@@ -85,7 +85,7 @@ def test_a_field_nobody_defines_is_still_a_422(served: TestClient, path: str) ->
 
 
 def test_the_tables_and_the_body_models_do_not_overlap() -> None:
-    from inferq.gateway.schemas import (
+    from inferq.openai.schemas import (
         ChatCompletionRequest,
         CompletionRequest,
         EmbeddingsRequest,
@@ -191,7 +191,7 @@ def test_readmes_table_is_the_gateways() -> None:
 
 
 def test_vllms_sampling_fields_map_onto_the_generate_params() -> None:
-    from inferq.gateway.schemas import ChatCompletionRequest, CompletionRequest
+    from inferq.openai.schemas import ChatCompletionRequest, CompletionRequest
 
     text = CompletionRequest(model=MODEL, prompt="x", top_k=-1, min_p=0.1,
                              repetition_penalty=1.1, min_tokens=2, stop_token_ids=[5],

@@ -17,8 +17,8 @@ from pydantic import SecretStr
 
 import inferq
 from inferq.gateway import GatewaySettings
-from inferq.gateway.errors import ApiError
 from inferq.gateway.streams import StreamSlots
+from inferq.openai.errors import ApiError
 from inferq.producer.common import ClientOptions
 from inferq.protocol.fields import StreamField
 from inferq.protocol.keys import QueueKeys

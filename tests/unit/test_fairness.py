@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from inferq.errors import ValidationError
-from inferq.fairness import MAX_COST, estimate
-from inferq.fairness.model import Arrival, FairShard
 from inferq.protocol import ops, scores
 from inferq.protocol.codec import RequestPayload
+from inferq.protocol.cost import MAX_COST, estimate
+from inferq.protocol.fair import Arrival, FairShard
 from inferq.protocol.settings import settings_from_hash, tenants_call
 from inferq.worker.core.metrics import WorkerMetrics
 from inferq.worker.core.results import Claim

@@ -15,10 +15,11 @@ from pydantic import ValidationError as PydanticValidationError
 from inferq.embedded import free_port
 from inferq.errors import ConfigError, QueueFull, RequestFailed
 from inferq.gateway import create_app
-from inferq.gateway.errors import from_inferq, param_of
-from inferq.gateway.routes.openai_compat import encode_base64, estimate_tokens
 from inferq.gateway.settings import GatewaySettings
+from inferq.openai.errors import from_inferq, param_of
+from inferq.openai.responses import embeddings_tokens, encode_base64
 from inferq.protocol.codec import ErrorInfo, Result, Status
+from inferq.protocol.cost import estimate_tokens
 
 BODY = {"prompt": "hi", "model": "echo"}
 
@@ -81,10 +82,13 @@ def test_base64_is_little_endian_float32_like_openai() -> None:
     assert decoded.tolist() == pytest.approx(vector, rel=1e-7)
 
 
-def test_token_estimate_is_about_four_characters_per_token() -> None:
-    assert estimate_tokens("") == 1
-    assert estimate_tokens("abcd") == 1
-    assert estimate_tokens("abcde") == 2
+def test_token_estimate_is_about_four_bytes_per_token() -> None:
+    assert embeddings_tokens([0]) == 1
+    assert embeddings_tokens([len(b"abcd")]) == 1
+    assert embeddings_tokens([len(b"abcde")]) == 2
+    # one estimate: usage counts what fair shares and limits count (UTF-8 bytes)
+    assert embeddings_tokens([len("éé".encode())]) == estimate_tokens(4) == 1
+    assert embeddings_tokens([4, 5]) == estimate_tokens(4) + estimate_tokens(5) == 3
 
 
 def test_readyz_is_503_when_redis_is_unreachable() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from inferq.gateway import jsonenc
+from inferq.openai import jsonenc
 
 
 def test_floats_round_trip_exactly_and_the_fast_encoder_serves() -> None:

@@ -152,7 +152,7 @@ STREAM_CODES = {f.value for f in fields.StreamField}
 #: Literals that equal a field's name but are not one: (module, literal).
 NOT_FIELDS = {
     # the resumable SSE stream's tail event ids (<entry>:f, :u, :d: finish, usage, [DONE])
-    ("gateway/routes/completions.py", "d"),
+    ("gateway/sse.py", "d"),
 }
 
 

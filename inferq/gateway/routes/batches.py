@@ -18,8 +18,8 @@ from inferq.batch.batches import BatchRefused
 from inferq.batch.envelope import FileInvalid
 from inferq.gateway.batch_state import BatchDep
 from inferq.gateway.caller import Caller
-from inferq.gateway.errors import INVALID, ApiError
 from inferq.gateway.schemas import ERROR_RESPONSES
+from inferq.openai.errors import INVALID, ApiError
 
 router = APIRouter(tags=["batches"])
 

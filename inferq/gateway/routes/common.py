@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import Header
 
 from inferq.errors import RequestError
-from inferq.gateway.state import cancel_quietly
+from inferq.gateway.coalesce import cancel_quietly
 from inferq.producer.aio import AsyncHandle
 from inferq.protocol.codec import PUBLIC_ID_RE, Result
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN

@@ -12,8 +12,8 @@ from fastapi.responses import StreamingResponse
 from inferq.batch.files import PURPOSES, content_name
 from inferq.gateway.batch_state import BatchDep
 from inferq.gateway.caller import Caller
-from inferq.gateway.errors import INVALID, ApiError
 from inferq.gateway.schemas import ERROR_RESPONSES
+from inferq.openai.errors import INVALID, ApiError
 
 router = APIRouter(tags=["files"])
 

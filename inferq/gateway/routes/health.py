@@ -11,8 +11,9 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
-from inferq.gateway.schemas import Health, ModelName, Readiness, TaskName
+from inferq.gateway.schemas import Health, Readiness
 from inferq.gateway.state import State
+from inferq.openai.schemas import ModelName, TaskName
 from inferq.protocol.keys import QueueKeys
 
 router = APIRouter(tags=["health"])

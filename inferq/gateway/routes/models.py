@@ -8,9 +8,10 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from inferq.gateway.errors import model_not_found
-from inferq.gateway.schemas import ERROR_RESPONSES, ModelName
+from inferq.gateway.schemas import ERROR_RESPONSES
 from inferq.gateway.state import State
+from inferq.openai.errors import model_not_found
+from inferq.openai.schemas import ModelName
 
 router = APIRouter(tags=["openai"])
 

@@ -14,27 +14,21 @@ from fastapi import APIRouter, Path, Query, Response
 
 from inferq.errors import ResultTimeout
 from inferq.gateway.caller import Caller, check_priority, new_request_id, tenant_of
-from inferq.gateway.errors import ApiError, from_inferq
 from inferq.gateway.limiting import Reservation, reserve, settle_from
 from inferq.gateway.routes.common import DeadlineHeader, PriorityHeader, TenantHeader
-from inferq.gateway.schemas import (
-    ERROR_RESPONSES,
-    CreateRequest,
-    ModelName,
-    RequestView,
-    ResultView,
-    TaskName,
-)
+from inferq.gateway.schemas import ERROR_RESPONSES, CreateRequest, RequestView, ResultView
 from inferq.gateway.state import GatewayState, State
+from inferq.openai.errors import ApiError, from_inferq
+from inferq.openai.schemas import ModelName, TaskName
 from inferq.producer.aio import AsyncHandle
 from inferq.producer.common import RequestState
 from inferq.protocol.codec import PUBLIC_ID_RE, Result
-from inferq.protocol.generation import GENERATE_TASK, GenerationParams
+from inferq.protocol.cost import DEFAULT_MAX_NEW_TOKENS
+from inferq.protocol.generation import GENERATE_TASK
 from inferq.tenancy.principal import Principal
 
 router = APIRouter(tags=["requests"])
 
-DEFAULT_MAX_NEW_TOKENS: int = GenerationParams.model_fields["max_new_tokens"].default
 RequestIdPath = Annotated[str, Path(pattern=PUBLIC_ID_RE.pattern)]
 ModelQuery = Annotated[ModelName, Query(description="the queue's model")]
 TaskQuery = Annotated[TaskName, Query(description="the queue's task")]

@@ -142,7 +142,7 @@ class WorkerMetrics:
         self.ttft = Histogram("inferq_time_to_first_token_seconds",
                               "generate: from enqueue to the first text in the stream",
                               ["queue", "priority"], buckets=LATENCY_BUCKETS, registry=r)
-        # Fair shares (``inferq.fairness``): the tenant label is bounded, see ``tenant_label``.
+        # Fair shares (``inferq.protocol.fair``): the tenant label is bounded, see ``tenant_label``.
         tenant = ["queue", "tenant"]
         self.tenant_depth = Gauge(
             "inferq_tenant_depth", "Unfinished requests (waiting, running or retrying) per "

@@ -34,7 +34,9 @@ from urllib.parse import parse_qsl
 from inferq.errors import ConfigError, InferqError, InvalidInput, ModelLoadError
 from inferq.protocol.codec import RequestPayload
 from inferq.worker.models.base import BatchModel, ModelInput
-from inferq.worker.models.registry import PYTHON_PREFIX
+
+#: ``python:package.module:Class``: a user's ``inferq.models.Model`` subclass.
+PYTHON_PREFIX = "python:"
 
 
 class Model(BatchModel):

@@ -20,13 +20,12 @@ from inferq.errors import ConfigError, ModelLoadError, UnknownModel
 from inferq.protocol.generation import GENERATE_TASK, LM_TASKS
 from inferq.worker.models.base import BatchModel
 from inferq.worker.models.builtin import EchoModel, SleepModel
+from inferq.worker.models.custom import PYTHON_PREFIX, load_python_model
 
 if TYPE_CHECKING:
     from inferq.worker.models.lm import CausalLM
 
 BUILTIN_PREFIX = "builtin:"
-#: ``python:package.module:Class``: a user's ``inferq.models.Model`` subclass.
-PYTHON_PREFIX = "python:"
 SMOLLM2_ALIAS = "smollm2"
 
 
@@ -137,8 +136,6 @@ def load_model(spec: ModelSpec, task: str, *, device: str = "auto",
 
 def _load(spec: ModelSpec, task: str, device: str, dtype: str) -> BatchModel:
     if spec.source.startswith(PYTHON_PREFIX):
-        from inferq.worker.models.custom import load_python_model
-
         return load_python_model(spec.name, spec.source, device)
     if spec.source.startswith(BUILTIN_PREFIX):
         kind, _, query = spec.source[len(BUILTIN_PREFIX):].partition("?")

@@ -1,7 +1,7 @@
 -- @include checks
 -- @include clock
--- Fair shares inside a priority band (inferq/fairness; the reference model is
--- inferq/fairness/model.py, which must agree with this file step for step).
+-- Fair shares inside a priority band (inferq/protocol/cost.py; the reference model is
+-- inferq/protocol/fair.py, which must agree with this file step for step).
 -- The fair hash of the shard holds, per band level L (0..200, from the priority): 'e:L' its
 -- epoch and 'm:L' the latest virtual finish time of the epoch; per band and tenant
 -- 'f:L:<tenant>' = '<epoch> <finish>' (the tenant's last finish time). Finish times are

@@ -1,7 +1,18 @@
-"""The reference model of the pending order of one queue shard: pure code (no Redis, no
-clock), step for step what ``lua/enqueue.lua`` (with ``lua/includes/fair.lua``) computes and
-what ``claim`` takes. The property test (``tests/integration/test_fairness_property.py``)
-holds the real scripts to it.
+"""Fair shares inside a priority band: tenants, weights and token cost, and the reference
+model of the pending order of one queue shard.
+
+Every request may name a ``tenant``. Within one priority the enqueue script
+(``lua/enqueue.lua``) gives each request a virtual finish time: its tenant's clock, started at
+the later of the tenant's last finish and the band's virtual time (the head of the band), and
+advanced by ``cost / weight``. The pending score orders by that finish time (``scores``), so
+every worker and shard reads one fair order from Redis. ``cost`` estimates a request's tokens
+(``cost.estimate``); this module is the pure reference of the ordering the tests hold Redis
+to. Requests without a tenant are one flow (``DEFAULT_TENANT``), so without tenants the order
+is exactly priority, then FIFO.
+
+The reference model is pure code (no Redis, no clock), step for step what
+``lua/enqueue.lua`` (with ``lua/includes/fair.lua``) computes and what ``claim`` takes. The
+property test (``tests/integration/test_fairness_property.py``) holds the real scripts to it.
 
 Within a priority band each request gets a virtual finish time (start-time fair queuing on
 cost, SCFQ's self-clocked virtual time)::
@@ -24,8 +35,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from inferq.fairness.cost import RESET_AT
 from inferq.protocol import scores
+from inferq.protocol.cost import RESET_AT
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,13 @@
-"""A request's cost (its token estimate, counted at enqueue) and the names and weights of
-tenants.
+"""A request's cost (its token estimate, counted at enqueue) and the weights of tenants
+(fair shares: ``fair``).
 
 Estimated without a tokenizer, so the producer needs none: a token is taken as 4 bytes of
 UTF-8 text (``BYTES_PER_TOKEN``; close for English with BPE tokenizers, generous for code and
-CJK, whose tokens cover fewer bytes). ``embed``/``score``: the prompt's tokens; ``generate``:
-prompt + ``max_new_tokens`` (what the request may make the device do); any other (custom) task:
-1, or the ``cost`` the producer gives.
+CJK, whose tokens cover fewer bytes); ``estimate_tokens`` is that estimate, the one fair
+shares, the gateway's limits and the gateway's estimated ``usage`` all count with.
+``embed``/``score``: the prompt's tokens; ``generate``: prompt + ``max_new_tokens`` (what the
+request may make the device do); any other (custom) task: 1, or the ``cost`` the producer
+gives.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from typing import Any
 
 from inferq.errors import ValidationError
 from inferq.protocol.generation import GenerationParams
-from inferq.protocol.keys import check_name
 
 #: The flow of requests that name no tenant.
 DEFAULT_TENANT = ""
@@ -35,17 +36,6 @@ TEXT_TASKS = frozenset({"embed", "score"})
 ESTIMATED_TASKS = TEXT_TASKS | {"generate"}
 
 
-def check_tenant(tenant: object) -> str:
-    """A tenant name, validated like a queue's names (letters, digits, ``._-``)."""
-    if not isinstance(tenant, str):
-        raise ValidationError(f"tenant must be a str, got {type(tenant).__name__}",
-                              field="tenant")
-    try:
-        return check_name("tenant", tenant)
-    except ValidationError as exc:
-        raise ValidationError(exc.message, field="tenant") from exc
-
-
 def check_weight(weight: object, what: str = "weight") -> int:
     if isinstance(weight, bool) or not isinstance(weight, int) or not (
             1 <= weight <= MAX_WEIGHT):
@@ -53,9 +43,14 @@ def check_weight(weight: object, what: str = "weight") -> int:
     return weight
 
 
+def estimate_tokens(text_bytes: int) -> int:
+    """The tokens of ``text_bytes`` bytes of UTF-8 text, at least one."""
+    return max(1, math.ceil(text_bytes / BYTES_PER_TOKEN))
+
+
 def estimate(task: str, text_bytes: int, params: Mapping[str, Any], cost: int | None) -> int:
     """The cost charged to the request's tenant (see the module docstring)."""
-    tokens = max(1, math.ceil(text_bytes / BYTES_PER_TOKEN))
+    tokens = estimate_tokens(text_bytes)
     if task in TEXT_TASKS:
         value = tokens
     elif task == "generate":
