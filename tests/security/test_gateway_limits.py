@@ -119,3 +119,31 @@ def test_a_requests_only_key_settles_nothing(keyed_api: TestClient, r: redis.Red
             assert keyed_api.get(f"/v1/requests/s{i}?model=echo",
                                  headers=key).json()["status"] == "ok"
         assert r.hlen(names.queued_bytes(tenant)) == (3 if tenant == "rpm-only" else 0)
+
+
+def test_concurrent_calls_on_two_gateways_share_one_exact_limit(
+        redis_url: str, r: redis.Redis) -> None:
+    """40 calls at once, split over two real gateway servers: exactly the key's limits are
+    admitted, whatever the interleaving (each admission is one atomic script in Redis)."""
+    import asyncio
+
+    import httpx
+    from pydantic import SecretStr
+
+    from inferq.gateway import GatewaySettings
+    from tests.support.gateway import serve
+
+    flight = Tenants.bearer(KeyStore(r).create("burst", max_in_flight=5))
+    rate = Tenants.bearer(KeyStore(r).create("rate", requests_per_minute=7))
+    settings = GatewaySettings(redis_url=SecretStr(redis_url), require_served_model=False)
+
+    async def burst(urls: list[str], key: dict[str, str]) -> list[int]:
+        async with httpx.AsyncClient(timeout=30) as http:
+            calls = [http.post(f"{urls[i % 2]}/requests", json={**BODY, "id": f"c{i}"},
+                               headers=key) for i in range(40)]
+            return [answer.status_code for answer in await asyncio.gather(*calls)]
+
+    with serve(settings) as one, serve(settings) as two:
+        for key, admitted in ((flight, 5), (rate, 7)):
+            statuses = asyncio.run(burst([one, two], key))
+            assert statuses.count(202) == admitted and statuses.count(429) == 40 - admitted
