@@ -126,10 +126,11 @@ class Reservation:
         return self.principal.tenant is not None and self.principal.limited
 
     async def settle(self, results: Sequence[Result]) -> None:
-        """Settle reservation i on result i's actual tokens (no call for a key whose
-        reservations hold nothing to give back: ``Principal.settles``)."""
+        """Settle reservation i on result i's actual tokens, on the tenant's next admission
+        (``Limiter.settle_soon``: no round trip of its own under load); nothing for a key
+        whose reservations hold nothing to give back (``Principal.settles``)."""
         if self.active and self.principal.settles:
-            await limiter_for(self.redis, self.namespace).settle(
+            limiter_for(self.redis, self.namespace).settle_soon(
                 self.principal, [(i, actual_tokens(r)) for i, r in zip(self.ids, results,
                                                                         strict=True)])
 

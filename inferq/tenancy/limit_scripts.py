@@ -8,7 +8,9 @@ reservations are then left for the next admission, which ignores them in its cou
 * KEYS[1] bucket (``rq``, ``tk``: bucket levels; ``ts``: their last refill, ms; ``qb``: bytes
   held), KEYS[2] in-flight (id -> expiry ms), KEYS[3] reservations (id -> ``"<tokens> <bytes>"``)
 * ARGV[1] requests per minute, ARGV[2] tokens per minute, ARGV[3] max in flight, ARGV[4] max
-  queued bytes (0: no such limit), ARGV[5] ttl ms, ARGV[6..] rows of 3: id, tokens, bytes
+  queued bytes (0: no such limit), ARGV[5] ttl ms, ARGV[6] m, ARGV[7..6+2m] rows of 2: id,
+  actual tokens (settlements carried by this admission, applied first, as SETTLE would, and
+  kept even when the admission is refused), then rows of 3: id, tokens, bytes
 * returns {admitted 0/1, refused limit or '', retry ms, requests left, requests reset ms,
   tokens left, tokens reset ms, in flight, queued bytes}
 
@@ -50,6 +52,31 @@ local rq, tk, qb = level(st[1], rpm), level(st[2], tpm), tonumber(st[4]) or 0
 
 ADMIT = _COMMON + f"""
 local max_flight, max_bytes, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local m = tonumber(ARGV[6])
+local first = 7 + 2 * m
+local settled = 0
+if m > 0 then
+  local sids = {{}}
+  for i = 7, first - 1, 2 do sids[#sids + 1] = ARGV[i] end
+  local sheld = redis.call('HMGET', reserved, unpack(sids))
+  local back, freed, done = 0, 0, {{}}
+  for k, id in ipairs(sids) do
+    if sheld[k] then
+      local tok, size = string.match(sheld[k], '^(%-?%d+) (%-?%d+)$')
+      local actual = tonumber(ARGV[6 + 2 * k])
+      if actual and tok then back = back + tonumber(tok) - actual end
+      freed = freed + (tonumber(size) or 0)
+      done[#done + 1] = id
+    end
+  end
+  if #done > 0 then
+    redis.call('HDEL', reserved, unpack(done))
+    redis.call('ZREM', flight, unpack(done))
+    settled = #done
+    if tpm > 0 then tk = math.max(-tpm, math.min(tpm, tk + back)) end
+    qb = math.max(0, qb - freed)
+  end
+end
 local expired = redis.call('ZRANGEBYSCORE', flight, '-inf', now, 'LIMIT', 0, {PURGE})
 local stale = {{}}
 if #expired > 0 then
@@ -61,14 +88,16 @@ if #expired > 0 then
 end
 if qb < 0 then qb = 0 end
 local asked = {{}}
-for i = 6, #ARGV, 3 do asked[#asked + 1] = ARGV[i] end
+for i = first, #ARGV, 3 do asked[#asked + 1] = ARGV[i] end
 local ids, toks, sizes, n, need_t, need_b = {{}}, {{}}, {{}}, 0, 0, 0
 if #asked > 0 then
   local held = redis.call('HMGET', reserved, unpack(asked))
   for k, id in ipairs(asked) do
     if not held[k] or stale[id] then
       n = n + 1
-      ids[n], toks[n], sizes[n] = id, tonumber(ARGV[4 + 3 * k]), tonumber(ARGV[5 + 3 * k])
+      ids[n] = id
+      toks[n] = tonumber(ARGV[first + 3 * k - 2])
+      sizes[n] = tonumber(ARGV[first + 3 * k - 1])
       need_t, need_b = need_t + toks[n], need_b + sizes[n]
     end
   end
@@ -115,6 +144,12 @@ if limit == '' and n > 0 then
   end
   redis.call('HSET', bucket, unpack(fields))
   for _, key in ipairs({{bucket, flight, reserved}}) do redis.call('PEXPIRE', key, ttl + 60000) end
+end
+if (limit ~= '' or n == 0) and settled > 0 and st[3] then
+  local fields = {{'ts', now, 'qb', qb}}
+  if rpm > 0 then fields[#fields + 1] = 'rq'; fields[#fields + 1] = fmt(rq) end
+  if tpm > 0 then fields[#fields + 1] = 'tk'; fields[#fields + 1] = fmt(tk) end
+  redis.call('HSET', bucket, unpack(fields))
 end
 if limit == '' then
   if rpm > 0 then reset_rq = math.ceil((rpm - rq) * 60000 / rpm) end

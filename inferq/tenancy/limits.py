@@ -18,8 +18,9 @@ below minus its capacity) and the next requests wait for it to refill.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -35,6 +36,10 @@ LimitName = Literal["requests", "tokens", "in_flight", "queued_bytes"]
 LIMIT_NAMES: tuple[LimitName, ...] = ("requests", "tokens", "in_flight", "queued_bytes")
 #: Ids one call may reserve or settle (every id is one script argument row).
 MAX_IDS = 4096
+#: How long a deferred settlement (``Limiter.settle_soon``) waits for its tenant's next
+#: admission to carry it before it goes on its own.
+SETTLE_DELAY_S = 0.05
+log = logging.getLogger("inferq.tenancy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +120,8 @@ def parse_admission(principal: Principal, reply: Any, asked: tuple[int, int, int
 
 
 def admit_args(principal: Principal, ids: Sequence[str], estimate_tokens: int,
-               payload_bytes: int, ttl_s: float) -> list[str | int]:
+               payload_bytes: int, ttl_s: float,
+               settle: Mapping[str, int | None] | None = None) -> list[str | int]:
     if not 1 <= len(ids) <= MAX_IDS:
         raise ValidationError(f"admit takes 1 to {MAX_IDS} ids, got {len(ids)}")
     if ttl_s <= 0:
@@ -124,7 +130,9 @@ def admit_args(principal: Principal, ids: Sequence[str], estimate_tokens: int,
     args: list[str | int] = [
         _limit(principal.requests_per_minute), _limit(principal.tokens_per_minute),
         _limit(principal.max_in_flight), _limit(principal.max_queued_bytes),
-        max(1, math.ceil(ttl_s * 1000))]
+        max(1, math.ceil(ttl_s * 1000)), len(settle or ())]
+    for settled_id, tokens in (settle or {}).items():
+        args += [settled_id, "" if tokens is None else max(0, int(tokens))]
     for request_id, tokens, size in zip(unique, split(estimate_tokens, len(unique)),
                                         split(payload_bytes, len(unique)), strict=True):
         args += [request_id, tokens, size]
@@ -209,6 +217,11 @@ class Limiter:
         self._admit = redis.register_script(ADMIT)
         self._settle = redis.register_script(SETTLE)
         self.batcher = ScriptBatcher(redis)
+        #: Settlements waiting to ride on their tenant's next admission: tenant ->
+        #: (principal, id -> actual tokens).
+        self._owed: dict[str, tuple[Principal, dict[str, int | None]]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[int]] = set()
 
     def keys(self, tenant: str) -> list[str]:
         return [self.names.limits(tenant), self.names.in_flight(tenant),
@@ -220,7 +233,9 @@ class Limiter:
         and ``payload_bytes`` (spread over the ids), for at most ``ttl_s`` seconds."""
         if principal.tenant is None or not principal.limited:
             return UNLIMITED
-        args = admit_args(principal, ids, estimate_tokens, payload_bytes, ttl_s)
+        owed = self._owed.pop(principal.tenant, None)
+        args = admit_args(principal, ids, estimate_tokens, payload_bytes, ttl_s,
+                          owed[1] if owed is not None else None)
         reply = await self.batcher.call(self._admit, self.keys(principal.tenant), args)
         return parse_admission(principal, reply, (len(set(ids)), estimate_tokens,
                                                   payload_bytes))
@@ -235,3 +250,37 @@ class Limiter:
         if len(args) == 2:
             return 0
         return int(await self.batcher.call(self._settle, self.keys(principal.tenant), args))
+
+    def settle_soon(self, principal: Principal, actual: Iterable[tuple[str, int | None]]
+                    ) -> None:
+        """``settle``, without waiting: the settlement rides on this tenant's next admission
+        on this gateway (one script call instead of two per request), or goes on its own
+        after ``SETTLE_DELAY_S`` if none comes. A tenant's next admission always sees it
+        first, so its in-flight count and buckets are exact for its own next call; another
+        gateway sees it within the delay. Lost with the process if it dies meanwhile (the
+        reservations then expire)."""
+        if principal.tenant is None or not principal.limited:
+            return
+        owed = self._owed.setdefault(principal.tenant, (principal, {}))[1]
+        owed.update(actual)
+        if len(owed) >= MAX_IDS:
+            self._flush_owed()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(SETTLE_DELAY_S,
+                                                                self._flush_owed)
+
+    def _flush_owed(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        owed, self._owed = self._owed, {}
+        for principal, actual in owed.values():
+            task = asyncio.get_running_loop().create_task(self.settle(principal, actual.items()))
+            self._tasks.add(task)
+            task.add_done_callback(self._settled)
+
+    def _settled(self, task: asyncio.Task[int]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("a deferred settlement failed (its reservations will expire): %s",
+                        task.exception())
