@@ -139,7 +139,7 @@ def lua_header(path: Path) -> str:
     """A script's opening ``--[[ ... ]]`` block, or a helper's leading ``--`` comments."""
     text = path.read_text(encoding="utf-8")
     if text.startswith("--[["):
-        return inspect.cleandoc(text[4:text.index("]]")])
+        return inspect.cleandoc(text[4:text.index("\n]]")])  # the line that closes it
     lines = []
     for line in text.splitlines():
         if line.startswith("-- @include"):
@@ -215,33 +215,63 @@ def metrics_page() -> str:
 # --------------------------------------------------------------------- engine protocol
 
 
+def field_comments(path: Path) -> dict[str, dict[str, str]]:
+    """Per class of a module, the ``#:`` comment above each of its annotated fields."""
+    import ast
+
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    out: dict[str, dict[str, str]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        comments = out.setdefault(node.name, {})
+        for item in node.body:
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                above = []
+                i = item.lineno - 2
+                while i >= 0 and lines[i].strip().startswith("#:"):
+                    above.insert(0, lines[i].strip()[2:].strip())
+                    i -= 1
+                if above:
+                    comments[item.target.id] = " ".join(above)
+    return out
+
+
 def engine_page() -> str:
+    import typing
+
     import msgspec
 
     from inferq.worker.generate import wire
 
+    comments = field_comments(Path(wire.__file__))
     out = [GENERATED.format(source="inferq/worker/generate/wire.py"),
            "# The engine protocol\n\n",
            "How a `generate` worker and its engine process talk "
            "(see [Text generation](../guides/generation.md)).\n\n",
            rst(inspect.cleandoc(wire.__doc__ or "")), "\n"]
-    structs = [obj for name, obj in vars(wire).items()
-               if isinstance(obj, type) and issubclass(obj, msgspec.Struct)
-               and not name.startswith("_") and obj.__module__ == wire.__name__]
-    groups = (("Messages", lambda t: issubclass(t, wire._Message)),
-              ("Parts of messages", lambda t: not issubclass(t, wire._Message)))
-    for title, keep in groups:
-        out.append(f"\n## {title}\n\n| type | kind | fields | meaning |\n|---|---|---|---|\n")
+    parts = [obj for name, obj in vars(wire).items()
+             if isinstance(obj, type) and issubclass(obj, msgspec.Struct)
+             and not issubclass(obj, wire._Message) and not name.startswith("_")
+             and obj.__module__ == wire.__name__]
+    groups = (("Messages, worker → engine", list(typing.get_args(wire.ToEngine))),
+              ("Messages, engine → worker", list(typing.get_args(wire.ToWorker))),
+              ("Parts of messages", parts))
+    for title, structs in groups:
+        out.append(f"\n## {title}\n\n| type | kind | fields |\n|---|---|---|\n")
         for struct in structs:
-            if not keep(struct):
-                continue
             tag = struct.__struct_config__.tag
-            kind = wire.Kind(tag).name if isinstance(tag, int) else ""
+            kind = f"{wire.Kind(tag).name} ({tag})" if isinstance(tag, int) else ""
             hints = struct.__annotations__
-            fields = ", ".join(f"`{f}: {_type_name(hints.get(f))}`"
-                               for f in struct.__struct_fields__)
+            notes = comments.get(struct.__name__, {})
+            fields = "<br>".join(
+                f"`{f}: {_type_name(hints.get(f))}`"
+                + (f": {rst(notes[f])}" if f in notes else "")
+                for f in struct.__struct_fields__)
             doc = " ".join((struct.__doc__ or "").split())
-            out.append(f"| `{struct.__name__}` | {kind} | {fields} | {rst(doc)} |\n")
+            name = f"`{struct.__name__}`" + (f": {rst(doc)}" if doc else "")
+            out.append(f"| {name} | {kind} | {fields} |\n")
     return "".join(out)
 
 
