@@ -169,3 +169,18 @@ def test_a_settlement_rides_on_the_tenants_next_admission(keyed_api: TestClient,
         answer(r, ECHO)
         assert keyed_api.get(f"/v1/requests/n{i}?model=echo",
                              headers=one).json()["status"] == "ok"
+
+
+def test_a_failed_request_gives_its_slot_back(keyed_api: TestClient, r: redis.Redis) -> None:
+    """A call whose request fails (a worker error) settles like one that succeeded."""
+    import threading
+
+    one = Tenants.bearer(KeyStore(r).create("fails", max_in_flight=1))
+    fail = threading.Thread(target=lambda: wait_until(
+        lambda: bool(answer(r, ECHO, fail_on="boom")), timeout=10, what="the request"))
+    fail.start()
+    failed = keyed_api.post("/v1/requests?wait=true", json={"prompt": "boom", "model": "echo"},
+                            headers=one)
+    fail.join()
+    assert failed.status_code == 502 and failed.json()["error"]["code"] == "model_error"
+    assert keyed_api.post("/v1/requests", json=BODY, headers=one).status_code == 202

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
 
-from inferq.errors import ResultTimeout
+from inferq.errors import RequestError, ResultTimeout
 from inferq.gateway.caller import Caller, check_priority, new_request_id, tenant_of
 from inferq.gateway.limiting import Reservation, reserve, settle_from
 from inferq.gateway.routes.common import DeadlineHeader, PriorityHeader, TenantHeader
@@ -119,6 +119,9 @@ async def create_request(body: CreateRequest, state: State, caller: Caller, resp
             error = from_inferq(exc)
             error.request_id = caller.public_id(handle.id)  # still queued: read it later
             raise error from exc
+        except RequestError:  # finished without an output: settled all the same
+            await settle_from(handle, reservation)
+            raise
         await reservation.settle([result])
         response.status_code = 200
         return view(caller, handle, RequestState.of(result.status), result, handle.duplicate)
