@@ -8,12 +8,13 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Required, TypedDict, TypeVar, cast
 
-from inferq import cluster
+from inferq import cluster, tracing
 from inferq.errors import (
     DeadlineExceeded,
     QueueFull,
@@ -60,6 +61,8 @@ class EnqueueOptions(TypedDict, total=False):
     messages: Sequence[Mapping[str, Any]] | None
     tenant: str | None
     cost: int | None
+    traceparent: str | None
+    tracestate: str | None
 
 
 ENQUEUE_KEYS = frozenset(EnqueueOptions.__annotations__)
@@ -379,6 +382,31 @@ def group_by_queue(prepared: Sequence[Prepared]) -> dict[QueueKeys, list[int]]:
     for index, p in enumerate(prepared):
         groups.setdefault(p.keys, []).append(index)
     return groups
+
+
+def explicit_parent(request: Mapping[str, Any]) -> tracing.Parent | None:
+    """The ``traceparent=`` (and ``tracestate=``) a caller gave, checked."""
+    traceparent = request.get("traceparent")
+    if traceparent is None:
+        return None
+    try:
+        tracing.check_traceparent(str(traceparent))
+        if (state := request.get("tracestate")) is not None:
+            tracing.check_tracestate(str(state))
+    except ValueError as exc:
+        raise ValidationError(str(exc), field="traceparent") from exc
+    return tracing.Parent(str(traceparent), request.get("tracestate"))
+
+
+@contextmanager
+def traced(tracer: Any, name: str, specs: Sequence[Mapping[str, Any]],
+           parent: tracing.Parent | None) -> Iterator[tuple[Any, dict[str, str]]]:
+    """The producer's span around an enqueue (``tracing.enqueue_span``: child of ``parent``,
+    else of the caller's current context), and the fields that make the payloads carry it."""
+    with tracing.enqueue_span(tracer, name, specs, parent) as span:
+        mine = tracing.w3c_of(span)
+        yield span, (mine.fields() if mine is not None
+                     else parent.fields() if parent is not None else {})
 
 
 def check_full(reply: ops.EnqueueReply, prepared: Prepared, options: ClientOptions) -> None:

@@ -32,6 +32,7 @@ from inferq.fairness.cost import ESTIMATED_TASKS, MAX_COST, estimate
 from inferq.protocol.generation import MAX_MESSAGES, ChatMessage, FinishReason
 from inferq.protocol.keys import NAME_RE
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
+from inferq.tracing import MAX_TRACESTATE, check_traceparent, check_tracestate
 
 WIRE_VERSION = 1
 MAX_DEADLINE_S = 366 * 24 * 3600.0
@@ -90,6 +91,20 @@ class RequestPayload(BaseModel):
     #: The producer's cost of a request of a custom task (fair-share accounting; the built-in
     #: tasks estimate theirs from the text). Absent (None) from payloads without one.
     cost: Annotated[int, Field(ge=1, le=MAX_COST, strict=True)] | None = None
+    #: The W3C trace context the request continues (``inferq.tracing``): the producer's
+    #: ``enqueue`` span, or the caller's. Absent (None) from payloads without one.
+    traceparent: Annotated[str, Field(max_length=55)] | None = None
+    tracestate: Annotated[str, Field(max_length=MAX_TRACESTATE)] | None = None
+
+    @field_validator("traceparent")
+    @classmethod
+    def _w3c_traceparent(cls, value: str | None) -> str | None:
+        return None if value is None else check_traceparent(value)
+
+    @field_validator("tracestate")
+    @classmethod
+    def _w3c_tracestate(cls, value: str | None) -> str | None:
+        return None if value is None else check_tracestate(value)
 
     @field_validator("deadline_s")
     @classmethod
@@ -275,7 +290,8 @@ def decode_payload_fields(data: bytes) -> dict[str, Any]:
 def _absent(payload: RequestPayload) -> set[str] | None:
     """The optional fields a payload leaves out (so one without them is as before they
     existed)."""
-    absent = {name for name in ("messages", "tenant", "cost") if getattr(payload, name) is None}
+    absent = {name for name in ("messages", "tenant", "cost", "traceparent", "tracestate")
+              if getattr(payload, name) is None}
     return absent or None
 
 

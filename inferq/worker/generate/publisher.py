@@ -131,7 +131,26 @@ class StreamPublisher:
                 for out in outs:
                     self._record(out)
 
+    def _trace(self, outs: list[StepOutput]) -> None:
+        """Each step that admitted sequences: an ``admit`` span linked to their requests (a
+        ``admit`` event on each, with the prefill); ``preempted`` events."""
+        traces = self.link.traces
+        assert traces is not None
+        for out in outs:
+            at = self.link.to_ns(out.at)
+            if out.entered:
+                traces.group("admit", [g.id for g in out.entered],
+                             at - int(out.elapsed_s * 1e9), at,
+                             {"inferq.step": out.step,
+                              "inferq.prefill_tokens": out.prefill_tokens})
+            for g in out.preempted:
+                traces.event(g.id, "preempted", {"inferq.step": out.step,
+                                                 "gen_ai.usage.output_tokens": len(g.tokens)},
+                             at)
+
     async def _publish(self, outs: list[StepOutput]) -> None:
+        if self.link.traces is not None:
+            self._trace(outs)
         merged: dict[str, tuple[Generation, list[int], str]] = {}
         for out in outs:
             for g, token, text in out.advanced:
@@ -156,6 +175,8 @@ class StreamPublisher:
             claim = claim_of(g)
             if text and g.id not in published.lost and claim.first_visible is None:
                 claim.first_visible = now
+                if self.link.traces is not None:
+                    self.link.traces.event(g.id, "first token", at_ns=self.link.to_ns(now))
         done = {c.id for c in completions}
         running_lost = [i for i in published.lost if i not in done]
         if running_lost:
@@ -192,6 +213,8 @@ class StreamPublisher:
         first = claim.first_visible if claim.first_visible is not None else self.link.clock()
         finish = g.finish or FinishReason.LENGTH
         self.stats.reasons[finish.value] += 1
+        if self.link.traces is not None:
+            self.link.traces.annotate(g.id, {"gen_ai.response.finish_reasons": [finish.value]})
         output: dict[str, Any] = {"text": g.detok.text, "token_ids": g.tokens}
         if g.logprob_output is not None:
             output["logprobs"] = g.logprob_output

@@ -336,6 +336,8 @@ class GenerationWorker(QueueWorker[Generation]):
         def prepare() -> tuple[list[Generation], list[ops.Completion]]:
             claims, failures = decode_claims(self.config, reply.claimed, reply.now_ms,
                                              self.clock)
+            if self.traces is not None:
+                self.traces.claimed(claims)
             ready, rejected = self._prepare(claims, reply.now_ms, streams)
             return ready, failures + rejected
 
@@ -411,6 +413,10 @@ class GenerationWorker(QueueWorker[Generation]):
             self.stats.cancelled += 1
             log.info("request %s left the batch after %d tokens: cancelled or lease lost",
                      g.id, len(g.tokens))
+        if self.traces is not None:
+            for g in gone:
+                self.traces.ended([g.id], "cancelled or lease lost",
+                                  {"gen_ai.usage.output_tokens": len(g.tokens)})
         self._nudge.set()
 
     def _on_engine_died(self, why: str, started: list[Generation],

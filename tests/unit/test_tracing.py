@@ -1,0 +1,118 @@
+"""The trace context in the payload (bounded, validated) and how tracing is switched on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from inferq import tracing
+from inferq.errors import ValidationError
+from inferq.protocol.codec import build_request, decode_request, encode_request
+
+TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_payload_carries_a_valid_context_and_leaves_it_out_when_absent() -> None:
+    plain = build_request("hi", id="a", task="embed", model="m")
+    assert b"traceparent" not in encode_request(plain)
+    traced = build_request("hi", id="a", task="embed", model="m", traceparent=TP,
+                           tracestate="vendor=x")
+    back = decode_request(encode_request(traced))
+    assert (back.traceparent, back.tracestate) == (TP, "vendor=x")
+
+
+@pytest.mark.parametrize("bad", [
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",  # no flags
+    "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # all-zero trace id
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  # all-zero span id
+    "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # forbidden version
+    "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",  # upper case
+    TP + "x" * 200,
+    TP + "\n",
+])
+def test_a_bad_traceparent_is_refused_naming_the_field(bad: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        build_request("hi", id="a", task="embed", model="m", traceparent=bad)
+    assert "traceparent" in str(err.value)
+
+
+def test_tracestate_is_bounded_and_printable() -> None:
+    for bad in ("k=" + "v" * tracing.MAX_TRACESTATE, "k=\u00e9", "k=\n"):
+        with pytest.raises(ValidationError, match="tracestate"):
+            build_request("hi", id="a", task="embed", model="m", traceparent=TP,
+                          tracestate=bad)
+
+
+def test_headers_are_parsed_leniently_as_w3c_says() -> None:
+    parent = tracing.Parent.parse(f" {TP.upper()} ", "a=1")
+    assert parent == tracing.Parent(TP, "a=1")
+    assert parent.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert tracing.Parent.parse("garbage") is None  # ignored: a new trace starts
+    assert tracing.Parent.parse(TP, "\x01") == tracing.Parent(TP, None)  # bad state dropped
+    assert tracing.trace_id_of(TP) == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert tracing.trace_id_of(None) is None
+
+
+def _run(code: str, **env: str) -> str:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env={**clean, **env},
+                         capture_output=True, text=True, timeout=60, check=True)
+    return out.stdout.strip()
+
+
+def test_off_by_default_and_nothing_of_the_sdk_imported() -> None:
+    out = _run("""
+        import sys
+        import redis  # redis-py imports parts of OpenTelemetry's API itself, when installed
+        before = {m for m in sys.modules if m.startswith("opentelemetry")}
+        from inferq import tracing
+        from inferq.producer import common
+        from inferq.worker.window import worker
+        assert tracing.tracer() is None
+        common.prepare("hi", {"model": "m"}, common.ClientOptions())
+        print(sorted(m for m in sys.modules if m.startswith("opentelemetry")
+                     and m not in before))
+    """)
+    assert out == "[]"
+
+
+def test_the_environment_turns_it_on_or_off() -> None:
+    code = """
+        from inferq import tracing
+        from opentelemetry import trace
+        t = tracing.setup("svc")
+        print(t is not None, type(trace.get_tracer_provider()).__name__,
+              trace.get_tracer_provider().resource.attributes.get("service.name")
+              if t is not None else "-")
+    """
+    assert _run(code, OTEL_TRACES_EXPORTER="console") == "True TracerProvider svc"
+    assert _run(code, OTEL_TRACES_EXPORTER="console",
+                OTEL_SERVICE_NAME="mine") == "True TracerProvider mine"
+    assert _run(code, OTEL_TRACES_EXPORTER="console", OTEL_SDK_DISABLED="true").startswith(
+        "False")
+    assert _run(code, OTEL_TRACES_EXPORTER="none").startswith("False")
+    assert _run(code).startswith("False")
+
+
+def test_an_unknown_exporter_is_named() -> None:
+    with pytest.raises(subprocess.CalledProcessError) as err:
+        _run("from inferq import tracing; tracing.setup('x')", OTEL_TRACES_EXPORTER="zipkin")
+    assert "zipkin" in err.value.stderr
+
+
+def test_an_application_provider_is_joined() -> None:
+    out = _run("""
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from inferq import tracing
+        assert tracing.tracer() is None
+        trace.set_tracer_provider(TracerProvider())
+        with trace.get_tracer("app").start_as_current_span("handler") as span:
+            parent = tracing.current_parent()
+            print(parent.trace_id == f"{span.get_span_context().trace_id:032x}")
+    """)
+    assert out == "True"
