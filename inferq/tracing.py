@@ -30,7 +30,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from inferq.errors import ValidationError
 
@@ -74,6 +74,13 @@ def trace_id_of(traceparent: str | None) -> str | None:
     return traceparent[3:35]
 
 
+class TraceFields(TypedDict, total=False):
+    """``enqueue``'s trace keyword arguments."""
+
+    traceparent: str
+    tracestate: str
+
+
 @dataclass(frozen=True, slots=True)
 class Parent:
     """A W3C context as the headers carry it."""
@@ -103,9 +110,9 @@ class Parent:
     def trace_id(self) -> str:
         return self.traceparent[3:35]
 
-    def fields(self) -> dict[str, str]:
+    def fields(self) -> TraceFields:
         """As ``enqueue`` keyword arguments."""
-        out = {"traceparent": self.traceparent}
+        out: TraceFields = {"traceparent": self.traceparent}
         if self.tracestate:
             out["tracestate"] = self.tracestate
         return out
@@ -288,8 +295,23 @@ def enqueue_span(tracer: Any, name: str, requests: Sequence[Mapping[str, Any]],
         yield span
 
 
-def link_to(parent: Parent) -> Any:
-    """A span link to a W3C context."""
-    from opentelemetry import trace
-    span = trace.get_current_span(remote_context(parent.traceparent, parent.tracestate))
-    return trace.Link(span.get_span_context())
+@contextmanager
+def server_span(tracer: Any, name: str, parent: Parent | None,
+                attributes: Mapping[str, Any]) -> Iterator[Any]:
+    """A ``SERVER`` span (an HTTP call), child of ``parent`` (a new trace without one), current
+    while the call runs."""
+    from opentelemetry.trace import SpanKind
+    context = None if parent is None else remote_context(parent.traceparent, parent.tracestate)
+    if context is None:
+        from opentelemetry.context import Context
+        context = Context()  # the caller's context alone decides; none: a new trace
+    with tracer.start_as_current_span(name, context=context, kind=SpanKind.SERVER,
+                                      attributes=dict(attributes)) as span:
+        yield span
+
+
+def error_status(description: str) -> Any:
+    from opentelemetry.trace import Status, StatusCode
+    return Status(StatusCode.ERROR, description)
+
+

@@ -21,6 +21,7 @@ Each HTTP request still succeeds or fails alone:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,7 +56,8 @@ class Coalescer:
         self._pending.append(entry)
         if not self._scheduled:
             self._scheduled = True
-            loop.call_soon(self._flush)
+            # In a context of its own: not the first caller's (its trace, its span).
+            loop.call_soon(self._flush, context=contextvars.Context())
         try:
             return await asyncio.shield(entry.future)
         except asyncio.CancelledError:

@@ -400,7 +400,7 @@ def explicit_parent(request: Mapping[str, Any]) -> tracing.Parent | None:
 
 @contextmanager
 def traced(tracer: Any, name: str, specs: Sequence[Mapping[str, Any]],
-           parent: tracing.Parent | None) -> Iterator[tuple[Any, dict[str, str]]]:
+           parent: tracing.Parent | None) -> Iterator[tuple[Any, tracing.TraceFields]]:
     """The producer's span around an enqueue (``tracing.enqueue_span``: child of ``parent``,
     else of the caller's current context), and the fields that make the payloads carry it."""
     with tracing.enqueue_span(tracer, name, specs, parent) as span:

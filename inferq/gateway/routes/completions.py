@@ -71,6 +71,7 @@ from inferq.gateway.schemas import (
 )
 from inferq.gateway.state import GatewayState, State, cancel_quietly
 from inferq.gateway.streams import Slot, entry_key
+from inferq.gateway.tracecontext import trace_fields
 from inferq.producer.aio import AsyncHandle
 from inferq.producer.common import RequestState, raise_for_status
 from inferq.producer.streaming import StreamEntry, StreamReader
@@ -131,7 +132,7 @@ async def enqueue(state: GatewayState, caller: Principal,
         prompt, messages=messages, model=body.model, task=GENERATE_TASK, priority=chosen,
         deadline_s=body.deadline_s if body.deadline_s is not None else deadline_s,
         params=body.params(), id=stored_id,
-        tenant=tenant_of(caller, state.tenant(body.user, tenant)))
+        tenant=tenant_of(caller, state.tenant(body.user, tenant)), **trace_fields())
 
 
 async def wait(state: GatewayState, caller: Principal, handle: AsyncHandle,

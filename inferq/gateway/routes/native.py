@@ -26,6 +26,7 @@ from inferq.gateway.schemas import (
     TaskName,
 )
 from inferq.gateway.state import GatewayState, State
+from inferq.gateway.tracecontext import trace_fields
 from inferq.producer.aio import AsyncHandle
 from inferq.producer.common import RequestState
 from inferq.protocol.codec import PUBLIC_ID_RE, Result
@@ -113,7 +114,8 @@ async def create_request(body: CreateRequest, state: State, caller: Caller, resp
             body.prompt, model=body.model, task=body.task, priority=priority,
             deadline_s=body.deadline_s if body.deadline_s is not None else x_deadline_s,
             id=stored_id, params=body.params, max_attempts=body.max_attempts,
-            tenant=tenant_of(caller, state.tenant(body.tenant, x_inferq_tenant)))
+            tenant=tenant_of(caller, state.tenant(body.tenant, x_inferq_tenant)),
+            **trace_fields())
     except BaseException:
         await reservation.release()
         raise

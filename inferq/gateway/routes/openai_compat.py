@@ -26,6 +26,7 @@ from inferq.gateway.routes.common import (
 )
 from inferq.gateway.schemas import ERROR_RESPONSES, EmbeddingsRequest, EmbeddingsResponse
 from inferq.gateway.state import GatewayState, State, cancel_quietly
+from inferq.gateway.tracecontext import trace_fields
 from inferq.tenancy.principal import Principal
 
 router = APIRouter(tags=["openai"])
@@ -103,7 +104,7 @@ async def embeddings_response(state: GatewayState, body: EmbeddingsRequest, call
     try:
         handles = await state.enqueue_many(
             texts, model=body.model, task="embed", priority=priority, deadline_s=deadline_s,
-            tenant=tenant_of(caller, state.tenant(body.user, x_tenant)))
+            tenant=tenant_of(caller, state.tenant(body.user, x_tenant)), **trace_fields())
     except QueueFull as exc:
         # Some inputs may have got in before the queue filled: all or nothing.
         await cancel_quietly(exc.accepted)
