@@ -201,6 +201,9 @@ class Result(BaseModel):
     #: ``generate``: ms from enqueue until the first generated text was visible to the producer
     #: (in the request's stream, or in the result for a worker that does not stream).
     ttft_ms: float | None = None
+    #: The trace the request's spans belong to (32 hex, from its payload's ``traceparent``),
+    #: when it carried one (README, "Tracing").
+    trace_id: str | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import inferq
 from inferq import tracing
+from inferq.cli.main import main
 from inferq.protocol.codec import RequestPayload, decode_request
 from inferq.protocol.fields import Field
 from inferq.worker.models.base import BatchModel, ModelInput
@@ -66,10 +67,19 @@ def test_an_explicit_traceparent_is_the_parent(client: inferq.Client, r: Any,
     assert payload.tracestate == "v=1"
 
 
-def test_off_an_explicit_traceparent_is_carried_as_it_is(client: inferq.Client,
-                                                         r: Any) -> None:
+def request_cli(redis_url: str, request_id: str,
+                capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["request", request_id, "--redis-url", redis_url]) == 0
+    return capsys.readouterr().out
+
+
+def test_off_an_explicit_traceparent_is_carried_as_it_is(
+        client: inferq.Client, r: Any, redis_url: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
     handle = client.enqueue("hi", model="t", traceparent=TP)
     assert stored(r, handle.id).traceparent == TP
+    # a waiting request's trace is read from its payload
+    assert f"trace      {TP[3:35]}" in request_cli(redis_url, handle.id, capsys)
     with pytest.raises(inferq.ValidationError, match="traceparent"):
         client.enqueue("hi", model="t", traceparent="nope")
 
@@ -103,7 +113,8 @@ class Flaky(BatchModel):
 
 
 async def test_worker_spans_continue_the_trace_on_every_attempt(
-        redis_url: str, aclient: inferq.AsyncClient, spans: InMemorySpanExporter) -> None:
+        redis_url: str, aclient: inferq.AsyncClient, spans: InMemorySpanExporter,
+        capsys: pytest.CaptureFixture[str]) -> None:
     handles = await aclient.enqueue_many(["x", "y"], model="t")
     worker = WindowWorker(config(redis_url, retry_base_ms=1), Flaky())
     task = await run_worker(worker)
@@ -139,6 +150,10 @@ async def test_worker_spans_continue_the_trace_on_every_attempt(
     linked = {link.context.span_id for b in batches for link in b.links}
     assert {s.context.span_id for s in runs} <= linked
     assert all(b.parent is None and trace_hex(b) != trace_hex(many) for b in batches)
+    # the results name their trace, and so does ``inferq request``
+    assert [r.trace_id for r in results] == [trace_hex(many)] * 2 + [trace_hex(enqueue)]
+    out = request_cli(redis_url, flaky.id, capsys)
+    assert f"trace      {trace_hex(enqueue)}" in out and "attempts   2" in out
 
 
 async def test_a_generation_has_admission_first_token_and_finish(
