@@ -7,6 +7,7 @@ import asyncio
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -17,7 +18,9 @@ from inferq.protocol.codec import decode_request
 from inferq.protocol.fields import Field
 from inferq.protocol.keys import QueueKeys
 from inferq.worker.window.worker import WindowWorker
+from tests.support.batch import EMBED, embed_line, jsonl
 from tests.support.gateway import ECHO, MakeApi
+from tests.support.processes import wait_until
 from tests.support.traces import attr, named, parent_id, trace_hex, traced
 from tests.support.window_worker import config
 
@@ -101,3 +104,17 @@ def no_dangling_parents(finished: Sequence[Any]) -> bool:
     ids = {s.context.span_id for s in finished}
     return all(parent_id(s) in ids for s in finished
                if s.name in ("run", "queue wait") and parent_id(s) != int(TP[36:52], 16))
+
+
+def test_batch_lines_carry_the_trace_of_the_call_that_created_the_batch(
+        make_api: MakeApi, r: redis.Redis, tmp_path: Path) -> None:
+    with make_api(file_store=str(tmp_path / "files"), batch_idle_s=0.2) as api:
+        uploaded = api.post("/v1/files", data={"purpose": "batch"}, files={
+            "file": ("in.jsonl", jsonl([embed_line("a", "x"), embed_line("b", "yy")]))})
+        created = api.post("/v1/batches", headers={"traceparent": TP}, json={
+            "input_file_id": uploaded.json()["id"], "endpoint": "/v1/embeddings",
+            "completion_window": "24h"})
+        assert created.status_code == 200 and created.headers["X-Trace-Id"] == TRACE
+        wait_until(lambda: r.zcard(EMBED.pending) == 2, 30, "the batch's lines to be queued")
+    lines = [m.decode() for m in r.zrange(EMBED.pending, 0, -1)]
+    assert {payload_of(r, EMBED, line).traceparent for line in lines} == {TP}
