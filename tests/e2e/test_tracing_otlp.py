@@ -106,10 +106,11 @@ def test_one_trace_from_the_caller_through_a_crash_to_the_result(
     run = one(mine, name="run")  # the killed attempt's run never ended: never exported
     assert (run.service, run.parent_id, run.attributes["inferq.attempt"]) == (
         "survivor", enqueue.span_id, 2)
-    assert run.events[:3] == ("resumed", "started", "batch")
+    assert run.events[:2] == ("resumed", "started")
     assert run.attributes["inferq.status"] == "ok"
     batch = next(s for s in spans if s.name == "batch" and (trace_id, run.span_id) in s.links)
     assert batch.trace_id != trace_id and batch.parent_id == ""
+    assert run.attributes["inferq.batch.id"] == batch.attributes["inferq.batch.id"]
     # the gateway call: caller > POST span > enqueue > run, in the caller's trace
     http = [s for s in spans if s.trace_id == http_trace]
     server = one(http, name="POST /v1/requests")

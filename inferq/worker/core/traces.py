@@ -8,7 +8,12 @@ none): a ``queue wait`` span from its enqueue to this claim, both on Redis' cloc
 ``cancelled``, ``released``, ``lease lost``; ``resumed`` when an earlier attempt had run).
 A batch (window worker) or an admission into the running batch (generate worker) is a span
 of its own, linked to each request's ``run`` span rather than parenting them: a batch
-belongs to many traces.
+belongs to many traces. The ``run`` span names its batch (``inferq.batch.id``), or has an
+``admit`` event at its admission's step (its prefill).
+
+What it costs (benchmarks/RESULTS.md, "Tracing overhead"): the SDK's spans and the OTLP
+encoding are pure Python, so every attribute and event is paid for twice; the spans carry
+what a reader of one trace needs and no more.
 """
 
 from __future__ import annotations
@@ -54,20 +59,26 @@ class WorkerTraces:
 
     def claimed(self, claims: Sequence[Claim]) -> None:
         """Each claim's ``queue wait`` span (ended) and its ``run`` span (open)."""
-        cfg = self.config
+        worker = self.config.worker_id
+        # Requests of one enqueue_many share their parent: its context is made once.
+        parents: dict[tuple[str | None, str | None], Any] = {}
         for claim in claims:
             c, payload = claim.claimed, claim.payload
-            parent = tracing.remote_context(payload.traceparent, payload.tracestate)
+            key = (payload.traceparent, payload.tracestate)
+            parent = parents.get(key)
+            if parent is None:
+                parent = parents[key] = tracing.remote_context(*key)
+            # Attributes cost CPU twice (recorded, then encoded by the exporter): the queue
+            # wait carries the id alone, its sibling run span says the rest.
+            enqueued_ns, claimed_ns = ms_ns(c.enqueued_ms), ms_ns(claim.claimed_ms)
+            self.tracer.start_span(
+                "queue wait", context=parent, kind=self._internal,
+                attributes={"messaging.message.id": c.id},
+                start_time=enqueued_ns).end(end_time=max(claimed_ns, enqueued_ns))
             attributes = tracing.request_attributes(payload.task, payload.model,
                                                     payload.priority, payload.tenant)
-            attributes["messaging.message.id"] = c.id
-            claimed_ns = ms_ns(claim.claimed_ms)
-            self.tracer.start_span(
-                "queue wait", context=parent, kind=self._internal, attributes=attributes,
-                start_time=ms_ns(c.enqueued_ms)).end(end_time=max(claimed_ns,
-                                                                  ms_ns(c.enqueued_ms)))
-            attributes.update({"messaging.operation.type": "process",
-                               "inferq.attempt": c.attempt, "inferq.worker": cfg.worker_id})
+            attributes.update({"messaging.message.id": c.id, "inferq.attempt": c.attempt,
+                               "inferq.worker": worker})
             span = self.tracer.start_span("run", context=parent, kind=self._consumer,
                                           attributes=attributes, start_time=claimed_ns)
             if c.attempt >= 2:
@@ -142,15 +153,19 @@ class WorkerTraces:
             span.end(end_time=now)
 
     def group(self, name: str, ids: Sequence[str], start_ns: int, end_ns: int,
-              attributes: Mapping[str, Any]) -> None:
+              attributes: Mapping[str, Any], on_runs: Mapping[str, Any],
+              event: bool = False) -> None:
         """A span for work done together (a batch, an admission), linked to each request's
-        ``run`` span: the root of a trace of its own. Each ``run`` span gets an event of the
-        same name and attributes."""
+        ``run`` span: the root of a trace of its own. Each ``run`` span gets ``on_runs`` (which
+        group it was in): as attributes, or with ``event`` as an event of the same name at the
+        group's start (an admission: when its prefill ran)."""
         from opentelemetry.trace import Link
         runs = [span for request_id in ids if (span := self.open.get(request_id)) is not None]
-        for run in runs:  # and on each request's trace, an event that says which
-            run.add_event(name, {"messaging.batch.message_count": len(ids), **attributes},
-                          timestamp=start_ns)
+        for run in runs:
+            if event:
+                run.add_event(name, dict(on_runs), timestamp=start_ns)
+            else:
+                run.set_attributes(dict(on_runs))
         links = [Link(run.get_span_context()) for run in runs]
         span = self.tracer.start_span(
             name, context=self._root, kind=self._internal, links=links, start_time=start_ns,

@@ -142,7 +142,8 @@ class StreamPublisher:
                 traces.group("admit", [g.id for g in out.entered],
                              at - int(out.elapsed_s * 1e9), at,
                              {"inferq.step": out.step,
-                              "inferq.prefill_tokens": out.prefill_tokens})
+                              "inferq.prefill_tokens": out.prefill_tokens},
+                             {"inferq.step": out.step}, event=True)
             for g in out.preempted:
                 traces.event(g.id, "preempted", {"inferq.step": out.step,
                                                  "gen_ai.usage.output_tokens": len(g.tokens)},

@@ -324,7 +324,9 @@ class WindowWorker(QueueWorker[Job]):
                                       "inferq.batch.id": batch.id,
                                       "inferq.batch.reason": batch.reason.value,
                                       "inferq.batch.tokens": batch.real_tokens,
-                                      "inferq.batch.padded_tokens": batch.padded_tokens})
+                                      "inferq.batch.padded_tokens": batch.padded_tokens},
+                                  {"inferq.batch.id": batch.id,
+                                   "inferq.batch.size": len(batch.jobs)})
             waiting_since = ended if self._carry else None
             self._device_idle.set()
             if not any(isinstance(o, Failure) for o in outcomes):
