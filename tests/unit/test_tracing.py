@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -116,3 +117,47 @@ def test_an_application_provider_is_joined() -> None:
             print(parent.trace_id == f"{span.get_span_context().trace_id:032x}")
     """)
     assert out == "True"
+
+
+def _claim(request_id: str, traceparent: str | None, attempt: int = 1) -> Any:
+    from inferq.protocol import ops
+    from inferq.protocol.codec import RequestPayload
+    from inferq.worker.core.results import Claim
+    claimed = ops.Claimed(id=request_id, payload=b"", token="t", attempt=attempt,
+                          enqueued_ms=1_700_000_000_000, deadline_ms=None)
+    return Claim(claimed, RequestPayload(id=request_id, task="embed", model="m", prompt="p",
+                                         traceparent=traceparent),
+                 0.0, None, 1_700_000_000_250)
+
+
+def test_worker_spans_follow_the_parents_sampling_and_end_once() -> None:
+    from inferq.connection import ConnectionSettings
+    from inferq.protocol import ops
+    from inferq.worker.core.config import WorkerConfig
+    from inferq.worker.core.traces import WorkerTraces
+    from tests.support.traces import events, named, traced
+
+    config = WorkerConfig(connection=ConnectionSettings("redis://127.0.0.1:1/0"),
+                          model_name="m", model_spec="builtin:echo", worker_id="w1")
+    unsampled = TP[:-2] + "00"
+    with traced() as spans:
+        traces = WorkerTraces(tracing.tracer(), config, lambda: 1_700_000_000_500_000_000)
+        claims = [_claim("a", TP), _claim("b", unsampled), _claim("c", None, attempt=2)]
+        traces.claimed(claims)
+        assert set(traces.open) == {"a", "c"}  # b's parent was not sampled: not followed
+        traces.group("batch", ["a", "b", "c"], 1, 2, {"inferq.batch.id": 7},
+                     {"inferq.batch.id": 7})
+        done = [ops.Completion(claims[0].claimed, "ok", b"", prompt_tokens=4),
+                ops.Completion(claims[2].claimed, "retry", b"", retry_delay_ms=5)]
+        traces.completed(done, [True, True])
+        traces.completed(done, [True, True])  # a second end is a no-op
+        assert traces.open == {}
+    finished = spans.get_finished_spans()
+    assert len(named(finished, "queue wait")) == 2 and len(named(finished, "run")) == 2
+    (batch,) = named(finished, "batch")
+    assert len(batch.links) == 2 and batch.parent is None
+    a, c = sorted(named(finished, "run"), key=lambda s: s.attributes["messaging.message.id"])
+    assert a.parent is not None and a.parent.span_id == int(TP[36:52], 16)
+    assert a.attributes["gen_ai.usage.input_tokens"] == 4 and a.attributes["inferq.batch.id"] == 7
+    assert c.parent is None and events(c) == ["resumed", "retry"]
+    assert c.status.status_code.name == "ERROR"

@@ -53,8 +53,12 @@ class WorkerTraces:
         self._consumer, self._internal = SpanKind.CONSUMER, SpanKind.INTERNAL
         self._status, self._code = Status, StatusCode
         from opentelemetry.context import Context
+        from opentelemetry.sdk.trace.sampling import ParentBased
         #: A context with no span in it: a group span starts a trace of its own.
         self._root = Context()
+        #: A parent-based sampler (the default) records nothing under an unsampled parent:
+        #: such a request is not followed at all (no spans that would record nothing).
+        self._skip_unsampled = isinstance(getattr(tracer, "sampler", None), ParentBased)
         self.open: dict[str, Any] = {}
 
     def claimed(self, claims: Sequence[Claim]) -> None:
@@ -64,6 +68,11 @@ class WorkerTraces:
         parents: dict[tuple[str | None, str | None], Any] = {}
         for claim in claims:
             c, payload = claim.claimed, claim.payload
+            if (self._skip_unsampled and payload.traceparent is not None
+                    and not int(payload.traceparent[-2:], 16) & 1):
+                if (previous := self.open.pop(c.id, None)) is not None:
+                    previous.end()
+                continue
             key = (payload.traceparent, payload.tracestate)
             parent = parents.get(key)
             if parent is None:
