@@ -47,15 +47,20 @@ INSTRUMENTATION = "inferq"
 EXPORTERS = ("otlp", "console")
 
 
+def valid_ids(traceparent: str) -> bool:
+    """What a pattern cannot check of a well-formed traceparent: not version ff, no all-zero
+    trace or span id."""
+    return (traceparent[:2] != "ff" and traceparent[3:35] != "0" * 32
+            and traceparent[36:52] != "0" * 16)
+
+
 def check_traceparent(value: str) -> str:
     """``value`` if it is a valid W3C traceparent (not version ff, no all-zero id), else
     ``ValueError`` naming what is wrong."""
-    match = TRACEPARENT_RE.fullmatch(value)
-    if match is None:
+    if TRACEPARENT_RE.fullmatch(value) is None:
         raise ValueError("traceparent must be a W3C traceparent "
                          f"'00-<32 hex>-<16 hex>-<2 hex>', got {value[:80]!r}")
-    if (match.group(1) == "ff" or set(match.group(2)) == {"0"}
-            or set(match.group(3)) == {"0"}):
+    if not valid_ids(value):
         raise ValueError(f"traceparent has an invalid version or an all-zero id: {value!r}")
     return value
 

@@ -32,7 +32,7 @@ from inferq.fairness.cost import ESTIMATED_TASKS, MAX_COST, estimate
 from inferq.protocol.generation import MAX_MESSAGES, ChatMessage, FinishReason
 from inferq.protocol.keys import NAME_RE
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
-from inferq.tracing import MAX_TRACESTATE, check_traceparent, check_tracestate
+from inferq.tracing import MAX_TRACESTATE, TRACEPARENT_RE, check_tracestate, valid_ids
 
 WIRE_VERSION = 1
 MAX_DEADLINE_S = 366 * 24 * 3600.0
@@ -93,13 +93,16 @@ class RequestPayload(BaseModel):
     cost: Annotated[int, Field(ge=1, le=MAX_COST, strict=True)] | None = None
     #: The W3C trace context the request continues (``inferq.tracing``): the producer's
     #: ``enqueue`` span, or the caller's. Absent (None) from payloads without one.
-    traceparent: Annotated[str, Field(max_length=55)] | None = None
+    traceparent: Annotated[str, Field(pattern=TRACEPARENT_RE.pattern)] | None = None
     tracestate: Annotated[str, Field(max_length=MAX_TRACESTATE)] | None = None
 
     @field_validator("traceparent")
     @classmethod
     def _w3c_traceparent(cls, value: str | None) -> str | None:
-        return None if value is None else check_traceparent(value)
+        # The shape is checked by the pattern (in pydantic-core); what a pattern cannot say:
+        if value is not None and not valid_ids(value):
+            raise ValueError(f"traceparent has an invalid version or an all-zero id: {value}")
+        return value
 
     @field_validator("tracestate")
     @classmethod
