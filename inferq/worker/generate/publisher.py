@@ -25,6 +25,7 @@ from inferq.protocol.codec import Usage
 from inferq.protocol.fields import StreamField
 from inferq.protocol.generation import FinishReason
 from inferq.worker.core.failures import Failure, failure_of
+from inferq.worker.core.metrics import exemplar_of
 from inferq.worker.core.queue_link import QueueLink, ScriptPipeline
 from inferq.worker.core.results import Claim, completion
 from inferq.worker.generate.engine import Generation
@@ -204,7 +205,7 @@ class StreamPublisher:
         m.observe_latency(claim, self.link.now_ms())
         if claim.first_visible is not None:
             m.ttft.labels(m.queue, str(claim.payload.priority)).observe(
-                max(claim.first_visible - claim.arrival, 0.0))
+                max(claim.first_visible - claim.arrival, 0.0), exemplar_of(claim))
 
     def _result(self, g: Generation) -> ops.Completion:
         claim = claim_of(g)
