@@ -99,7 +99,10 @@ class WorkerTraces:
                 previous.end()
             self.open[c.id] = span
         while len(self.open) > MAX_OPEN:
-            oldest = next(iter(self.open))
+            try:
+                oldest = next(iter(self.open))
+            except RuntimeError:  # the loop thread ended one meanwhile: look again
+                continue
             self._end(oldest, "untracked")
 
     def started(self, ids: Iterable[str]) -> None:
