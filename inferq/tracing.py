@@ -43,6 +43,8 @@ TRACEPARENT_RE = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9
 MAX_TRACESTATE = 512
 TRACESTATE_RE = re.compile(r"^[\x20-\x7e]*$")
 INSTRUMENTATION = "inferq"
+#: Links of one ``enqueue_many`` span at most (the SDK's default limit).
+MAX_LINKS = 128
 #: Exporters inferq sets up from ``OTEL_TRACES_EXPORTER``.
 EXPORTERS = ("otlp", "console")
 
@@ -282,21 +284,24 @@ def request_attributes(task: str, model: str, priority: int, tenant: str | None
 
 
 @contextmanager
-def enqueue_span(tracer: Any, name: str, requests: Sequence[Mapping[str, Any]],
-                 parent: Parent | None) -> Iterator[Any]:
-    """A producer span around an enqueue of ``requests`` (the ``enqueue`` arguments), child
-    of ``parent`` or of the current context, whose context the payloads then carry. An
-    exception ends it with an error status."""
-    from opentelemetry.trace import SpanKind
-    first = requests[0] if requests else {}
+def enqueue_span(tracer: Any, name: str, first: Mapping[str, Any], count: int,
+                 parent: Parent | None, links: Sequence[Parent] = ()) -> Iterator[Any]:
+    """A producer span around an enqueue of ``count`` requests (``first``: the first one's
+    ``enqueue`` arguments), child of ``parent`` or of the current context, whose context the
+    payloads then carry; linked to ``links``, the contexts that requests of an
+    ``enqueue_many`` carry of their own. An exception ends it with an error status."""
+    from opentelemetry import trace
     attributes = request_attributes(first.get("task", "embed"), str(first.get("model", "")),
                                     first.get("priority") or 0, first.get("tenant"))
     attributes["messaging.operation.type"] = "send"
-    if len(requests) != 1:
-        attributes["messaging.batch.message_count"] = len(requests)
+    if count != 1:
+        attributes["messaging.batch.message_count"] = count
     context = None if parent is None else remote_context(parent.traceparent, parent.tracestate)
-    with tracer.start_as_current_span(name, context=context, kind=SpanKind.PRODUCER,
-                                      attributes=attributes) as span:
+    span_links = [trace.Link(trace.get_current_span(
+        remote_context(p.traceparent, p.tracestate)).get_span_context())
+        for p in links[:MAX_LINKS]]
+    with tracer.start_as_current_span(name, context=context, kind=trace.SpanKind.PRODUCER,
+                                      attributes=attributes, links=span_links) as span:
         yield span
 
 

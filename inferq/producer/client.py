@@ -177,8 +177,7 @@ class Client:
         tracer = tracing.tracer()
         if tracer is None:
             return self._enqueue(prompt, request)
-        with common.traced(tracer, "enqueue", [request],
-                           common.explicit_parent(request)) as (span, context):
+        with common.traced(tracer, "enqueue", [""], request) as (span, context):
             handle = self._enqueue(prompt, {**request, **context})
             span.set_attribute("messaging.message.id", handle.id)
             return handle
@@ -209,11 +208,9 @@ class Client:
         tracer = tracing.tracer()
         if tracer is None:
             return self._enqueue_many(requests, atomic, defaults)
-        requests = requests if isinstance(requests, Sequence) else list(requests)
-        first = requests[0] if requests else {}
-        spec = {**defaults, **first} if isinstance(first, Mapping) else defaults
-        with common.traced(tracer, "enqueue_many", [spec] * len(requests),
-                           common.explicit_parent(defaults)) as (_, context):
+        if isinstance(requests, Iterable) and not isinstance(requests, Sequence | Mapping):
+            requests = list(requests)  # read twice: by the span, and to enqueue
+        with common.traced(tracer, "enqueue_many", requests, defaults) as (_, context):
             return self._enqueue_many(requests, atomic, {**defaults, **context})
 
     def _enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], atomic: bool,

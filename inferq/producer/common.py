@@ -399,11 +399,27 @@ def explicit_parent(request: Mapping[str, Any]) -> tracing.Parent | None:
 
 
 @contextmanager
-def traced(tracer: Any, name: str, specs: Sequence[Mapping[str, Any]],
-           parent: tracing.Parent | None) -> Iterator[tuple[Any, tracing.TraceFields]]:
-    """The producer's span around an enqueue (``tracing.enqueue_span``: child of ``parent``,
-    else of the caller's current context), and the fields that make the payloads carry it."""
-    with tracing.enqueue_span(tracer, name, specs, parent) as span:
+def traced(tracer: Any, name: str, requests: object,
+           defaults: Mapping[str, Any]) -> Iterator[tuple[Any, tracing.TraceFields]]:
+    """The producer's span around an enqueue of ``requests`` (prompts or mappings, over
+    ``defaults``: ``tracing.enqueue_span``, child of the ``traceparent`` in ``defaults``, else
+    of the caller's current context, linked to the contexts requests carry of their own), and
+    the fields that make the other requests' payloads carry it."""
+    parent = explicit_parent(defaults)
+    # What is not a list of requests is refused by the enqueue itself, inside the span.
+    if not isinstance(requests, Sequence) or isinstance(requests, str | bytes):
+        requests = ()
+    first = requests[0] if requests else ""
+    spec = {**defaults, **first} if isinstance(first, Mapping) else defaults
+    links: dict[tuple[str, str | None], tracing.Parent] = {}
+    if name == "enqueue_many":
+        for request in requests:
+            if isinstance(request, Mapping) and request.get("traceparent") is not None:
+                own = explicit_parent(request)
+                if own is not None and len(links) < tracing.MAX_LINKS:
+                    links.setdefault((own.traceparent, own.tracestate), own)
+    with tracing.enqueue_span(tracer, name, spec, len(requests), parent,
+                              list(links.values())) as span:
         mine = tracing.w3c_of(span)
         yield span, (mine.fields() if mine is not None
                      else parent.fields() if parent is not None else {})

@@ -92,6 +92,19 @@ def test_enqueue_many_is_one_span_every_request_carries(
     assert {stored(r, h.id).traceparent for h in handles} == {traceparent(span)}
 
 
+def test_enqueue_many_links_the_contexts_requests_carry_of_their_own(
+        client: inferq.Client, r: Any, spans: InMemorySpanExporter) -> None:
+    own = {"prompt": "b", "traceparent": TP}
+    handles = client.enqueue_many(["a", own, dict(own, prompt="c")], model="t")
+    (span,) = named(spans.get_finished_spans(), "enqueue_many")
+    assert [(f"{link.context.trace_id:032x}", link.context.span_id) for link in span.links] \
+        == [(TP[3:35], int(TP[36:52], 16))]  # once, though two requests carry it
+    assert [stored(r, h.id).traceparent for h in handles] == [traceparent(span), TP, TP]
+    for bad in ({"prompt": "x"}, 5):  # refused as with tracing off
+        with pytest.raises(inferq.ValidationError, match="requests must be a list"):
+            client.enqueue_many(bad, model="t")  # type: ignore[arg-type]
+
+
 class Flaky(BatchModel):
     """Echo; the first run of 'flaky' fails (retried), 'bad' always fails."""
 
