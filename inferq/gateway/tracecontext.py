@@ -22,6 +22,8 @@ from inferq.gateway.frontdoor import route_path
 #: The context the current call's requests carry (None: none).
 INCOMING: ContextVar[tracing.Parent | None] = ContextVar("inferq_trace_incoming", default=None)
 HEADER = b"x-trace-id"
+#: Probes answered without a span of their own (every few seconds, they would bury the calls).
+UNTRACED = frozenset({"/healthz", "/readyz", "/metrics/usage"})
 
 
 def trace_fields() -> tracing.TraceFields:
@@ -56,7 +58,7 @@ class TraceContext:
                 tracestate = value.decode("latin-1")
         tracer = tracing.tracer()
         parent = tracing.Parent.parse(traceparent, tracestate)
-        if tracer is not None:
+        if tracer is not None and route_path(scope) not in UNTRACED:
             await self._traced(tracer, parent, scope, receive, send)
         elif parent is not None:
             await self._carried(parent, scope, receive, send)

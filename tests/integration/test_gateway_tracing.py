@@ -77,10 +77,12 @@ def test_on_one_trace_from_the_http_call_to_the_worker(make_api: MakeApi,
         embedded = api.post("/v1/embeddings", json={"input": ["a", "bb"], "model": "t"},
                             headers={"traceparent": TP})
         native = api.post("/v1/requests?wait=true", json={"prompt": "abc", "model": "t"})
+        assert api.get("/healthz").status_code == 200  # probes make no spans
     assert embedded.status_code == 200 and native.status_code == 200, native.text
     assert embedded.headers["X-Trace-Id"] == TRACE
     finished = spans.get_finished_spans()
     servers = {attr(s, "url.path"): s for s in finished if s.name.startswith("POST")}
+    assert not [s for s in finished if s.name.startswith("GET")]
     embed_call, native_call = servers["/v1/embeddings"], servers["/v1/requests"]
     assert trace_hex(embed_call) == TRACE and parent_id(embed_call) == int(TP[36:52], 16)
     assert attr(embed_call, "http.response.status_code") == 200
