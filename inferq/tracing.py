@@ -117,6 +117,13 @@ class Parent:
     def trace_id(self) -> str:
         return self.traceparent[3:35]
 
+    def headers(self) -> dict[str, str]:
+        """As W3C headers (what vLLM's ``trace_headers`` takes)."""
+        out = {"traceparent": self.traceparent}
+        if self.tracestate:
+            out["tracestate"] = self.tracestate
+        return out
+
     def fields(self) -> TraceFields:
         """As ``enqueue`` keyword arguments."""
         out: TraceFields = {"traceparent": self.traceparent}

@@ -135,7 +135,7 @@ def test_worker_spans_follow_the_parents_sampling_and_end_once() -> None:
     from inferq.protocol import ops
     from inferq.worker.core.config import WorkerConfig
     from inferq.worker.core.traces import WorkerTraces
-    from tests.support.traces import events, named, traced
+    from tests.support.traces import events, named, traced, traceparent
 
     config = WorkerConfig(connection=ConnectionSettings("redis://127.0.0.1:1/0"),
                           model_name="m", model_spec="builtin:echo", worker_id="w1")
@@ -145,6 +145,8 @@ def test_worker_spans_follow_the_parents_sampling_and_end_once() -> None:
         claims = [_claim("a", TP), _claim("b", unsampled), _claim("c", None, attempt=2)]
         traces.claimed(claims)
         assert set(traces.open) == {"a", "c"}  # b's parent was not sampled: not followed
+        headers = traces.headers("a")  # what vLLM continues: the run span
+        assert traces.headers("b") is None
         traces.group("batch", ["a", "b", "c"], 1, 2, {"inferq.batch.id": 7},
                      {"inferq.batch.id": 7})
         done = [ops.Completion(claims[0].claimed, "ok", b"", prompt_tokens=4),
@@ -158,6 +160,7 @@ def test_worker_spans_follow_the_parents_sampling_and_end_once() -> None:
     assert len(batch.links) == 2 and batch.parent is None
     a, c = sorted(named(finished, "run"), key=lambda s: s.attributes["messaging.message.id"])
     assert a.parent is not None and a.parent.span_id == int(TP[36:52], 16)
+    assert headers == {"traceparent": traceparent(a)}
     assert a.attributes["gen_ai.usage.input_tokens"] == 4 and a.attributes["inferq.batch.id"] == 7
     assert c.parent is None and events(c) == ["resumed", "retry"]
     assert c.status.status_code.name == "ERROR"

@@ -120,6 +120,13 @@ class WorkerTraces:
         if (span := self.open.get(request_id)) is not None:
             span.set_attributes(dict(attributes))
 
+    def headers(self, request_id: str) -> dict[str, str] | None:
+        """The W3C headers of a request's open ``run`` span (what an engine that traces
+        continues), or None."""
+        span = self.open.get(request_id)
+        parent = None if span is None else tracing.w3c_of(span)
+        return None if parent is None else parent.headers()
+
     def completed(self, completions: Sequence[ops.Completion],
                   written: Sequence[bool] | None) -> None:
         """End each completion's ``run`` span: its outcome as an event or the span status;
