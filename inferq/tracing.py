@@ -135,8 +135,8 @@ class Parent:
 # ------------------------------------------------------------------------------ the switch
 
 _tracer: Any = None
-#: Settled: ``_tracer`` is final (an SDK set up, or disabled). Unsettled, a later import of
-#: OpenTelemetry by the application turns tracing on.
+#: Settled: ``_tracer`` is final (an SDK set up, a provider joined, or disabled). Unsettled, a
+#: global tracer provider that the application sets later turns tracing on.
 _settled = False
 _env_read = False
 _service = "inferq"
@@ -147,10 +147,6 @@ def tracer() -> Any:
     if _settled:
         return _tracer
     return _resolve()
-
-
-def enabled() -> bool:
-    return tracer() is not None
 
 
 def setup(service: str) -> Any:
