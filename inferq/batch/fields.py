@@ -23,6 +23,10 @@ class BatchField(StrEnum):
     #: The creating key's ceiling on priority ('' for none): the runner's lines never exceed
     #: it, whichever gateway runs them.
     MAX_PRIORITY = "max_priority"
+    #: The W3C trace context of the call that created the batch ('' for none): each line's
+    #: request carries it (README, "Tracing").
+    TRACEPARENT = "traceparent"
+    TRACESTATE = "tracestate"
     OUTPUT_FILE_ID = "output_file_id"
     ERROR_FILE_ID = "error_file_id"
     ERRORS = "errors"

@@ -356,6 +356,10 @@ class BatchRunner:
                    "id": stored_id}
         if held.owner is not None:
             request["tenant"] = held.owner
+        if traceparent := held.h.get(B.TRACEPARENT):
+            request["traceparent"] = traceparent
+            if tracestate := held.h.get(B.TRACESTATE):
+                request["tracestate"] = tracestate
         prepared = self._prepare(parsed.prompt, request, held.keys.batch_id)
         if isinstance(prepared, ApiError):  # what the queue refuses: this line only
             return refused_line(public_id, parsed.custom_id, prepared)

@@ -1,5 +1,6 @@
-"""``inferq request ID``: one request's state, attempts, owner, timings (Redis clock), error
-and the head of its result, found in any known queue (or ``--queue``)."""
+"""``inferq request ID``: one request's state, attempts, owner, timings (Redis clock), error,
+trace id (when it carries a trace context) and the head of its result, found in any known
+queue (or ``--queue``)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ def format_lookup(found: Lookup) -> str:
     if info.claimed_ms is not None:
         lines.append(f"  started    {info.claimed_ms} "
                      f"(waited {_ms(info.enqueued_ms, info.claimed_ms)})")
+    result = info.result
+    if result is not None and result.ttft_ms is not None:
+        lines.append(f"  first text {result.ttft_ms:.1f} ms after enqueue")
     if info.finished_ms is not None:
         lines.append(f"  finished   {info.finished_ms} "
                      f"(total {_ms(info.enqueued_ms, info.finished_ms)})")
@@ -54,6 +58,8 @@ def format_lookup(found: Lookup) -> str:
         lines.append(f"  deadline   {info.deadline_ms}")
     if found.error is not None:
         lines.append(f"  error      [{found.error[0]}] {found.error[1]}")
+    if found.trace_id is not None:
+        lines.append(f"  trace      {found.trace_id}")
     head = found.head()
     if head is not None:
         lines.append(f"  result     {head}")

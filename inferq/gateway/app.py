@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 import inferq
+from inferq import tracing
 from inferq.gateway import admin, errors, usage_routes
 from inferq.gateway.auth import declared_bearer
 from inferq.gateway.authn import Authenticator
@@ -20,6 +21,7 @@ from inferq.gateway.frontdoor import FrontDoor
 from inferq.gateway.routes import batches, completions, files, health, models, native, openai_compat
 from inferq.gateway.settings import GatewaySettings
 from inferq.gateway.state import GatewayState
+from inferq.gateway.tracecontext import TraceContext
 from inferq.producer.aio import AsyncClient
 from inferq.producer.common import ClientOptions
 from inferq.protocol.keys import TenancyKeys
@@ -29,6 +31,7 @@ log = logging.getLogger("inferq.gateway")
 
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     settings = settings if settings is not None else GatewaySettings.from_env()
+    tracing.setup("inferq-gateway")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -59,6 +62,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     errors.install(app, retry_after_s=settings.retry_after_s)
     if settings.fast_path:
         app.add_middleware(EmbeddingsFastPath)
+    app.add_middleware(TraceContext)  # inside the front door: for admitted callers only
     # Added last, so outermost: nothing runs, and no body is read, before it admits a caller.
     app.add_middleware(FrontDoor, max_body_bytes=int(settings.max_body_mb * (1 << 20)),
                        max_file_bytes=settings.max_file_bytes,

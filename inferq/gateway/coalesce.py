@@ -21,6 +21,7 @@ Each HTTP request still succeeds or fails alone:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -58,7 +59,8 @@ class Coalescer:
         self._pending.append(entry)
         if not self._scheduled:
             self._scheduled = True
-            loop.call_soon(self._flush)
+            # In a context of its own: not the first caller's (its trace, its span).
+            loop.call_soon(self._flush, context=contextvars.Context())
         try:
             return await asyncio.shield(entry.future)
         except asyncio.CancelledError:

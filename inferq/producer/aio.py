@@ -11,7 +11,7 @@ from typing import Any, TypeVar, Unpack
 
 import redis.asyncio as aioredis
 
-from inferq import connection, plans, stats
+from inferq import connection, plans, stats, tracing
 from inferq.connection import ConnectionSettings, wrap_connection_errors
 from inferq.plans import Plan
 from inferq.producer import common
@@ -131,6 +131,15 @@ class AsyncClient:
     async def enqueue(self, prompt: str = "",
                       **request: Unpack[EnqueueOptions]) -> AsyncHandle:
         """Queue one request; the arguments are ``Client.enqueue``'s (``EnqueueOptions``)."""
+        tracer = tracing.tracer()
+        if tracer is None:
+            return await self._enqueue(prompt, request)
+        with common.traced(tracer, "enqueue", [""], request) as (span, context):
+            handle = await self._enqueue(prompt, {**request, **context})
+            span.set_attribute("messaging.message.id", handle.id)
+            return handle
+
+    async def _enqueue(self, prompt: str, request: Mapping[str, Any]) -> AsyncHandle:
         (p,) = await self._route(
             [common.prepare(prompt, request, self.options, reply_to=self.client_id)])
         with wrap_connection_errors(self.connection):
@@ -143,7 +152,17 @@ class AsyncClient:
 
     async def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], *,
                            atomic: bool = False, **defaults: Any) -> list[AsyncHandle]:
-        """See ``Client.enqueue_many`` (``atomic``: all or none)."""
+        """See ``Client.enqueue_many`` (``atomic``: all or none; the tracing too)."""
+        tracer = tracing.tracer()
+        if tracer is None:
+            return await self._enqueue_many(requests, atomic, defaults)
+        if isinstance(requests, Iterable) and not isinstance(requests, Sequence | Mapping):
+            requests = list(requests)  # read twice: by the span, and to enqueue
+        with common.traced(tracer, "enqueue_many", requests, defaults) as (_, context):
+            return await self._enqueue_many(requests, atomic, {**defaults, **context})
+
+    async def _enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], atomic: bool,
+                            defaults: Mapping[str, Any]) -> list[AsyncHandle]:
         prepared = await self._route(common.prepare_many(requests, defaults, self.options,
                                                          reply_to=self.client_id))
         groups = common.group_by_queue(prepared)

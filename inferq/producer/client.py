@@ -12,7 +12,7 @@ from typing import Any, TypeVar, Unpack
 
 import redis
 
-from inferq import connection, plans, stats
+from inferq import connection, plans, stats, tracing
 from inferq.connection import ConnectionSettings, wrap_connection_errors
 from inferq.plans import Plan
 from inferq.producer import common
@@ -169,7 +169,20 @@ class Client:
         * ``cost``: a custom task's cost in the tenant's account (default 1; the built-in
           tasks estimate theirs from the text).
 
+        * ``traceparent``, ``tracestate``: the W3C trace context the request continues
+          (default: the caller's current OpenTelemetry context when tracing is on; README,
+          "Tracing").
+
         Raises ``ValidationError``, ``QueueFull`` or ``BackendUnavailable``."""
+        tracer = tracing.tracer()
+        if tracer is None:
+            return self._enqueue(prompt, request)
+        with common.traced(tracer, "enqueue", [""], request) as (span, context):
+            handle = self._enqueue(prompt, {**request, **context})
+            span.set_attribute("messaging.message.id", handle.id)
+            return handle
+
+    def _enqueue(self, prompt: str, request: Mapping[str, Any]) -> Handle:
         (p,) = self._route([common.prepare(prompt, request, self.options,
                                            reply_to=self.client_id)])
         with wrap_connection_errors(self.connection):
@@ -189,7 +202,19 @@ class Client:
         ``accepted`` attribute lists the handles that did get in. ``atomic=True``: all or
         none, in one script call; if back-pressure would refuse any, none is queued (every
         request must then go to one queue shard: ``ValidationError`` otherwise).
+        With tracing on, one ``enqueue_many`` span covers the call and every request that
+        names no ``traceparent`` of its own carries it.
         """
+        tracer = tracing.tracer()
+        if tracer is None:
+            return self._enqueue_many(requests, atomic, defaults)
+        if isinstance(requests, Iterable) and not isinstance(requests, Sequence | Mapping):
+            requests = list(requests)  # read twice: by the span, and to enqueue
+        with common.traced(tracer, "enqueue_many", requests, defaults) as (_, context):
+            return self._enqueue_many(requests, atomic, {**defaults, **context})
+
+    def _enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], atomic: bool,
+                      defaults: Mapping[str, Any]) -> list[Handle]:
         prepared = self._route(common.prepare_many(requests, defaults, self.options,
                                                    reply_to=self.client_id))
         groups = common.group_by_queue(prepared)

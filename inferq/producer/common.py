@@ -8,12 +8,13 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Required, TypedDict, TypeVar, cast
 
-from inferq import cluster
+from inferq import cluster, tracing
 from inferq.errors import (
     DeadlineExceeded,
     QueueFull,
@@ -60,6 +61,8 @@ class EnqueueOptions(TypedDict, total=False):
     messages: Sequence[Mapping[str, Any]] | None
     tenant: str | None
     cost: int | None
+    traceparent: str | None
+    tracestate: str | None
 
 
 ENQUEUE_KEYS = frozenset(EnqueueOptions.__annotations__)
@@ -379,6 +382,47 @@ def group_by_queue(prepared: Sequence[Prepared]) -> dict[QueueKeys, list[int]]:
     for index, p in enumerate(prepared):
         groups.setdefault(p.keys, []).append(index)
     return groups
+
+
+def explicit_parent(request: Mapping[str, Any]) -> tracing.Parent | None:
+    """The ``traceparent=`` (and ``tracestate=``) a caller gave, checked."""
+    traceparent = request.get("traceparent")
+    if traceparent is None:
+        return None
+    try:
+        tracing.check_traceparent(str(traceparent))
+        if (state := request.get("tracestate")) is not None:
+            tracing.check_tracestate(str(state))
+    except ValueError as exc:
+        raise ValidationError(str(exc), field="traceparent") from exc
+    return tracing.Parent(str(traceparent), request.get("tracestate"))
+
+
+@contextmanager
+def traced(tracer: Any, name: str, requests: object,
+           defaults: Mapping[str, Any]) -> Iterator[tuple[Any, tracing.TraceFields]]:
+    """The producer's span around an enqueue of ``requests`` (prompts or mappings, over
+    ``defaults``: ``tracing.enqueue_span``, child of the ``traceparent`` in ``defaults``, else
+    of the caller's current context, linked to the contexts requests carry of their own), and
+    the fields that make the other requests' payloads carry it."""
+    parent = explicit_parent(defaults)
+    # What is not a list of requests is refused by the enqueue itself, inside the span.
+    if not isinstance(requests, Sequence) or isinstance(requests, str | bytes):
+        requests = ()
+    first = requests[0] if requests else ""
+    spec = {**defaults, **first} if isinstance(first, Mapping) else defaults
+    links: dict[tuple[str, str | None], tracing.Parent] = {}
+    if name == "enqueue_many":
+        for request in requests:
+            if isinstance(request, Mapping) and request.get("traceparent") is not None:
+                own = explicit_parent(request)
+                if own is not None and len(links) < tracing.MAX_LINKS:
+                    links.setdefault((own.traceparent, own.tracestate), own)
+    with tracing.enqueue_span(tracer, name, spec, len(requests), parent,
+                              list(links.values())) as span:
+        mine = tracing.w3c_of(span)
+        yield span, (mine.fields() if mine is not None
+                     else parent.fields() if parent is not None else {})
 
 
 def check_full(reply: ops.EnqueueReply, prepared: Prepared, options: ClientOptions) -> None:

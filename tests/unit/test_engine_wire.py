@@ -15,7 +15,9 @@ STATE = wire.EngineState(running=3, due=1, max_slots=8, step=42, device_allocate
 TO_ENGINE: list[wire.ToEngine] = [
     wire.Submit([wire.GenerationSpec("r1", [1, 2, 3], {"max_new_tokens": 4, "stop": ["\n"]},
                                      priority=-5, order=7, alone=True, streamed=[9, 8],
-                                     shown="héllo")]),
+                                     shown="héllo", trace_headers={"traceparent": "00-1-2-01"}),
+                 wire.GenerationSpec("r2", [1], {}, priority=0, order=8, alone=False,
+                                     streamed=[], shown="", trace_headers=None)]),
     wire.Cancel(["r1", "r2"]),
     wire.Withdraw(3, ["r1"]),
     wire.Stop(),

@@ -46,19 +46,21 @@ def test_observe_many_counts_what_observe_counts(values: list[float]) -> None:
             assert value == b[key], key
 
 
-def _claim(i: int, priority: int, enqueued_ms: int, claimed_ms: int) -> Claim:
+def _claim(i: int, priority: int, enqueued_ms: int, claimed_ms: int,
+           traced: bool = False) -> Claim:
     claimed = ops.Claimed(f"r{i}", b"", "t", 1, enqueued_ms, None)
-    payload = RequestPayload(id=f"r{i}", task="embed", model="m", prompt="", priority=priority)
+    payload = RequestPayload(id=f"r{i}", task="embed", model="m", prompt="", priority=priority,
+                             traceparent=f"00-{i + 1:032x}-{i + 1:016x}-01" if traced else None)
     return Claim(claimed, payload, 0.0, None, claimed_ms)
 
 
 @settings(max_examples=100, deadline=None)
 @given(rows=st.lists(st.tuples(st.integers(-2, 2), st.integers(0, 90_000),
-                               st.integers(0, 5_000)), max_size=30),
+                               st.integers(0, 5_000), st.booleans()), max_size=30),
        finished=st.integers(0, 200_000))
-def test_observe_latencies_matches_observe_latency(rows: list[tuple[int, int, int]],
+def test_observe_latencies_matches_observe_latency(rows: list[tuple[int, int, int, bool]],
                                                    finished: int) -> None:
-    claims = [_claim(i, p, e, e + c) for i, (p, e, c) in enumerate(rows)]
+    claims = [_claim(i, p, e, e + c, traced) for i, (p, e, c, traced) in enumerate(rows)]
     one, many = WorkerMetrics("embed:m", "w"), WorkerMetrics("embed:m", "w")
     for claim in claims:
         one.observe_latency(claim, finished)
@@ -67,6 +69,23 @@ def test_observe_latencies_matches_observe_latency(rows: list[tuple[int, int, in
     assert a.keys() == b.keys()
     for key, value in a.items():
         assert math.isclose(value, b[key], rel_tol=1e-9, abs_tol=1e-9), key
+
+
+def test_latencies_carry_the_trace_as_exemplar_in_openmetrics_only() -> None:
+    metrics = WorkerMetrics("embed:m", "w")
+    metrics.observe_latencies([_claim(0, 0, 1000, 1200), _claim(1, 0, 1000, 1300, traced=True),
+                               _claim(2, 1, 1000, 1250, traced=True)], 1500)
+    ctype, body = metrics.render("application/openmetrics-text; version=1.0.0")
+    text = body.decode()
+    assert ctype.startswith("application/openmetrics-text")
+    exemplars = [line for line in text.splitlines() if "trace_id" in line]
+    # per priority, one traced request on each latency histogram: queue wait, claim to result
+    assert {line.split("{", 1)[0] for line in exemplars} == {
+        "inferq_queue_wait_seconds_bucket", "inferq_claim_to_result_seconds_bucket"}
+    assert {line.rsplit('trace_id="', 1)[1][:32] for line in exemplars} == {
+        f"{2:032x}", f"{3:032x}"}
+    plain = metrics.render("")[1].decode()
+    assert "trace_id" not in plain and "inferq_queue_wait_seconds_bucket" in plain
 
 
 @given(outcomes=st.lists(st.tuples(st.sampled_from(["ok", "failed", "dead", "expired",

@@ -26,6 +26,7 @@ from inferq.protocol.codec import (
     encode_result_fields,
 )
 from inferq.protocol.generation import FinishReason
+from inferq.tracing import trace_id_of
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.failures import Failure
 from inferq.worker.core.results import Claim, batch_completions, completion
@@ -47,7 +48,8 @@ def reference(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) -
         status, body = Status.OK, {"output": outcome}
     common: dict[str, Any] = dict(
         id=c.id, task=config.task, model=config.model_name, worker=config.worker_id,
-        attempts=c.attempt, enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms, **fields)
+        attempts=c.attempt, enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms,
+        trace_id=trace_id_of(claim.payload.traceparent), **fields)
     try:
         data = encode_result(Result(status=status, **body, **common), config.limits)
     except InferqError as exc:
@@ -58,12 +60,17 @@ def reference(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) -
     return ops.Completion(c, status.value, data)
 
 
-def claim_of(i: int, attempt: int = 1, max_attempts: int = 3) -> Claim:
+def claim_of(i: int, attempt: int = 1, max_attempts: int = 3,
+             traced: bool | None = None) -> Claim:
+    """Request ``r<i>``; an odd one carries a trace context (unless ``traced`` says)."""
     rid = f"r{i}"
     claimed = ops.Claimed(id=rid, payload=b"", token=f"t{i}", attempt=attempt,
                           enqueued_ms=1_700_000_000_000 + i, deadline_ms=None)
+    traceparent = f"00-{i + 1:032x}-{i + 1:016x}-01"
     payload = RequestPayload(id=rid, task="embed", model="m", prompt="p",
-                             max_attempts=max_attempts)
+                             max_attempts=max_attempts,
+                             traceparent=traceparent if (traced if traced is not None
+                                                         else i % 2 == 1) else None)
     return Claim(claimed, payload, 0.0, None, 1_700_000_000_500 + i)
 
 
@@ -128,7 +135,7 @@ def test_batch_completions_write_what_the_model_path_writes(
 
 
 @settings(max_examples=200, deadline=None)
-@given(outcome=outcomes, attempt=st.integers(1, 3),
+@given(outcome=outcomes, attempt=st.integers(1, 3), traced=st.booleans(),
        extra=st.fixed_dictionaries({}, optional={
            "batch_size": st.integers(1, 64), "input_tokens": st.integers(0, 999),
            "finished_ms": st.integers(0, 2**41), "compute_ms": st.floats(0, 1e4),
@@ -138,8 +145,9 @@ def test_batch_completions_write_what_the_model_path_writes(
            "ttft_ms": st.one_of(st.none(), st.floats(0, 1e4)),
        }))
 def test_completion_writes_what_the_model_path_writes(outcome: Any, attempt: int,
+                                                      traced: bool,
                                                       extra: dict[str, Any]) -> None:
-    claim = claim_of(0, attempt)
+    claim = claim_of(0, attempt, traced=traced)
     try:
         ref = reference(CONFIG, claim, outcome, **extra)
     except Exception as exc:

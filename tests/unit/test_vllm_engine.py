@@ -182,6 +182,19 @@ def expected_tokens(prompt: list[int], n: int) -> list[int]:
     return out
 
 
+def test_the_trace_context_reaches_vllm_only_when_vllm_traces(lm: CausalLM) -> None:
+    headers = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    for traces in (True, False):
+        core = FakeCore()
+        engine = VllmEngine(lm, BUDGET, core, fake_requests(), block_size=16, traces=traces)
+        ids = lm.tokenizer("request t asks")["input_ids"]
+        traced = engine.new_generation("t", ids, GenerationParams(max_new_tokens=2),
+                                       trace_headers=headers)
+        plain = engine.new_generation("p", ids, GenerationParams(max_new_tokens=2))
+        engine.step([traced, plain])
+        assert [r.trace_headers for r in core.added] == [headers if traces else None, None]
+
+
 def test_a_generation_streams_vllms_tokens_with_its_priority_reversed(lm: CausalLM) -> None:
     core = FakeCore()
     engine = engine_on(lm, core)

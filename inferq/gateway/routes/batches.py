@@ -19,6 +19,7 @@ from inferq.batch.envelope import FileInvalid
 from inferq.gateway.batch_state import BatchDep
 from inferq.gateway.caller import Caller
 from inferq.gateway.schemas import ERROR_RESPONSES
+from inferq.gateway.tracecontext import incoming
 from inferq.openai.errors import INVALID, ApiError
 
 router = APIRouter(tags=["batches"])
@@ -46,7 +47,8 @@ async def create_batch(state: BatchDep, caller: Caller, body: CreateBatch) -> di
     naming the line. A ``metadata.priority`` above the key's ``max_priority`` is a 403."""
     try:
         return await state.batches.create(body.input_file_id, body.endpoint,
-                                          body.completion_window, body.metadata, caller)
+                                          body.completion_window, body.metadata, caller,
+                                          incoming())
     except BatchRefused as exc:
         raise refused(exc) from exc
     except FileInvalid as exc:

@@ -50,6 +50,7 @@ from inferq.gateway.routes.native import ModelQuery, RequestIdPath, not_found, w
 from inferq.gateway.schemas import ERROR_RESPONSES
 from inferq.gateway.sse import Chunks, Position, stream_response
 from inferq.gateway.state import GatewayState, State
+from inferq.gateway.tracecontext import trace_fields
 from inferq.openai.errors import from_inferq
 from inferq.openai.requests import generation_request, text_bytes
 from inferq.openai.responses import chat_response, completion_response, response_id
@@ -93,7 +94,8 @@ async def enqueue(state: GatewayState, caller: Principal,
     return await state.client.enqueue(
         request.prompt, **request.fields, priority=chosen,
         deadline_s=body.deadline_s if body.deadline_s is not None else deadline_s,
-        id=stored_id, tenant=tenant_of(caller, state.tenant(body.user, tenant)))
+        id=stored_id, tenant=tenant_of(caller, state.tenant(body.user, tenant)),
+        **trace_fields())
 
 
 async def wait(state: GatewayState, caller: Principal, handle: AsyncHandle,

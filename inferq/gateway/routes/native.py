@@ -18,6 +18,7 @@ from inferq.gateway.limiting import Reservation, reserve, settle_from
 from inferq.gateway.routes.common import DeadlineHeader, PriorityHeader, TenantHeader
 from inferq.gateway.schemas import ERROR_RESPONSES, CreateRequest, RequestView, ResultView
 from inferq.gateway.state import GatewayState, State
+from inferq.gateway.tracecontext import trace_fields
 from inferq.openai.errors import ApiError, from_inferq
 from inferq.openai.schemas import ModelName, TaskName
 from inferq.producer.aio import AsyncHandle
@@ -107,7 +108,8 @@ async def create_request(body: CreateRequest, state: State, caller: Caller, resp
             body.prompt, model=body.model, task=body.task, priority=priority,
             deadline_s=body.deadline_s if body.deadline_s is not None else x_deadline_s,
             id=stored_id, params=body.params, max_attempts=body.max_attempts,
-            tenant=tenant_of(caller, state.tenant(body.tenant, x_inferq_tenant)))
+            tenant=tenant_of(caller, state.tenant(body.tenant, x_inferq_tenant)),
+            **trace_fields())
     except BaseException:
         await reservation.release()
         raise

@@ -21,6 +21,7 @@ from inferq.gateway.routes.common import (
 )
 from inferq.gateway.schemas import ERROR_RESPONSES
 from inferq.gateway.state import GatewayState, State
+from inferq.gateway.tracecontext import trace_fields
 from inferq.openai.errors import ApiError, from_inferq
 from inferq.openai.jsonenc import dumps
 from inferq.openai.requests import embedding_texts, embeddings_fields
@@ -77,7 +78,7 @@ async def embeddings_response(state: GatewayState, body: EmbeddingsRequest, call
     try:
         handles = await state.enqueue_many(
             texts, **embeddings_fields(body), priority=priority, deadline_s=deadline_s,
-            tenant=tenant_of(caller, state.tenant(body.user, x_tenant)))
+            tenant=tenant_of(caller, state.tenant(body.user, x_tenant)), **trace_fields())
     except QueueFull as exc:
         # Some inputs may have got in before the queue filled: all or nothing.
         await cancel_quietly(exc.accepted)

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import ThreadingHTTPServer
 from typing import Any, Generic, TypeVar
 
-from inferq import connection
+from inferq import connection, tracing
 from inferq.protocol import ops
 from inferq.protocol.keys import QueueKeys
 from inferq.worker.core.config import WorkerConfig
@@ -37,6 +37,8 @@ from inferq.worker.core.metrics import serve as serve_metrics
 from inferq.worker.core.queue_link import QueueLink
 from inferq.worker.core.results import Claim, decode_claims
 from inferq.worker.core.stats import WorkerStats
+from inferq.worker.core.traces import WorkerTraces
+from inferq.worker.core.traces import make as make_traces
 from inferq.worker.core.wake import BLOCK_S, WakeWaiter
 
 log = logging.getLogger("inferq.worker")
@@ -90,6 +92,8 @@ class QueueWorker(ABC, Generic[T]):
         #: Set once the worker serves (started, registered, heartbeating): a stop may come.
         self.serving = asyncio.Event()
         self.watchdog = StopWatchdog(config.worker_id, hard_exit=False)
+        #: Spans of the requests in hand (``core.traces``): None while tracing is off.
+        self.traces: WorkerTraces | None = None
 
     def request_stop(self) -> None:
         if self._stopping is not None and not self._stopping.is_set():
@@ -112,6 +116,7 @@ class QueueWorker(ABC, Generic[T]):
         watchdog only logs."""
         self._stopping = asyncio.Event()
         self.watchdog = StopWatchdog(self.config.worker_id, hard_exit=install_signal_handlers)
+        self.traces = self.link.traces = make_traces(self.config, self.link.now_ns)
         self.redis = self._connect()
         self.link.attach(self.redis, ops.register(self.redis))
         self._wake.connect(self._connect(), *self._wake_keys())
@@ -160,6 +165,8 @@ class QueueWorker(ABC, Generic[T]):
                 pool.shutdown(wait=not self.abandoned, cancel_futures=True)
             if self.metrics_server is not None:
                 self.metrics_server.shutdown()
+            if self.traces is not None:
+                await bounded(asyncio.to_thread(tracing.flush), 2.0, "trace export")
             log.info("worker %s stopped after %s", self.config.worker_id, self._summary())
             if not self.watchdog.hard_exit:
                 self.watchdog.disarm()  # a process of its own stays watched until it exits
@@ -224,6 +231,8 @@ class QueueWorker(ABC, Generic[T]):
     def _decode_and_prepare(self, claimed: Sequence[ops.Claimed],
                             now_ms: int) -> tuple[list[T], list[ops.Completion]]:
         claims, failures = decode_claims(self.config, claimed, now_ms, self.clock)
+        if self.traces is not None:
+            self.traces.claimed(claims)
         ready, rejected = self._prepare(claims, now_ms)
         return ready, failures + rejected
 

@@ -19,13 +19,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
 )
+from prometheus_client.exposition import choose_encoder
 
 from inferq.plans import run_async
 from inferq.stats import sharded_queue_stats
@@ -170,8 +169,12 @@ class WorkerMetrics:
         return {metric.name + suffix for metric in self.registry.collect()
                 for suffix in suffixes.get(metric.type, ("",))}
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, accept: str = "") -> tuple[str, bytes]:
+        """The exposition a scraper's ``Accept`` header asks for (prometheus_client's own
+        negotiation): OpenMetrics, which carries the latency histograms' exemplars (trace ids),
+        to a Prometheus that asks for it; else the text format."""
+        encoder, content_type = choose_encoder(accept)
+        return content_type, encoder(self.registry)
 
     async def sample_queue(self, client: aioredis.Redis, keys: QueueKeys, device: str) -> None:
         """Queue-wide gauges (depth by priority, in flight, dead letters, live workers), and
@@ -240,14 +243,19 @@ class WorkerMetrics:
         self.tokens.labels(q).inc(tokens)
 
     def observe_latency(self, claim: Claim, finished_ms: int) -> None:
-        """Time in the queue and from claim to result, of a request that finished."""
+        """Time in the queue and from claim to result, of a request that finished (with its
+        trace as the exemplar, when it carries a sampled one)."""
+        self._observe_latency(claim, finished_ms)
+        self.observe_tenants((claim,))
+
+    def _observe_latency(self, claim: Claim, finished_ms: int) -> None:
         priority = str(claim.payload.priority)
         wait = max(claim.claimed_ms - claim.claimed.enqueued_ms, 0) / 1e3
         self.recent_waits.append(wait)
-        self.queue_wait.labels(self.queue, priority).observe(wait)
+        exemplar = exemplar_of(claim)
+        self.queue_wait.labels(self.queue, priority).observe(wait, exemplar)
         self.claim_to_result.labels(self.queue, priority).observe(
-            max(finished_ms - claim.claimed_ms, 0) / 1e3)
-        self.observe_tenants((claim,))
+            max(finished_ms - claim.claimed_ms, 0) / 1e3, exemplar)
 
     def observe_latencies(self, claims: Iterable[Claim], finished_ms: int) -> None:
         """``observe_latency`` for requests that finished together (a batch): each histogram
@@ -255,16 +263,24 @@ class WorkerMetrics:
         claims = list(claims)
         waits: dict[int, list[float]] = {}
         runs: dict[int, list[float]] = {}
+        #: Per priority, one traced request observed with its trace as the exemplar.
+        traced: dict[int, Claim] = {}
         for claim in claims:
             priority = claim.payload.priority
             if priority not in waits:
                 waits[priority], runs[priority] = [], []
+            if claim.payload.traceparent is not None and priority not in traced \
+                    and exemplar_of(claim) is not None:
+                traced[priority] = claim
+                continue
             waits[priority].append(max(claim.claimed_ms - claim.claimed.enqueued_ms, 0) / 1e3)
             runs[priority].append(max(finished_ms - claim.claimed_ms, 0) / 1e3)
         for priority, values in waits.items():
             self.recent_waits.extend(values)
             observe_many(self.queue_wait.labels(self.queue, str(priority)), values)
             observe_many(self.claim_to_result.labels(self.queue, str(priority)), runs[priority])
+        for claim in traced.values():
+            self._observe_latency(claim, finished_ms)
         self.observe_tenants(claims)
 
     def dashboard_fields(self) -> dict[str, str]:
@@ -299,6 +315,16 @@ class WorkerMetrics:
                 self.dead_letters.labels(q).inc(count)
             elif status == "expired":
                 self.expirations.labels(q).inc(count)
+
+
+def exemplar_of(claim: Claim) -> dict[str, str] | None:
+    """The exemplar of a request's latencies: its trace id, when its trace was sampled (an
+    unsampled one has no spans to find). Prometheus reads exemplars in the OpenMetrics format
+    (``serve`` answers it to a scraper that asks)."""
+    traceparent = claim.payload.traceparent
+    if traceparent is None or not int(traceparent[-2:], 16) & 1:
+        return None
+    return {"trace_id": traceparent[3:35]}
 
 
 def observe_many(child: Any, values: Sequence[float]) -> None:
@@ -358,15 +384,16 @@ class HealthState:
 def serve(metrics: WorkerMetrics, health: HealthState, port: int,
           host: str = "0.0.0.0") -> ThreadingHTTPServer:
     """Serve ``/metrics`` and ``/healthz`` on a daemon thread; ``port`` 0 picks a free one."""
-    routes: dict[str, Callable[[], tuple[int, str, bytes]]] = {
-        "/metrics": lambda: (200, CONTENT_TYPE_LATEST, metrics.render()),
-        "/healthz": lambda: _health(health),
+    routes: dict[str, Callable[[str], tuple[int, str, bytes]]] = {
+        "/metrics": lambda accept: (200, *metrics.render(accept)),
+        "/healthz": lambda _: _health(health),
     }
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             route = routes.get(self.path.split("?", 1)[0])
-            status, ctype, body = route() if route else (404, "text/plain", b"not found\n")
+            status, ctype, body = (route(self.headers.get("Accept", "")) if route
+                                   else (404, "text/plain", b"not found\n"))
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))

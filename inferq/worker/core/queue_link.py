@@ -31,6 +31,7 @@ from inferq.worker.core.backoff import RedisBackoff
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.leases import LeaseBook
 from inferq.worker.core.metrics import HealthState, WorkerMetrics
+from inferq.worker.core.traces import WorkerTraces
 from inferq.worker.core.wake import WakeWaiter
 
 log = logging.getLogger("inferq.worker")
@@ -80,6 +81,8 @@ class QueueLink:
         self._shard_turn = 0
         #: The same for the head reads of ``head_priority``.
         self._head_turn = 0
+        #: The requests' spans (``core.traces``), None while tracing is off.
+        self.traces: WorkerTraces | None = None
 
     def attach(self, redis: Any, scripts: Mapping[str, Any]) -> None:
         """The connection and registered scripts to use (made in the worker's event loop)."""
@@ -92,6 +95,13 @@ class QueueLink:
 
     def now_ms(self) -> int:
         return self.to_ms(self.clock())
+
+    def to_ns(self, t: float) -> int:
+        """``to_ms`` in nanoseconds (span times)."""
+        return int((t + self.clock_offset_s) * 1e9)
+
+    def now_ns(self) -> int:
+        return self.to_ns(self.clock())
 
     # ------------------------------------------------------------------------------ claims
 
@@ -263,6 +273,9 @@ class QueueLink:
         if lost:
             log.warning("%d claims lost their lease before they could start", len(lost))
             self.book.mark_lost(lost)
+        if self.traces is not None:
+            self.traces.ended(lost, "lease lost")
+            self.traces.started(request_id for request_id in ids if request_id not in lost)
         return set(lost)
 
     async def until_leases_expire(self, write: Callable[[], Awaitable[T]], *, what: str,
@@ -311,6 +324,8 @@ class QueueLink:
             for i, ok in zip(positions, ops.parse_complete(reply), strict=True):
                 written[i] = ok
             self.book.drop_many([ids[i] for i in positions])
+        if self.traces is not None:
+            self.traces.completed(completions, None if gave_up else written)
         return None if gave_up else written
 
     async def publish(self, deltas: Sequence[ops.StreamDelta],
@@ -350,12 +365,16 @@ class QueueLink:
             lambda: run_script_calls(client, scripts, calls), what="publish",
             request_ids=done_ids)
         if replies is None:
+            if self.traces is not None:
+                self.traces.completed(completions, None)
             return None
         written = [False] * len(completions)
         for at, mine in complete_at:
             for i, ok in zip(mine, ops.parse_complete(replies[at]), strict=True):
                 written[i] = ok
         book.drop_many(done_ids)
+        if self.traces is not None:
+            self.traces.completed(completions, written)
         return Published(lost={i for at in stream_at for i in ops.parse_ids(replies[at])},
                          written=written)
 
@@ -377,6 +396,9 @@ class QueueLink:
         finally:
             for request_id, _ in leases:
                 self.book.drop(request_id)
+            if self.traces is not None:
+                self.traces.ended([r for r, _ in leases], "released",
+                                  {"inferq.why": why} if why else None)
         log.log(logging.DEBUG if why else logging.INFO,
                 "gave %d unstarted requests back to the queue%s", released,
                 f" ({why})" if why else "")

@@ -27,6 +27,7 @@ from inferq.protocol.codec import (
     encode_result,
     encode_result_fields,
 )
+from inferq.tracing import trace_id_of
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.failures import Failure
 
@@ -119,7 +120,8 @@ def completion(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) 
         status, body = Status.OK, {"output": outcome}
     common: dict[str, Any] = dict(
         id=c.id, task=config.task, model=config.model_name, worker=config.worker_id,
-        attempts=c.attempt, enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms, **fields)
+        attempts=c.attempt, enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms,
+        trace_id=trace_id_of(claim.payload.traceparent), **fields)
     try:
         data = encode_result_fields({"status": status, **body, **common}, config.limits)
     except (InferqError, TypeError, ValueError, OverflowError):
@@ -176,6 +178,8 @@ def batch_completions(config: WorkerConfig, claims: Sequence[Claim], outcomes: S
                 body["truncated"] = True
             body.update(enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms,
                         finished_ms=finished_ms, compute_ms=compute_ms)
+            if (traceparent := claim.payload.traceparent) is not None:
+                body["trace_id"] = traceparent[3:35]
             try:
                 data = packer.pack(body)
             except (TypeError, ValueError, OverflowError):

@@ -95,6 +95,9 @@ class Generation:
     generator: torch.Generator | None = None
     #: Whatever the caller attaches (the worker: its claimed job).
     tag: Any = None
+    #: W3C trace context headers for an engine that traces (vLLM: its spans join the
+    #: request's trace); None without one.
+    trace_headers: dict[str, str] | None = None
     tokens: list[int] = field(default_factory=list)
     #: With ``params.logprobs``: one entry per token of ``tokens`` (None for tokens a previous
     #: attempt streamed), and once finished their JSON form (``Engine.logprob_output``).
@@ -204,7 +207,8 @@ class Engine:
     def new_generation(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
                        *, priority: int = 0, order: int = 0, tag: Any = None,
                        alone: bool = False, streamed: Sequence[int] = (),
-                       shown: str = "") -> Generation:
+                       shown: str = "", trace_headers: dict[str, str] | None = None
+                       ) -> Generation:
         """A generation ready to admit; ``max_new`` is capped by the model's context.
 
         ``streamed``: the tokens a previous attempt already put in the request's stream, whose
@@ -218,6 +222,7 @@ class Engine:
             max_new=max(0, min(params.max_new_tokens, room)),
             detok=Detokenizer(self.lm.decode, prompt_ids, params.stop, backend=self.lm.backend),
             priority=priority, order=order, generator=generator, tag=tag, alone=alone,
+            trace_headers=trace_headers,
         )
         if streamed:
             self._resume(g, streamed, shown)

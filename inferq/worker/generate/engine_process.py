@@ -186,7 +186,8 @@ class EngineProcess:
                 self._held[g.id] = g
         self._send(wire.Submit([wire.GenerationSpec(
             g.id, g.prompt_ids, g.params.model_dump(), g.priority, g.order, g.alone,
-            g.tokens, g.detok.text[:g.detok.emitted]) for g in generations]))
+            g.tokens, g.detok.text[:g.detok.emitted], g.trace_headers)
+            for g in generations]))
 
     def cancel(self, request_ids: Sequence[str]) -> None:
         if request_ids:
@@ -636,7 +637,8 @@ class _EngineSide:
     def _on_submit(self, message: wire.Submit) -> None:
         self.steps.submit([self.engine.new_generation(
             spec.id, spec.prompt_ids, GenerationParams(**spec.params), priority=spec.priority,
-            order=spec.order, alone=spec.alone, streamed=spec.streamed, shown=spec.shown)
+            order=spec.order, alone=spec.alone, streamed=spec.streamed, shown=spec.shown,
+            trace_headers=spec.trace_headers)
             for spec in message.generations])
 
     def _on_cancel(self, message: wire.Cancel) -> None:

@@ -25,6 +25,7 @@ from inferq.protocol.codec import Usage
 from inferq.protocol.fields import StreamField
 from inferq.protocol.generation import FinishReason
 from inferq.worker.core.failures import Failure, failure_of
+from inferq.worker.core.metrics import exemplar_of
 from inferq.worker.core.queue_link import QueueLink, ScriptPipeline
 from inferq.worker.core.results import Claim, completion
 from inferq.worker.generate.engine import Generation
@@ -131,7 +132,27 @@ class StreamPublisher:
                 for out in outs:
                     self._record(out)
 
+    def _trace(self, outs: list[StepOutput]) -> None:
+        """Each step that admitted sequences: an ``admit`` span linked to their requests (a
+        ``admit`` event on each, with the prefill); ``preempted`` events."""
+        traces = self.link.traces
+        assert traces is not None
+        for out in outs:
+            at = self.link.to_ns(out.at)
+            if out.entered:
+                traces.group("admit", [g.id for g in out.entered],
+                             at - int(out.elapsed_s * 1e9), at,
+                             {"inferq.step": out.step,
+                              "inferq.prefill_tokens": out.prefill_tokens},
+                             {"inferq.step": out.step}, event=True)
+            for g in out.preempted:
+                traces.event(g.id, "preempted", {"inferq.step": out.step,
+                                                 "gen_ai.usage.output_tokens": len(g.tokens)},
+                             at)
+
     async def _publish(self, outs: list[StepOutput]) -> None:
+        if self.link.traces is not None:
+            self._trace(outs)
         merged: dict[str, tuple[Generation, list[int], str]] = {}
         for out in outs:
             for g, token, text in out.advanced:
@@ -156,6 +177,8 @@ class StreamPublisher:
             claim = claim_of(g)
             if text and g.id not in published.lost and claim.first_visible is None:
                 claim.first_visible = now
+                if self.link.traces is not None:
+                    self.link.traces.event(g.id, "first token", at_ns=self.link.to_ns(now))
         done = {c.id for c in completions}
         running_lost = [i for i in published.lost if i not in done]
         if running_lost:
@@ -182,7 +205,7 @@ class StreamPublisher:
         m.observe_latency(claim, self.link.now_ms())
         if claim.first_visible is not None:
             m.ttft.labels(m.queue, str(claim.payload.priority)).observe(
-                max(claim.first_visible - claim.arrival, 0.0))
+                max(claim.first_visible - claim.arrival, 0.0), exemplar_of(claim))
 
     def _result(self, g: Generation) -> ops.Completion:
         claim = claim_of(g)
@@ -192,6 +215,8 @@ class StreamPublisher:
         first = claim.first_visible if claim.first_visible is not None else self.link.clock()
         finish = g.finish or FinishReason.LENGTH
         self.stats.reasons[finish.value] += 1
+        if self.link.traces is not None:
+            self.link.traces.annotate(g.id, {"gen_ai.response.finish_reasons": [finish.value]})
         output: dict[str, Any] = {"text": g.detok.text, "token_ids": g.tokens}
         if g.logprob_output is not None:
             output["logprobs"] = g.logprob_output

@@ -67,6 +67,8 @@ class GenerationSpec(_Part, frozen=True):
     #: Tokens a previous attempt put in the request's stream, and the text they showed.
     streamed: list[int]
     shown: str
+    #: ``Generation.trace_headers``.
+    trace_headers: dict[str, str] | None
 
 
 class BudgetSpec(_Part, frozen=True):

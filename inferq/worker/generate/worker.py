@@ -20,6 +20,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from inferq import tracing
 from inferq.errors import MODEL_ERROR, InferqError, InvalidInput
 from inferq.protocol import ops
 from inferq.protocol.codec import ErrorInfo
@@ -336,6 +337,8 @@ class GenerationWorker(QueueWorker[Generation]):
         def prepare() -> tuple[list[Generation], list[ops.Completion]]:
             claims, failures = decode_claims(self.config, reply.claimed, reply.now_ms,
                                              self.clock)
+            if self.traces is not None:
+                self.traces.claimed(claims)
             ready, rejected = self._prepare(claims, reply.now_ms, streams)
             return ready, failures + rejected
 
@@ -366,7 +369,8 @@ class GenerationWorker(QueueWorker[Generation]):
                                                order=next(self._order),
                                                tag=StreamClaim.of(claim),
                                                alone=ran_before(claim.claimed),
-                                               streamed=tokens, shown=shown)
+                                               streamed=tokens, shown=shown,
+                                               trace_headers=self._trace_headers(claim))
                 if not self._fits_alone(g):
                     raise InvalidInput(
                         f"prompt ({len(ids)} tokens) + max_new_tokens ({g.max_new}) exceed "
@@ -376,6 +380,18 @@ class GenerationWorker(QueueWorker[Generation]):
                 continue
             generations.append(g)
         return generations, failures
+
+    def _trace_headers(self, claim: Claim) -> dict[str, str] | None:
+        """What vLLM's tracing continues (``--engine vllm``): the request's ``run`` span when
+        this worker traces, else the context its payload carries; the engine passes it only
+        when vLLM itself exports traces."""
+        if self.settings.engine != "vllm":
+            return None
+        if self.traces is not None and (headers := self.traces.headers(claim.id)):
+            return headers
+        payload = claim.payload
+        parent = tracing.Parent.parse(payload.traceparent, payload.tracestate)
+        return None if parent is None else parent.headers()
 
     def _fits_alone(self, g: Generation) -> bool:
         if self.settings.engine == "vllm":  # paged: a sequence takes the blocks it fills
@@ -411,6 +427,10 @@ class GenerationWorker(QueueWorker[Generation]):
             self.stats.cancelled += 1
             log.info("request %s left the batch after %d tokens: cancelled or lease lost",
                      g.id, len(g.tokens))
+        if self.traces is not None:
+            for g in gone:
+                self.traces.ended([g.id], "cancelled or lease lost",
+                                  {"gen_ai.usage.output_tokens": len(g.tokens)})
         self._nudge.set()
 
     def _on_engine_died(self, why: str, started: list[Generation],

@@ -318,6 +318,15 @@ class WindowWorker(QueueWorker[Job]):
             outcomes = await loop.run_in_executor(self._forward_pool, self._forward, inputs)
             ended = self.clock()
             elapsed = ended - started
+            if self.traces is not None:
+                self.traces.group("batch", [job.id for job in batch.jobs],
+                                  self.link.to_ns(started), self.link.to_ns(ended), {
+                                      "inferq.batch.id": batch.id,
+                                      "inferq.batch.reason": batch.reason.value,
+                                      "inferq.batch.tokens": batch.real_tokens,
+                                      "inferq.batch.padded_tokens": batch.padded_tokens},
+                                  {"inferq.batch.id": batch.id,
+                                   "inferq.batch.size": len(batch.jobs)})
             waiting_since = ended if self._carry else None
             self._device_idle.set()
             if not any(isinstance(o, Failure) for o in outcomes):

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -64,6 +64,7 @@ class CoreLike(Protocol):
     """What ``VllmEngine`` calls on vLLM's ``LLMEngine`` (tests pass a fake with it)."""
 
     def add_request(self, request_id: str, prompt: Any, params: Any, *,
+                    trace_headers: Mapping[str, str] | None = None,
                     priority: int = 0) -> Any: ...
     def abort_request(self, request_ids: list[str]) -> None: ...
     def step(self) -> Sequence[Any]: ...
@@ -106,9 +107,13 @@ class VllmEngine(Engine):
 
     def __init__(self, lm: CausalLM, budget: scheduler.Budget, core: CoreLike,
                  requests: Requests, *, stats: VllmStats | None = None,
-                 block_size: int = 16, clock: Any = time.monotonic) -> None:
+                 block_size: int = 16, clock: Any = time.monotonic,
+                 traces: bool = False) -> None:
         super().__init__(lm, budget, clock=clock)
         self.core = core
+        #: vLLM traces (``--vllm-option otlp_traces_endpoint=...``): each request's trace
+        #: context goes with it, so vLLM's spans join the request's trace.
+        self.traces = traces
         self.requests = requests
         self.stats = stats or VllmStats()
         self.block_size = block_size
@@ -183,7 +188,9 @@ class VllmEngine(Engine):
         seed = None if g.params.greedy else seed_for(g.id, g.params)
         params = self.requests.sampling(**sampling_kwargs(g.params, max_tokens=left, seed=seed))
         self.core.add_request(g.id, self.requests.prompt(list(g.prefill_ids)), params,
-                              priority=-g.priority)
+                              priority=-g.priority,
+                              **({"trace_headers": g.trace_headers}
+                                 if self.traces and g.trace_headers else {}))
         self._in_core.add(g.id)
         g.row, g.length, g.entered = 0, len(g.prefill_ids), self.steps
         if g.admitted_at is None:

@@ -88,6 +88,8 @@ def start_vllm(lm: CausalLM, *, path: str, dtype: str, device: str,
     def prompt(ids: list[int]) -> Any:
         return TokensPrompt(prompt_token_ids=ids)
 
+    traces = bool(getattr(getattr(config, "observability_config", None),
+                          "otlp_traces_endpoint", None))
     engine = VllmEngine(lm, budget, core, Requests(sampling, prompt), stats=stats,
-                        block_size=block_size)
+                        block_size=block_size, traces=traces)
     return engine, time.monotonic() - started
