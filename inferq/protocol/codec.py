@@ -31,7 +31,7 @@ from inferq.errors import PayloadTooLarge, ValidationError
 from inferq.protocol.cost import ESTIMATED_TASKS, MAX_COST, estimate
 from inferq.protocol.generation import MAX_MESSAGES, ChatMessage, FinishReason
 from inferq.protocol.keys import NAME_RE
-from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
+from inferq.protocol.scores import MAX_SLO_MS, PRIORITY_MAX, PRIORITY_MIN
 
 WIRE_VERSION = 1
 MAX_DEADLINE_S = 366 * 24 * 3600.0
@@ -90,6 +90,9 @@ class RequestPayload(BaseModel):
     #: The producer's cost of a request of a custom task (fair-share accounting; the built-in
     #: tasks estimate theirs from the text). Absent (None) from payloads without one.
     cost: Annotated[int, Field(ge=1, le=MAX_COST, strict=True)] | None = None
+    #: The latency objective (``inferq.protocol.slo``): ms from enqueue by which the first
+    #: token (generate) or the result (other tasks) should arrive. Absent (None) without one.
+    ttft_slo_ms: Annotated[int, Field(ge=1, le=MAX_SLO_MS, strict=True)] | None = None
 
     @field_validator("deadline_s")
     @classmethod
@@ -186,6 +189,9 @@ class Result(BaseModel):
     #: ``generate``: ms from enqueue until the first generated text was visible to the producer
     #: (in the request's stream, or in the result for a worker that does not stream).
     ttft_ms: float | None = None
+    #: Whether the request's ``ttft_slo_ms`` was met (``inferq.protocol.slo.met``); None when
+    #: it had none.
+    slo_met: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -275,7 +281,8 @@ def decode_payload_fields(data: bytes) -> dict[str, Any]:
 def _absent(payload: RequestPayload) -> set[str] | None:
     """The optional fields a payload leaves out (so one without them is as before they
     existed)."""
-    absent = {name for name in ("messages", "tenant", "cost") if getattr(payload, name) is None}
+    absent = {name for name in ("messages", "tenant", "cost", "ttft_slo_ms")
+              if getattr(payload, name) is None}
     return absent or None
 
 

@@ -14,7 +14,7 @@ from typing import Any, Self
 import msgpack
 
 from inferq.errors import CorruptRequest, DeadlineExceeded, InferqError, InvalidInput
-from inferq.protocol import ops
+from inferq.protocol import ops, slo
 from inferq.protocol.codec import (
     WIRE_VERSION,
     ErrorInfo,
@@ -120,6 +120,10 @@ def completion(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) 
     common: dict[str, Any] = dict(
         id=c.id, task=config.task, model=config.model_name, worker=config.worker_id,
         attempts=c.attempt, enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms, **fields)
+    if claim.payload.ttft_slo_ms is not None:
+        common["slo_met"] = slo.met(claim.payload.ttft_slo_ms, c.enqueued_ms,
+                                    fields.get("finished_ms"), fields.get("ttft_ms"),
+                                    status is Status.OK)
     try:
         data = encode_result_fields({"status": status, **body, **common}, config.limits)
     except (InferqError, TypeError, ValueError, OverflowError):
@@ -176,6 +180,8 @@ def batch_completions(config: WorkerConfig, claims: Sequence[Claim], outcomes: S
                 body["truncated"] = True
             body.update(enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms,
                         finished_ms=finished_ms, compute_ms=compute_ms)
+            if (objective := claim.payload.ttft_slo_ms) is not None:
+                body["slo_met"] = finished_ms - c.enqueued_ms <= objective
             try:
                 data = packer.pack(body)
             except (TypeError, ValueError, OverflowError):
@@ -191,15 +197,17 @@ def batch_completions(config: WorkerConfig, claims: Sequence[Claim], outcomes: S
 
 
 def failed_completion(config: WorkerConfig, claimed: ops.Claimed, error: InferqError,
-                      now_ms: int, status: Status = Status.FAILED) -> ops.Completion:
+                      now_ms: int, status: Status = Status.FAILED,
+                      missed: bool = False) -> ops.Completion:
     """A request answered without reaching the model: malformed payload, invalid input, or a
-    deadline that passed while it waited in the worker (``expired``)."""
+    deadline that passed while it waited in the worker (``expired``). ``missed``: it had a
+    latency objective (``slo_met`` False)."""
     data = encode_result_fields({
         "id": claimed.id, "status": status,
         "error": ErrorInfo(code=error.code, message=error.message[:2000]),
         "task": config.task, "model": config.model_name, "worker": config.worker_id,
         "attempts": claimed.attempt, "enqueued_ms": claimed.enqueued_ms, "started_ms": now_ms,
-        "finished_ms": now_ms,
+        "finished_ms": now_ms, "slo_met": False if missed else None,
     }, config.limits)
     return ops.Completion(claimed, status.value, data)
 
@@ -207,6 +215,7 @@ def failed_completion(config: WorkerConfig, claimed: ops.Claimed, error: InferqE
 def expired(config: WorkerConfig, claims: Sequence[Claim], now_ms: int) -> list[ops.Completion]:
     """``expired`` answers for claims whose deadline passed before they could run."""
     error = DeadlineExceeded("the deadline passed before the request could run")
-    return [failed_completion(config, claim.claimed, error, now_ms, Status.EXPIRED)
+    return [failed_completion(config, claim.claimed, error, now_ms, Status.EXPIRED,
+                              missed=claim.payload.ttft_slo_ms is not None)
             for claim in claims]
 
