@@ -228,6 +228,9 @@ class Completion:
     #: counted in the shard's usage hash by the script that writes it (``keys.USAGE``).
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: Whether a final result met the request's latency objective (``Result.slo_met``); None
+    #: without one. Counted by the worker (goodput), not sent to the script.
+    slo_met: bool | None = None
 
     @property
     def id(self) -> str:

@@ -79,3 +79,28 @@ def test_late_outcomes_and_the_fleet_rate() -> None:
                {"latency_a_ms": "x"}]
     assert slo.fleet_rate(windows) == pytest.approx(8 / 0.1)
     assert slo.fleet_rate([]) is None
+
+
+def test_goodput_is_counted_published_and_shown() -> None:
+    from inferq.cli.stats import format_stats
+    from inferq.stats import QueueStats
+    from inferq.worker.core.metrics import WorkerMetrics
+    from inferq.worker.core.stats import WorkerStats
+
+    claims = [claim("a", 50), claim("b", 10), claim("c", None), claim("d", 50)]
+    done = batch_completions(CONFIG, claims, [[1.0]] * 4, [1] * 4, finished_ms=1040,
+                             compute_ms=1.0)
+    metrics, stats = WorkerMetrics("embed:m", "w1"), WorkerStats()
+    stats.count(metrics, done, [True, True, True, False])  # d's write was refused
+    registry = metrics.registry
+    assert registry.get_sample_value("inferq_slo_met_total",
+                                     {"queue": "embed:m", "met": "true"}) == 1
+    assert registry.get_sample_value("inferq_slo_met_total",
+                                     {"queue": "embed:m", "met": "false"}) == 1
+    fields = stats.fields()
+    assert (fields["slo_met"], fields["slo_missed"]) == ("1", "1")
+    queue = QueueStats("embed:m", {}, 0, 0, ["w1", "w2"], {}, 0.0,
+                       windows={"w1": {"slo_met": 3, "slo_missed": 1}, "w2": {"slo_met": 4}})
+    assert queue.slo == (7, 8)
+    assert queue.as_dict()["slo"] == {"met": 7, "finished": 8, "fraction": 7 / 8}
+    assert "latency objectives met 7/8 (87.5%" in format_stats([queue])

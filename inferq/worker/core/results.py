@@ -120,17 +120,18 @@ def completion(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) 
     common: dict[str, Any] = dict(
         id=c.id, task=config.task, model=config.model_name, worker=config.worker_id,
         attempts=c.attempt, enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms, **fields)
-    if claim.payload.ttft_slo_ms is not None:
-        common["slo_met"] = slo.met(claim.payload.ttft_slo_ms, c.enqueued_ms,
-                                    fields.get("finished_ms"), fields.get("ttft_ms"),
-                                    status is Status.OK)
+    met = None if claim.payload.ttft_slo_ms is None else slo.met(
+        claim.payload.ttft_slo_ms, c.enqueued_ms, fields.get("finished_ms"),
+        fields.get("ttft_ms"), status is Status.OK)
+    if met is not None:
+        common["slo_met"] = met
     try:
         data = encode_result_fields({"status": status, **body, **common}, config.limits)
     except (InferqError, TypeError, ValueError, OverflowError):
         status, data = _encode_checked(config, status, body, common)
     prompt, generated = billable(fields)
     return ops.Completion(c, status.value, data, prompt_tokens=prompt,
-                          completion_tokens=generated)
+                          completion_tokens=generated, slo_met=met)
 
 
 def billable(fields: dict[str, Any]) -> tuple[int, int]:
@@ -180,15 +181,17 @@ def batch_completions(config: WorkerConfig, claims: Sequence[Claim], outcomes: S
                 body["truncated"] = True
             body.update(enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms,
                         finished_ms=finished_ms, compute_ms=compute_ms)
+            met = None
             if (objective := claim.payload.ttft_slo_ms) is not None:
-                body["slo_met"] = finished_ms - c.enqueued_ms <= objective
+                met = body["slo_met"] = finished_ms - c.enqueued_ms <= objective
             try:
                 data = packer.pack(body)
             except (TypeError, ValueError, OverflowError):
                 packer = msgpack.Packer(use_bin_type=True)
             else:
                 if len(data) <= limit:
-                    out.append(ops.Completion(c, "ok", data, prompt_tokens=tokens))
+                    out.append(ops.Completion(c, "ok", data, prompt_tokens=tokens,
+                                              slo_met=met))
                     continue
         out.append(completion(config, claim, outcome, batch_size=size, input_tokens=tokens,
                               truncated=cut or None, finished_ms=finished_ms,
@@ -209,7 +212,7 @@ def failed_completion(config: WorkerConfig, claimed: ops.Claimed, error: InferqE
         "attempts": claimed.attempt, "enqueued_ms": claimed.enqueued_ms, "started_ms": now_ms,
         "finished_ms": now_ms, "slo_met": False if missed else None,
     }, config.limits)
-    return ops.Completion(claimed, status.value, data)
+    return ops.Completion(claimed, status.value, data, slo_met=False if missed else None)
 
 
 def expired(config: WorkerConfig, claims: Sequence[Claim], now_ms: int) -> list[ops.Completion]:
