@@ -189,3 +189,17 @@ def test_the_gateway_passes_the_header_and_answers_429(api: TestClient,
         assert response.json()["error"]["code"] == "would_miss_slo"
         assert int(response.headers["Retry-After"]) >= 1
     assert r.zcard(ECHO.pending) == 0 and r.zcard(generate.pending) == 0
+
+
+def test_a_saturated_queue_is_predicted_at_its_measured_completion_rate(
+        sc: inferq.Client, r: redis.Redis) -> None:
+    set_policy(r, admission="predicted")
+    publish_worker(r, batch_ms=1)  # the fit says 1000 a second
+    sc.enqueue("x", model="slo", id="idle", ttft_slo_ms=1000)  # nothing waits: the fit
+    seconds = int(r.time()[0])
+    for sec in range(seconds - 10, seconds):  # 2 completions a second, lately
+        r.hset(KEYS.stats, mapping={f"ts:{sec % 64}": sec, f"n:{sec % 64}": 2})
+    sc.enqueue("x", model="slo", id="second")
+    with pytest.raises(inferq.WouldMissSlo) as refused:  # 2 ahead: (2 + 1) / 2 s
+        sc.enqueue("x", model="slo", id="late", ttft_slo_ms=1000)
+    assert refused.value.predicted_ms in (1500, 1667)  # 1667: a second turned meanwhile

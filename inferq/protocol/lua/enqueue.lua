@@ -19,7 +19,8 @@
   shard (0 = none; includes/tenants.lua), and its latency objective in ms (0 = none).
   The policy is the queue's order, 'fair' or 'deadline' (includes/deadline.lua, scores.py),
   then, for admission by prediction, ' ' and the shard's service rate in requests per second
-  (inferq/protocol/slo.py). 'atomic' last: all or none; if any new request would be refused
+  (inferq/protocol/slo.py; the recent completion rate instead when lower and the shard holds
+  half a second of work at it). 'atomic' last: all or none; if any new request would be refused
   (shed), every new request is refused and nothing is written.
 
   Output: {depth, {outcome per request}, retry_after_ms}; each outcome is 'queued',
@@ -47,12 +48,16 @@
 -- completions per second over the last 10 full seconds, from count_done's ring of slots
 local function recent_rate(stats, now)
   local sec = math.floor(now / 1000)
-  local total = 0
+  local names = {}
   for slot = 0, 63 do
-    local ts = int(redis.call('HGET', stats, 'ts:' .. slot)) or 0
-    if ts >= sec - 10 and ts < sec then
-      total = total + (int(redis.call('HGET', stats, 'n:' .. slot)) or 0)
-    end
+    names[#names + 1] = 'ts:' .. slot
+    names[#names + 1] = 'n:' .. slot
+  end
+  local got = redis.call('HMGET', stats, unpack(names))
+  local total = 0
+  for k = 1, #got, 2 do
+    local ts = int(got[k]) or 0
+    if ts >= sec - 10 and ts < sec then total = total + (int(got[k + 1]) or 0) end
   end
   return total / 10
 end
@@ -68,6 +73,15 @@ if not A or #ARGV < 3 or #ARGV > 4 or (#ARGV == 4 and not atomic)
   return redis.error_reply('ERR inferq enqueue: bad arguments')
 end
 local by_deadline = order == 'deadline'
+-- admission: a queue that holds half a second of work at its measured completion rate is
+-- saturated, and that rate (when lower) is what serves it, not the workers' fitted capacity
+if rate then
+  local waiting = redis.call('ZCARD', pending)
+  if waiting > 0 then
+    local measured = recent_rate(stats, now_ms())
+    if measured > 0 and waiting >= measured * 0.5 then rate = math.min(rate, measured) end
+  end
+end
 local n = #A
 for i = 1, n, W do
   local band = int(A[i + 1], 0, BAND_WIDTH * 200)
