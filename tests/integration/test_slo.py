@@ -203,3 +203,26 @@ def test_a_saturated_queue_is_predicted_at_its_measured_completion_rate(
     with pytest.raises(inferq.WouldMissSlo) as refused:  # 2 ahead: (2 + 1) / 2 s
         sc.enqueue("x", model="slo", id="late", ttft_slo_ms=1000)
     assert refused.value.predicted_ms in (1500, 1667)  # 1667: a second turned meanwhile
+
+
+async def test_a_window_worker_reports_and_counts_whether_objectives_were_met(
+        redis_url: str, r: redis.Redis, aclient: inferq.AsyncClient) -> None:
+    from inferq.stats import read_window
+    from inferq.worker.models.builtin import EchoModel
+    from inferq.worker.window.worker import WindowWorker
+    from tests.support.window_worker import KEYS as WORKER_KEYS
+    from tests.support.window_worker import config, run_worker, stop
+
+    # queued before the worker starts: 1 ms is over before it can be served
+    handles = await aclient.enqueue_many([{"prompt": "met", "ttft_slo_ms": 60_000},
+                                          {"prompt": "missed", "ttft_slo_ms": 1}, "none"],
+                                         model="t")
+    worker = WindowWorker(config(redis_url), EchoModel())
+    task = await run_worker(worker)
+    results = [await h.result(timeout=30) for h in handles]
+    await stop(worker, task)
+    assert [x.slo_met for x in results] == [True, False, None]
+    assert worker.metrics.registry.get_sample_value(
+        "inferq_slo_met_total", {"queue": "embed:t", "met": "false"}) == 1
+    published = read_window(r, WORKER_KEYS, "test-worker")  # what inferq stats sums
+    assert (published["slo_met"], published["slo_missed"]) == (1, 1)
