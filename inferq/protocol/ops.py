@@ -97,7 +97,7 @@ def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem], *, atomic: bool 
     args: list[bytes | str | int] = [keys.prefix, packed(rows), policy]
     if atomic:
         args.append("atomic")
-    return [keys.pending, keys.seq, keys.wake, keys.stats, keys.fair], args
+    return [keys.pending, keys.seq, keys.wake, keys.stats, keys.fair, keys.inflight], args
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,8 @@ argument (``policy``): ``deadline`` scores requests with an objective by their a
 deadline (``scores``: earliest first, before those without one); ``predicted`` admission
 passes the shard's service rate, and the script refuses (``late:<ms>``) a request whose
 predicted time to its result, ``(ahead + 1) / rate``, passes its objective (``ahead``: the
-requests of the shard with a lower score, i.e. its band's ahead of it and every higher
-band's).
+shard's requests under lease, running or claimed into a worker's next window, and those
+pending with a lower score, i.e. its band's ahead of it and every higher band's).
 """
 
 from __future__ import annotations

@@ -124,7 +124,10 @@ def test_admission_refuses_what_would_miss_its_objective(
     assert sc.enqueue("x", model="slo", id="tight", ttft_slo_ms=150).predicted_ms == 100
     # a request without an objective is always admitted
     assert sc.enqueue("x", model="slo", id="free").predicted_ms is None
-    assert claim(r, 10) == ["tight", "k0", "k1", "free"]
+    assert claim(r, 1) == ["tight"]
+    # what runs is ahead of every new request: k0, k1 pending and tight under lease
+    assert sc.enqueue("x", model="slo", id="after", ttft_slo_ms=5000).predicted_ms == 400
+    assert claim(r, 10) == ["k0", "k1", "after", "free"]
 
 
 def test_admission_in_enqueue_many_and_atomic(sc: inferq.Client, r: redis.Redis) -> None:

@@ -7,6 +7,7 @@
     KEYS[3] wake
     KEYS[4] stats
     KEYS[5] fair
+    KEYS[6] inflight
     ARGV[1] prefix
     ARGV[2] packed rows of 12: id, band, payload, deadline_ms, max_attempts, reply_to, depth_limit, tenant, weight, cost, tenant_limit, slo_ms
     ARGV[3] policy
@@ -26,8 +27,8 @@
   Output: {depth, {outcome per request}, retry_after_ms}; each outcome is 'queued',
   'pending', 'inflight', 'delayed', 'done' (a repeated id), 'full' (shed: the queue is at
   the depth limit of that priority), 'tenant_full' (the tenant is at its limit) or
-  'late:<ms>' (admission: the predicted time to its result, (ahead + 1) / rate, passes its
-  objective). retry_after_ms estimates when the excess drains at the recent completion rate.
+  'late:<ms>' (admission: the predicted time to its result, (ahead + running + 1) / rate,
+  passes its objective; running: the shard's requests under lease). retry_after_ms estimates when the excess drains at the recent completion rate.
   Under admission, a fourth value: the predicted ms of each request with an objective that
   was queued ({row, ms} pairs).
 
@@ -177,11 +178,12 @@ if #queue > 0 then
   deadline_save(fair)
   if rate then  -- admission by prediction: refuse what would be late
     local kept, ks, before = {}, {}, {}
+    local running = redis.call('ZCARD', KEYS[6])
     for n, i in ipairs(queue) do
       local slo, row, s = tonumber(A[i + 11]), (i - 1) / W + 1, tonumber(scores[n])
       local p = 0
       if slo > 0 then  -- ahead: pending with a lower score, and this call's kept ones
-        local ahead = redis.call('ZCOUNT', pending, '-inf', '(' .. scores[n])
+        local ahead = running + redis.call('ZCOUNT', pending, '-inf', '(' .. scores[n])
         for _, other in ipairs(before) do
           if other < s then ahead = ahead + 1 end
         end
