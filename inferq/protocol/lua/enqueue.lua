@@ -50,9 +50,9 @@
 local function recent_rate(stats, now)
   local sec = math.floor(now / 1000)
   local names = {}
-  for slot = 0, 63 do
-    names[#names + 1] = 'ts:' .. slot
-    names[#names + 1] = 'n:' .. slot
+  for s = sec - 10, sec - 1 do  -- the slots those seconds use (one HMGET)
+    names[#names + 1] = 'ts:' .. s % 64
+    names[#names + 1] = 'n:' .. s % 64
   end
   local got = redis.call('HMGET', stats, unpack(names))
   local total = 0
@@ -177,15 +177,19 @@ if #queue > 0 then
   fair_save(fair)
   deadline_save(fair)
   if rate then  -- admission by prediction: refuse what would be late
-    local kept, ks, before = {}, {}, {}
+    local kept, ks, before, highest = {}, {}, {}, -1
     local running = redis.call('ZCARD', KEYS[6])
     for n, i in ipairs(queue) do
       local slo, row, s = tonumber(A[i + 11]), (i - 1) / W + 1, tonumber(scores[n])
       local p = 0
       if slo > 0 then  -- ahead: pending with a lower score, and this call's kept ones
         local ahead = running + redis.call('ZCOUNT', pending, '-inf', '(' .. scores[n])
-        for _, other in ipairs(before) do
-          if other < s then ahead = ahead + 1 end
+        if s > highest then  -- after every kept one (the usual case): no need to look
+          ahead = ahead + #before
+        else
+          for _, other in ipairs(before) do
+            if other < s then ahead = ahead + 1 end
+          end
         end
         p = math.ceil((ahead + 1) / rate * 1000)
       end
@@ -198,6 +202,7 @@ if #queue > 0 then
           predicted[#predicted + 1] = p
         end
         kept[#kept + 1], ks[#ks + 1], before[#before + 1] = i, scores[n], s
+        if s > highest then highest = s end
       end
     end
     if #kept < #queue then
