@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -229,3 +230,17 @@ async def test_a_window_worker_reports_and_counts_whether_objectives_were_met(
         "inferq_slo_met_total", {"queue": "embed:t", "met": "false"}) == 1
     published = read_window(r, WORKER_KEYS, "test-worker")  # what inferq stats sums
     assert (published["slo_met"], published["slo_missed"]) == (1, 1)
+
+
+async def test_a_generate_worker_judges_the_first_token(gen_worker: Any,
+                                                       aclient: inferq.AsyncClient) -> None:
+    from tests.support.generation import MODEL
+
+    await gen_worker(max_slots=4)
+    handles = await aclient.enqueue_many(
+        [{"prompt": "hello there", "ttft_slo_ms": 60_000},
+         {"prompt": "hello again", "ttft_slo_ms": 1}, "plain"],
+        model=MODEL, task="generate", params={"max_new_tokens": 4})
+    results = [await h.result(timeout=60) for h in handles]
+    assert all(x.ttft_ms is not None for x in results)
+    assert [x.slo_met for x in results] == [True, results[1].ttft_ms <= 1, None]  # type: ignore[operator]
