@@ -159,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
             raw = client.hgetall(keys.config)
         settings = settings_from_hash(raw)
         if args.json:
-            print(json.dumps({"queue": keys.queue, **asdict(settings),
+            stored = {k: v for k, v in asdict(settings).items() if k != "service_rate"}
+            print(json.dumps({"queue": keys.queue, **stored,
                               "tenant_weights": dict(settings.tenant_weights),
                               "tenant_max_depth": dict(settings.tenant_max_depth),
                               "claim_shards": settings.claim_shards}))

@@ -160,6 +160,7 @@ def test_the_cli_sets_and_shows_the_policy(redis_url: str,
     assert main(["queue", "show", "embed:slo", "--json", "--redis-url", redis_url]) == 0
     data = json.loads(capsys.readouterr().out)
     assert (data["order"], data["admission"]) == ("deadline", "predicted")
+    assert "service_rate" not in data  # read by producers, not stored
     assert main(["queue", "set", "embed:slo", "--order", "fair", "--redis-url", redis_url]) == 0
     assert "order fair, admission predicted" in capsys.readouterr().out
     with pytest.raises(SystemExit):
