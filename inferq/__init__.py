@@ -31,6 +31,7 @@ from inferq.errors import (
     TransientError,
     UnknownModel,
     ValidationError,
+    WouldMissSlo,
 )
 from inferq.producer.aio import AsyncClient, AsyncHandle
 from inferq.producer.client import Client, Handle
@@ -82,6 +83,7 @@ __all__ = [
     "UnknownModel",
     "Usage",
     "ValidationError",
+    "WouldMissSlo",
     "default_client",
     "enqueue",
 ]

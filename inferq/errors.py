@@ -150,6 +150,23 @@ class QueueFull(InferqError):
         self.refused: list[int] = refused or []
 
 
+class WouldMissSlo(QueueFull):
+    """Admission by prediction (``inferq queue set --admission predicted``) refused the
+    request: the predicted time to its first token or result (``predicted_ms``) passes its
+    objective (``slo_ms``, the ``ttft_slo_ms`` asked). Nothing was queued; a 429 at the
+    gateway. A ``QueueFull``, so code that handles back-pressure handles it too."""
+
+    code = "would_miss_slo"
+
+    def __init__(self, message: str, *, predicted_ms: int, slo_ms: int, depth: int,
+                 accepted: list[Any] | None = None, refused: list[int] | None = None,
+                 retry_after_s: float = 1.0) -> None:
+        super().__init__(message, depth=depth, max_depth=0, accepted=accepted,
+                         refused=refused, retry_after_s=retry_after_s)
+        self.predicted_ms = predicted_ms
+        self.slo_ms = slo_ms
+
+
 class DurabilityError(InferqError):
     """``ClientOptions(durability=...)`` could not be confirmed: the server lacks WAITAOF or
     its AOF is off (``fsync``), or no replica / fsync acknowledged the write in time. When the

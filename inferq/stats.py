@@ -52,9 +52,20 @@ class QueueStats:
     def pending(self) -> int:
         return sum(self.pending_by_priority.values())
 
+    @property
+    def slo(self) -> tuple[int, int]:
+        """(met, finished) of the requests with a latency objective that the live workers
+        finished (``inferq.protocol.slo``: goodput), from what each publishes."""
+        met = sum(int(w.get("slo_met", 0)) for w in self.windows.values())
+        missed = sum(int(w.get("slo_missed", 0)) for w in self.windows.values())
+        return met, met + missed
+
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["pending"] = self.pending
+        met, finished = self.slo
+        data["slo"] = {"met": met, "finished": finished,
+                       "fraction": met / finished if finished else None}
         return data
 
 

@@ -16,6 +16,11 @@ hash) so that every producer and worker agrees on them without a flag to keep in
 * ``--target-wait-ms MS`` is the queue wait the autoscaling signal (``inferq_workers_desired``)
   keeps under; ``--scale-to-zero-after MINUTES`` lets it drop to 0 workers after that long
   idle (defaults: 1000 ms and 5 minutes).
+* ``--order fair|deadline``: inside a priority, ``fair`` (default) serves tenants' fair
+  shares; ``deadline`` serves requests with a latency objective (``ttft_slo_ms``) earliest
+  deadline first, then those without one in fair order. ``--admission off|predicted``:
+  ``predicted`` refuses at enqueue a request whose objective the predicted wait passes
+  (``WouldMissSlo``; 429 at the gateway). See README's "Latency objectives".
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from inferq.connection import sync_client
 from inferq.errors import ValidationError
 from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys, queue_name, queues_registry
 from inferq.protocol.settings import (
+    ADMISSIONS,
+    ORDERS,
     SET_SETTINGS,
     SET_TENANTS,
     QueueSettings,
@@ -71,6 +78,12 @@ def add_parser(sub: Subcommands) -> None:
                         help="queue wait the autoscaling signal keeps under")
     change.add_argument("--scale-to-zero-after", type=float, default=None, metavar="MINUTES",
                         help="the autoscaling signal drops to 0 after this long idle")
+    change.add_argument("--order", choices=ORDERS, default=None,
+                        help="order inside a priority: fair shares, or earliest objective "
+                             "(ttft_slo_ms) first")
+    change.add_argument("--admission", choices=ADMISSIONS, default=None,
+                        help="predicted: refuse requests whose objective the predicted wait "
+                             "passes")
     q.set_defaults(run=run)
 
 
@@ -99,7 +112,8 @@ def format_settings(keys: QueueKeys, settings: QueueSettings) -> str:
              f"{settings.claim_shards}: every shard it has had)", f"  max depth {depth}",
              f"  target wait {settings.target_wait_ms or 'default (1000)'} ms, scale to zero "
              f"after {settings.scale_to_zero_after_s or 'default (300)'} s idle",
-             f"  default weight {settings.default_weight}"]
+             f"  default weight {settings.default_weight}",
+             f"  order {settings.order}, admission {settings.admission}"]
     limits = dict(settings.tenant_max_depth)
     for tenant in sorted(settings.tenants):
         limit = limits.get(tenant)
@@ -120,10 +134,12 @@ def run(args: argparse.Namespace) -> int:
             tenants = (args.tenant_weight or args.default_weight is not None
                        or args.tenant_max_depth or args.remove_tenant)
             if args.shards is None and max_depth == "keep" and (
-                    args.target_wait_ms is None and idle is None and not tenants):
+                    args.target_wait_ms is None and idle is None and not tenants
+                    and args.order is None and args.admission is None):
                 raise ValidationError("nothing to set: give --shards, --max-depth, "
                                       "--no-max-depth, --target-wait-ms, "
-                                      "--scale-to-zero-after or a tenant option")
+                                      "--scale-to-zero-after, --order, --admission or a "
+                                      "tenant option")
             if idle is not None and not idle * 60 >= 1:
                 raise ValidationError(f"--scale-to-zero-after must be >= 1 s, got {idle} min")
             tenant_keys, tenant_args = tenants_call(
@@ -134,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
                 client.register_script(SET_TENANTS)(keys=tenant_keys, args=tenant_args)
             call_keys, call_args = settings_call(
                 keys.config, args.shards, max_depth, target_wait_ms=args.target_wait_ms,
-                scale_to_zero_after_s=None if idle is None else round(idle * 60))
+                scale_to_zero_after_s=None if idle is None else round(idle * 60),
+                order=args.order, admission=args.admission)
             raw = pairs(client.register_script(SET_SETTINGS)(keys=call_keys, args=call_args))
             # listed for ``inferq stats`` before any worker serves it
             client.sadd(queues_registry(args.namespace), keys.queue)
@@ -142,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
             raw = client.hgetall(keys.config)
         settings = settings_from_hash(raw)
         if args.json:
-            print(json.dumps({"queue": keys.queue, **asdict(settings),
+            stored = {k: v for k, v in asdict(settings).items() if k != "service_rate"}
+            print(json.dumps({"queue": keys.queue, **stored,
                               "tenant_weights": dict(settings.tenant_weights),
                               "tenant_max_depth": dict(settings.tenant_max_depth),
                               "claim_shards": settings.claim_shards}))

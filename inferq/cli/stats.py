@@ -54,6 +54,10 @@ def format_stats(all_stats: list[QueueStats]) -> str:
             lines.append(f"  NO LIVE WORKER: {st.pending} request(s) wait for one "
                          f"(inferq worker --task {st.queue.partition(':')[0]} "
                          f"--model {st.queue.partition(':')[2]})")
+        met, finished = st.slo
+        if finished:
+            lines.append(f"  latency objectives met {met}/{finished} "
+                         f"({met / finished:.1%}, live workers' requests)")
         if st.tenants:
             owned = ", ".join(f"{t}={n}" for t, n in sorted(st.tenants.items()))
             lines.append(f"  tenants (queued or running) {owned}")

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferq.errors import QueueFull
+from inferq.errors import QueueFull, WouldMissSlo
 from inferq.producer.aio import AsyncClient, AsyncHandle
 
 log = logging.getLogger("inferq.gateway")
@@ -129,8 +129,12 @@ class Coalescer:
             if len(got) == len(entry.requests):
                 _resolve(entry, got)
             else:
-                _fail(entry, QueueFull(str(exc), depth=exc.depth, max_depth=exc.max_depth,
-                                       accepted=got, retry_after_s=exc.retry_after_s))
+                _fail(entry, WouldMissSlo(
+                    str(exc), predicted_ms=exc.predicted_ms, slo_ms=exc.slo_ms,
+                    depth=exc.depth, accepted=got, retry_after_s=exc.retry_after_s)
+                    if isinstance(exc, WouldMissSlo) else
+                    QueueFull(str(exc), depth=exc.depth, max_depth=exc.max_depth,
+                              accepted=got, retry_after_s=exc.retry_after_s))
 
 
 def _resolve(entry: _Entry, handles: list[AsyncHandle]) -> None:

@@ -4,11 +4,12 @@ FastAPI spends most of a small request's CPU outside the route: resolving its de
 (state, three optional headers, the body) and matching the route, about as much as
 everything else the gateway does per call. This ASGI middleware serves the common case
 directly: a JSON body that ``EmbeddingsRequest`` accepts and none of the ``X-Priority`` /
-``X-Deadline-S`` / ``X-Timeout-S`` / ``X-Inferq-Tenant`` headers. It sits inside the front
-door (``frontdoor``), which has already admitted the caller and bounds the body; the
-caller's principal (its tenant and priority ceiling) applies here as in the route. It runs
-the very same code as the route (``embeddings_response``) and renders errors with the same
-functions as the app's exception handlers, so the answers are the same.
+``X-Deadline-S`` / ``X-Timeout-S`` / ``X-Inferq-Tenant`` / ``X-Inferq-TTFT-SLO-Ms``
+headers. It sits inside the front door (``frontdoor``), which has already admitted the
+caller and bounds the body; the caller's principal (its tenant and priority ceiling)
+applies here as in the route. It runs the very same code as the route
+(``embeddings_response``) and renders errors with the same functions as the app's exception
+handlers, so the answers are the same.
 
 Everything else (a body that fails validation, those headers, any other path) goes to the
 FastAPI app unchanged, with the body replayed: 422s naming the field and the OpenAPI schema
@@ -31,7 +32,8 @@ from inferq.openai.errors import ApiError, from_inferq, unavailable
 from inferq.openai.schemas import EmbeddingsRequest
 
 PATH = "/v1/embeddings"
-_SLOW_HEADERS = frozenset({b"x-priority", b"x-deadline-s", b"x-timeout-s", b"x-inferq-tenant"})
+_SLOW_HEADERS = frozenset({b"x-priority", b"x-deadline-s", b"x-timeout-s", b"x-inferq-tenant",
+                           b"x-inferq-ttft-slo-ms"})
 
 
 class EmbeddingsFastPath:

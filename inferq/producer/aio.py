@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from inferq import connection, plans, stats, tracing
 from inferq.connection import ConnectionSettings, wrap_connection_errors
 from inferq.plans import Plan
-from inferq.producer import common
+from inferq.producer import admission, common
 from inferq.producer.admin import AsyncDeadLetters
 from inferq.producer.common import (
     BLOCKING_DEFAULTS,
@@ -114,7 +114,8 @@ class AsyncClient:
         known = self._settings.get(queue)
         if known is None:
             with wrap_connection_errors(self.connection):
-                known = self._settings.put(queue, await self.redis.hgetall(queue.config))
+                known = self._settings.put(
+                    queue, *await plans.run_async(self.redis, admission.read_settings(queue)))
         return known
 
     async def _route(self, prepared: list[common.Prepared]) -> list[common.Prepared]:
@@ -148,7 +149,9 @@ class AsyncClient:
         reply = ops.parse_enqueue(raw)
         common.check_full(reply, p, self.options)
         await self._check_presence([p.keys])
-        return AsyncHandle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
+        handle = AsyncHandle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
+        handle.predicted_ms = reply.predicted_ms.get(0)
+        return handle
 
     async def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], *,
                            atomic: bool = False, **defaults: Any) -> list[AsyncHandle]:

@@ -15,7 +15,7 @@ import redis
 from inferq import connection, plans, stats, tracing
 from inferq.connection import ConnectionSettings, wrap_connection_errors
 from inferq.plans import Plan
-from inferq.producer import common
+from inferq.producer import admission, common
 from inferq.producer.admin import DeadLetters
 from inferq.producer.common import (
     BLOCKING_DEFAULTS,
@@ -142,7 +142,8 @@ class Client:
         known = self._settings.get(queue)
         if known is None:
             with wrap_connection_errors(self.connection):
-                known = self._settings.put(queue, self.redis.hgetall(queue.config))
+                known = self._settings.put(
+                    queue, *plans.run(self.redis, admission.read_settings(queue)))
         return known
 
     def _route(self, prepared: list[common.Prepared]) -> list[common.Prepared]:
@@ -167,7 +168,11 @@ class Client:
           the queue by cost and weight (``inferq queue set --tenant-weight``); without one,
           a request is in the default flow, FIFO within its priority;
         * ``cost``: a custom task's cost in the tenant's account (default 1; the built-in
-          tasks estimate theirs from the text).
+          tasks estimate theirs from the text);
+        * ``ttft_slo_ms``: the latency objective, ms from enqueue to the first token
+          (``generate``) or the result: ``Result.slo_met`` says whether it was met; the queue
+          may order by it and refuse what would miss it (``inferq queue set --order
+          deadline --admission predicted``: ``WouldMissSlo``).
 
         * ``traceparent``, ``tracestate``: the W3C trace context the request continues
           (default: the caller's current OpenTelemetry context when tracing is on; README,
@@ -191,7 +196,9 @@ class Client:
         reply = ops.parse_enqueue(raw)
         common.check_full(reply, p, self.options)
         self._check_presence([p.keys])
-        return Handle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
+        handle = Handle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
+        handle.predicted_ms = reply.predicted_ms.get(0)
+        return handle
 
     def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], *,
                      atomic: bool = False, **defaults: Any) -> list[Handle]:

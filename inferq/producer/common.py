@@ -22,8 +22,9 @@ from inferq.errors import (
     RequestFailed,
     ResultTimeout,
     ValidationError,
+    WouldMissSlo,
 )
-from inferq.protocol import ops, scores
+from inferq.protocol import ops, scores, slo
 from inferq.protocol.codec import (
     DEFAULT_LIMITS,
     Limits,
@@ -63,6 +64,7 @@ class EnqueueOptions(TypedDict, total=False):
     cost: int | None
     traceparent: str | None
     tracestate: str | None
+    ttft_slo_ms: int | None
 
 
 ENQUEUE_KEYS = frozenset(EnqueueOptions.__annotations__)
@@ -211,6 +213,7 @@ def prepare(prompt: object, request: Mapping[str, Any], options: ClientOptions,
         reply_to=reply_to,
         tenant=payload.tenant or "",
         cost=payload.fair_cost,
+        slo_ms=payload.ttft_slo_ms or 0,
     )
     return Prepared(keys=keys, item=item, task=payload.task, model=payload.model,
                     priority=payload.priority)
@@ -231,8 +234,9 @@ class SettingsCache:
             return None
         return known[1]
 
-    def put(self, keys: QueueKeys, raw: Mapping[Any, Any]) -> QueueSettings:
-        settings = settings_from_hash(raw)
+    def put(self, keys: QueueKeys, raw: Mapping[Any, Any],
+            service_rate: float | None = None) -> QueueSettings:
+        settings = dataclasses.replace(settings_from_hash(raw), service_rate=service_rate)
         self._known[keys] = (self.clock() + self.ttl_s, settings)
         return settings
 
@@ -257,11 +261,15 @@ def route(prepared: Prepared, settings: QueueSettings, options: ClientOptions) -
     tenant_limit = settings.tenant_limit(prepared.item.tenant)
     if tenant_limit and settings.shards > 1:
         tenant_limit = math.ceil(tenant_limit / settings.shards)
+    policy = slo.policy(settings.order, None if settings.service_rate is None
+                        else settings.service_rate / settings.claim_shards)
     if (keys == prepared.keys and limit == prepared.item.depth_limit
-            and weight == prepared.item.weight and tenant_limit == prepared.item.tenant_limit):
+            and weight == prepared.item.weight and tenant_limit == prepared.item.tenant_limit
+            and policy == prepared.item.policy):
         return prepared
     return dataclasses.replace(prepared, keys=keys, item=dataclasses.replace(
-        prepared.item, depth_limit=limit, weight=weight, tenant_limit=tenant_limit))
+        prepared.item, depth_limit=limit, weight=weight, tenant_limit=tenant_limit,
+        policy=policy))
 
 
 def route_many(prepared: Sequence[Prepared], settings: Callable[[QueueKeys], QueueSettings],
@@ -279,7 +287,7 @@ def route_many(prepared: Sequence[Prepared], settings: Callable[[QueueKeys], Que
         if queue.shards == 1:
             item = p.item
             alike = (id(p.keys), p.priority, item.tenant, item.depth_limit, item.weight,
-                     item.tenant_limit)
+                     item.tenant_limit, item.policy)
             unchanged = same.get(alike)
             if unchanged is None:
                 unchanged = same[alike] = route(p, queue, options) is p
@@ -372,7 +380,7 @@ def _prepare_prompts(prompts: Sequence[str], defaults: Mapping[str, Any],
         out.append(Prepared(first.keys, ops.EnqueueItem(
             template["id"], item.band, payload, item.deadline_ms, item.max_attempts,
             item.reply_to, item.depth_limit, item.tenant, item.weight,
-            estimate(task, size, params, cost), item.tenant_limit),
+            estimate(task, size, params, cost), item.tenant_limit, item.slo_ms, item.policy),
             first.task, first.model, first.priority))
     return out
 
@@ -426,6 +434,14 @@ def traced(tracer: Any, name: str, requests: object,
 
 
 def check_full(reply: ops.EnqueueReply, prepared: Prepared, options: ClientOptions) -> None:
+    late = slo.late_ms(reply.outcomes[0]) if reply.outcomes else None
+    if late is not None:
+        raise WouldMissSlo(
+            f"request refused: predicted {late} ms to its result on queue "
+            f"{prepared.keys.queue}, its objective is {prepared.item.slo_ms} ms; retry after "
+            f"{reply.retry_after_ms / 1e3:.1f} s", predicted_ms=late,
+            slo_ms=prepared.item.slo_ms, depth=reply.depth,
+            retry_after_s=reply.retry_after_ms / 1e3)
     if reply.outcomes == [TENANT_FULL]:
         raise QueueFull(
             f"tenant {prepared.item.tenant!r} is at its limit of "
@@ -517,19 +533,34 @@ def collect_handles(
     handles: list[H | None] = [None] * len(prepared)
     refused: list[int] = []
     tenants: set[str] = set()
+    late: tuple[int, int] | None = None  # the worst (predicted, asked) ms admission refused
     depth, retry_after_ms = 0, 0
     for (keys, indices), raw in zip(groups.items(), replies, strict=True):
         reply = ops.parse_enqueue(raw)
         depth = reply.depth
         retry_after_ms = max(retry_after_ms, reply.retry_after_ms)
-        for index, outcome in zip(indices, reply.outcomes, strict=True):
+        for row, (index, outcome) in enumerate(zip(indices, reply.outcomes, strict=True)):
             if outcome == TENANT_FULL:
                 tenants.add(prepared[index].item.tenant)
-            if outcome in ("full", TENANT_FULL):
+            predicted = slo.late_ms(outcome)
+            if predicted is not None:
+                asked = prepared[index].item.slo_ms
+                if late is None or predicted - asked > late[0] - late[1]:
+                    late = (predicted, asked)
+            if outcome in ("full", TENANT_FULL) or predicted is not None:
                 refused.append(index)
             else:
-                handles[index] = make_handle(keys, prepared[index].item.id, outcome)
+                handle = handles[index] = make_handle(keys, prepared[index].item.id, outcome)
+                if row in reply.predicted_ms:
+                    handle.predicted_ms = reply.predicted_ms[row]  # type: ignore[attr-defined]
     accepted = [h for h in handles if h is not None]
+    if late is not None:
+        raise WouldMissSlo(
+            f"{len(refused)} of {len(prepared)} requests refused: one's predicted time to "
+            f"its result is {late[0]} ms, its objective {late[1]} ms; retry after "
+            f"{retry_after_ms / 1e3:.1f} s", predicted_ms=late[0], slo_ms=late[1],
+            depth=depth, accepted=accepted, refused=sorted(refused),
+            retry_after_s=retry_after_ms / 1e3)
     if refused:
         max_depth = max(prepared[i].item.depth_limit for i in refused)
         why = "queue full for their priority" + (

@@ -46,6 +46,9 @@ class HandleBase(Generic[C]):
         # for all waiters); a handle made from a bare id, or for a duplicate id enqueued by
         # someone else, blocks on the result key.
         self._via_inbox = via_inbox and outcome == "queued"
+        #: Under admission by prediction: the ms to its result (first token) predicted at
+        #: enqueue, for a request with an objective (``inferq.protocol.slo``).
+        self.predicted_ms: int | None = None
 
     @property
     def duplicate(self) -> bool:

@@ -31,7 +31,7 @@ from inferq.errors import PayloadTooLarge, ValidationError
 from inferq.protocol.cost import ESTIMATED_TASKS, MAX_COST, estimate
 from inferq.protocol.generation import MAX_MESSAGES, ChatMessage, FinishReason
 from inferq.protocol.keys import NAME_RE
-from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
+from inferq.protocol.scores import MAX_SLO_MS, PRIORITY_MAX, PRIORITY_MIN
 from inferq.tracing import MAX_TRACESTATE, TRACEPARENT_RE, check_tracestate, valid_ids
 
 WIRE_VERSION = 1
@@ -108,6 +108,9 @@ class RequestPayload(BaseModel):
     @classmethod
     def _w3c_tracestate(cls, value: str | None) -> str | None:
         return None if value is None else check_tracestate(value)
+    #: The latency objective (``inferq.protocol.slo``): ms from enqueue by which the first
+    #: token (generate) or the result (other tasks) should arrive. Absent (None) without one.
+    ttft_slo_ms: Annotated[int, Field(ge=1, le=MAX_SLO_MS, strict=True)] | None = None
 
     @field_validator("deadline_s")
     @classmethod
@@ -207,6 +210,9 @@ class Result(BaseModel):
     #: The trace the request's spans belong to (32 hex, from its payload's ``traceparent``),
     #: when it carried one (README, "Tracing").
     trace_id: str | None = None
+    #: Whether the request's ``ttft_slo_ms`` was met (``inferq.protocol.slo.met``); None when
+    #: it had none.
+    slo_met: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -296,7 +302,8 @@ def decode_payload_fields(data: bytes) -> dict[str, Any]:
 def _absent(payload: RequestPayload) -> set[str] | None:
     """The optional fields a payload leaves out (so one without them is as before they
     existed)."""
-    absent = {name for name in ("messages", "tenant", "cost", "traceparent", "tracestate")
+    absent = {name for name in ("messages", "tenant", "cost", "traceparent", "tracestate",
+                            "ttft_slo_ms")
               if getattr(payload, name) is None}
     return absent or None
 

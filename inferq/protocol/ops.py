@@ -75,20 +75,29 @@ class EnqueueItem:
     #: Refuse the request (``tenant_full``) when its tenant already has this many unfinished
     #: requests on the shard; 0 = no limit.
     tenant_limit: int = 0
+    #: The latency objective in ms (``inferq.protocol.slo``); 0 = none.
+    slo_ms: int = 0
+    #: The queue's order and admission (``slo.policy``), as routing read them: the same for
+    #: every item of one call.
+    policy: str = "fair"
 
 
-def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem], *, atomic: bool = False) -> Call:
-    """``atomic``: all or none (if the queue would shed any new item, it sheds them all)."""
+def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem], *, atomic: bool = False,
+                 policy: str | None = None) -> Call:
+    """``atomic``: all or none (if the queue would shed any new item, it sheds them all).
+    ``policy``: the queue's order and admission (``slo.policy``); default: the items'."""
+    if policy is None:
+        policy = items[0].policy if items else "fair"
     rows: list[Any] = []
     for item in items:
         rows += [item.id, item.band, item.payload,
                  "" if item.deadline_ms is None else item.deadline_ms, item.max_attempts,
                  item.reply_to or "", item.depth_limit, item.tenant, item.weight, item.cost,
-                 item.tenant_limit]
-    args: list[bytes | str | int] = [keys.prefix, packed(rows)]
+                 item.tenant_limit, item.slo_ms]
+    args: list[bytes | str | int] = [keys.prefix, packed(rows), policy]
     if atomic:
         args.append("atomic")
-    return [keys.pending, keys.seq, keys.wake, keys.stats, keys.fair], args
+    return [keys.pending, keys.seq, keys.wake, keys.stats, keys.fair, keys.inflight], args
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +107,15 @@ class EnqueueReply:
     #: or tenant_full (the tenant's limit).
     outcomes: list[str]
     retry_after_ms: int
+    #: Under admission by prediction: the predicted ms to the result (first token) of each
+    #: queued item with an objective, by its index in the call.
+    predicted_ms: dict[int, int] = field(default_factory=dict)
 
 
 def parse_enqueue(reply: Any) -> EnqueueReply:
-    return EnqueueReply(int(reply[0]), [as_str(x) for x in reply[1]], int(reply[2]))
+    flat = [int(x) for x in reply[3]] if len(reply) > 3 else []
+    return EnqueueReply(int(reply[0]), [as_str(x) for x in reply[1]], int(reply[2]),
+                        {row - 1: ms for row, ms in zip(flat[::2], flat[1::2], strict=True)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +228,9 @@ class Completion:
     #: counted in the shard's usage hash by the script that writes it (``keys.USAGE``).
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: Whether a final result met the request's latency objective (``Result.slo_met``); None
+    #: without one. Counted by the worker (goodput), not sent to the script.
+    slo_met: bool | None = None
 
     @property
     def id(self) -> str:

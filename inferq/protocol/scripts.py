@@ -66,7 +66,11 @@ def fair_constants() -> str:
     """The score layout and fair-share limits (``scores``, ``inferq.protocol.fair``) as Lua."""
     values = {"BAND_WIDTH": scores.SEQ_LIMIT, "TIE_LIMIT": scores.TIE_LIMIT,
               "VT_LIMIT": scores.VT_LIMIT, "FAIR_RESET_AT": cost.RESET_AT,
-              "FAIR_MAX_WEIGHT": cost.MAX_WEIGHT, "FAIR_MAX_COST": cost.MAX_COST}
+              "FAIR_MAX_WEIGHT": cost.MAX_WEIGHT, "FAIR_MAX_COST": cost.MAX_COST,
+              "DEADLINE_SPLIT": scores.DEADLINE_SPLIT,
+              "DEADLINE_TIE_LIMIT": scores.DEADLINE_TIE_LIMIT,
+              "DEADLINE_OFFSET_LIMIT": scores.DEADLINE_OFFSET_LIMIT,
+              "DEADLINE_VT_LIMIT": scores.DEADLINE_VT_LIMIT, "MAX_SLO_MS": scores.MAX_SLO_MS}
     return (f"local {', '.join(values)} = "
             f"{', '.join(str(v) for v in values.values())}\n"
             f"local TENANT_COUNT = '{TENANT_COUNT}'\n")

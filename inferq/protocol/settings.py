@@ -35,6 +35,15 @@ class QueueSettings:
     default_weight: int = DEFAULT_WEIGHT
     #: Pending-depth limit per named tenant (split over the shards like ``max_depth``).
     tenant_max_depth: tuple[tuple[str, int], ...] = ()
+    #: The order inside a band: ``fair`` (tenants' fair shares, FIFO without tenants) or
+    #: ``deadline`` (earliest objective first: ``inferq.protocol.slo``).
+    order: str = "fair"
+    #: ``predicted``: refuse at enqueue a request whose objective the queue cannot meet
+    #: (``inferq.WouldMissSlo``); ``off``: admit all.
+    admission: str = "off"
+    #: Not stored: the fleet's service rate (requests/s) a producer read with the settings
+    #: for ``predicted`` admission (``producer.admission``); None when unknown.
+    service_rate: float | None = None
 
     @property
     def claim_shards(self) -> int:
@@ -107,7 +116,19 @@ def settings_from_hash(raw: Mapping[Any, Any]) -> QueueSettings:
         tenant_weights=tuple(sorted(weights.items())),
         default_weight=default if default is not None and 1 <= default <= MAX_WEIGHT
         else DEFAULT_WEIGHT,
-        tenant_max_depth=tuple(sorted(limits.items())))
+        tenant_max_depth=tuple(sorted(limits.items())),
+        order=_choice(raw, "order", ORDERS), admission=_choice(raw, "admission", ADMISSIONS))
+
+
+#: The values of ``order`` and ``admission`` (the first is the default).
+ORDERS = ("fair", "deadline")
+ADMISSIONS = ("off", "predicted")
+
+
+def _choice(raw: Mapping[Any, Any], name: str, choices: tuple[str, ...]) -> str:
+    value = raw.get(name, raw.get(name.encode()))
+    text = value.decode() if isinstance(value, bytes) else value
+    return text if text in choices else choices[0]
 
 
 #: Fields of the config hash for fair shares: ``tenant_weight:<tenant>``,
@@ -183,9 +204,10 @@ return redis.call('HGETALL', KEYS[1])
 def settings_call(config_key: str, shards: int | None,
                   max_depth: int | Literal["keep"] | None, *,
                   target_wait_ms: int | None = None,
-                  scale_to_zero_after_s: int | None = None) -> tuple[list[str], list[str]]:
+                  scale_to_zero_after_s: int | None = None, order: str | None = None,
+                  admission: str | None = None) -> tuple[list[str], list[str]]:
     """Keys and arguments of ``SET_SETTINGS``; ``max_depth`` None removes the queue's limit;
-    the autoscaling settings are kept when None."""
+    the autoscaling settings, the order and the admission are kept when None."""
     if shards is not None:
         check_shards(shards)
     if isinstance(max_depth, int) and (isinstance(max_depth, bool) or max_depth < 0):
@@ -198,6 +220,12 @@ def settings_call(config_key: str, shards: int | None,
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValidationError(f"{name} must be an integer >= 1, got {value!r}")
             args += [name, str(value)]
+    for name, choice, choices in (("order", order, ORDERS), ("admission", admission, ADMISSIONS)):
+        if choice is not None:
+            if choice not in choices:
+                raise ValidationError(f"{name} must be one of {', '.join(choices)}, "
+                                      f"got {choice!r}")
+            args += [name, choice]
     return [config_key], args
 
 

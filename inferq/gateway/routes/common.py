@@ -12,7 +12,7 @@ from inferq.errors import RequestError
 from inferq.gateway.coalesce import cancel_quietly
 from inferq.producer.aio import AsyncHandle
 from inferq.protocol.codec import PUBLIC_ID_RE, Result
-from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
+from inferq.protocol.scores import MAX_SLO_MS, PRIORITY_MAX, PRIORITY_MIN
 
 PriorityHeader = Annotated[int | None, Header(
     alias="X-Priority", ge=PRIORITY_MIN, le=PRIORITY_MAX,
@@ -27,6 +27,10 @@ RequestIdHeader = Annotated[str | None, Header(
     alias="X-Request-Id", pattern=PUBLIC_ID_RE.pattern,
     description="the request's id (echoed): the client knows it before the first byte, to "
                 "resume a stream or read the request; an id already queued is that request")]
+SloHeader = Annotated[int | None, Header(
+    alias="X-Inferq-TTFT-SLO-Ms", ge=1, le=MAX_SLO_MS,
+    description="the latency objective (ms from enqueue to the first token, or the result): "
+                "Result.slo_met; the queue may order by it and refuse (429) what would miss it")]
 TimeoutHeader = Annotated[float | None, Header(
     alias="X-Timeout-S", gt=0, allow_inf_nan=False,
     description="how long to wait for the result (s); default INFERQ_GATEWAY_TIMEOUT_S")]

@@ -15,7 +15,12 @@ from fastapi import APIRouter, Path, Query, Response
 from inferq.errors import RequestError, ResultTimeout
 from inferq.gateway.caller import Caller, check_priority, new_request_id, tenant_of
 from inferq.gateway.limiting import Reservation, reserve, settle_from
-from inferq.gateway.routes.common import DeadlineHeader, PriorityHeader, TenantHeader
+from inferq.gateway.routes.common import (
+    DeadlineHeader,
+    PriorityHeader,
+    SloHeader,
+    TenantHeader,
+)
 from inferq.gateway.schemas import ERROR_RESPONSES, CreateRequest, RequestView, ResultView
 from inferq.gateway.state import GatewayState, State
 from inferq.gateway.tracecontext import trace_fields
@@ -87,6 +92,7 @@ async def create_request(body: CreateRequest, state: State, caller: Caller, resp
                          x_priority: PriorityHeader = None,
                          x_deadline_s: DeadlineHeader = None,
                          x_inferq_tenant: TenantHeader = None,
+                         x_inferq_ttft_slo_ms: SloHeader = None,
                          wait: WaitQuery = False,
                          timeout_s: TimeoutQuery = None) -> RequestView:
     """202 with the id once queued (or, for an existing ``id``, that request's state). With
@@ -109,7 +115,7 @@ async def create_request(body: CreateRequest, state: State, caller: Caller, resp
             deadline_s=body.deadline_s if body.deadline_s is not None else x_deadline_s,
             id=stored_id, params=body.params, max_attempts=body.max_attempts,
             tenant=tenant_of(caller, state.tenant(body.tenant, x_inferq_tenant)),
-            **trace_fields())
+            ttft_slo_ms=x_inferq_ttft_slo_ms, **trace_fields())
     except BaseException:
         await reservation.release()
         raise

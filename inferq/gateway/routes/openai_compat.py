@@ -15,6 +15,7 @@ from inferq.gateway.routes.common import (
     DeadlineHeader,
     InputFailed,
     PriorityHeader,
+    SloHeader,
     TenantHeader,
     TimeoutHeader,
     wait_all,
@@ -38,17 +39,19 @@ async def create_embeddings(body: EmbeddingsRequest, state: State, caller: Calle
                             x_priority: PriorityHeader = None,
                             x_deadline_s: DeadlineHeader = None,
                             x_timeout_s: TimeoutHeader = None,
-                            x_inferq_tenant: TenantHeader = None) -> Response:
+                            x_inferq_tenant: TenantHeader = None,
+                            x_inferq_ttft_slo_ms: SloHeader = None) -> Response:
     """Queues every input (task ``embed``) in one round trip and waits for all of them. If one
     fails or the wait times out, the others are cancelled and the call fails as a whole."""
     return await embeddings_response(state, body, caller, x_priority, x_deadline_s, x_timeout_s,
-                                     x_inferq_tenant)
+                                     x_inferq_tenant, x_inferq_ttft_slo_ms)
 
 
 async def embeddings_response(state: GatewayState, body: EmbeddingsRequest, caller: Principal,
                               x_priority: int | None = None, x_deadline_s: float | None = None,
                               x_timeout_s: float | None = None,
-                              x_tenant: str | None = None) -> Response:
+                              x_tenant: str | None = None,
+                              ttft_slo_ms: int | None = None) -> Response:
     """The work of ``POST /v1/embeddings``, shared by the route and the gateway's fast path
     (``inferq.gateway.fastpath``): raises ``ApiError`` or an ``InferqError`` on failure."""
     settings = state.settings
@@ -78,7 +81,8 @@ async def embeddings_response(state: GatewayState, body: EmbeddingsRequest, call
     try:
         handles = await state.enqueue_many(
             texts, **embeddings_fields(body), priority=priority, deadline_s=deadline_s,
-            tenant=tenant_of(caller, state.tenant(body.user, x_tenant)), **trace_fields())
+            tenant=tenant_of(caller, state.tenant(body.user, x_tenant)),
+            ttft_slo_ms=ttft_slo_ms, **trace_fields())
     except QueueFull as exc:
         # Some inputs may have got in before the queue filled: all or nothing.
         await cancel_quietly(exc.accepted)

@@ -7,21 +7,30 @@
     KEYS[3] wake
     KEYS[4] stats
     KEYS[5] fair
+    KEYS[6] inflight
     ARGV[1] prefix
-    ARGV[2] packed rows of 11: id, band, payload, deadline_ms, max_attempts, reply_to, depth_limit, tenant, weight, cost, tenant_limit
+    ARGV[2] packed rows of 12: id, band, payload, deadline_ms, max_attempts, reply_to, depth_limit, tenant, weight, cost, tenant_limit, slo_ms
+    ARGV[3] policy
     ARGV[last] optional: atomic
 
   A row: the id, the priority band of its score, the msgpack payload, the relative deadline
   in ms or '', max attempts, the reply inbox or '', the depth limit for its priority
   (0 = unbounded), the tenant ('' = none), its weight and the request's cost (fair shares
   inside the band: includes/fair.lua), and the tenant's limit of unfinished requests on this
-  shard (0 = none; includes/tenants.lua). 'atomic' last: all or none; if any new request would be refused (shed),
-  every new request is refused and nothing is written.
+  shard (0 = none; includes/tenants.lua), and its latency objective in ms (0 = none).
+  The policy is the queue's order, 'fair' or 'deadline' (includes/deadline.lua, scores.py),
+  then, for admission by prediction, ' ' and the shard's service rate in requests per second
+  (inferq/protocol/slo.py; the recent completion rate instead when lower and the shard holds
+  half a second of work at it). 'atomic' last: all or none; if any new request would be refused
+  (shed), every new request is refused and nothing is written.
 
   Output: {depth, {outcome per request}, retry_after_ms}; each outcome is 'queued',
   'pending', 'inflight', 'delayed', 'done' (a repeated id), 'full' (shed: the queue is at
-  the depth limit of that priority) or 'tenant_full' (the tenant is at its limit). retry_after_ms estimates when the excess drains at the
-  recent completion rate.
+  the depth limit of that priority), 'tenant_full' (the tenant is at its limit) or
+  'late:<ms>' (admission: the predicted time to its result, (ahead + running + 1) / rate,
+  passes its objective; running: the shard's requests under lease). retry_after_ms estimates when the excess drains at the recent completion rate.
+  Under admission, a fourth value: the predicted ms of each request with an objective that
+  was queued ({row, ms} pairs).
 
   Reads and checks everything (whether any id is known: one EXISTS for the whole call, then
   a look at each id only when that finds one), then takes one block of sequence numbers (INCRBY), computes
@@ -36,25 +45,43 @@
 -- @include wake
 -- @include fair
 -- @include tenants
+-- @include deadline
 -- completions per second over the last 10 full seconds, from count_done's ring of slots
 local function recent_rate(stats, now)
   local sec = math.floor(now / 1000)
+  local names = {}
+  for s = sec - 10, sec - 1 do  -- the slots those seconds use (one HMGET)
+    names[#names + 1] = 'ts:' .. s % 64
+    names[#names + 1] = 'n:' .. s % 64
+  end
+  local got = redis.call('HMGET', stats, unpack(names))
   local total = 0
-  for slot = 0, 63 do
-    local ts = int(redis.call('HGET', stats, 'ts:' .. slot)) or 0
-    if ts >= sec - 10 and ts < sec then
-      total = total + (int(redis.call('HGET', stats, 'n:' .. slot)) or 0)
-    end
+  for k = 1, #got, 2 do
+    local ts = int(got[k]) or 0
+    if ts >= sec - 10 and ts < sec then total = total + (int(got[k + 1]) or 0) end
   end
   return total / 10
 end
 local pending, seqkey, wake, stats, fair = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = ARGV[1]
-local W = 11
+local W = 12
 local A = rows(ARGV[2], W)
-local atomic = ARGV[3] == 'atomic'
-if not A or #ARGV > 3 or (#ARGV == 3 and not atomic) then
+local atomic = ARGV[4] == 'atomic'
+local order, rate = string.match(ARGV[3] or '', '^(%a+) ?(%S*)$')
+rate = tonumber(rate)
+if not A or #ARGV < 3 or #ARGV > 4 or (#ARGV == 4 and not atomic)
+   or not (order == 'fair' or order == 'deadline') or (rate and not (rate > 0)) then
   return redis.error_reply('ERR inferq enqueue: bad arguments')
+end
+local by_deadline = order == 'deadline'
+-- admission: a queue that holds half a second of work at its measured completion rate is
+-- saturated, and that rate (when lower) is what serves it, not the workers' fitted capacity
+if rate then
+  local waiting = redis.call('ZCARD', pending)
+  if waiting > 0 then
+    local measured = recent_rate(stats, now_ms())
+    if measured > 0 and waiting >= measured * 0.5 then rate = math.min(rate, measured) end
+  end
 end
 local n = #A
 for i = 1, n, W do
@@ -65,13 +92,14 @@ for i = 1, n, W do
           and int(A[i + 6], 0, MAXI)
           and type(A[i + 7]) == 'string' and (A[i + 7] == '' or string.find(A[i + 7], '^[%w][%w._-]*$'))
           and int(A[i + 8], 1, FAIR_MAX_WEIGHT) and int(A[i + 9], 1, FAIR_MAX_COST)
-          and int(A[i + 10], 0, MAXI)) then
+          and int(A[i + 10], 0, MAXI) and int(A[i + 11], 0, MAX_SLO_MS)) then
     return redis.error_reply('ERR inferq enqueue: bad arguments for ' .. tostring(A[i]))
   end
 end
 local now = now_ms()
 local depth = redis.call('ZCARD', pending)
 local out, queue, seen, worst_excess = {}, {}, {}, 0
+local predicted, late_ms = {}, 0
 local owned = {}  -- tenant -> its unfinished requests, counting those queued by this call
 local function owned_by(tn)
   if not owned[tn] then owned[tn] = int(redis.call('HGET', stats, TENANT_COUNT .. tn)) or 0 end
@@ -133,14 +161,61 @@ if atomic and worst_excess > 0 then  -- one new request was shed: all of them ar
     end
   end
 end
+local scores = {}
 if #queue > 0 then
   local last = redis.call('INCRBY', seqkey, #queue)
-  local scores = {}
   for n, i in ipairs(queue) do
-    scores[n] = num(fair_score(fair, pending, tonumber(A[i + 1]), A[i + 7],
-                               tonumber(A[i + 8]), tonumber(A[i + 9]), last - #queue + n))
+    local slo, seq = tonumber(A[i + 11]), last - #queue + n
+    if by_deadline and slo > 0 then
+      scores[n] = num(deadline_score(fair, pending, tonumber(A[i + 1]), now + slo, seq, now))
+    else
+      scores[n] = num(fair_score(fair, pending, tonumber(A[i + 1]), A[i + 7],
+                                 tonumber(A[i + 8]), tonumber(A[i + 9]), seq,
+                                 by_deadline and DEADLINE_SPLIT or 0))
+    end
   end
   fair_save(fair)
+  deadline_save(fair)
+  if rate then  -- admission by prediction: refuse what would be late
+    local kept, ks, before, highest = {}, {}, {}, -1
+    local running = redis.call('ZCARD', KEYS[6])
+    for n, i in ipairs(queue) do
+      local slo, row, s = tonumber(A[i + 11]), (i - 1) / W + 1, tonumber(scores[n])
+      local p = 0
+      if slo > 0 then  -- ahead: pending with a lower score, and this call's kept ones
+        local ahead = running + redis.call('ZCOUNT', pending, '-inf', '(' .. scores[n])
+        if s > highest then  -- after every kept one (the usual case): no need to look
+          ahead = ahead + #before
+        else
+          for _, other in ipairs(before) do
+            if other < s then ahead = ahead + 1 end
+          end
+        end
+        p = math.ceil((ahead + 1) / rate * 1000)
+      end
+      if p > slo then
+        out[row] = 'late:' .. p
+        late_ms = math.max(late_ms, p - slo)
+      else
+        if slo > 0 then
+          predicted[#predicted + 1] = row
+          predicted[#predicted + 1] = p
+        end
+        kept[#kept + 1], ks[#ks + 1], before[#before + 1] = i, scores[n], s
+        if s > highest then highest = s end
+      end
+    end
+    if #kept < #queue then
+      if atomic then  -- one was late: all of them are refused
+        for _, i in ipairs(kept) do out[(i - 1) / W + 1] = 'full' end
+        kept, ks, predicted = {}, {}, {}
+      end
+      depth = depth - (#queue - #kept)
+      queue, scores = kept, ks
+    end
+  end
+end
+if #queue > 0 then
   local zadd, counted, enqueued = {}, {}, num(now)
   for n, i in ipairs(queue) do
     local score = scores[n]
@@ -176,4 +251,6 @@ if worst_excess > 0 then
     retry_after = 1000
   end
 end
+if late_ms > 0 then retry_after = math.max(retry_after, math.min(late_ms, 60000)) end
+if rate then return {depth, out, retry_after, predicted} end
 return {depth, out, retry_after}

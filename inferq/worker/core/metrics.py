@@ -96,6 +96,9 @@ class WorkerMetrics:
         self.requests = Counter("inferq_requests_total",
                                 "Requests finished by this worker, by outcome",
                                 ["queue", "status"], registry=r)
+        self.slo_met = Counter("inferq_slo_met_total",
+                               "Finished requests with a latency objective (ttft_slo_ms), by "
+                               "whether they met it (goodput)", ["queue", "met"], registry=r)
         self.retries = Counter("inferq_retries_total", "Requests sent back for a retry", q,
                                registry=r)
         self.reclaims = Counter("inferq_reclaims_total",

@@ -14,7 +14,7 @@ from typing import Any, Self
 import msgpack
 
 from inferq.errors import CorruptRequest, DeadlineExceeded, InferqError, InvalidInput
-from inferq.protocol import ops
+from inferq.protocol import ops, slo
 from inferq.protocol.codec import (
     WIRE_VERSION,
     ErrorInfo,
@@ -122,13 +122,18 @@ def completion(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) 
         id=c.id, task=config.task, model=config.model_name, worker=config.worker_id,
         attempts=c.attempt, enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms,
         trace_id=trace_id_of(claim.payload.traceparent), **fields)
+    met = None if claim.payload.ttft_slo_ms is None else slo.met(
+        claim.payload.ttft_slo_ms, c.enqueued_ms, fields.get("finished_ms"),
+        fields.get("ttft_ms"), status is Status.OK)
+    if met is not None:
+        common["slo_met"] = met
     try:
         data = encode_result_fields({"status": status, **body, **common}, config.limits)
     except (InferqError, TypeError, ValueError, OverflowError):
         status, data = _encode_checked(config, status, body, common)
     prompt, generated = billable(fields)
     return ops.Completion(c, status.value, data, prompt_tokens=prompt,
-                          completion_tokens=generated)
+                          completion_tokens=generated, slo_met=met)
 
 
 def billable(fields: dict[str, Any]) -> tuple[int, int]:
@@ -180,13 +185,17 @@ def batch_completions(config: WorkerConfig, claims: Sequence[Claim], outcomes: S
                         finished_ms=finished_ms, compute_ms=compute_ms)
             if (traceparent := claim.payload.traceparent) is not None:
                 body["trace_id"] = traceparent[3:35]
+            met = None
+            if (objective := claim.payload.ttft_slo_ms) is not None:
+                met = body["slo_met"] = finished_ms - c.enqueued_ms <= objective
             try:
                 data = packer.pack(body)
             except (TypeError, ValueError, OverflowError):
                 packer = msgpack.Packer(use_bin_type=True)
             else:
                 if len(data) <= limit:
-                    out.append(ops.Completion(c, "ok", data, prompt_tokens=tokens))
+                    out.append(ops.Completion(c, "ok", data, prompt_tokens=tokens,
+                                              slo_met=met))
                     continue
         out.append(completion(config, claim, outcome, batch_size=size, input_tokens=tokens,
                               truncated=cut or None, finished_ms=finished_ms,
@@ -195,22 +204,25 @@ def batch_completions(config: WorkerConfig, claims: Sequence[Claim], outcomes: S
 
 
 def failed_completion(config: WorkerConfig, claimed: ops.Claimed, error: InferqError,
-                      now_ms: int, status: Status = Status.FAILED) -> ops.Completion:
+                      now_ms: int, status: Status = Status.FAILED,
+                      missed: bool = False) -> ops.Completion:
     """A request answered without reaching the model: malformed payload, invalid input, or a
-    deadline that passed while it waited in the worker (``expired``)."""
+    deadline that passed while it waited in the worker (``expired``). ``missed``: it had a
+    latency objective (``slo_met`` False)."""
     data = encode_result_fields({
         "id": claimed.id, "status": status,
         "error": ErrorInfo(code=error.code, message=error.message[:2000]),
         "task": config.task, "model": config.model_name, "worker": config.worker_id,
         "attempts": claimed.attempt, "enqueued_ms": claimed.enqueued_ms, "started_ms": now_ms,
-        "finished_ms": now_ms,
+        "finished_ms": now_ms, "slo_met": False if missed else None,
     }, config.limits)
-    return ops.Completion(claimed, status.value, data)
+    return ops.Completion(claimed, status.value, data, slo_met=False if missed else None)
 
 
 def expired(config: WorkerConfig, claims: Sequence[Claim], now_ms: int) -> list[ops.Completion]:
     """``expired`` answers for claims whose deadline passed before they could run."""
     error = DeadlineExceeded("the deadline passed before the request could run")
-    return [failed_completion(config, claim.claimed, error, now_ms, Status.EXPIRED)
+    return [failed_completion(config, claim.claimed, error, now_ms, Status.EXPIRED,
+                              missed=claim.payload.ttft_slo_ms is not None)
             for claim in claims]
 

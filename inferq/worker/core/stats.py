@@ -30,6 +30,9 @@ class WorkerStats:
     batched: int = 0
     max_batch: int = 0
     forward_s: float = 0.0
+    #: Finished requests with a latency objective that met it, and that missed it.
+    slo_met: int = 0
+    slo_missed: int = 0
     #: Why batches were released (window) or generations finished (generate).
     reasons: Counter[str] = field(default_factory=Counter)
 
@@ -38,11 +41,14 @@ class WorkerStats:
         """``written``: what the server did with each completion; a refused one in
         ``cancelled`` was cancelled by its producer (not a lost lease)."""
         tally: Counter[tuple[str, bool]] = Counter()
+        goodput: Counter[bool] = Counter()
         for completion, ok in zip(completions, written, strict=True):
             if not ok and completion.id in cancelled:
                 self.cancelled += 1
                 continue
             tally[completion.status, ok] += 1
+            if ok and completion.slo_met is not None:
+                goodput[completion.slo_met] += 1
             if not ok:
                 self.refused += 1
                 log.warning("completion of %s refused: lease lost or request cancelled",
@@ -55,6 +61,10 @@ class WorkerStats:
                 self.failed += 1
         for (status, ok), n in tally.items():
             metrics.observe_outcome(status, ok, n)
+        for met, n in goodput.items():
+            metrics.slo_met.labels(metrics.queue, "true" if met else "false").inc(n)
+        self.slo_met += goodput[True]
+        self.slo_missed += goodput[False]
 
     def record_batch(self, size: int, forward_s: float) -> None:
         self.batches += 1
@@ -74,4 +84,6 @@ class WorkerStats:
             "max_batch_size": str(self.max_batch),
             "forward_s": f"{self.forward_s:.4f}",
             "reasons": json.dumps(dict(self.reasons)),
+            "slo_met": str(self.slo_met),
+            "slo_missed": str(self.slo_missed),
         }

@@ -12,17 +12,18 @@ local function fair_number(x) return string.format('%.17g', x) end
 -- head of the band's pending requests, or (none pending) m, after a reset to a new epoch
 -- once m has passed FAIR_RESET_AT
 -- (tenant: the first tenant seen in the band, whose field is read in the same HMGET; the
--- reply's third value, or nil when the band was already loaded)
-local function fair_band(fair, pending, band, tenant)
+-- reply's third value, or nil when the band was already loaded); lo: where the fair part of
+-- the band starts (0, or DEADLINE_SPLIT under deadline order: scores.py)
+local function fair_band(fair, pending, band, tenant, lo)
   local level = band / BAND_WIDTH
   local b = fair_bands[level]
   if b then return b, level, nil end
   local r = fields(fair, 'e:' .. level, 'm:' .. level, 'f:' .. level .. ':' .. tenant) or {}
   b = {e = tonumber(r[1]) or 0, m = tonumber(r[2]) or 0, dirty = false, tenants = {}}
-  local head = redis.call('ZRANGEBYSCORE', pending, num(band), '(' .. num(band + BAND_WIDTH),
-                          'WITHSCORES', 'LIMIT', 0, 1)
+  local head = redis.call('ZRANGEBYSCORE', pending, num(band + lo),
+                          '(' .. num(band + BAND_WIDTH), 'WITHSCORES', 'LIMIT', 0, 1)
   if head[2] then
-    b.v = math.floor((tonumber(head[2]) - band) / TIE_LIMIT)
+    b.v = math.floor((tonumber(head[2]) - band - lo) / TIE_LIMIT)
   else
     if b.m >= FAIR_RESET_AT then
       b.e, b.m, b.dirty = b.e + 1, 0, true
@@ -34,9 +35,11 @@ local function fair_band(fair, pending, band, tenant)
 end
 -- the score of a request of tenant (''= none) with weight and cost, arriving as number seq
 -- of the shard: start = max(the tenant's last finish, the band's virtual time); finish =
--- start + cost / weight; score = band + floor(finish) * TIE_LIMIT + seq % TIE_LIMIT
-local function fair_score(fair, pending, band, tenant, weight, cost, seq)
-  local b, level, raw = fair_band(fair, pending, band, tenant)
+-- start + cost / weight; score = band + lo + floor(finish) * TIE_LIMIT + seq % TIE_LIMIT
+-- (lo: 0, or DEADLINE_SPLIT under deadline order, where finish is clamped below
+-- DEADLINE_VT_LIMIT instead of VT_LIMIT)
+local function fair_score(fair, pending, band, tenant, weight, cost, seq, lo)
+  local b, level, raw = fair_band(fair, pending, band, tenant, lo)
   local t = b.tenants[tenant]
   if not t then
     t = {field = 'f:' .. level .. ':' .. tenant, last = 0, band = b}
@@ -51,8 +54,8 @@ local function fair_score(fair, pending, band, tenant, weight, cost, seq)
   local finish = math.max(t.last, b.v) + cost / weight
   t.last = finish
   if finish > b.m then b.m, b.dirty = finish, true end
-  local vt = math.min(math.floor(finish), VT_LIMIT - 1)
-  return band + vt * TIE_LIMIT + seq % TIE_LIMIT
+  local vt = math.min(math.floor(finish), (lo > 0 and DEADLINE_VT_LIMIT or VT_LIMIT) - 1)
+  return band + lo + vt * TIE_LIMIT + seq % TIE_LIMIT
 end
 -- writes the clocks fair_score moved (one HSET)
 local function fair_save(fair)
