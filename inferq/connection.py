@@ -113,8 +113,11 @@ ACL_COMMANDS: tuple[str, ...] = (
     # producers: results (BLMOVE, LINDEX), the async client's inbox (BLMPOP), status (HGET),
     # generation streams (XREAD)
     "blmove", "blmpop", "lindex", "xread",
-    # workers: wake-ups (BLPOP), queue registry (SADD), tuning and window stats, heartbeat
-    "blpop", "sadd", "expire",
+    # workers: wake-ups (BLPOP), queue registry (SADD), tuning and window stats, heartbeat;
+    # each names its connections after itself (CLIENT SETNAME), and the reclaim sweep lists
+    # the connected ones (CLIENT LIST) to notice a dead worker; INFO (below) gives the sweep
+    # the server's uptime
+    "blpop", "sadd", "expire", "client|setname", "client|list",
     # inferq stats
     "smembers", "hgetall", "zcount",
     # dead letters (requeue, purge, inferq request), the autoscaling signal (GET of the

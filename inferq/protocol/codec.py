@@ -186,6 +186,9 @@ class Result(BaseModel):
     #: ``generate``: ms from enqueue until the first generated text was visible to the producer
     #: (in the request's stream, or in the result for a worker that does not stream).
     ttft_ms: float | None = None
+    #: Runs of this request lost with their worker before this one (the worker vanished while
+    #: running it: not attempts, see ``attempts``); absent when none.
+    lost_runs: int | None = None
 
     @model_validator(mode="before")
     @classmethod

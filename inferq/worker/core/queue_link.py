@@ -21,6 +21,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import RedisError, ResponseError
 
 from inferq import cluster, plans
@@ -30,6 +31,7 @@ from inferq.protocol.settings import QueueSettings, settings_from_hash
 from inferq.worker.core.backoff import RedisBackoff
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.leases import LeaseBook
+from inferq.worker.core.liveness import LivenessProbe
 from inferq.worker.core.metrics import HealthState, WorkerMetrics
 from inferq.worker.core.wake import WakeWaiter
 
@@ -80,11 +82,14 @@ class QueueLink:
         self._shard_turn = 0
         #: The same for the head reads of ``head_priority``.
         self._head_turn = 0
+        #: Lists the connected workers for the reclaim sweep (made in ``attach``).
+        self.liveness = LivenessProbe(cluster=False)
 
     def attach(self, redis: Any, scripts: Mapping[str, Any]) -> None:
         """The connection and registered scripts to use (made in the worker's event loop)."""
         self.redis = redis
         self.scripts = scripts
+        self.liveness = LivenessProbe(cluster=isinstance(redis, AsyncRedisCluster))
 
     def to_ms(self, t: float) -> int:
         """A time of our monotonic clock on Redis' clock, in milliseconds."""
@@ -443,22 +448,33 @@ class QueueLink:
         return state
 
     async def reclaim(self) -> tuple[int, int]:
-        """Expired leases of any worker back to pending (or dead), on every shard;
-        (requeued, dead)."""
-        requeued = dead = unstarted = 0
+        """The leases of dead workers (their connections closed: ``liveness``) and expired
+        leases of any worker back to pending (or dead), on every shard; (requeued, dead)."""
+        config = self.config
+        connected = await self.liveness.connected_workers(self.redis)
+        requeued = dead = unstarted = lost = 0
+        dead_workers: set[str] = set()
         for keys in self.shard_keys:
-            call_keys, args = ops.reclaim_call(keys, RECLAIM_BATCH, self.config.result_ttl_ms,
-                                               self.config.dead_letter_cap)
+            call_keys, args = ops.reclaim_call(
+                keys, RECLAIM_BATCH, config.result_ttl_ms, config.dead_letter_cap,
+                max_crashes=config.max_crashes, grace_ms=config.liveness_grace_ms,
+                connected=connected)
             reply = ops.parse_reclaim(await self.scripts["reclaim"](keys=call_keys, args=args))
             requeued += reply.requeued
             dead += reply.dead
             unstarted += reply.unstarted
+            lost += reply.lost
+            dead_workers.update(reply.dead_workers)
             self.note_damage(reply.corrupt, reply.garbage)
         self.metrics.reclaims.labels(self.keys.queue).inc(requeued)
         self.metrics.dead_letters.labels(self.keys.queue).inc(dead)
+        if dead_workers:
+            log.warning("workers %s are gone (their connections closed): their leases are "
+                        "taken back now", ", ".join(sorted(dead_workers)))
         if requeued or dead:
-            log.warning("reclaimed %d expired leases: %d never started (attempts unchanged), "
-                        "%d dead-lettered", requeued + dead, unstarted, dead)
+            log.warning("reclaimed %d leases: %d never started (unchanged), %d runs lost with "
+                        "their worker (not attempts; they rerun in half the batch), %d "
+                        "dead-lettered crashed_worker", requeued + dead, unstarted, lost, dead)
         return requeued, dead
 
     async def publish_stats(self, fields: Mapping[str, str], *,

@@ -54,9 +54,22 @@ class Claim:
 
 
 def ran_before(claimed: ops.Claimed) -> bool:
-    """A request that ran before (its worker died while it ran, or its run failed): a
-    suspect, which runs alone so that it cannot take other requests' attempts with it."""
-    return claimed.attempt >= 2
+    """A request that ran before: its run failed and was retried, or was lost with its
+    worker (a generation goes on from its streamed tokens)."""
+    return claimed.attempt >= 2 or claimed.lost > 0
+
+
+def is_suspect(claimed: ops.Claimed) -> bool:
+    """A request lost with its worker while it ran alone, or at the end of the bisection of a
+    crashed batch (its cap is 1), or whose run failed (retried: a generate worker fails every
+    running sequence when its engine process dies): it runs alone, so that it cannot take
+    others down with it."""
+    return claimed.cap == 1 or claimed.attempt >= 2
+
+
+def batch_cap(claimed: ops.Claimed) -> int | None:
+    """The largest batch ``claimed`` may run in (half the batch it was lost in), or None."""
+    return claimed.cap or None
 
 
 def decode_claims(config: WorkerConfig, claimed: Sequence[ops.Claimed], now_ms: int,
@@ -119,7 +132,8 @@ def completion(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) 
         status, body = Status.OK, {"output": outcome}
     common: dict[str, Any] = dict(
         id=c.id, task=config.task, model=config.model_name, worker=config.worker_id,
-        attempts=c.attempt, enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms, **fields)
+        attempts=c.attempt, enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms,
+        lost_runs=c.lost or None, **fields)
     try:
         data = encode_result_fields({"status": status, **body, **common}, config.limits)
     except (InferqError, TypeError, ValueError, OverflowError):
@@ -176,6 +190,8 @@ def batch_completions(config: WorkerConfig, claims: Sequence[Claim], outcomes: S
                 body["truncated"] = True
             body.update(enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms,
                         finished_ms=finished_ms, compute_ms=compute_ms)
+            if c.lost:
+                body["lost_runs"] = c.lost
             try:
                 data = packer.pack(body)
             except (TypeError, ValueError, OverflowError):
