@@ -256,13 +256,14 @@ DEFAULT_MAX_CRASHES = 2
 
 def reclaim_call(keys: QueueKeys, max_count: int, result_ttl_ms: int, dead_cap: int, *,
                  max_crashes: int = DEFAULT_MAX_CRASHES, grace_ms: int = 0,
-                 connected: Sequence[str] | None = None) -> Call:
+                 connected: Sequence[str] | None = None, probe_ms: int = 0) -> Call:
     """``connected``: the ids of the workers with a connection now (``CLIENT LIST``), whose
-    registered peers without one for ``grace_ms`` are dead; None: leases only."""
+    registered peers without one for ``grace_ms`` are dead; None: leases only, and with
+    ``probe_ms`` the reply says whether a listing is due (none in ``probe_ms``)."""
     return ([keys.inflight, keys.pending, keys.dead, keys.wake, keys.stats, keys.started,
              keys.dead_letters, keys.leases, keys.workers, keys.conns],
             [keys.prefix, max_count, result_ttl_ms, dead_cap, max_crashes, grace_ms,
-             "" if connected is None else packed(list(connected))])
+             "" if connected is None else packed(list(connected)), probe_ms])
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +279,8 @@ class ReclaimReply:
     dead_workers: list[str] = field(default_factory=list)
     #: Runs lost with their worker (requeued with a halved batch cap, or dead-lettered).
     lost: int = 0
+    #: The caller should list the connected workers and call again with them.
+    probe_due: bool = False
 
     @property
     def counts(self) -> tuple[int, int]:
@@ -288,7 +291,7 @@ class ReclaimReply:
 def parse_reclaim(reply: Any) -> ReclaimReply:
     return ReclaimReply(int(reply[0]), int(reply[1]), _pairs(reply[2]),
                         [as_str(k) for k in reply[3]], int(reply[4]),
-                        [as_str(w) for w in reply[5]], int(reply[6]))
+                        [as_str(w) for w in reply[5]], int(reply[6]), int(reply[7]) == 1)
 
 
 def release_call(keys: QueueKeys, leases: Iterable[tuple[str, str]]) -> Call:

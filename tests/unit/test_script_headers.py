@@ -92,6 +92,7 @@ CALLS: dict[str, Callable[[int], ops.Call]] = {
     "complete": lambda n: ops.complete_call(
         KEYS, 60_000, 100, [completion(f"r{i}", "t", "ok", b"body") for i in range(n)]),
     "reclaim": lambda n: ops.reclaim_call(KEYS, 500, 60_000, 100, max_crashes=2, grace_ms=250,
+                                          probe_ms=125,
                                           connected=[f"w{i}" for i in range(n)]),
     "release": lambda n: ops.release_call(KEYS, LEASES[:n]),
     "cancel": lambda n: ops.cancel_call(KEYS, "r1", 60_000),

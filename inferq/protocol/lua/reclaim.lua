@@ -8,6 +8,11 @@
   then '<ms> <registry score>' when a sweep first finds it without a connection; it is dead
   when it is still without one grace_ms later and has not beaten meanwhile (same score). A
   dead worker leaves the registry and conns; so does, from conns, a worker no longer listed.
+  No worker is judged dead in the first RESTART_QUIET_S seconds of the server (after a restart
+  every client reconnects; until then only the leases count). One listing of the connections
+  serves the whole fleet: a call without them answers whether one is due (none for probe_ms
+  by any worker of the shard: the stats hash's liveness:probe_at), and the caller told so
+  lists the connections and calls again with them.
 
   A request that never started (not in started) goes back to pending with its original score,
   unchanged. A run that started and was lost with its worker is not an attempt (attempts count
@@ -36,9 +41,11 @@
     ARGV[5] max_crashes
     ARGV[6] grace_ms
     ARGV[7] packed rows of 1: connected worker id ('' = no liveness check: leases only)
+    ARGV[8] probe_ms (0: never ask for a listing)
 
   Output: {requeued, dead, {corrupt id, reason, ...}, {garbage key, ...}, requeued unstarted,
-  {dead worker id, ...}, runs lost}
+  {dead worker id, ...}, runs lost, 1 when the caller should list the connections and call
+  again with them, else 0}
 ]]
 -- @include clock
 -- @include rows
@@ -66,8 +73,17 @@ if ARGV[7] ~= '' then
   end
   if not connected then return redis.error_reply('ERR inferq reclaim: bad arguments') end
 end
-if not (max_crashes and grace) then return redis.error_reply('ERR inferq reclaim: bad arguments') end
+local probe_ms = int(ARGV[8], 0, MAXI)
+if not (max_crashes and grace and probe_ms) then
+  return redis.error_reply('ERR inferq reclaim: bad arguments')
+end
 local now = now_ms()
+-- 0. is a listing of the connections due? (read here, written with the rest)
+local probe_due = 0
+if not connected and probe_ms > 0 then
+  local last = tonumber(redis.call('HGET', stats, 'liveness:probe_at') or 0) or 0
+  if now - last >= probe_ms then probe_due = 1 end
+end
 -- 1. liveness: registered workers seen connected before and without a connection now (read
 -- only; written below)
 local dead_workers, noted, cleared = {}, {}, {}
@@ -170,6 +186,7 @@ for i, id in ipairs(ids) do
     drop_bad(prefix, id, kind, r, now, ttl, corrupt, garbage)
   end
 end
+if probe_due == 1 then redis.call('HSET', stats, 'liveness:probe_at', num(now)) end
 bulk('HSET', conns, noted)
 bulk('HDEL', conns, cleared)
 bulk('ZREM', workers, dead_workers)
@@ -185,4 +202,4 @@ if #requeue > 0 then
 end
 count_bad(stats, #corrupt / 2, #garbage, now)
 tenant_flush(stats)
-return {#requeue / 2, died, corrupt, garbage, unstarted, dead_workers, lost}
+return {#requeue / 2, died, corrupt, garbage, unstarted, dead_workers, lost, probe_due}

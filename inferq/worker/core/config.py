@@ -122,6 +122,12 @@ class WorkerConfig:
         return int(self.reclaim_s * 1e3)
 
     @property
+    def liveness_probe_ms(self) -> int:
+        """How often the fleet lists the connected workers (one listing, by whichever worker
+        sweeps first): twice per grace, so a death is judged within about a sweep of it."""
+        return max(1, self.liveness_grace_ms // 2)
+
+    @property
     def result_ttl_ms(self) -> int:
         return int(self.result_ttl_s * 1000)
 

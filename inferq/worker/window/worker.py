@@ -93,6 +93,9 @@ class WindowWorker(QueueWorker[Job]):
         #: Requests with a batch cap lead the queue (a crashed batch's, being bisected): claim
         #: no more than this at a time (see ``_share_capped``); None: no limit.
         self._cap_ahead: int | None = None
+        #: The last claim was held back while capped requests lead the queue and the device
+        #: is busy: they are left to idle workers.
+        self._held_back = False
         #: Set while no forward runs; the next batch, handed from the collector to the
         #: executor (None: the collector ended).
         self._device_idle = asyncio.Event()
@@ -136,6 +139,7 @@ class WindowWorker(QueueWorker[Job]):
                 backoff.succeeded()
                 if batch is None:
                     break
+                self._device_idle.clear()  # committed from now: the executor runs it next
                 await self._ready.put(batch)
         finally:
             await self._ready.put(None)
@@ -155,6 +159,11 @@ class WindowWorker(QueueWorker[Job]):
             jobs = self._carry
             if len(jobs) < cfg.max_batch_size:
                 jobs += await self._claim(cfg.max_batch_size - len(jobs))
+            if not jobs and self._held_back:
+                # Capped requests lead the queue and the device is busy: left to idle workers
+                # until this one is free.
+                await wait_any((self._device_idle, self._stopping))
+                continue
             if not jobs:
                 if self._unpublished:
                     await self._publish_stats()  # idle: make stats current before sleeping
@@ -245,11 +254,16 @@ class WindowWorker(QueueWorker[Job]):
 
     async def _claim(self, max_count: int) -> list[Job]:
         """Claim up to ``max_count`` requests, keeping at most one capped batch in hand (see
-        ``_share_capped``); none while one already waits to run, and no more than a batch's
-        worth while capped requests lead the queue."""
+        ``_share_capped``); none while one already waits to run, and, while capped requests
+        lead the queue, none while the device is busy (idle workers take them) and no more
+        than a batch's worth."""
+        self._held_back = False
         if any(job.claimed.cap for job in self._carry):
             return []
         if self._cap_ahead is not None:
+            if not self._device_idle.is_set():
+                self._held_back = True  # see _build_batch
+                return []
             max_count = min(max_count, self._cap_ahead)
         reply, jobs, failures = await self._claim_prepared(max_count)
         self.link.follow_shards(self._wake)  # idle, wake on any shard's enqueue
