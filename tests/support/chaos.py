@@ -4,9 +4,12 @@ faults are injected on a schedule, then a tally of every request's outcome.
 Faults, each kind spread evenly over 90 % of the run: SIGKILLs of a random worker (a new one
 starts in its place), SIGSTOPs of a worker for 2.5 leases (then SIGCONT), restarts of the
 server (SIGTERM: the AOF is flushed; then a start), plus poison requests (the model raises on
-them) and requests whose deadline passes in the queue. The workers' sleep model records every
-request it starts (``record=``), so the tally counts innocent dead letters (dead-lettered but
-never run). ``lost``: accepted by enqueue but neither answered nor still queued; it must be 0.
+them), crash poisons (the model SIGKILLs its own worker on them; a supervisor starts a new
+worker in its place) and requests whose deadline passes in the queue. The workers' model
+(``tests.support.crashing_model``, a sleep) records every request it starts (``record=``), so
+the tally counts innocent dead letters (dead-lettered but never run) and innocent crash dead
+letters (``crashed_worker`` for a request that is not a crash poison). ``lost``: accepted by
+enqueue but neither answered nor still queued; it must be 0.
 
 ``tests/e2e/test_chaos.py`` runs ``SHORT``; ``python -m benchmarks chaos`` runs the rest.
 """
@@ -14,6 +17,8 @@ never run). ``lost``: accepted by enqueue but neither answered nor still queued;
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import random
 import signal
 import time
@@ -31,8 +36,10 @@ from inferq.protocol.keys import QueueKeys
 from inferq.worker.core.config import DEFAULT_LEASE_MS
 from tests.support.processes import WorkerProcess, wait_until
 
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "chaos"
 POISON = "POISON"
+CRASH = "CRASH"
 KEYS = QueueKeys.for_model("embed", MODEL)
 
 
@@ -49,6 +56,8 @@ class ChaosConfig:
     batch_ms: float = 15.0
     item_ms: float = 0.3
     poison_share: float = 0.01
+    #: Requests that crash the worker that runs them (spread evenly over the run).
+    crash_poisons: int = 1
     expiring_share: float = 0.02
     seed: int = 7
     result_timeout_s: float = 120.0
@@ -85,6 +94,13 @@ class Report:
     dead_lettered: int = 0
     #: Dead-lettered although no worker ever started to run them (must be 0).
     innocent_dead_letters: int = 0
+    #: Dead-lettered ``crashed_worker`` although not a crash poison (must be 0).
+    innocent_crash_dead_letters: int = 0
+    #: Crash poisons dead-lettered ``crashed_worker``, and the workers they killed.
+    crash_poisons_dead_lettered: int = 0
+    crash_deaths: int = 0
+    #: Runs lost with their worker, over every result (``Result.lost_runs``).
+    lost_runs: int = 0
     expired: int = 0
     still_pending: int = 0
     answered_but_not_delivered: int = 0
@@ -135,10 +151,21 @@ class Fleet:
         lease = [] if c.lease_ms is None else ["--lease-ms", str(c.lease_ms)]
         self.workers[worker_id] = WorkerProcess(
             self.url, "--log-level", "WARNING", "--model",
-            f"{MODEL}=builtin:sleep?batch_ms={c.batch_ms:g}&item_ms={c.item_ms:g}"
-            f"&fail_on={POISON}&record={self.ran_dir}", "--worker-id", worker_id, *lease,
-            "--max-batch-size", "32", "--max-wait-ms", "5", log_dir=self.folder)
+            f"{MODEL}=python:tests.support.crashing_model:CrashingModel?marker={CRASH}"
+            f"&batch_ms={c.batch_ms:g}&item_ms={c.item_ms:g}&fail_on={POISON}"
+            f"&record={self.ran_dir}", "--worker-id", worker_id, *lease,
+            "--max-batch-size", "32", "--max-wait-ms", "5", log_dir=self.folder,
+            env={"PYTHONPATH": os.pathsep.join(filter(None, (
+                str(ROOT), os.environ.get("PYTHONPATH"))))})
         return worker_id
+
+    def replace_dead(self) -> int:
+        """Start a worker in place of each that died on its own (a crash poison); how many."""
+        dead = [w for w, p in self.workers.items() if p.proc.poll() is not None]
+        for worker_id in dead:
+            self.workers.pop(worker_id).stop()
+            self.start()
+        return len(dead)
 
     def wait_registered(self, timeout_s: float = 60.0) -> None:
         """Until every worker has joined the queue's worker set (its model loaded)."""
@@ -232,6 +259,14 @@ async def _inject_faults(config: ChaosConfig, fleet: Fleet, server: EmbeddedServ
     r.close()
 
 
+async def _supervise(fleet: Fleet, report: Report, done: asyncio.Event) -> None:
+    """Start a worker in place of each that a crash poison killed, until the run ends."""
+    while not done.is_set():
+        report.crash_deaths += fleet.replace_dead()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), 0.05)
+
+
 async def _produce(config: ChaosConfig, url: str, results: dict[str, inferq.Result | None],
                    kinds: dict[str, str]) -> int:
     """Enqueue at ``config.rate_per_s`` (20 ``enqueue_many`` calls a second, retried while
@@ -251,12 +286,17 @@ async def _produce(config: ChaosConfig, url: str, results: dict[str, inferq.Resu
 
         start = time.monotonic()
         chunk = max(1, int(config.rate_per_s / 20))
+        crash_at = {config.requests * (k + 1) // (config.crash_poisons + 1)
+                    for k in range(config.crash_poisons)}
         while submitted < config.requests:
             batch = []
             for _ in range(min(chunk, config.requests - submitted)):
                 roll = rng.random()
                 request_id = f"c{submitted + len(batch)}"
-                if roll < config.poison_share:
+                if submitted + len(batch) in crash_at:
+                    kinds[request_id] = "crash"
+                    batch.append({"prompt": f"{CRASH} {request_id}", "id": request_id})
+                elif roll < config.poison_share:
                     kinds[request_id] = "poison"
                     batch.append({"prompt": f"{POISON} {request_id}", "id": request_id,
                                   "max_attempts": 2})
@@ -301,9 +341,10 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
         async def main() -> int:
             done = asyncio.Event()
             injector = asyncio.create_task(_inject_faults(config, fleet, server, faults, done))
+            supervisor = asyncio.create_task(_supervise(fleet, report, done))
             submitted = await _produce(config, server.url, results, kinds)
             done.set()
-            await injector
+            await asyncio.gather(injector, supervisor)
             return submitted
 
         report.submitted = asyncio.run(main())
@@ -318,15 +359,23 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
 
 def _tally(report: Report, r: redis.Redis, results: dict[str, inferq.Result | None],
            kinds: dict[str, str], faults: list[Fault], ran: set[str]) -> None:
-    expected = {"normal": {"ok"}, "poison": {"dead"}, "expiring": {"expired", "ok"}}
+    expected = {"normal": {"ok"}, "poison": {"dead"}, "expiring": {"expired", "ok"},
+                "crash": {"dead"}}
     statuses: Counter[str] = Counter()
     for request_id, result in results.items():
         if result is None:
             continue
         statuses[result.status.value] += 1
         report.unexpected_failures += result.status.value not in expected[kinds[request_id]]
-        report.executed_more_than_once += result.attempts > 1
+        lost_runs = getattr(result, "lost_runs", None) or 0
+        report.lost_runs += lost_runs
+        report.executed_more_than_once += result.attempts > 1 or lost_runs > 0
         report.max_attempts_seen = max(report.max_attempts_seen, result.attempts)
+        if result.error is not None and result.error.code == "crashed_worker":
+            if kinds[request_id] == "crash":
+                report.crash_poisons_dead_lettered += 1
+            else:
+                report.innocent_crash_dead_letters += 1
         # The result stored now must be the one the producer received: a second write would
         # show up as a different worker or finish time.
         raw = r.lindex(KEYS.result(request_id), 0)
