@@ -116,7 +116,7 @@ ACL_COMMANDS: tuple[str, ...] = (
     # workers: wake-ups (BLPOP), queue registry (SADD), tuning and window stats, heartbeat;
     # each names its connections after itself (CLIENT SETNAME), and the reclaim sweep lists
     # the connected ones (CLIENT LIST) to notice a dead worker; INFO (below) gives the sweep
-    # the server's uptime
+    # the server's run_id
     "blpop", "sadd", "expire", "client|setname", "client|list",
     # inferq stats
     "smembers", "hgetall", "zcount",

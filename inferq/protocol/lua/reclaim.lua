@@ -3,13 +3,13 @@
   paused or cut-off worker), and, given the ids of the workers connected now (from CLIENT
   LIST: every worker names its connections after its id), every lease of a registered worker
   whose connections have been closed for grace_ms (a killed worker loses them at once). The
-  conns hash remembers, per registered worker, 'up' once a sweep saw it connected (only such
-  a worker is judged by its connections: one that never named them is left to its leases),
-  then '<ms> <registry score>' when a sweep first finds it without a connection; it is dead
+  conns hash remembers, per registered worker, 'up <run>' once a sweep saw it connected to
+  this run of the server (INFO run_id: only such a worker is judged by its connections; one
+  that never named them, or has not reconnected since a restart, is left to its leases), then
+  '<ms> <registry score> <run>' when a sweep first finds it without a connection; it is dead
   when it is still without one grace_ms later and has not beaten meanwhile (same score). A
   dead worker leaves the registry and conns; so does, from conns, a worker no longer listed.
-  No worker is judged dead in the first RESTART_QUIET_S seconds of the server (after a restart
-  every client reconnects; until then only the leases count). One listing of the connections
+  One listing of the connections
   serves the whole fleet: a call without them answers whether one is due (none for probe_ms
   by any worker of the shard: the stats hash's liveness:probe_at), and the caller told so
   lists the connections and calls again with them.
@@ -56,7 +56,7 @@
 -- @include wake
 local inflight, pending, dead, wake, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local started, records, leases, workers, conns = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local OWNER_SCAN, RESTART_QUIET_S = 10000, 2
+local OWNER_SCAN = 10000
 local prefix, max_n = ARGV[1], tonumber(ARGV[2])
 local ttl, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
 local max_crashes, grace = int(ARGV[5], 1, MAX_ATTEMPTS), int(ARGV[6], 0, MAXI)
@@ -91,25 +91,27 @@ if connected then
   local was = {}
   local seen = redis.call('HGETALL', conns)
   for i = 1, #seen, 2 do was[seen[i]] = seen[i + 1] end
-  local uptime = string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)')
-  local settled = tonumber(uptime or 0) >= RESTART_QUIET_S
+  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or '?'
+  local up = 'up ' .. run
   local reg = redis.call('ZRANGE', workers, 0, -1, 'WITHSCORES')
   for i = 1, #reg, 2 do
     local w, score = reg[i], reg[i + 1]
     local mark = was[w]
     if connected[w] then
-      if mark ~= 'up' then
+      if mark ~= up then
         noted[#noted + 1] = w
-        noted[#noted + 1] = 'up'
+        noted[#noted + 1] = up
       end
     elseif mark then
-      local t0, s0 = string.match(mark, '^(%d+) (%S+)$')
-      if t0 and s0 == score then
-        if settled and now - tonumber(t0) >= grace then dead_workers[#dead_workers + 1] = w end
-      else
+      local t0, s0, r0 = string.match(mark, '^(%d+) (%S+) (%S+)$')
+      if mark == up or (r0 == run and s0 ~= score) then
+        -- first seen without a connection (or it beat since): noted from now
         noted[#noted + 1] = w
-        noted[#noted + 1] = num(now) .. ' ' .. score
+        noted[#noted + 1] = num(now) .. ' ' .. score .. ' ' .. run
+      elseif r0 == run and now - tonumber(t0) >= grace then
+        dead_workers[#dead_workers + 1] = w
       end
+      -- else: still within the grace, or a mark of an earlier run of the server
     end
     was[w] = nil
   end
