@@ -67,9 +67,10 @@ def is_suspect(claimed: ops.Claimed) -> bool:
     return claimed.cap == 1 or claimed.attempt >= 2
 
 
-def batch_cap(claimed: ops.Claimed) -> int | None:
-    """The largest batch ``claimed`` may run in (half the batch it was lost in), or None."""
-    return claimed.cap or None
+def batch_cap(claimed: ops.Claimed) -> int:
+    """The largest batch ``claimed`` may run in: 1 for a suspect, else half the batch it was
+    lost in (bisection); 0: no limit."""
+    return 1 if is_suspect(claimed) else claimed.cap
 
 
 def decode_claims(config: WorkerConfig, claimed: Sequence[ops.Claimed], now_ms: int,

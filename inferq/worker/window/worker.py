@@ -45,6 +45,7 @@ from inferq.worker.core.failures import Failure, free_device_cache
 from inferq.worker.core.lifecycle import QueueWorker, run_together
 from inferq.worker.core.results import (
     Claim,
+    batch_cap,
     batch_completions,
     expired,
     failed_completion,
@@ -174,7 +175,7 @@ class WindowWorker(QueueWorker[Job]):
             # A capped request in hand (a crashed batch's half, a suspect) runs next, as soon
             # as the device is free: no wait.
             full = (len(jobs) >= cfg.max_batch_size or (budget is not None and tokens >= budget)
-                    or any(job.claimed.cap for job in jobs))
+                    or any(batch_cap(job.claimed) for job in jobs))
             if not self._device_idle.is_set():
                 # The model is busy: collecting more costs no latency. Wake on new work or
                 # when the device frees up.
@@ -231,14 +232,14 @@ class WindowWorker(QueueWorker[Job]):
             self._carry = [job for job in jobs if job is not suspect]
             return Batch(next(self._batch_ids), [suspect], ReleaseReason.WINDOW,
                          suspect.tokens, suspect.tokens)
-        capped = [job for job in jobs if job.claimed.cap]
+        capped = [job for job in jobs if batch_cap(job.claimed)]
         max_count = self.window_config.max_batch_size
         if capped:
             # Bisection of a crashed batch: its requests run among themselves, in batches of
             # at most half the one they were lost in.
-            max_count = min(max_count, *(job.claimed.cap for job in capped))
+            max_count = min(max_count, *(batch_cap(job.claimed) for job in capped))
         packed = pack(capped or jobs, _job_tokens, max_count=max_count, max_tokens=budget)
-        self._carry = packed.rest + ([job for job in jobs if not job.claimed.cap]
+        self._carry = packed.rest + ([job for job in jobs if not batch_cap(job.claimed)]
                                      if capped else [])
         return Batch(next(self._batch_ids), packed.batch, reason, packed.real_tokens,
                      packed.padded_tokens)
@@ -258,7 +259,7 @@ class WindowWorker(QueueWorker[Job]):
         lead the queue, none while the device is busy (idle workers take them) and no more
         than a batch's worth."""
         self._held_back = False
-        if any(job.claimed.cap for job in self._carry):
+        if any(batch_cap(job.claimed) for job in self._carry):
             return []
         if self._cap_ahead is not None:
             if not self._device_idle.is_set():
@@ -282,11 +283,12 @@ class WindowWorker(QueueWorker[Job]):
         others back at once (unchanged), so every live worker takes some and the fleet bisects
         in parallel. Until a claim brings no capped request, it then claims no more than one
         such batch at a time (no window claimed, decoded and given back at every round)."""
-        capped = sorted((job for job in jobs if job.claimed.cap), key=lambda j: j.claimed.cap)
+        capped = sorted((job for job in jobs if batch_cap(job.claimed)),
+                        key=lambda j: batch_cap(j.claimed))
         if not capped:
             self._cap_ahead = None
             return jobs
-        size = capped[0].claimed.cap
+        size = batch_cap(capped[0].claimed)
         extra = capped[size:]
         if extra or self._cap_ahead is not None:
             self._cap_ahead = size
