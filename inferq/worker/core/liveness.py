@@ -18,7 +18,7 @@ import logging
 import re
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
 log = logging.getLogger("inferq.worker")
 
@@ -60,8 +60,19 @@ class LivenessProbe:
         try:
             clients = await redis.client_list(_type="normal")
         except ResponseError as exc:
+            if not refused_for_good(exc):
+                log.warning("CLIENT LIST failed (%s): this sweep goes by the leases", exc)
+                return None
             self.enabled = False
             log.warning("CLIENT LIST refused (%s): dead workers are noticed by their leases "
                         "only", exc)
             return None
         return parse_client_list(clients)
+
+
+def refused_for_good(exc: ResponseError) -> bool:
+    """An ACL without the command, or a server (a managed service, a proxy) that does not
+    have it: asking again would not help. Anything else (a server loading its data after a
+    restart) may pass."""
+    text = str(exc).lower()
+    return isinstance(exc, NoPermissionError) or "unknown" in text or "not allowed" in text
