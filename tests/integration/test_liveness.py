@@ -95,7 +95,7 @@ def test_a_worker_that_beats_again_or_reconnects_is_not_dead(
     assert scripts.r.zcard(KEYS.inflight) == 1
 
 
-def test_a_worker_seen_only_before_a_server_restart_is_left_to_its_leases(
+def test_a_worker_seen_up_only_before_a_server_restart_is_left_to_its_leases(
         client: inferq.Client, scripts: Scripts) -> None:
     enqueue(client, "x", id="r1")
     beat(scripts, "d")
@@ -105,9 +105,16 @@ def test_a_worker_seen_only_before_a_server_restart_is_left_to_its_leases(
     scripts.r.hset(KEYS.conns, "d", "up 0123456789abcdef")
     for _ in range(3):
         assert sweep(scripts, []).dead_workers == []
-    scripts.r.hset(KEYS.conns, "d", "1 1 0123456789abcdef")  # noted missing, earlier run
+    # noted missing by an earlier run, but it beat since (another score): it is alive
+    scripts.r.hset(KEYS.conns, "d", "1 1 0123456789abcdef")
     assert sweep(scripts, []).dead_workers == []
     assert scripts.r.zcard(KEYS.inflight) == 1
+    # noted missing by an earlier run and no beat since: it had lost its connections while
+    # that server ran, and has not come back
+    score = scripts.r.zscore(KEYS.workers, "d")
+    scripts.r.hset(KEYS.conns, "d", f"1 {score:.0f} 0123456789abcdef")
+    assert sweep(scripts, []).dead_workers == ["d"]
+    assert scripts.r.zcard(KEYS.inflight) == 0
 
 
 def test_one_listing_is_asked_for_per_probe_interval_for_the_whole_fleet(

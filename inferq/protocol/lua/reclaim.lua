@@ -7,7 +7,8 @@
   this run of the server (INFO run_id: only such a worker is judged by its connections; one
   that never named them, or has not reconnected since a restart, is left to its leases), then
   '<ms> <registry score> <run>' when a sweep first finds it without a connection; it is dead
-  when it is still without one grace_ms later and has not beaten meanwhile (same score). A
+  when it is still without one grace_ms later and has not beaten meanwhile (same score), even
+  across a restart (it had lost its connections while the server ran). A
   dead worker leaves the registry and conns; so does, from conns, a worker no longer listed.
   One listing of the connections
   serves the whole fleet: a call without them answers whether one is due (none for probe_ms
@@ -108,10 +109,11 @@ if connected then
         -- first seen without a connection (or it beat since): noted from now
         noted[#noted + 1] = w
         noted[#noted + 1] = num(now) .. ' ' .. score .. ' ' .. run
-      elseif r0 == run and now - tonumber(t0) >= grace then
+      elseif t0 and s0 == score and now - tonumber(t0) >= grace then
+        -- (noted before a restart too: it had lost its connections while the server ran)
         dead_workers[#dead_workers + 1] = w
       end
-      -- else: still within the grace, or a mark of an earlier run of the server
+      -- else: still within the grace, or seen up only by an earlier run of the server
     end
     was[w] = nil
   end
