@@ -54,10 +54,16 @@ class Chaos(Scenario[ChaosConfig]):
 
     def markdown(self, report: Mapping[str, Any]) -> str:
         r = report["report"]
-        rec = [r[f"recovery_{k}_ms"] for k in ("p50", "p99", "max")]
+        def figures(kind: str) -> str:
+            rec = [r.get(f"recovery_{kind}{k}_ms") for k in ("p50", "p99", "max")]
+            return ("-" if rec[0] is None
+                    else " / ".join(f"{x:.0f}" for x in rec) + " ms")
+
+        down = r.get("restart_down_ms") or []
         return render("chaos", r, lease=r["config"]["lease_ms"] or "default",
-                      recovery="-" if rec[0] is None else " / ".join(f"{x:.0f}" for x in rec)
-                      + " ms", throughput_text=" / ".join(
+                      recovery=figures(""), recovery_calm=figures("calm_"),
+                      restart_down=", ".join(f"{x / 1e3:.1f}" for x in down) or "-",
+                      throughput_text=" / ".join(
                           f"{r['throughput'].get(k, 0):.0f}" for k in ("before", "during",
                                                                        "after")))
 
