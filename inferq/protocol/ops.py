@@ -201,7 +201,7 @@ def start_call(keys: QueueKeys, leases: Iterable[tuple[str, str]]) -> Call:
 
 def heartbeat_call(keys: QueueKeys, worker_id: str, lease_ms: int, liveness_ms: int,
                    leases: Iterable[tuple[str, str]]) -> Call:
-    return ([keys.inflight, keys.workers, keys.leases],
+    return ([keys.inflight, keys.workers, keys.leases, keys.conns],
             [keys.prefix, worker_id, lease_ms, liveness_ms, packed(_flat(leases))])
 
 

@@ -71,7 +71,8 @@ def test_a_worker_seen_connected_then_gone_loses_every_lease_at_once(
 def test_a_worker_never_seen_connected_is_left_to_its_leases(
         client: inferq.Client, scripts: Scripts) -> None:
     enqueue(client, "x", id="r1")
-    beat(scripts, "old")  # registered, but it names no connection (an older inferq)
+    # registered by an older inferq's heartbeat: no conns mark, no named connection
+    scripts.r.zadd(KEYS.workers, {"old": _redis_ms(scripts.r) + 60_000})
     scripts.claim("old", 1)
     for _ in range(3):
         assert sweep(scripts, ["other"]).dead_workers == []
@@ -100,6 +101,8 @@ def test_a_worker_seen_up_only_before_a_server_restart_is_left_to_its_leases(
     enqueue(client, "x", id="r1")
     beat(scripts, "d")
     scripts.claim("d", 1)
+    # Its own beat marked it up (it came over a named connection of this run of the server).
+    assert (scripts.r.hget(KEYS.conns, "d") or b"").startswith(b"up ")
     # Seen connected by an earlier run of the server (the mark survived in the AOF): after a
     # restart every client reconnects, so its absence proves nothing until it is seen again.
     scripts.r.hset(KEYS.conns, "d", "up 0123456789abcdef")

@@ -3,8 +3,8 @@
   paused or cut-off worker), and, given the ids of the workers connected now (from CLIENT
   LIST: every worker names its connections after its id), every lease of a registered worker
   whose connections have been closed for grace_ms (a killed worker loses them at once). The
-  conns hash remembers, per registered worker, 'up <run>' once a sweep saw it connected to
-  this run of the server (INFO run_id: only such a worker is judged by its connections; one
+  conns hash remembers, per registered worker, 'up <run>' once a sweep (or its own heartbeat)
+  saw it connected to this run of the server (INFO run_id: only such a worker is judged by its connections; one
   that never named them, or has not reconnected since a restart, is left to its leases), then
   '<ms> <registry score> <run>' when a sweep first finds it without a connection; it is dead
   when it is still without one grace_ms later and has not beaten meanwhile (same score), even
