@@ -8,6 +8,8 @@ thread and the CLI all go through them.
 * ``redis://host:6379/0``: plain TCP. ``rediss://host:6380/0``: TLS, verified against the
   system CAs or ``ssl_ca_certs``; add ``ssl_certfile``/``ssl_keyfile`` when the server asks
   for a client certificate (``tls-auth-clients yes``).
+* ``redis+sentinel://[[user]:password@]host1:26379,host2:26379/SERVICE[/DB]``: the master of
+  a Redis Sentinel service, followed through failovers (``inferq.sentinel``).
 * Credentials: ``redis://:password@host`` (``requirepass``) or ``redis://user:password@host``
   (an ACL user); percent-encode reserved characters. ``username``/``password`` override
   the URL's. Credentials are taken out of the URL before it reaches redis-py (where URL
