@@ -43,49 +43,52 @@ def test_producer_and_worker_follow_a_failover_and_nothing_acknowledged_is_lost(
         url = deployment.url
         worker = WorkerProcess(url, "--model", "t=builtin:sleep?batch_ms=10",
                                "--worker-id", "sentinel-worker", log_dir=tmp_path)
-        with sync_client(url) as r:
-            wait_until(lambda: r.zscore("inferq:{embed:t}:workers", "sentinel-worker")
-                       is not None, 60, "the worker on the master")
-        client = inferq.Client(url, options=inferq.ClientOptions(durability="replica"))
-        acknowledged: list[str] = []
-        refused = 0
-        errors: list[str] = []
-        stop = threading.Event()
-
-        def produce() -> None:
-            nonlocal refused
-            n = 0
-            while not stop.is_set():
-                batch = [{"prompt": f"r{n + i}", "id": f"r{n + i}"} for i in range(10)]
-                n += 10
-                try:
-                    acknowledged.extend(h.id for h in client.enqueue_many(batch, model="t"))
-                except (inferq.InferqError, redis.RedisError) as exc:
-                    refused += 1  # not acknowledged: the producer would retry it
-                    errors.append(f"{type(exc).__name__}: {exc}")
-                time.sleep(0.02)
-
-        producer = threading.Thread(target=produce)
-        producer.start()
         try:
-            wait_until(lambda: len(acknowledged) >= 200, 60, "load before the crash")
-            deployment.kill_master()
-            took = deployment.wait_failover()
-            at_failover = len(acknowledged)
+            with sync_client(url) as r:
+                wait_until(lambda: r.zscore("inferq:{embed:t}:workers", "sentinel-worker")
+                           is not None, 60, "the worker on the master")
+            client = inferq.Client(url, options=inferq.ClientOptions(durability="replica"))
+            acknowledged: list[str] = []
+            refused = 0
+            errors: list[str] = []
+            stop = threading.Event()
+
+            def produce() -> None:
+                nonlocal refused
+                n = 0
+                while not stop.is_set():
+                    batch = [{"prompt": f"r{n + i}", "id": f"r{n + i}"} for i in range(10)]
+                    n += 10
+                    try:
+                        acknowledged.extend(h.id for h in client.enqueue_many(batch, model="t"))
+                    except (inferq.InferqError, redis.RedisError) as exc:
+                        refused += 1  # not acknowledged: the producer would retry it
+                        errors.append(f"{type(exc).__name__}: {exc}")
+                    time.sleep(0.02)
+
+            producer = threading.Thread(target=produce)
+            producer.start()
             try:
-                wait_until(lambda: len(acknowledged) >= at_failover + 200, 60,
-                           "enqueues acknowledged by the promoted replica")
-            except AssertionError:
-                raise AssertionError(f"{errors[-3:]}\n{worker.log[-3000:]}") from None
+                wait_until(lambda: len(acknowledged) >= 200, 60, "load before the crash")
+                deployment.kill_master()
+                took = deployment.wait_failover()
+                at_failover = len(acknowledged)
+                try:
+                    wait_until(lambda: len(acknowledged) >= at_failover + 200, 60,
+                               "enqueues acknowledged by the promoted replica")
+                except AssertionError:
+                    raise AssertionError(f"{errors[-3:]}\n{worker.log[-3000:]}") from None
+            finally:
+                stop.set()
+                producer.join()
+            handles = [client.handle(i, model="t") for i in acknowledged]
+            results = [h.result(timeout=120) for h in handles]
+            assert all(res.ok and res.output == res.id for res in results)
+            print(f"failover in {took:.1f} s; {len(acknowledged)} acknowledged, all answered; "
+                  f"{refused} enqueue calls refused during the failover")
+            # the CLI on the same URL reads the promoted master
+            assert main(["stats", "--redis-url", url, "--queue", "embed:t"]) == 0
+            assert worker.stop() == 0, worker.log
+            client.close()
         finally:
-            stop.set()
-            producer.join()
-        handles = [client.handle(i, model="t") for i in acknowledged]
-        results = [h.result(timeout=120) for h in handles]
-        assert all(res.ok and res.output == res.id for res in results)
-        print(f"failover in {took:.1f} s; {len(acknowledged)} acknowledged, all answered; "
-              f"{refused} enqueue calls refused during the failover")
-        # the CLI on the same URL reads the promoted master
-        assert main(["stats", "--redis-url", url, "--queue", "embed:t"]) == 0
-        assert worker.stop() == 0, worker.log
-        client.close()
+            worker.stop()
