@@ -30,7 +30,8 @@ class Chaos(Scenario[ChaosConfig]):
         for flag, what in (("requests", "request count"), ("workers", "worker count")):
             parser.add_argument(f"--{flag}", type=positive_int, help=f"override the {what}")
         for flag, what in (("kills", "number of SIGKILLs"), ("stops", "number of SIGSTOPs"),
-                           ("restarts", "number of Redis restarts")):
+                           ("restarts", "number of Redis restarts"),
+                           ("crash-poisons", "number of requests that crash their worker")):
             parser.add_argument(f"--{flag}", type=int, help=f"override the {what}")
         parser.add_argument("--rate", type=float, dest="rate_per_s",
                             help="override the enqueue rate (requests/s)")
@@ -40,7 +41,8 @@ class Chaos(Scenario[ChaosConfig]):
     def configure(self, args: argparse.Namespace) -> ChaosConfig:
         base = SHORT if args.short else QUICK if args.quick else ChaosConfig()
         return replace(base, **{k: v for k in ("requests", "workers", "kills", "stops",
-                                                "restarts", "rate_per_s", "lease_ms")
+                                                "restarts", "rate_per_s", "lease_ms",
+                                                "crash_poisons")
                                 if (v := getattr(args, k)) is not None})
 
     def records(self, args: argparse.Namespace) -> bool:
@@ -52,17 +54,24 @@ class Chaos(Scenario[ChaosConfig]):
 
     def markdown(self, report: Mapping[str, Any]) -> str:
         r = report["report"]
-        rec = [r[f"recovery_{k}_ms"] for k in ("p50", "p99", "max")]
+        def figures(kind: str) -> str:
+            rec = [r.get(f"recovery_{kind}{k}_ms") for k in ("p50", "p99", "max")]
+            return ("-" if rec[0] is None
+                    else " / ".join(f"{x:.0f}" for x in rec) + " ms")
+
+        down = r.get("restart_down_ms") or []
         return render("chaos", r, lease=r["config"]["lease_ms"] or "default",
-                      recovery="-" if rec[0] is None else " / ".join(f"{x:.0f}" for x in rec)
-                      + " ms", throughput_text=" / ".join(
+                      recovery=figures(""), recovery_calm=figures("calm_"),
+                      restart_down=", ".join(f"{x / 1e3:.1f}" for x in down) or "-",
+                      throughput_text=" / ".join(
                           f"{r['throughput'].get(k, 0):.0f}" for k in ("before", "during",
                                                                        "after")))
 
     def exit_code(self, report: Mapping[str, Any]) -> int:
         counts = report["report"]
-        clean = (counts["lost"], counts["duplicate_results"], counts["innocent_dead_letters"])
-        return 0 if clean == (0, 0, 0) else 1
+        clean = (counts["lost"], counts["duplicate_results"], counts["innocent_dead_letters"],
+                 counts.get("innocent_crash_dead_letters", 0))
+        return 0 if clean == (0, 0, 0, 0) else 1
 
 
 SCENARIO = Chaos()

@@ -3,6 +3,7 @@ whichever ``inferq`` is first on the path; not ``Scenario``s, no RESULTS.md sect
 
     python benchmarks/script_cost.py scripts      # server CPU of each hot script, per request
     python benchmarks/script_cost.py split        # CPU split of one end-to-end pass
+    python benchmarks/script_cost.py sweep        # server CPU of one worker's reclaim sweep
     PYTHONPATH=/path/to/other/checkout python benchmarks/script_cost.py split   # another one's
 
 ``scripts``: each round enqueues a chunk of 1,024 echo-sized requests (``Client.enqueue_many``),
@@ -10,7 +11,11 @@ then claims, starts and completes it in windows of 512, reading the server's own
 around each call. ``split``: one ``inferq worker`` process (built-in echo) and this process as
 the producer (``AsyncClient.enqueue_many`` in chunks of 1,000, awaiting with ``result()`` per
 handle, or ``--results`` with one ``results()`` per chunk); CPU seconds of the producer, the
-worker and Redis over the pass, per request, and the commands Redis ran. A server
+worker and Redis over the pass, per request, and the commands Redis ran. ``sweep``: what one
+reclaim sweep (every worker runs one each lease / 8) costs the server with ``--workers``
+workers registered and connected (two named connections each) and 1,000 leases in flight,
+none expired: the RECLAIM call, and the ``CLIENT LIST`` before it where this checkout
+notices dead workers by their connections. A server
 (``redis-server``, AOF off unless ``--aof``) is started for each run.
 """
 
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import os
 import resource
 import statistics
@@ -80,6 +86,51 @@ def scripts_cost(url: str, rounds: int) -> dict[str, list[float]]:
     return cost
 
 
+def sweep_cost(url: str, workers: int, sweeps: int = 400) -> str:
+    r = redis.Redis.from_url(url)
+    scripts = ops.register(r)
+    keys = QueueKeys.for_model("embed", "sweep")
+    with inferq.Client(url) as client:
+        client.enqueue_many([f"held {i}" for i in range(1000)], model="sweep")
+    a, b = ops.claim_call(keys, "w0", 600_000, 1000, 60_000)
+    scripts["claim"](keys=a, args=b)
+    named = "connected" in inspect.signature(ops.reclaim_call).parameters
+    conns = []
+    for w in range(workers):
+        r.zadd(keys.workers, {f"w{w}": 2**50})
+        for _ in range(2):
+            c = redis.Redis.from_url(url, client_name=f"inferq-worker:w{w}")
+            c.ping()
+            conns.append(c)
+
+    def cost(sweep: Callable[[], None]) -> float:
+        before = server_cpu_s(r)
+        for _ in range(sweeps):
+            sweep()
+        return (server_cpu_s(r) - before) / sweeps * 1e6
+
+    def plain() -> None:
+        extra: dict[str, Any] = {"probe_ms": 10**9} if named else {}
+        a, b = ops.reclaim_call(keys, 500, 60_000, 100, **extra)
+        scripts["reclaim"](keys=a, args=b)
+
+    def probing() -> None:
+        listed = [str(x.get("name", "")) for x in r.client_list(_type="normal")]
+        ids = sorted({n.split(":", 1)[1] for n in listed if n.startswith("inferq-worker:")})
+        a, b = ops.reclaim_call(keys, 500, 60_000, 100, grace_ms=250,  # type: ignore[call-arg]
+                                connected=ids)
+        scripts["reclaim"](keys=a, args=b)
+
+    line = f"plain sweep {cost(plain):.0f} us"
+    if named:
+        line += f", listing sweep (CLIENT LIST + RECLAIM) {cost(probing):.0f} us"
+    for c in conns:
+        c.close()
+    r.close()
+    return (line + f" server CPU ({workers} workers connected, 1,000 leases in flight); each "
+            "worker sweeps every lease / 8, the fleet lists once per lease / 16")
+
+
 def proc_cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -132,7 +183,8 @@ def split(url: str, server_pid: int, n: int, together: bool, folder: str) -> str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("probe", choices=("scripts", "split"))
+    parser.add_argument("probe", choices=("scripts", "split", "sweep"))
+    parser.add_argument("--workers", type=int, default=16, help="sweep: workers connected")
     parser.add_argument("--rounds", type=int, default=20, help="scripts: rounds")
     parser.add_argument("--requests", type=int, default=20_000, help="split: requests")
     parser.add_argument("--results", action="store_true", help="split: await with results()")
@@ -145,6 +197,8 @@ def main() -> None:
             print("  ".join(f"{k} {statistics.median(v):.1f}" for k, v in cost.items()),
                   f" all four {sum(statistics.median(v) for v in cost.values()):.1f} us "
                   "server CPU per request (medians)")
+        elif args.probe == "sweep":
+            print(sweep_cost(srv.url, args.workers))
         else:
             assert srv.process is not None
             print(split(srv.url, srv.process.pid, args.requests, args.results, tmp))

@@ -8,6 +8,8 @@ thread and the CLI all go through them.
 * ``redis://host:6379/0``: plain TCP. ``rediss://host:6380/0``: TLS, verified against the
   system CAs or ``ssl_ca_certs``; add ``ssl_certfile``/``ssl_keyfile`` when the server asks
   for a client certificate (``tls-auth-clients yes``).
+* ``redis+sentinel://[[user]:password@]host1:26379,host2:26379/SERVICE[/DB]``: the master of
+  a Redis Sentinel service, followed through failovers (``inferq.sentinel``).
 * Credentials: ``redis://:password@host`` (``requirepass``) or ``redis://user:password@host``
   (an ACL user); percent-encode reserved characters. ``username``/``password`` override
   the URL's. Credentials are taken out of the URL before it reaches redis-py (where URL
@@ -65,6 +67,7 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
+from inferq import sentinel
 from inferq.errors import BackendUnavailable, ConfigError
 from inferq.protocol.keys import DEFAULT_NAMESPACE
 
@@ -76,7 +79,7 @@ TLS_KEY_ENV = "INFERQ_TLS_KEY"
 TIMEOUT_ENV = "INFERQ_REDIS_TIMEOUT_S"
 
 CertReqs = Literal["required", "optional", "none"]
-SCHEMES = ("redis", "rediss", "unix")
+SCHEMES = ("redis", "rediss", "unix", sentinel.SCHEME)
 REDACTED = "***"
 
 #: A cluster that still has no master for a slot once ``failover_timeout_s`` has passed.
@@ -85,7 +88,8 @@ CLUSTER_UNAVAILABLE = (ClusterDownError, MasterDownError, TryAgainError, SlotNot
 #: Query arguments whose value is a secret (redis-py reads ``password``; the others are what
 #: other clients and proxies call theirs).
 #: A secret's value runs to the next ``&``: a raw ``#`` in it is part of it, not a fragment.
-_QUERY_SECRET = re.compile(r"([?&](?:password|pass|passwd|auth|token)=)[^&]+", re.IGNORECASE)
+_QUERY_SECRET = re.compile(r"([?&](?:password|pass|passwd|auth|token|sentinel_password)=)[^&]+",
+                           re.IGNORECASE)
 
 #: The longest a single blocking read (BLMOVE, BLPOP, XREAD BLOCK) may block in Redis. Longer
 #: waits are sliced into calls of at most this (and at most half the socket read timeout,
@@ -113,8 +117,11 @@ ACL_COMMANDS: tuple[str, ...] = (
     # producers: results (BLMOVE, LINDEX), the async client's inbox (BLMPOP), status (HGET),
     # generation streams (XREAD)
     "blmove", "blmpop", "lindex", "xread",
-    # workers: wake-ups (BLPOP), queue registry (SADD), tuning and window stats, heartbeat
-    "blpop", "sadd", "expire",
+    # workers: wake-ups (BLPOP), queue registry (SADD), tuning and window stats, heartbeat;
+    # each names its connections after itself (CLIENT SETNAME), and the reclaim sweep lists
+    # the connected ones (CLIENT LIST) to notice a dead worker; INFO (below) gives the sweep
+    # the server's run_id
+    "blpop", "sadd", "expire", "client|setname", "client|list",
     # inferq stats
     "smembers", "hgetall", "zcount",
     # dead letters (requeue, purge, inferq request), the autoscaling signal (GET of the
@@ -266,8 +273,14 @@ class ConnectionSettings:
         shown = redact_url(self.url)
         scheme = self.url.partition("://")[0] if "://" in self.url else ""
         if scheme not in SCHEMES:
-            raise ConfigError(f"url must start with redis://, rediss:// or unix://, got {shown!r}")
-        _check_address(self.url, scheme, shown)
+            raise ConfigError("url must start with redis://, rediss://, unix:// or "
+                              f"redis+sentinel://, got {shown!r}")
+        if scheme == sentinel.SCHEME:
+            sentinel.parse(self.url, shown)
+            if self.cluster:
+                raise ConfigError(f"a Sentinel service is not a Redis Cluster: {shown!r}")
+        else:
+            _check_address(self.url, scheme, shown)
         if self.ssl_cert_reqs not in ("required", "optional", "none"):
             raise ConfigError("ssl_cert_reqs must be required, optional or none, got "
                               f"{self.ssl_cert_reqs!r}")
@@ -368,6 +381,16 @@ class ConnectionSettings:
             )
         return url, kwargs
 
+    @property
+    def sentinel(self) -> bool:
+        """A ``redis+sentinel://`` URL: clients of the service's master (``inferq.sentinel``)."""
+        return self.url.startswith(sentinel.SCHEME + "://")
+
+    def _sentinel_retries(self) -> int:
+        """Retries that span ``failover_timeout_s`` (a promotion takes seconds)."""
+        return sentinel.retries_for(self.failover_timeout_s, self.retry_backoff_cap_s,
+                                    self.retries)
+
     def _backoff(self) -> ExponentialWithJitterBackoff:
         return ExponentialWithJitterBackoff(cap=self.retry_backoff_cap_s,
                                             base=self.retry_backoff_base_s)
@@ -418,7 +441,7 @@ def is_cluster(settings: Settings = None) -> bool:
     s = resolve(settings)
     if s.cluster is not None:
         return s.cluster
-    if s.url.startswith("unix://"):
+    if s.url.startswith("unix://") or s.sentinel:
         return False
     known = _CLUSTER_MODE.get(s)
     if known is not None:
@@ -459,6 +482,10 @@ def sync_client(settings: Settings = None, **overrides: Any) -> Any:
     ``socket_timeout``) and win over the settings."""
     s = resolve(settings)
     url, kwargs = s._kwargs()
+    if s.sentinel:
+        kwargs["retry"] = Retry(s._backoff(), s._sentinel_retries(),
+                                supported_errors=sentinel.RETRIED)
+        return sentinel.sync_client(url, s.redacted_url, {**kwargs, **overrides})
     kwargs["retry"] = Retry(s._backoff(), s.retries, supported_errors=RETRIED)
     if is_cluster(s):
         from inferq.cluster import ClusterClient
@@ -478,6 +505,14 @@ def async_client(settings: Settings = None, *, max_connections: int | None = Non
     """
     s = resolve(settings)
     url, kwargs = s._kwargs()
+    if s.sentinel:
+        # No blocking pool (redis-py's sentinel pool is not one): a generous bound instead.
+        kwargs["retry"] = AsyncRetry(s._backoff(), s._sentinel_retries(),
+                                     supported_errors=sentinel.RETRIED)
+        kwargs.update(overrides)
+        if max_connections is not None:
+            kwargs["max_connections"] = max(max_connections, 1024)
+        return sentinel.async_client(url, s.redacted_url, kwargs)
     kwargs["retry"] = AsyncRetry(s._backoff(), s.retries, supported_errors=RETRIED)
     kwargs.update(overrides)
     if is_cluster(s):

@@ -41,9 +41,12 @@ if TYPE_CHECKING:
 
 #: Recorded for a model's unexpected exception (retried within the request's attempts).
 MODEL_ERROR = "model_error"
-#: Recorded by the queue (the reclaim script) when the last allowed attempt was lost with
-#: its worker: the request is dead-lettered.
+#: Recorded by the queue when the last allowed attempt was lost with its worker (inferq
+#: before lost runs were counted apart from attempts; kept for the dead letters it wrote).
 MAX_ATTEMPTS = "max_attempts"
+#: Recorded by the queue (the reclaim script) for a request whose run was lost with its worker
+#: ``max_crashes`` times while it ran alone: the evidence points at it, it is dead-lettered.
+CRASHED_WORKER = "crashed_worker"
 
 
 class InferqError(Exception):

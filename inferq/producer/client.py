@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
 import redis
+from redis.sentinel import SentinelConnectionPool
 
 from inferq import connection, plans, stats, tracing
 from inferq.connection import ConnectionSettings, wrap_connection_errors
@@ -93,8 +94,9 @@ def blocking_pool_client(client: Any, max_connections: int) -> Any:
     """``client`` (configured by ``connection.sync_client``) on a ``BlockingConnectionPool``
     of ``max_connections`` with the same connection settings: threads beyond that wait for a
     free connection instead of failing with ``MaxConnectionsError``."""
-    if not isinstance(client, redis.Redis):  # a cluster client: a pool per node, unbounded
-        return client
+    if not isinstance(client, redis.Redis) or isinstance(
+            client.connection_pool, SentinelConnectionPool):
+        return client  # a cluster client (a pool per node) or a sentinel's: unbounded
     pool = client.connection_pool
     blocking = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
         connection_class=pool.connection_class, max_connections=max_connections, timeout=None,

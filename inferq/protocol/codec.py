@@ -213,6 +213,9 @@ class Result(BaseModel):
     #: Whether the request's ``ttft_slo_ms`` was met (``inferq.protocol.slo.met``); None when
     #: it had none.
     slo_met: bool | None = None
+    #: Runs of this request lost with their worker before this one (the worker vanished while
+    #: running it: not attempts, see ``attempts``); absent when none.
+    lost_runs: int | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -23,10 +23,19 @@ class Field(StrEnum):
     SCORE = "s"
     #: Where the request waits: a ``HashState``.
     STATE = "st"
-    #: Attempts used by runs that ended (failed and retried, or lost with their worker); a
-    #: run in progress is attempt ``a + 1``.
+    #: Attempts used by runs that failed (the model raised, the request timed out) and were
+    #: retried; a run in progress is attempt ``a + 1``. A run lost with its worker is not an
+    #: attempt: it counts in ``LOST``.
     ATTEMPTS = "a"
     MAX_ATTEMPTS = "ma"
+    #: Runs lost with their worker (it vanished while running the request); absent: none.
+    LOST = "l"
+    #: Of those, the runs lost while the request ran alone (the evidence that it crashes
+    #: workers); at the reclaim's crash limit it is dead-lettered ``crashed_worker``.
+    CRASHES = "x"
+    #: The largest batch the request may run in next (bisection of a crashed batch: half the
+    #: batch it was lost in; 1: it runs alone); absent: no limit.
+    CAP = "bc"
     #: Enqueue time (ms, Redis clock).
     ENQUEUED = "eq"
     #: Absolute deadline (ms, Redis clock); absent without one.

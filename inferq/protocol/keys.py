@@ -7,7 +7,7 @@ Redis Cluster masters. No script touches two shards: a worker calls each script 
 
 Every script declares in KEYS the shard-wide keys it touches (``pending``, ``inflight``,
 ``started``, ``leases``, ``delayed``, ``dead``, ``dead_letters``, ``wake``, ``stats``,
-``seq``, ``workers``); the first
+``seq``, ``workers``, ``conns``); the first
 declared key always names the shard's slot. Per-request keys (``req:<id>``, ``result:<id>``,
 ``stream:<id>``, ``inbox:<client>``, ``cancels:<worker>``) are built inside the scripts from the
 ``prefix`` argument, because a script learns which ids it acts on only while it runs (the head
@@ -175,6 +175,13 @@ class QueueKeys:
     def workers(self) -> str:
         """Sorted set: worker id -> liveness deadline (ms, Redis clock)."""
         return self.prefix + "workers"
+
+    @property
+    def conns(self) -> str:
+        """Hash: registered worker id -> ``up`` (a reclaim sweep saw one of its named
+        connections) or ``<ms> <registry score>`` (first seen without any): how a dead worker
+        is noticed by its closed connections (``lua/reclaim.lua``)."""
+        return self.prefix + "conns"
 
     @property
     def stats(self) -> str:

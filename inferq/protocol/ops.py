@@ -15,7 +15,9 @@ its ``<name>_call`` here), in a request's life:
 * ``heartbeat``: extends the leases whose token matches; marks the worker alive.
 * ``complete``: token-checked, first writer wins; results, retries, dead letters; deletes the
   request hash; stats and reply inboxes once per call.
-* ``reclaim``: expired leases back to pending (attempt counted only if started) or dead.
+* ``reclaim``: the leases of dead workers (closed connections) and expired leases back to
+  pending (a started run counts as lost, not as an attempt; bisection cap) or dead
+  (``crashed_worker``).
 * ``release``: claims that did not run back to pending at once (undoes a ``start``).
 * ``cancel``, ``stream``, ``stream_end``: cancellation and a generation's text stream.
 * ``requeue``, ``purge``: an operator's actions on dead letters (``inferq.deadletters``).
@@ -123,8 +125,8 @@ class Claimed:
     id: str
     payload: bytes
     token: str
-    #: The number this run will have once it starts: 1 + the runs that ended before (failed
-    #: and retried, or lost with their worker). 2 or more: it ran before, so it runs alone.
+    #: The number this run will have once it starts: 1 + the runs that failed before and
+    #: were retried (a run lost with its worker is not an attempt: see ``lost``).
     attempt: int
     enqueued_ms: int
     deadline_ms: int | None
@@ -132,6 +134,11 @@ class Claimed:
     #: completion, so COMPLETE reads nothing per request.
     reply_to: str = ""
     tenant: str = ""
+    #: The largest batch it may run in (0: no limit): half the batch it was lost in when its
+    #: worker died (bisection); 1: a suspect, which runs alone (``results.is_suspect``).
+    cap: int = 0
+    #: Runs of it lost with their worker so far (not attempts).
+    lost: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,12 +173,14 @@ def parse_claim(reply: Any) -> ClaimReply:
     if rows and isinstance(rows[0][0], bytes):  # a client without decode_responses: one pass
         claimed = [Claimed(i.decode("utf-8", "replace"), p, t.decode("utf-8", "replace"),
                            int(a), int(e), int(d) if d else None,
-                           rt.decode("utf-8", "replace"), tn.decode("utf-8", "replace"))
-                   for i, p, t, a, e, d, rt, tn in rows]
+                           rt.decode("utf-8", "replace"), tn.decode("utf-8", "replace"),
+                           int(n), int(lost))
+                   for i, p, t, a, e, d, rt, tn, n, lost in rows]
     else:
         claimed = [Claimed(as_str(i), bytes(p), as_str(t), int(a), int(e),
-                           int(d) if d not in (b"", "", None) else None, as_str(rt), as_str(tn))
-                   for i, p, t, a, e, d, rt, tn in rows]
+                           int(d) if d not in (b"", "", None) else None, as_str(rt), as_str(tn),
+                           int(n), int(lost))
+                   for i, p, t, a, e, d, rt, tn, n, lost in rows]
     next_due = int(reply[3])
     return ClaimReply(now_ms=int(reply[0]), claimed=claimed, expired=int(reply[2]),
                       next_retry_ms=None if next_due < 0 else next_due,
@@ -206,7 +215,7 @@ def start_call(keys: QueueKeys, leases: Iterable[tuple[str, str]]) -> Call:
 
 def heartbeat_call(keys: QueueKeys, worker_id: str, lease_ms: int, liveness_ms: int,
                    leases: Iterable[tuple[str, str]]) -> Call:
-    return ([keys.inflight, keys.workers, keys.leases],
+    return ([keys.inflight, keys.workers, keys.leases, keys.conns],
             [keys.prefix, worker_id, lease_ms, liveness_ms, packed(_flat(leases))])
 
 
@@ -258,21 +267,37 @@ def parse_complete(reply: Any) -> list[bool]:
     return [int(x) == 1 for x in reply]
 
 
-def reclaim_call(keys: QueueKeys, max_count: int, result_ttl_ms: int, dead_cap: int) -> Call:
+#: Runs lost alone (crashes) after which a request is dead-lettered ``crashed_worker``.
+DEFAULT_MAX_CRASHES = 2
+
+
+def reclaim_call(keys: QueueKeys, max_count: int, result_ttl_ms: int, dead_cap: int, *,
+                 max_crashes: int = DEFAULT_MAX_CRASHES, grace_ms: int = 0,
+                 connected: Sequence[str] | None = None, probe_ms: int = 0) -> Call:
+    """``connected``: the ids of the workers with a connection now (``CLIENT LIST``), whose
+    registered peers without one for ``grace_ms`` are dead; None: leases only, and with
+    ``probe_ms`` the reply says whether a listing is due (none in ``probe_ms``)."""
     return ([keys.inflight, keys.pending, keys.dead, keys.wake, keys.stats, keys.started,
-             keys.dead_letters, keys.leases],
-            [keys.prefix, max_count, result_ttl_ms, dead_cap])
+             keys.dead_letters, keys.leases, keys.workers, keys.conns],
+            [keys.prefix, max_count, result_ttl_ms, dead_cap, max_crashes, grace_ms,
+             "" if connected is None else packed(list(connected)), probe_ms])
 
 
 @dataclass(frozen=True, slots=True)
 class ReclaimReply:
-    #: Back to pending (of which ``unstarted`` never ran: their attempts are unchanged).
+    #: Back to pending (of which ``unstarted`` never ran: unchanged).
     requeued: int
-    #: Dead-lettered: their last allowed attempt was lost with its worker.
+    #: Dead-lettered ``crashed_worker``: lost while running alone ``max_crashes`` times.
     dead: int
     corrupt: list[tuple[str, str]] = field(default_factory=list)
     garbage: list[str] = field(default_factory=list)
     unstarted: int = 0
+    #: Workers found dead by their closed connections (their leases were all reclaimed).
+    dead_workers: list[str] = field(default_factory=list)
+    #: Runs lost with their worker (requeued with a halved batch cap, or dead-lettered).
+    lost: int = 0
+    #: The caller should list the connected workers and call again with them.
+    probe_due: bool = False
 
     @property
     def counts(self) -> tuple[int, int]:
@@ -282,7 +307,8 @@ class ReclaimReply:
 
 def parse_reclaim(reply: Any) -> ReclaimReply:
     return ReclaimReply(int(reply[0]), int(reply[1]), _pairs(reply[2]),
-                        [as_str(k) for k in reply[3]], int(reply[4]))
+                        [as_str(k) for k in reply[3]], int(reply[4]),
+                        [as_str(w) for w in reply[5]], int(reply[6]), int(reply[7]) == 1)
 
 
 def release_call(keys: QueueKeys, leases: Iterable[tuple[str, str]]) -> Call:

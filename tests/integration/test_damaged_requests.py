@@ -99,6 +99,9 @@ CASES: dict[str, Case] = {
     "attempts already used up": Case(hset(a="3", ma="3"), CORRUPT),
     "max attempts missing": Case(hdel("ma"), CORRUPT),
     "max attempts zero": Case(hset(ma="0"), CORRUPT),
+    "batch cap zero": Case(hset(bc="0"), CORRUPT),
+    "batch cap not a number": Case(hset(bc="half"), CORRUPT),
+    "lost runs negative": Case(hset(l="-1"), CORRUPT),
     "score not a number": Case(hset(s="first"), CORRUPT),
     "score beyond 2^53": Case(hset(s="1e30"), CORRUPT),
     "payload missing": Case(hdel("p"), CORRUPT),
@@ -130,8 +133,14 @@ CASES: dict[str, Case] = {
     "expired lease, score not a number": Case(hset(s="x"), CORRUPT, inflight=True),
     "expired lease, enqueue time a float": Case(hset(eq="12.5"), CORRUPT, inflight=True),
     "expired lease, key became a string": Case(replace_key("string"), CORRUPT, inflight=True),
-    "expired lease, started, last attempt": Case(hset(ma="1"), ("dead", "max_attempts"),
+    # a run lost with its worker is not an attempt: the last one allowed is not used up
+    "expired lease, started, last attempt": Case(hset(ma="1"), ("ok", None),
                                                  inflight=True, started=True),
+    # lost alone (a crash) for the last time allowed (max_crashes 2)
+    "expired lease, started, last crash": Case(hset(x="1"), ("dead", "crashed_worker"),
+                                               inflight=True, started=True),
+    "expired lease, started, crashes not a number": Case(hset(x="many"), CORRUPT,
+                                                         inflight=True, started=True),
     "expired lease, started, float enqueue time": Case(hset(eq="1.5"), CORRUPT, inflight=True,
                                                        started=True),
 }

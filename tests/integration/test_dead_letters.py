@@ -44,10 +44,12 @@ def kill_by_worker(scripts: Scripts, n: int, code: str = "model_error",
 
 
 def kill_by_reclaim(scripts: Scripts, n: int, cap: int = 100) -> None:
-    """Claim n, start them and lose them with their worker: their last attempt."""
-    scripts.start(scripts.claim("w2", n).claimed)
+    """Claim n, start each alone on a worker of its own and lose them with their workers:
+    with one crash allowed, each is dead-lettered ``crashed_worker``."""
+    for i in range(n):
+        scripts.start(scripts.claim(f"w2-{i}", 1).claimed)
     scripts.expire_all_leases()
-    assert scripts.reclaim(dead_cap=cap)[1] == n
+    assert scripts.reclaim(dead_cap=cap, max_crashes=1)[1] == n
 
 
 def test_both_ways_to_die_keep_a_record_that_lists_with_its_error(
@@ -63,9 +65,9 @@ def test_both_ways_to_die_keep_a_record_that_lists_with_its_error(
     a1, b1 = by_id["a1"], by_id["b1"]
     assert (a1.error_code, a1.error_message, a1.priority) == ("model_error", "boom a1", 7)
     assert a1.prompt_head() == "first poison" and a1.requeueable
-    assert b1.error_code == "max_attempts" and "lease expired" in b1.error_message
-    assert (b1.priority, b1.attempts, b1.max_attempts) == (-3, 1, 1)
-    only = client.dead_letters(model="m").list(error_code="max_attempts")
+    assert b1.error_code == "crashed_worker" and "running alone" in b1.error_message
+    assert (b1.priority, b1.attempts, b1.max_attempts) == (-3, 0, 1)  # no attempt failed
+    only = client.dead_letters(model="m").list(error_code="crashed_worker")
     assert [x.id for x in only.letters] == ["b1"]
     assert client.dead_letters(model="m").show("a1") == a1
     assert client.dead_letters(model="m").show("nope") is None

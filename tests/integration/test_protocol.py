@@ -50,8 +50,9 @@ class Scripts:
         keys, args = ops.heartbeat_call(KEYS, worker, lease_ms, 10_000, leases)
         return ops.parse_ids(self.s["heartbeat"](keys=keys, args=args))
 
-    def reclaim(self, dead_cap: int = 100) -> tuple[int, int]:
-        keys, args = ops.reclaim_call(KEYS, 100, TTL_MS, dead_cap)
+    def reclaim(self, dead_cap: int = 100, max_crashes: int = ops.DEFAULT_MAX_CRASHES
+                ) -> tuple[int, int]:
+        keys, args = ops.reclaim_call(KEYS, 100, TTL_MS, dead_cap, max_crashes=max_crashes)
         return ops.parse_reclaim(self.s["reclaim"](keys=keys, args=args)).counts
 
     def release(self, leases: list[tuple[str, str]]) -> int:
@@ -243,13 +244,14 @@ def test_zombie_completion_after_takeover_is_refused(client: inferq.Client,
     scripts.expire_all_leases()
     assert scripts.reclaim() == (1, 0)
     survivor = scripts.claim("b", 1).claimed[0]
-    assert survivor.attempt == 2 and survivor.token.startswith("b/2/")
+    # a run lost with its worker is not an attempt; it is counted apart
+    assert survivor.attempt == 1 and survivor.lost == 1 and survivor.token.startswith("b/1/")
     assert scripts.start([zombie]) == ["r1"]  # the zombie cannot start it either
     assert not scripts.complete(zombie, output="zombie")
     assert scripts.heartbeat("a", [("r1", zombie.token)]) == ["r1"]
     assert scripts.complete(survivor, output="survivor")
     result = handle.result(timeout=1)
-    assert result.output == "survivor" and result.attempts == 2
+    assert result.output == "survivor" and result.attempts == 1
     assert int(scripts.r.hget(KEYS.stats, "refused") or 0) == 1
 
 
@@ -263,29 +265,67 @@ def test_reclaim_keeps_the_original_score(client: inferq.Client, scripts: Script
     assert [c.id for c in scripts.claim("b", 2).claimed] == ["old", "new"]
 
 
-def test_reclaim_dead_letters_after_max_attempts_with_an_error_result(
+def test_reclaim_dead_letters_a_request_lost_alone_max_crashes_times_as_crashed_worker(
         client: inferq.Client, scripts: Scripts) -> None:
-    handle = enqueue(client, "poison", id="r1", max_attempts=2)
-    for _ in range(2):
+    handle = enqueue(client, "poison", id="r1", max_attempts=1)
+    for crash in range(1, ops.DEFAULT_MAX_CRASHES + 1):
         claimed = scripts.claim("a", 1).claimed
+        assert [c.attempt for c in claimed] == [1]  # a lost run is not an attempt
         assert scripts.start(claimed) == []
         scripts.expire_all_leases()
         scripts.reclaim()
+        if crash < ops.DEFAULT_MAX_CRASHES:  # lost while running alone: a crash, runs alone
+            assert scripts.r.hmget(KEYS.request("r1"), Field.LOST, Field.CRASHES, Field.CAP,
+                                   Field.ATTEMPTS) == [b"1", b"1", b"1", b"0"]
     assert scripts.r.zscore(KEYS.dead, "r1") is not None
     assert scripts.r.exists(KEYS.request("r1")) == 0
     with pytest.raises(inferq.RequestFailed) as info:
         handle.result(timeout=1)
     assert info.value.result.status is Status.DEAD
-    assert info.value.error_code == "max_attempts"
-    assert info.value.result.attempts == 2
+    assert info.value.error_code == "crashed_worker"
+    assert "running alone 2 times" in (info.value.result.error.message
+                                       if info.value.result.error else "")
+    assert info.value.result.attempts == 0
+
+
+def test_a_run_lost_in_a_batch_halves_the_batch_and_is_no_crash(
+        client: inferq.Client, scripts: Scripts) -> None:
+    for i in range(8):
+        enqueue(client, "x", id=f"r{i}", max_attempts=1)
+    enqueue(client, "waiting", id="w", priority=-1)
+    batch = scripts.claim("a", 8).claimed
+    assert [c.id for c in scripts.claim("a", 1).claimed] == ["w"]  # in the window, unstarted
+    scripts.start(batch)
+    scripts.expire_all_leases()
+    assert scripts.reclaim() == (9, 0)
+    assert int(scripts.r.hget(KEYS.stats, "lost_runs") or 0) == 8
+    assert scripts.r.hmget(KEYS.request("w"), Field.LOST, Field.CAP) == [None, None]
+    group = [f"r{i}" for i in range(8)]
+    for cap in (4, 2, 1):  # bisection: the half holding r0 is lost again each time
+        claimed = {c.id: c for c in scripts.claim(f"o{cap}", 9).claimed}
+        assert {claimed[i].cap for i in group} == {cap}
+        assert all(claimed[i].attempt == 1 for i in group)  # lost runs are not attempts
+        group = group[:cap]
+        scripts.start([claimed[i] for i in group])
+        scripts.release([(i, c.token) for i, c in claimed.items() if i not in group])
+        scripts.expire_all_leases()
+        scripts.reclaim()
+    # r0 was lost alone once (a crash); the others were never alone when a worker died
+    fields = (Field.LOST, Field.CRASHES, Field.CAP, Field.ATTEMPTS)
+    assert scripts.r.hmget(KEYS.request("r0"), *fields) == [b"4", b"1", b"1", b"0"]
+    assert scripts.r.hmget(KEYS.request("r1"), *fields) == [b"3", b"0", b"1", b"0"]
+    assert scripts.r.hmget(KEYS.request("r3"), *fields) == [b"2", b"0", b"2", b"0"]
+    assert scripts.r.hmget(KEYS.request("r7"), *fields) == [b"1", b"0", b"4", b"0"]
+    assert scripts.r.zcard(KEYS.dead) == 0
 
 
 def test_dead_letter_set_is_capped(client: inferq.Client, scripts: Scripts) -> None:
     for i in range(5):
         enqueue(client, "p", id=f"r{i}", max_attempts=1)
-    scripts.start(scripts.claim("a", 5).claimed)
+    for i in range(5):  # each alone on a worker of its own: each a crash
+        scripts.start(scripts.claim(f"a{i}", 1).claimed)
     scripts.expire_all_leases()
-    assert scripts.reclaim(dead_cap=3) == (0, 5)
+    assert scripts.reclaim(dead_cap=3, max_crashes=1) == (0, 5)
     assert scripts.r.zcard(KEYS.dead) == 3
 
 
@@ -443,7 +483,7 @@ def test_a_claim_that_never_started_keeps_its_attempts_through_any_number_of_rec
     assert handle.result(timeout=1).output == "fine"
 
 
-def test_a_started_claim_lost_with_its_worker_counts_and_runs_alone_next(
+def test_a_started_claim_lost_alone_is_a_suspect_and_uses_no_attempt(
         client: inferq.Client, scripts: Scripts) -> None:
     enqueue(client, "suspect", id="r1", max_attempts=3)
     (claimed,) = scripts.claim("a", 1).claimed
@@ -453,9 +493,9 @@ def test_a_started_claim_lost_with_its_worker_counts_and_runs_alone_next(
     assert scripts.reclaim() == (1, 0)
     assert not scripts.r.sismember(KEYS.started, "r1")
     (again,) = scripts.claim("b", 1).claimed
-    # attempt 2: the window worker runs a request that ran before alone (``_release_batch``)
-    assert again.attempt == 2
-    assert scripts.r.hget(KEYS.request("r1"), "a") == b"1"
+    # cap 1: the window worker runs it alone (``_release_batch``); no attempt was used
+    assert (again.attempt, again.lost, again.cap) == (1, 1, 1)
+    assert scripts.r.hmget(KEYS.request("r1"), Field.ATTEMPTS, Field.CRASHES) == [b"0", b"1"]
 
 
 def test_release_undoes_a_start(client: inferq.Client, scripts: Scripts) -> None:
@@ -524,7 +564,7 @@ def test_every_result_a_script_writes_is_a_result(client: inferq.Client,
     time.sleep(0.01)  # let Redis' clock pass the 1 ms deadline
     scripts.start(scripts.claim("a", 3).claimed)
     scripts.expire_all_leases()
-    assert scripts.reclaim() == (0, 1)
+    assert scripts.reclaim(max_crashes=1) == (0, 1)
     assert cancelled.cancel()
     for request_id, status in (("expired", Status.EXPIRED), ("damaged", Status.FAILED),
                                ("dead", Status.DEAD), ("cancelled", Status.CANCELLED)):

@@ -56,20 +56,20 @@ async def _inflight(r: redis.Redis, n: int) -> None:
         await asyncio.sleep(0.01)
 
 
-def make_suspects(r: redis.Redis, url: str, n: int) -> list[str]:
-    """``n`` requests claimed and started by a worker that is about to die (its leases far
-    from expiry)."""
+def make_suspects(r: redis.Redis, url: str, n: int, *, alone: bool = True) -> list[str]:
+    """``n`` requests claimed and started by workers that are about to die (their leases far
+    from expiry): each alone on a worker of its own (``alone``), or all in one batch."""
     client = inferq.Client(url)
     ids = [h.id for h in client.enqueue_many([f"s{i}" for i in range(n)], model="t")]
     client.close()
     scripts = ops.register(r)
-    keys, args = ops.claim_call(KEYS, "dead-worker", 600_000, n, 60_000)
-    claimed = ops.parse_claim(scripts["claim"](keys=keys, args=args)).claimed
+    claimed: list[ops.Claimed] = []
+    for owner in ([f"dead-worker-{i}" for i in range(n)] if alone else ["dead-worker"]):
+        keys, args = ops.claim_call(KEYS, owner, 600_000, 1 if alone else n, 60_000)
+        claimed += ops.parse_claim(scripts["claim"](keys=keys, args=args)).claimed
     assert len(claimed) == n
-    start_call = getattr(ops, "start_call", None)
-    if start_call is not None:  # attempts count runs: the dead worker had started them
-        keys, args = start_call(KEYS, [(c.id, c.token) for c in claimed])
-        scripts["start"](keys=keys, args=args)
+    keys, args = ops.start_call(KEYS, [(c.id, c.token) for c in claimed])
+    scripts["start"](keys=keys, args=args)  # the dead workers had started them
     return ids
 
 
@@ -82,18 +82,43 @@ async def test_suspects_are_isolated_in_parallel_across_workers(
     tasks = [await run_worker(w) for w in workers]
     while r.zcard(KEYS.workers) < 3:  # all three up and idle
         await asyncio.sleep(0.01)
-    # The dead worker's leases run out: the next sweep returns all nine, each now a suspect
-    # (its next run is its second attempt).
+    # The dead workers' leases run out: the next sweep returns all nine, each now a suspect
+    # (each was lost while it ran alone; a lost run is not an attempt).
     r.zadd(KEYS.inflight, {i: 0 for i in ids})
     handles = [aclient.handle(i, model="t") for i in ids]
     results = [await h.result(timeout=30) for h in handles]
     for worker, task in zip(workers, tasks, strict=True):
         await stop(worker, task)
-    assert all(res.status.value == "ok" and res.attempts == 2 for res in results)
+    assert all(res.status.value == "ok" and res.attempts == 1 and res.lost_runs == 1
+               for res in results)
     assert all(res.batch_size == 1 for res in results)  # each ran alone
     # Shared out: every worker ran some of them; a worker holding one gave the others back.
     assert {res.worker for res in results} == {"w0", "w1", "w2"}
     assert sum(w.stats.suspects_shared for w in workers) > 0
+    assert r.zcard(KEYS.pending) == 0 and r.zcard(KEYS.inflight) == 0
+
+
+async def test_a_dead_workers_batch_reruns_in_halves_in_parallel_across_workers(
+        redis_url: str, r: redis.Redis, aclient: inferq.AsyncClient) -> None:
+    ids = make_suspects(r, redis_url, 9, alone=False)
+    workers = [WindowWorker(config(redis_url, lease_ms=1_000, worker_id=f"w{i}",
+                             max_batch_size=16), SleepModel(batch_ms=150))
+               for i in range(3)]
+    tasks = [await run_worker(w) for w in workers]
+    while r.zcard(KEYS.workers) < 3:  # all three up and idle
+        await asyncio.sleep(0.01)
+    # The dead worker's leases run out: its batch of nine comes back, each request capped at
+    # half of it (5): no attempt used, none a suspect.
+    r.zadd(KEYS.inflight, {i: 0 for i in ids})
+    handles = [aclient.handle(i, model="t") for i in ids]
+    results = [await h.result(timeout=30) for h in handles]
+    for worker, task in zip(workers, tasks, strict=True):
+        await stop(worker, task)
+    assert all(res.status.value == "ok" and res.attempts == 1 and res.lost_runs == 1
+               for res in results)
+    sizes = [res.batch_size or 0 for res in results]
+    assert max(sizes) == 5 and all(size <= 5 for size in sizes)  # halves, not one by one
+    assert len({res.worker for res in results}) >= 2  # the other half went elsewhere
     assert r.zcard(KEYS.pending) == 0 and r.zcard(KEYS.inflight) == 0
 
 

@@ -4,9 +4,12 @@ faults are injected on a schedule, then a tally of every request's outcome.
 Faults, each kind spread evenly over 90 % of the run: SIGKILLs of a random worker (a new one
 starts in its place), SIGSTOPs of a worker for 2.5 leases (then SIGCONT), restarts of the
 server (SIGTERM: the AOF is flushed; then a start), plus poison requests (the model raises on
-them) and requests whose deadline passes in the queue. The workers' sleep model records every
-request it starts (``record=``), so the tally counts innocent dead letters (dead-lettered but
-never run). ``lost``: accepted by enqueue but neither answered nor still queued; it must be 0.
+them), crash poisons (the model SIGKILLs its own worker on them; a supervisor starts a new
+worker in its place) and requests whose deadline passes in the queue. The workers' model
+(``tests.support.crashing_model``, a sleep) records every request it starts (``record=``), so
+the tally counts innocent dead letters (dead-lettered but never run) and innocent crash dead
+letters (``crashed_worker`` for a request that is not a crash poison). ``lost``: accepted by
+enqueue but neither answered nor still queued; it must be 0.
 
 ``tests/e2e/test_chaos.py`` runs ``SHORT``; ``python -m benchmarks chaos`` runs the rest.
 """
@@ -14,6 +17,8 @@ never run). ``lost``: accepted by enqueue but neither answered nor still queued;
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import random
 import signal
 import time
@@ -31,8 +36,10 @@ from inferq.protocol.keys import QueueKeys
 from inferq.worker.core.config import DEFAULT_LEASE_MS
 from tests.support.processes import WorkerProcess, wait_until
 
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "chaos"
 POISON = "POISON"
+CRASH = "CRASH"
 KEYS = QueueKeys.for_model("embed", MODEL)
 
 
@@ -49,6 +56,8 @@ class ChaosConfig:
     batch_ms: float = 15.0
     item_ms: float = 0.3
     poison_share: float = 0.01
+    #: Requests that crash the worker that runs them (spread evenly over the run).
+    crash_poisons: int = 1
     expiring_share: float = 0.02
     seed: int = 7
     result_timeout_s: float = 120.0
@@ -74,6 +83,8 @@ class Fault:
     at_ms: int
     worker: str | None = None
     held: list[str] = field(default_factory=list)
+    #: A restart: when the server answered again (ms, this machine's clock).
+    until_ms: int = 0
 
 
 @dataclass
@@ -85,6 +96,13 @@ class Report:
     dead_lettered: int = 0
     #: Dead-lettered although no worker ever started to run them (must be 0).
     innocent_dead_letters: int = 0
+    #: Dead-lettered ``crashed_worker`` although not a crash poison (must be 0).
+    innocent_crash_dead_letters: int = 0
+    #: Crash poisons dead-lettered ``crashed_worker``, and the workers they killed.
+    crash_poisons_dead_lettered: int = 0
+    crash_deaths: int = 0
+    #: Runs lost with their worker, over every result (``Result.lost_runs``).
+    lost_runs: int = 0
     expired: int = 0
     still_pending: int = 0
     answered_but_not_delivered: int = 0
@@ -101,13 +119,19 @@ class Report:
     recovery_ms: list[float] = field(default_factory=list)
     #: Per kill: SIGKILL to the last result of the requests the killed worker held.
     recovery_done_ms: list[float] = field(default_factory=list)
+    #: ``recovery_ms`` of the kills away from a Redis restart (none began in the 5 s after
+    #: the kill, none ended in the 2 s before it): what the restarts' downtime does not hide.
+    recovery_calm_ms: list[float] = field(default_factory=list)
+    #: Per restart: SIGTERM to the restarted server's first answer.
+    restart_down_ms: list[float] = field(default_factory=list)
     throughput: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
 
-    def recovery(self, q: float) -> float | None:
-        if not self.recovery_ms:
+    def recovery(self, q: float, calm: bool = False) -> float | None:
+        samples = self.recovery_calm_ms if calm else self.recovery_ms
+        if not samples:
             return None
-        ordered = sorted(self.recovery_ms)
+        ordered = sorted(samples)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
     def as_dict(self) -> dict[str, Any]:
@@ -115,6 +139,10 @@ class Report:
         data["recovery_p50_ms"] = self.recovery(0.5)
         data["recovery_p99_ms"] = self.recovery(0.99)
         data["recovery_max_ms"] = max(self.recovery_ms) if self.recovery_ms else None
+        data["recovery_calm_p50_ms"] = self.recovery(0.5, calm=True)
+        data["recovery_calm_p99_ms"] = self.recovery(0.99, calm=True)
+        data["recovery_calm_max_ms"] = (max(self.recovery_calm_ms) if self.recovery_calm_ms
+                                        else None)
         return data
 
 
@@ -135,10 +163,21 @@ class Fleet:
         lease = [] if c.lease_ms is None else ["--lease-ms", str(c.lease_ms)]
         self.workers[worker_id] = WorkerProcess(
             self.url, "--log-level", "WARNING", "--model",
-            f"{MODEL}=builtin:sleep?batch_ms={c.batch_ms:g}&item_ms={c.item_ms:g}"
-            f"&fail_on={POISON}&record={self.ran_dir}", "--worker-id", worker_id, *lease,
-            "--max-batch-size", "32", "--max-wait-ms", "5", log_dir=self.folder)
+            f"{MODEL}=python:tests.support.crashing_model:CrashingModel?marker={CRASH}"
+            f"&batch_ms={c.batch_ms:g}&item_ms={c.item_ms:g}&fail_on={POISON}"
+            f"&record={self.ran_dir}", "--worker-id", worker_id, *lease,
+            "--max-batch-size", "32", "--max-wait-ms", "5", log_dir=self.folder,
+            env={"PYTHONPATH": os.pathsep.join(filter(None, (
+                str(ROOT), os.environ.get("PYTHONPATH"))))})
         return worker_id
+
+    def replace_dead(self) -> int:
+        """Start a worker in place of each that died on its own (a crash poison); how many."""
+        dead = [w for w, p in self.workers.items() if p.proc.poll() is not None]
+        for worker_id in dead:
+            self.workers.pop(worker_id).stop()
+            self.start()
+        return len(dead)
 
     def wait_registered(self, timeout_s: float = 60.0) -> None:
         """Until every worker has joined the queue's worker set (its model loaded)."""
@@ -188,7 +227,7 @@ def _now_ms(r: redis.Redis) -> int:
 
 
 async def _inject_faults(config: ChaosConfig, fleet: Fleet, server: EmbeddedServer,
-                         faults: list[Fault], done: asyncio.Event) -> None:
+                         faults: list[Fault], report: Report, done: asyncio.Event) -> None:
     """SIGKILLs, SIGSTOPs (each resumed 2.5 leases later, while the schedule goes on) and
     server restarts, each kind spread evenly over 90 % of the run."""
     rng = random.Random(config.seed + 1)
@@ -224,12 +263,23 @@ async def _inject_faults(config: ChaosConfig, fleet: Fleet, server: EmbeddedServ
         elif kind == "restart":
             r.close()
             server.stop()  # SIGTERM: the AOF is flushed; everything accepted survives
-            faults.append(Fault("restart", now))
+            restart = Fault("restart", now)
+            faults.append(restart)
             await asyncio.sleep(0.5)
             await asyncio.to_thread(server.start)
             r = redis.Redis.from_url(server.url)
+            restart.until_ms = _now_ms(r)
+            report.restart_down_ms.append(float(restart.until_ms - restart.at_ms))
     await asyncio.gather(*resumes)
     r.close()
+
+
+async def _supervise(fleet: Fleet, report: Report, done: asyncio.Event) -> None:
+    """Start a worker in place of each that a crash poison killed, until the run ends."""
+    while not done.is_set():
+        report.crash_deaths += fleet.replace_dead()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), 0.05)
 
 
 async def _produce(config: ChaosConfig, url: str, results: dict[str, inferq.Result | None],
@@ -251,12 +301,17 @@ async def _produce(config: ChaosConfig, url: str, results: dict[str, inferq.Resu
 
         start = time.monotonic()
         chunk = max(1, int(config.rate_per_s / 20))
+        crash_at = {config.requests * (k + 1) // (config.crash_poisons + 1)
+                    for k in range(config.crash_poisons)}
         while submitted < config.requests:
             batch = []
             for _ in range(min(chunk, config.requests - submitted)):
                 roll = rng.random()
                 request_id = f"c{submitted + len(batch)}"
-                if roll < config.poison_share:
+                if submitted + len(batch) in crash_at:
+                    kinds[request_id] = "crash"
+                    batch.append({"prompt": f"{CRASH} {request_id}", "id": request_id})
+                elif roll < config.poison_share:
                     kinds[request_id] = "poison"
                     batch.append({"prompt": f"{POISON} {request_id}", "id": request_id,
                                   "max_attempts": 2})
@@ -300,10 +355,12 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
 
         async def main() -> int:
             done = asyncio.Event()
-            injector = asyncio.create_task(_inject_faults(config, fleet, server, faults, done))
+            injector = asyncio.create_task(_inject_faults(config, fleet, server, faults, report,
+                                                          done))
+            supervisor = asyncio.create_task(_supervise(fleet, report, done))
             submitted = await _produce(config, server.url, results, kinds)
             done.set()
-            await injector
+            await asyncio.gather(injector, supervisor)
             return submitted
 
         report.submitted = asyncio.run(main())
@@ -318,15 +375,23 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
 
 def _tally(report: Report, r: redis.Redis, results: dict[str, inferq.Result | None],
            kinds: dict[str, str], faults: list[Fault], ran: set[str]) -> None:
-    expected = {"normal": {"ok"}, "poison": {"dead"}, "expiring": {"expired", "ok"}}
+    expected = {"normal": {"ok"}, "poison": {"dead"}, "expiring": {"expired", "ok"},
+                "crash": {"dead"}}
     statuses: Counter[str] = Counter()
     for request_id, result in results.items():
         if result is None:
             continue
         statuses[result.status.value] += 1
         report.unexpected_failures += result.status.value not in expected[kinds[request_id]]
-        report.executed_more_than_once += result.attempts > 1
+        lost_runs = getattr(result, "lost_runs", None) or 0
+        report.lost_runs += lost_runs
+        report.executed_more_than_once += result.attempts > 1 or lost_runs > 0
         report.max_attempts_seen = max(report.max_attempts_seen, result.attempts)
+        if result.error is not None and result.error.code == "crashed_worker":
+            if kinds[request_id] == "crash":
+                report.crash_poisons_dead_lettered += 1
+            else:
+                report.innocent_crash_dead_letters += 1
         # The result stored now must be the one the producer received: a second write would
         # show up as a different worker or finish time.
         raw = r.lindex(KEYS.result(request_id), 0)
@@ -358,8 +423,13 @@ def _tally(report: Report, r: redis.Redis, results: dict[str, inferq.Result | No
         # Claimed again after the kill (a request the victim finished just before is not).
         again = [res for i in fault.held if (res := results.get(i)) is not None
                  and res.started_ms is not None and res.started_ms >= fault.at_ms]
-        report.recovery_ms += [float(res.started_ms - fault.at_ms) for res in again
-                               if res.started_ms is not None]
+        samples = [float(res.started_ms - fault.at_ms) for res in again
+                   if res.started_ms is not None]
+        report.recovery_ms += samples
+        if not any(f.kind == "restart" and (0 <= f.at_ms - fault.at_ms < 5000
+                                            or 0 <= fault.at_ms - f.until_ms < 2000)
+                   for f in faults):
+            report.recovery_calm_ms += samples
         done = [res.finished_ms for res in again if res.finished_ms is not None]
         if done:
             report.recovery_done_ms.append(float(max(done) - fault.at_ms))

@@ -17,7 +17,7 @@ import msgpack
 import pytest
 
 import inferq
-from inferq.errors import MAX_ATTEMPTS, MODEL_ERROR, InferqError
+from inferq.errors import CRASHED_WORKER, MAX_ATTEMPTS, MODEL_ERROR, InferqError
 from inferq.protocol import fields, ops, scripts
 from inferq.protocol.codec import RESULT_FIELDS, ErrorInfo, Status
 from inferq.protocol.keys import QueueKeys
@@ -28,7 +28,7 @@ KEYS = QueueKeys.for_model("embed", "m")
 #: The shard-wide keys a script may declare, by the ``QueueKeys`` attribute that names them.
 SHARD_KEYS = {getattr(KEYS, name): name for name in (
     "pending", "inflight", "started", "leases", "seq", "wake", "delayed", "dead", "dead_letters",
-    "workers", "stats", "fair")}
+    "workers", "conns", "stats", "fair")}
 
 def completion(request_id: str, token: str, status: str, body: bytes) -> ops.Completion:
     return ops.Completion(ops.Claimed(request_id, b"", token, 1, 0, None), status, body)
@@ -91,7 +91,9 @@ CALLS: dict[str, Callable[[int], ops.Call]] = {
     "heartbeat": lambda n: ops.heartbeat_call(KEYS, "w", 1000, 3000, LEASES[:n]),
     "complete": lambda n: ops.complete_call(
         KEYS, 60_000, 100, [completion(f"r{i}", "t", "ok", b"body") for i in range(n)]),
-    "reclaim": lambda n: ops.reclaim_call(KEYS, 500, 60_000, 100),
+    "reclaim": lambda n: ops.reclaim_call(KEYS, 500, 60_000, 100, max_crashes=2, grace_ms=250,
+                                          probe_ms=125,
+                                          connected=[f"w{i}" for i in range(n)]),
     "release": lambda n: ops.release_call(KEYS, LEASES[:n]),
     "cancel": lambda n: ops.cancel_call(KEYS, "r1", 60_000),
     "stream": lambda n: ops.stream_call(
@@ -220,7 +222,8 @@ def test_the_scripts_results_are_results() -> None:
     assert statuses and statuses <= {s.value for s in Status}
     codes = set(re.findall(r"error_result\(\s*\w+,\s*'\w+',\s*'(\w+)'",
                            "".join(p.read_text() for p in LUA.rglob("*.lua"))))
-    known = {cls.code for cls in _subclasses(InferqError)} | {MODEL_ERROR, MAX_ATTEMPTS}
+    known = {cls.code for cls in _subclasses(InferqError)} | {MODEL_ERROR, MAX_ATTEMPTS,
+                                                              CRASHED_WORKER}
     assert codes and codes <= known, codes - known
 
 

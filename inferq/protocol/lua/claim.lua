@@ -24,7 +24,7 @@
   pending is left empty the wake list is cleared, so stale tokens never accumulate.
 
   Output: {now, {{id, payload, token, attempt (this run's number), enqueued ms,
-  deadline ms or '', reply inbox or '', tenant or ''}, ...}, expired, ms until the next delayed retry is due or -1,
+  deadline ms or '', reply inbox or '', tenant or '', batch cap (0: none), lost runs}, ...}, expired, ms until the next delayed retry is due or -1,
   {corrupt id, reason, ...}, {garbage key, ...}}
 ]]
 -- @include clock
@@ -79,7 +79,7 @@ for i, id in ipairs(ids) do
     tokens[#tokens + 1] = id
     tokens[#tokens + 1] = token
     out[#out + 1] = {id, r.p, token, attempt, num(r.eq), r.dl and num(r.dl) or '', r.rt or '',
-                     r.tn or ''}
+                     r.tn or '', r.cap or 0, r.lost}
   else
     drop_bad(prefix, id, kind, r, now, ttl, corrupt, garbage)
   end

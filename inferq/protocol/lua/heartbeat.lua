@@ -1,10 +1,14 @@
 --[[
-  Extends every lease whose token still matches and marks the worker alive.
+  Extends every lease whose token still matches and marks the worker alive: in the registry
+  (workers), and, unless a sweep already did, as seen connected to this run of the server in
+  conns (the beat came over one of its named connections: from now on a death is noticed by
+  its closed connections, see reclaim.lua; INFO is read only then).
 
   Input:
     KEYS[1] inflight
     KEYS[2] workers
     KEYS[3] leases
+    KEYS[4] conns
     ARGV[1] prefix
     ARGV[2] worker_id
     ARGV[3] lease_ms
@@ -35,7 +39,12 @@ for n, id in ipairs(ids) do
     lost[#lost + 1] = id
   end
 end
+local mark = redis.call('HGET', KEYS[4], worker)
 redis.call('ZADD', workers, num(now + liveness), worker)
+if not mark or string.sub(mark, 1, 3) ~= 'up ' then
+  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or '?'
+  redis.call('HSET', KEYS[4], worker, 'up ' .. run)
+end
 redis.call('ZREMRANGEBYSCORE', workers, '-inf', num(now - 60000))
 bulk('ZADD', inflight, renew, 'XX')
 return lost

@@ -13,6 +13,8 @@ from inferq.connection import ConnectionSettings
 from inferq.errors import ConfigError
 from inferq.protocol.codec import DEFAULT_LIMITS, Limits
 from inferq.protocol.keys import DEFAULT_NAMESPACE, NAME_RE
+from inferq.protocol.ops import DEFAULT_MAX_CRASHES
+from inferq.worker.core.liveness import WORKER_ID_RE
 
 #: The default lease (``--lease-ms``) and drain timeout (``--drain-timeout-s``).
 DEFAULT_LEASE_MS = 2_000
@@ -51,6 +53,9 @@ class WorkerConfig:
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     result_ttl_s: float = 3600.0
     dead_letter_cap: int = 10_000
+    #: A request whose run is lost with its worker this many times while it ran alone (the
+    #: last step of the bisection of a crashed batch) is dead-lettered ``crashed_worker``.
+    max_crashes: int = DEFAULT_MAX_CRASHES
     retry_base_ms: float = 250.0
     #: Port for /metrics and /healthz (None: not served; 0: any free port).
     metrics_port: int | None = None
@@ -86,6 +91,11 @@ class WorkerConfig:
             raise bad("result_ttl_s", "must be > 0")
         if self.dead_letter_cap < 1:
             raise bad("dead_letter_cap", "must be >= 1")
+        if not 1 <= self.max_crashes <= 1000:
+            raise bad("max_crashes", "must be in [1, 1000]")
+        if not WORKER_ID_RE.fullmatch(self.worker_id):
+            raise bad("worker_id", "must be 1 to 200 printable ASCII characters, no spaces "
+                      "(it names the worker's Redis connections)")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise bad("metrics_port", "must be in [0, 65535] or None")
         if not 0 < self.retry_base_ms <= self.retry_max_ms:
@@ -104,6 +114,18 @@ class WorkerConfig:
         lease / 8, so a dead worker's requests are free at most lease * 1.125 after its last
         heartbeat."""
         return self.lease_ms / 8e3
+
+    @property
+    def liveness_grace_ms(self) -> int:
+        """How long a registered worker may be seen without any Redis connection before the
+        reclaim sweep takes its leases back: one sweep interval (lease / 8)."""
+        return int(self.reclaim_s * 1e3)
+
+    @property
+    def liveness_probe_ms(self) -> int:
+        """How often the fleet lists the connected workers (one listing, by whichever worker
+        sweeps first): twice per grace, so a death is judged within about a sweep of it."""
+        return max(1, self.liveness_grace_ms // 2)
 
     @property
     def result_ttl_ms(self) -> int:

@@ -20,6 +20,7 @@ from inferq import connection
 from inferq.connection import ConnectionSettings
 from inferq.protocol import ops, scripts
 from inferq.protocol.keys import QueueKeys
+from inferq.worker.core.liveness import client_name
 
 log = logging.getLogger("inferq.worker")
 
@@ -154,7 +155,8 @@ class Heartbeat(threading.Thread):
         # No retries inside redis-py: ``run`` retries on its own schedule.
         self._redis = connection.sync_client(self._settings, socket_timeout=timeout,
                                              socket_connect_timeout=timeout,
-                                             retry=Retry(NoBackoff(), 0))
+                                             retry=Retry(NoBackoff(), 0),
+                                             client_name=client_name(self._worker_id))
         self._script = self._redis.register_script(scripts.ALL["heartbeat"])
 
     def beat(self) -> list[str]:
@@ -219,7 +221,10 @@ class Heartbeat(threading.Thread):
             return
         if deregister:
             try:
-                self._redis.zrem(self._keys.workers, self._worker_id)
+                pipe = self._redis.pipeline(transaction=False)
+                pipe.zrem(self._keys.workers, self._worker_id)
+                pipe.hdel(self._keys.conns, self._worker_id)
+                pipe.execute()
             except redis.RedisError as exc:
                 log.warning("could not deregister the worker: %s", exc)
         self._redis.close()

@@ -32,6 +32,7 @@ from inferq.protocol import ops
 from inferq.protocol.keys import QueueKeys
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.leases import Heartbeat, LeaseBook
+from inferq.worker.core.liveness import client_name
 from inferq.worker.core.metrics import HealthState, WorkerMetrics
 from inferq.worker.core.metrics import serve as serve_metrics
 from inferq.worker.core.queue_link import QueueLink
@@ -209,9 +210,11 @@ class QueueWorker(ABC, Generic[T]):
         return None
 
     def _connect(self) -> Any:
-        """A connection of this worker's, closed when it stops."""
+        """A connection of this worker's, closed when it stops; named after the worker, so
+        that its death is seen by the others' sweeps (``liveness``)."""
         client = connection.async_client(self.config.connection,
-                                         socket_timeout=SOCKET_TIMEOUT_S + BLOCK_S)
+                                         socket_timeout=SOCKET_TIMEOUT_S + BLOCK_S,
+                                         client_name=client_name(self.config.worker_id))
         self._clients.append(client)
         return client
 

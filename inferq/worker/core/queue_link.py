@@ -21,6 +21,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import RedisError, ResponseError
 
 from inferq import cluster, plans
@@ -30,6 +31,7 @@ from inferq.protocol.settings import QueueSettings, settings_from_hash
 from inferq.worker.core.backoff import RedisBackoff
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.leases import LeaseBook
+from inferq.worker.core.liveness import LivenessProbe
 from inferq.worker.core.metrics import HealthState, WorkerMetrics
 from inferq.worker.core.traces import WorkerTraces
 from inferq.worker.core.wake import WakeWaiter
@@ -83,11 +85,14 @@ class QueueLink:
         self._head_turn = 0
         #: The requests' spans (``core.traces``), None while tracing is off.
         self.traces: WorkerTraces | None = None
+        #: Lists the connected workers for the reclaim sweep (made in ``attach``).
+        self.liveness = LivenessProbe(cluster=False)
 
     def attach(self, redis: Any, scripts: Mapping[str, Any]) -> None:
         """The connection and registered scripts to use (made in the worker's event loop)."""
         self.redis = redis
         self.scripts = scripts
+        self.liveness = LivenessProbe(cluster=isinstance(redis, AsyncRedisCluster))
 
     def to_ms(self, t: float) -> int:
         """A time of our monotonic clock on Redis' clock, in milliseconds."""
@@ -465,23 +470,44 @@ class QueueLink:
         return state
 
     async def reclaim(self) -> tuple[int, int]:
-        """Expired leases of any worker back to pending (or dead), on every shard;
-        (requeued, dead)."""
-        requeued = dead = unstarted = 0
+        """The leases of dead workers (their connections closed: ``liveness``) and expired
+        leases of any worker back to pending (or dead), on every shard; (requeued, dead). A
+        shard whose RECLAIM says a listing of the connections is due (one per
+        ``liveness_probe_ms`` for the whole fleet) is swept again with the listing."""
+        probe_ms = self.config.liveness_probe_ms if self.liveness.enabled else 0
+        total = ops.ReclaimReply(0, 0)
+        due: list[QueueKeys] = []
         for keys in self.shard_keys:
-            call_keys, args = ops.reclaim_call(keys, RECLAIM_BATCH, self.config.result_ttl_ms,
-                                               self.config.dead_letter_cap)
-            reply = ops.parse_reclaim(await self.scripts["reclaim"](keys=call_keys, args=args))
-            requeued += reply.requeued
-            dead += reply.dead
-            unstarted += reply.unstarted
-            self.note_damage(reply.corrupt, reply.garbage)
-        self.metrics.reclaims.labels(self.keys.queue).inc(requeued)
-        self.metrics.dead_letters.labels(self.keys.queue).inc(dead)
-        if requeued or dead:
-            log.warning("reclaimed %d expired leases: %d never started (attempts unchanged), "
-                        "%d dead-lettered", requeued + dead, unstarted, dead)
-        return requeued, dead
+            reply = await self._reclaim_shard(keys, None, probe_ms)
+            total = _add(total, reply)
+            if reply.probe_due:
+                due.append(keys)
+        if due:
+            connected = await self.liveness.connected_workers(self.redis)
+            for keys in due if connected is not None else ():
+                total = _add(total, await self._reclaim_shard(keys, connected, 0))
+        self.metrics.reclaims.labels(self.keys.queue).inc(total.requeued)
+        self.metrics.dead_letters.labels(self.keys.queue).inc(total.dead)
+        if total.dead_workers:
+            log.warning("workers %s are gone (their connections closed): their leases are "
+                        "taken back now", ", ".join(sorted(set(total.dead_workers))))
+        if total.requeued or total.dead:
+            log.warning("reclaimed %d leases: %d never started (unchanged), %d runs lost with "
+                        "their worker (not attempts; they rerun in half the batch), %d "
+                        "dead-lettered crashed_worker", total.requeued + total.dead,
+                        total.unstarted, total.lost, total.dead)
+        return total.requeued, total.dead
+
+    async def _reclaim_shard(self, keys: QueueKeys, connected: Sequence[str] | None,
+                             probe_ms: int) -> ops.ReclaimReply:
+        config = self.config
+        call_keys, args = ops.reclaim_call(
+            keys, RECLAIM_BATCH, config.result_ttl_ms, config.dead_letter_cap,
+            max_crashes=config.max_crashes, grace_ms=config.liveness_grace_ms,
+            connected=connected, probe_ms=probe_ms)
+        reply = ops.parse_reclaim(await self.scripts["reclaim"](keys=call_keys, args=args))
+        self.note_damage(reply.corrupt, reply.garbage)
+        return reply
 
     async def publish_stats(self, fields: Mapping[str, str], *,
                             tuning: tuple[str, Mapping[str, Any]] | None = None) -> None:
@@ -538,6 +564,13 @@ class QueueLink:
         if aof.get("appendonly") != "yes" and not save.get("save"):
             log.warning("Redis persistence is off (no AOF, no RDB): a server restart "
                         "loses every queued request")
+
+
+def _add(a: ops.ReclaimReply, b: ops.ReclaimReply) -> ops.ReclaimReply:
+    """Two reclaims' counts together (their damage is noted apart)."""
+    return ops.ReclaimReply(a.requeued + b.requeued, a.dead + b.dead, [], [],
+                            a.unstarted + b.unstarted, a.dead_workers + b.dead_workers,
+                            a.lost + b.lost)
 
 
 @dataclass(frozen=True, slots=True)

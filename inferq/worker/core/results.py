@@ -55,9 +55,23 @@ class Claim:
 
 
 def ran_before(claimed: ops.Claimed) -> bool:
-    """A request that ran before (its worker died while it ran, or its run failed): a
-    suspect, which runs alone so that it cannot take other requests' attempts with it."""
-    return claimed.attempt >= 2
+    """A request that ran before: its run failed and was retried, or was lost with its
+    worker (a generation goes on from its streamed tokens)."""
+    return claimed.attempt >= 2 or claimed.lost > 0
+
+
+def is_suspect(claimed: ops.Claimed) -> bool:
+    """A request lost with its worker while it ran alone, or at the end of the bisection of a
+    crashed batch (its cap is 1), or whose run failed (retried: a generate worker fails every
+    running sequence when its engine process dies): it runs alone, so that it cannot take
+    others down with it."""
+    return claimed.cap == 1 or claimed.attempt >= 2
+
+
+def batch_cap(claimed: ops.Claimed) -> int:
+    """The largest batch ``claimed`` may run in: 1 for a suspect, else half the batch it was
+    lost in (bisection); 0: no limit."""
+    return 1 if is_suspect(claimed) else claimed.cap
 
 
 def decode_claims(config: WorkerConfig, claimed: Sequence[ops.Claimed], now_ms: int,
@@ -121,7 +135,8 @@ def completion(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) 
     common: dict[str, Any] = dict(
         id=c.id, task=config.task, model=config.model_name, worker=config.worker_id,
         attempts=c.attempt, enqueued_ms=c.enqueued_ms, started_ms=claim.claimed_ms,
-        trace_id=trace_id_of(claim.payload.traceparent), **fields)
+        trace_id=trace_id_of(claim.payload.traceparent), lost_runs=c.lost or None,
+        **fields)
     met = None if claim.payload.ttft_slo_ms is None else slo.met(
         claim.payload.ttft_slo_ms, c.enqueued_ms, fields.get("finished_ms"),
         fields.get("ttft_ms"), status is Status.OK)
@@ -188,6 +203,8 @@ def batch_completions(config: WorkerConfig, claims: Sequence[Claim], outcomes: S
             met = None
             if (objective := claim.payload.ttft_slo_ms) is not None:
                 met = body["slo_met"] = finished_ms - c.enqueued_ms <= objective
+            if c.lost:
+                body["lost_runs"] = c.lost
             try:
                 data = packer.pack(body)
             except (TypeError, ValueError, OverflowError):

@@ -35,6 +35,7 @@ from inferq.worker.core.results import (
     decode_claims,
     expired,
     failed_completion,
+    is_suspect,
     ran_before,
 )
 from inferq.worker.core.wake import wait_any
@@ -368,7 +369,7 @@ class GenerationWorker(QueueWorker[Generation]):
                                                priority=claim.payload.priority,
                                                order=next(self._order),
                                                tag=StreamClaim.of(claim),
-                                               alone=ran_before(claim.claimed),
+                                               alone=is_suspect(claim.claimed),
                                                streamed=tokens, shown=shown,
                                                trace_headers=self._trace_headers(claim))
                 if not self._fits_alone(g):

@@ -45,10 +45,11 @@ from inferq.worker.core.failures import Failure, free_device_cache
 from inferq.worker.core.lifecycle import QueueWorker, run_together
 from inferq.worker.core.results import (
     Claim,
+    batch_cap,
     batch_completions,
     expired,
     failed_completion,
-    ran_before,
+    is_suspect,
 )
 from inferq.worker.core.wake import wait_any
 from inferq.worker.models.base import BatchModel, ModelInput
@@ -90,8 +91,12 @@ class WindowWorker(QueueWorker[Job]):
         self._completions: set[asyncio.Task[None]] = set()
         self._unpublished = False
         self._next_retry_s: float | None = None
-        #: Suspects lead the queue: claim one at a time (see ``_isolate_suspects``).
-        self._suspects_ahead = False
+        #: Requests with a batch cap lead the queue (a crashed batch's, being bisected): claim
+        #: no more than this at a time (see ``_share_capped``); None: no limit.
+        self._cap_ahead: int | None = None
+        #: The last claim was held back while capped requests lead the queue and the device
+        #: is busy: they are left to idle workers.
+        self._held_back = False
         #: Set while no forward runs; the next batch, handed from the collector to the
         #: executor (None: the collector ended).
         self._device_idle = asyncio.Event()
@@ -135,6 +140,7 @@ class WindowWorker(QueueWorker[Job]):
                 backoff.succeeded()
                 if batch is None:
                     break
+                self._device_idle.clear()  # committed from now: the executor runs it next
                 await self._ready.put(batch)
         finally:
             await self._ready.put(None)
@@ -154,6 +160,11 @@ class WindowWorker(QueueWorker[Job]):
             jobs = self._carry
             if len(jobs) < cfg.max_batch_size:
                 jobs += await self._claim(cfg.max_batch_size - len(jobs))
+            if not jobs and self._held_back:
+                # Capped requests lead the queue and the device is busy: left to idle workers
+                # until this one is free.
+                await wait_any((self._device_idle, self._stopping))
+                continue
             if not jobs:
                 if self._unpublished:
                     await self._publish_stats()  # idle: make stats current before sleeping
@@ -161,9 +172,10 @@ class WindowWorker(QueueWorker[Job]):
                 continue
             budget = self.memory.budget(max(job.tokens for job in jobs))
             tokens = fill_tokens(jobs, _job_tokens)
-            # A suspect in hand runs alone next, as soon as the device is free: no wait.
+            # A capped request in hand (a crashed batch's half, a suspect) runs next, as soon
+            # as the device is free: no wait.
             full = (len(jobs) >= cfg.max_batch_size or (budget is not None and tokens >= budget)
-                    or any(ran_before(job.claimed) for job in jobs))
+                    or any(batch_cap(job.claimed) for job in jobs))
             if not self._device_idle.is_set():
                 # The model is busy: collecting more costs no latency. Wake on new work or
                 # when the device frees up.
@@ -213,16 +225,22 @@ class WindowWorker(QueueWorker[Job]):
 
     def _release_batch(self, jobs: list[Job], budget: int | None,
                        reason: ReleaseReason) -> Batch:
-        suspect = next((job for job in jobs if ran_before(job.claimed)), None)
+        suspect = next((job for job in jobs if is_suspect(job.claimed)), None)
         if suspect is not None:
-            # Its previous attempt crashed a worker or failed: it runs alone, so it cannot
-            # burn other requests' attempts.
+            # It was lost with a worker while running alone, or is the last half of a crashed
+            # batch: it runs alone, so that it cannot take others down with it.
             self._carry = [job for job in jobs if job is not suspect]
             return Batch(next(self._batch_ids), [suspect], ReleaseReason.WINDOW,
                          suspect.tokens, suspect.tokens)
-        packed = pack(jobs, _job_tokens, max_count=self.window_config.max_batch_size,
-                      max_tokens=budget)
-        self._carry = packed.rest
+        capped = [job for job in jobs if batch_cap(job.claimed)]
+        max_count = self.window_config.max_batch_size
+        if capped:
+            # Bisection of a crashed batch: its requests run among themselves, in batches of
+            # at most half the one they were lost in.
+            max_count = min(max_count, *(batch_cap(job.claimed) for job in capped))
+        packed = pack(capped or jobs, _job_tokens, max_count=max_count, max_tokens=budget)
+        self._carry = packed.rest + ([job for job in jobs if not batch_cap(job.claimed)]
+                                     if capped else [])
         return Batch(next(self._batch_ids), packed.batch, reason, packed.real_tokens,
                      packed.padded_tokens)
 
@@ -236,37 +254,50 @@ class WindowWorker(QueueWorker[Job]):
         return True
 
     async def _claim(self, max_count: int) -> list[Job]:
-        """Claim up to ``max_count`` requests, keeping at most one suspect in hand (see
-        ``_isolate_suspects``); none while one already waits to run, and one at a time while
-        suspects lead the queue."""
-        if any(ran_before(job.claimed) for job in self._carry):
+        """Claim up to ``max_count`` requests, keeping at most one capped batch in hand (see
+        ``_share_capped``); none while one already waits to run, and, while capped requests
+        lead the queue, none while the device is busy (idle workers take them) and no more
+        than a batch's worth."""
+        self._held_back = False
+        if any(batch_cap(job.claimed) for job in self._carry):
             return []
-        if self._suspects_ahead:
-            max_count = 1
+        if self._cap_ahead is not None:
+            if not self._device_idle.is_set():
+                self._held_back = True  # see _build_batch
+                return []
+            max_count = min(max_count, self._cap_ahead)
         reply, jobs, failures = await self._claim_prepared(max_count)
         self.link.follow_shards(self._wake)  # idle, wake on any shard's enqueue
         self._next_retry_s = (None if reply.next_retry_ms is None
                               else max(reply.next_retry_ms / 1e3, 0.001))
         await self._complete(failures)
-        jobs = await self._isolate_suspects(jobs)
+        jobs = await self._share_capped(jobs)
         self.policy.record_each_arrival([job.arrival for job in jobs])
         return jobs
 
-    async def _isolate_suspects(self, jobs: list[Job]) -> list[Job]:
-        """Suspects (requests whose earlier run may have killed a worker) run alone, one per
-        forward. A window holding many of them (a dead worker's whole batch, reclaimed) would
-        run them one after another here; instead this worker keeps one and gives the others
-        back at once (attempt not counted), so every live worker takes one and the fleet
-        isolates them in parallel. Until a claim brings no suspect, it then claims one request
-        at a time (no window of suspects claimed, decoded and given back at every round)."""
-        suspects = [job for job in jobs if ran_before(job.claimed)]
-        self._suspects_ahead = len(suspects) > 1 or (self._suspects_ahead and bool(suspects))
-        if len(suspects) <= 1:
+    async def _share_capped(self, jobs: list[Job]) -> list[Job]:
+        """Requests with a batch cap (the halves of a crashed batch; suspects, cap 1, run
+        alone) run in batches of at most their cap. A window holding more of them than one
+        such batch (a dead worker's whole batch, reclaimed) would run them one batch after
+        another here; instead this worker keeps one batch (the smallest caps) and gives the
+        others back at once (unchanged), so every live worker takes some and the fleet bisects
+        in parallel. Until a claim brings no capped request, it then claims no more than one
+        such batch at a time (no window claimed, decoded and given back at every round)."""
+        capped = sorted((job for job in jobs if batch_cap(job.claimed)),
+                        key=lambda j: batch_cap(j.claimed))
+        if not capped:
+            self._cap_ahead = None
             return jobs
-        extra = suspects[1:]
-        await self._release(extra, why="suspects isolated across workers")
+        size = batch_cap(capped[0].claimed)
+        extra = capped[size:]
+        if extra or self._cap_ahead is not None:
+            self._cap_ahead = size
+        if not extra:
+            return jobs
+        await self._release(extra, why="a crashed batch's requests shared across workers")
         self.stats.suspects_shared += len(extra)
-        return [job for job in jobs if job not in extra]
+        gone = {job.id for job in extra}
+        return [job for job in jobs if job.id not in gone]
 
     def _prepare(self, claims: list[Claim], now_ms: int
                  ) -> tuple[list[Job], list[ops.Completion]]:

@@ -2,10 +2,11 @@
 -- @include results
 -- @include tenants
 -- The checked fields of a request hash read as HMGET of READ (h: its reply, or nil for a key
--- of another type). Returns kind, r: kind 'ok' (r: the numbers), 'garbage' (no payload and
+-- of another type). Returns kind, r: kind 'ok' (r: the numbers; r.cap nil without a batch
+-- cap, r.lost 0 without lost runs), 'garbage' (no payload and
 -- no enqueue time: nothing ties it to a request) or 'corrupt' (r.why says what).
 local READ = {F_PAYLOAD, F_SCORE, F_ATTEMPTS, F_MAX_ATTEMPTS, F_ENQUEUED, F_DEADLINE,
-              F_REPLY_TO, F_TENANT}
+              F_REPLY_TO, F_TENANT, F_CAP, F_LOST}
 local function check(h)
   if not h then return 'corrupt', {why = 'the request key is not a hash'} end
   if not h[1] and not h[5] then return 'garbage', {} end
@@ -19,9 +20,12 @@ local function check(h)
   elseif r.a >= tonumber(h[4]) then r.why = 'its attempts are already used up'
   elseif not r.eq then r.why = 'its enqueue time is not an integer'
   elseif h[6] and not int(h[6], 0, MAXI) then r.why = 'its deadline is not an integer'
+  elseif h[9] and not int(h[9], 1, MAXI) then r.why = 'its batch cap is not an integer >= 1'
+  elseif h[10] and not int(h[10], 0, MAXI) then r.why = 'its lost runs are not an integer'
   end
   if r.why then return 'corrupt', r end
   r.s, r.ma, r.dl = h[2], tonumber(h[4]), h[6] and tonumber(h[6]) or nil
+  r.cap, r.lost = h[9] and tonumber(h[9]) or nil, tonumber(h[10] or 0)
   return 'ok', r
 end
 -- check() of the request hash of every id, read before any write: {kind, r} each
