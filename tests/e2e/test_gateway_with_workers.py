@@ -79,13 +79,14 @@ def test_a_repeated_id_returns_the_existing_request(api: TestClient,
 
 def test_a_dead_lettered_request_reads_dead_and_waits_as_502(
         api: TestClient, start_worker: StartWorker, r: redis.Redis) -> None:
-    """A worker dies holding the request's only attempt; the next worker's reclaim sweep
-    dead-letters it (``max_attempts``): GET says so, a wait maps it to 502."""
+    """A worker dies running the request alone, with a crash budget of one
+    (``--max-crashes 1``); the next worker's reclaim sweep dead-letters it
+    (``crashed_worker``): GET says so, a wait maps it to 502."""
     sleepy = "sleep=builtin:sleep?batch_ms=60000"
     created = api.post("/v1/requests", json={"prompt": "p", "model": "sleep",
                                              "max_attempts": 1, "id": "doomed"})
     assert created.status_code == 202
-    first = start_worker("--model", sleepy, "--lease-ms", "1000")
+    first = start_worker("--model", sleepy, "--lease-ms", "1000", "--max-crashes", "1")
     wait_until(lambda: state_of(api, "doomed", "sleep") == "running", what="claimed")
     # its model started it (a claim that never ran would cost no attempt)
     started = QueueKeys.for_model("embed", "sleep").started
@@ -93,14 +94,14 @@ def test_a_dead_lettered_request_reads_dead_and_waits_as_502(
     first.proc.kill()
     first.proc.wait()
     time.sleep(1.2)  # the lease runs out
-    start_worker("--model", sleepy, "--lease-ms", "1000")
+    start_worker("--model", sleepy, "--lease-ms", "1000", "--max-crashes", "1")
     wait_until(lambda: state_of(api, "doomed", "sleep") == "dead", what="dead-lettered")
     body = api.get("/v1/requests/doomed?model=sleep").json()
-    assert body["result"]["error"]["code"] == "max_attempts"
+    assert body["result"]["error"]["code"] == "crashed_worker"
     waited = api.post("/v1/requests?wait=true",
                       json={"prompt": "p", "model": "sleep", "id": "doomed"})
     assert waited.status_code == 502
-    assert waited.json()["error"]["code"] == "max_attempts"
+    assert waited.json()["error"]["code"] == "crashed_worker"
     assert waited.json()["error"]["request_id"] == "doomed"
 
 

@@ -5,7 +5,8 @@ Each claimed request continues the trace its payload carries (a new trace when i
 none): a ``queue wait`` span from its enqueue to this claim, both on Redis' clock, and a
 ``run`` span for this attempt, from the claim to its result, whose events say what happened
 (``started``, ``first token``, ``preempted``, ``retry``, ``dead letter``, ``expired``,
-``cancelled``, ``released``, ``lease lost``; ``resumed`` when an earlier attempt had run).
+``cancelled``, ``released``, ``lease lost``; ``resumed`` when an earlier run had failed or
+was lost with its worker).
 A batch (window worker) or an admission into the running batch (generate worker) is a span
 of its own, linked to each request's ``run`` span rather than parenting them: a batch
 belongs to many traces. The ``run`` span names its batch (``inferq.batch.id``), or has an
@@ -90,9 +91,11 @@ class WorkerTraces:
                                "inferq.worker": worker})
             span = self.tracer.start_span("run", context=parent, kind=self._consumer,
                                           attributes=attributes, start_time=claimed_ns)
-            if c.attempt >= 2:
+            earlier = c.attempt - 1 + c.lost  # failed runs, and runs lost with a worker
+            if earlier:
                 span.add_event("resumed", {"inferq.attempt": c.attempt,
-                                           "inferq.earlier_runs": c.attempt - 1},
+                                           "inferq.earlier_runs": earlier,
+                                           "inferq.lost_runs": c.lost},
                                timestamp=claimed_ns)
             previous = self.open.pop(c.id, None)
             if previous is not None:  # claimed again by this worker: the old one is over
