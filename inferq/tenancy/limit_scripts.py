@@ -48,22 +48,18 @@ local function level(v, cap)
 end
 local function fmt(x) return string.format('%.3f', x) end
 local rq, tk, qb = level(st[1], rpm), level(st[2], tpm), tonumber(st[4]) or 0
-"""
-
-ADMIT = _COMMON + f"""
-local max_flight, max_bytes, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local m = tonumber(ARGV[6])
-local first = 7 + 2 * m
-local settled = 0
-if m > 0 then
-  local sids = {{}}
-  for i = 7, first - 1, 2 do sids[#sids + 1] = ARGV[i] end
-  local sheld = redis.call('HMGET', reserved, unpack(sids))
-  local back, freed, done = 0, 0, {{}}
-  for k, id in ipairs(sids) do
-    if sheld[k] then
-      local tok, size = string.match(sheld[k], '^(%-?%d+) (%-?%d+)$')
-      local actual = tonumber(ARGV[6 + 2 * k])
+-- settle ARGV[from..to], rows of 2 (id, actual tokens; '' unknown): drop the reservations
+-- still held; returns the tokens to give back, the bytes freed and the ids settled
+local function settle_rows(from, to)
+  local ids = {}
+  for i = from, to, 2 do ids[#ids + 1] = ARGV[i] end
+  local back, freed, done = 0, 0, {}
+  if #ids == 0 then return back, freed, done end
+  local held = redis.call('HMGET', reserved, unpack(ids))
+  for k, id in ipairs(ids) do
+    if held[k] then
+      local tok, size = string.match(held[k], '^(%-?%d+) (%-?%d+)$')
+      local actual = tonumber(ARGV[from + 2 * k - 1])
       if actual and tok then back = back + tonumber(tok) - actual end
       freed = freed + (tonumber(size) or 0)
       done[#done + 1] = id
@@ -72,7 +68,20 @@ if m > 0 then
   if #done > 0 then
     redis.call('HDEL', reserved, unpack(done))
     redis.call('ZREM', flight, unpack(done))
-    settled = #done
+  end
+  return back, freed, done
+end
+"""
+
+ADMIT = _COMMON + f"""
+local max_flight, max_bytes, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local m = tonumber(ARGV[6])
+local first = 7 + 2 * m
+local settled = 0
+if m > 0 then
+  local back, freed, done = settle_rows(7, first - 1)
+  settled = #done
+  if settled > 0 then
     if tpm > 0 then tk = math.max(-tpm, math.min(tpm, tk + back)) end
     qb = math.max(0, qb - freed)
   end
@@ -160,23 +169,8 @@ return {{limit == '' and 1 or 0, limit, wait, math.floor(rq), reset_rq, math.flo
 """
 
 SETTLE = _COMMON + """
-local ids = {}
-for i = 3, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
-if #ids == 0 then return 0 end
-local held = redis.call('HMGET', reserved, unpack(ids))
-local back, freed, done = 0, 0, {}
-for k, id in ipairs(ids) do
-  if held[k] then
-    local tok, size = string.match(held[k], '^(%-?%d+) (%-?%d+)$')
-    local actual = tonumber(ARGV[2 + 2 * k])
-    if actual and tok then back = back + tonumber(tok) - actual end
-    freed = freed + (tonumber(size) or 0)
-    done[#done + 1] = id
-  end
-end
+local back, freed, done = settle_rows(3, #ARGV)
 if #done == 0 then return 0 end
-redis.call('HDEL', reserved, unpack(done))
-redis.call('ZREM', flight, unpack(done))
 if not st[3] then return #done end  -- no bucket left: it is full, and holds no bytes
 local fields = {'ts', now, 'qb', math.max(0, qb - freed)}
 if rpm > 0 then fields[#fields + 1] = 'rq'; fields[#fields + 1] = fmt(rq) end
