@@ -134,38 +134,3 @@ class GatewayProcess:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-
-class TestPrincipal:
-    """ASGI middleware standing in for the front door: the caller is the tenant named by the
-    ``X-Test-Tenant`` header (scopes from ``X-Test-Scopes``, comma-separated, default api;
-    ceiling from ``X-Test-Max-Priority``); without the header, the operator."""
-
-    __test__ = False  # not a test class
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        from inferq.gateway.caller import SCOPE_KEY
-        from inferq.tenancy.principal import Principal
-
-        if scope["type"] == "http":
-            headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-            tenant = headers.get("x-test-tenant")
-            if tenant is not None:
-                ceiling = headers.get("x-test-max-priority")
-                scopes = headers.get("x-test-scopes", "api").split(",")
-                scope[SCOPE_KEY] = Principal(
-                    tenant=tenant, scopes=frozenset(scopes),  # type: ignore[arg-type]
-                    max_priority=None if ceiling is None else int(ceiling))
-        await self.app(scope, receive, send)
-
-
-def as_tenant(tenant: str, *, scopes: str = "api",
-              max_priority: int | None = None) -> dict[str, str]:
-    """The headers that make ``TestPrincipal`` admit a request as ``tenant``."""
-    headers = {"X-Test-Tenant": tenant, "X-Test-Scopes": scopes}
-    if max_priority is not None:
-        headers["X-Test-Max-Priority"] = str(max_priority)
-    return headers
