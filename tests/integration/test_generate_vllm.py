@@ -283,3 +283,68 @@ async def test_a_killed_vllm_engine_process_resumes_generations_from_their_strea
     assert "".join(deltas) == result.output["text"] == reference.output["text"]
     assert result.output["token_ids"] == reference.output["token_ids"]
     assert result.attempts == 2
+
+
+# --------------------------------------------------- vLLM's own spans in the request's trace
+
+
+async def test_vllm_spans_join_the_request_trace(
+        redis_url: str, smollm2: Path, aclient: inferq.AsyncClient,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--vllm-option otlp_traces_endpoint=...``: vLLM (in the worker's engine process)
+    exports its ``llm_request`` span into the trace the caller started, as a child of the
+    worker's ``run`` span for that request."""
+    import torch
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from inferq import tracing
+    from inferq.worker.generate.settings import GenerationSettings
+    from inferq.worker.generate.worker import GenerationWorker
+    from inferq.worker.models.lm import CausalLM
+    from tests.support.otlp import receiver
+
+    with receiver() as (got, endpoint):
+        # vLLM's exporter speaks gRPC unless told otherwise; the engine process inherits this.
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        provider = TracerProvider(resource=Resource.create({"service.name": "inferq"}))
+        provider.add_span_processor(SimpleSpanProcessor(
+            OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces", timeout=5)))
+        tracing.use(provider)
+        try:
+            lm = CausalLM(str(smollm2), device=torch.device("cpu"), dtype=torch.float32,
+                          model_id="smollm2", weights=False)
+            config = gen_config(redis_url, model_name="smollm2", model_spec=str(smollm2),
+                                metrics_port=0)
+            worker = GenerationWorker(config, lm, GenerationSettings(
+                engine="vllm", max_slots=2, vllm_options={
+                    **OPTIONS, "otlp_traces_endpoint": f"{endpoint}/v1/traces"}))
+            task = asyncio.create_task(worker.run(install_signal_handlers=False))
+            try:
+                with tracing.tracer().start_as_current_span("caller") as caller:
+                    handle = await aclient.enqueue(
+                        PROMPTS[0], model="smollm2", task="generate",
+                        params={"max_new_tokens": 8, "ignore_eos": True})
+                result = await handle.result(timeout=300)
+                trace_id = f"{caller.get_span_context().trace_id:032x}"
+                assert result.ok and result.trace_id == trace_id
+                # vLLM batches its spans (OTEL_BSP_SCHEDULE_DELAY, set above): they arrive
+                # while the engine process lives.
+                spans = await asyncio.to_thread(
+                    got.wait_for,
+                    lambda spans: any(s.name == "llm_request" for s in spans)
+                    and any(s.name == "run" for s in spans), 120, "vLLM's llm_request span")
+            finally:
+                worker.request_stop()
+                await asyncio.wait_for(task, timeout=120)
+        finally:
+            tracing.use(None)
+            provider.shutdown()
+    mine = [s for s in spans if s.trace_id == trace_id]
+    run = next(s for s in mine if s.name == "run")
+    vllm_span = next(s for s in mine if s.name == "llm_request")
+    assert vllm_span.parent_id == run.span_id
+    assert vllm_span.attributes["gen_ai.usage.completion_tokens"] == 8
