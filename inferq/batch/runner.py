@@ -37,8 +37,8 @@ from inferq.batch.keys import BatchKeys, inbox_name
 from inferq.batch.lines import LineRefused, error_line, outcome, parse_line, response_line
 from inferq.errors import InferqError
 from inferq.openai.errors import INVALID, ApiError, from_inferq
-from inferq.producer import common
 from inferq.producer.aio import AsyncClient
+from inferq.producer.replies import BACK_PRESSURE
 from inferq.protocol import ops as queue_ops
 from inferq.protocol.codec import Status, decode_result
 from inferq.tenancy.principal import Principal
@@ -49,8 +49,6 @@ log = logging.getLogger("inferq.gateway.batch")
 WITHDRAW_CHUNK = 500
 #: The longest a batch whose steps keep failing waits for its next try.
 MAX_BACKOFF_S = 30.0
-#: Enqueue outcomes that are back-pressure: the line is queued again by a later step.
-BACK_PRESSURE = ("full", common.TENANT_FULL)
 
 
 def refused_line(request_id: str, custom_id: str, error: ApiError) -> bytes:
@@ -118,7 +116,6 @@ class BatchRunner:
         self.config = batches.config
         self.store = batches.files.store
         self.scripts = batches.scripts
-        self.queue_scripts = client.scripts
         self.token = uuid.uuid4().hex
         self._feeds: dict[str, Feed] = {}
         #: A batch's keys never change: read from the index once.
@@ -311,10 +308,8 @@ class BatchRunner:
         count = len(lines)
         if items:
             await self.redis.hset(held.keys.lines, mapping=mapping)
-            (raw_reply,) = await common.enqueue_async(
-                self.redis, self.queue_scripts["enqueue"], [(held.keys.queue, items)],
-                self.client.options)
-            outcomes = queue_ops.parse_enqueue(raw_reply).outcomes
+            outcomes = (await self.client.enqueue_items(held.keys.queue, items)).outcomes
+            # Back-pressure: the line is queued again by a later step.
             refused = [i for i, o in enumerate(outcomes) if o in BACK_PRESSURE]
             if refused:
                 # Back-pressure: commit only the lines before the first one refused (those
@@ -372,8 +367,7 @@ class BatchRunner:
         parameter or priority out of bounds): that line goes to the error file, the batch
         goes on."""
         try:
-            return common.prepare(prompt, request, self.client.options,
-                                  reply_to=inbox_name(batch_id)).item
+            return self.client.prepare(prompt, request, reply_to=inbox_name(batch_id)).item
         except InferqError as exc:
             return from_inferq(exc)
         except (TypeError, ValueError) as exc:  # not the SDK's own: still this line's fault

@@ -24,7 +24,7 @@ from inferq.gateway.streams import Slot, entry_key
 from inferq.openai.errors import ApiError, from_inferq, unavailable
 from inferq.openai.responses import finish_reason, usage_of
 from inferq.producer.aio import AsyncHandle
-from inferq.producer.common import raise_for_status
+from inferq.producer.replies import raise_for_status
 from inferq.producer.streaming import StreamEntry, StreamReader
 from inferq.protocol.codec import Result
 

@@ -44,8 +44,10 @@ from inferq import connection
 from inferq.connection import ConnectionSettings, wrap_connection_errors
 from inferq.errors import ResultTimeout
 from inferq.openai.errors import ApiError
-from inferq.producer.common import ClientOptions, block_timeout, parse_result
+from inferq.producer.options import ClientOptions
+from inferq.producer.replies import parse_result
 from inferq.producer.streaming import BLOCK_MS, READ_COUNT, StreamEntry, StreamReader
+from inferq.producer.waits import block_timeout
 from inferq.protocol.codec import Result
 from inferq.protocol.keys import QueueKeys
 from inferq.protocol.ops import as_str

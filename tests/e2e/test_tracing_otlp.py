@@ -22,7 +22,7 @@ from pydantic import SecretStr
 import inferq
 from inferq import tracing
 from inferq.gateway import GatewaySettings
-from inferq.producer.common import ClientOptions
+from inferq.producer.options import ClientOptions
 from inferq.protocol.keys import QueueKeys
 from tests.support.gateway import TOKEN, auth, serve
 from tests.support.otlp import Receiver, Span, receiver

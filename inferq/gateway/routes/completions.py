@@ -62,7 +62,7 @@ from inferq.openai.schemas import (
     CompletionResponse,
 )
 from inferq.producer.aio import AsyncHandle
-from inferq.producer.common import RequestState
+from inferq.producer.replies import RequestState
 from inferq.protocol.codec import Result
 from inferq.protocol.cost import DEFAULT_MAX_NEW_TOKENS
 from inferq.protocol.generation import GENERATE_TASK
