@@ -12,7 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.framework import Run, Scenario, positive_int, render
+from benchmarks.framework import Run, Scenario, render
+from benchmarks.harness import positive_int
 from tests.support.chaos import QUICK, SHORT, ChaosConfig, run_chaos
 
 

@@ -22,17 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.framework import (
-    BENCH_DIR,
-    ByMode,
-    Run,
-    Scenario,
-    flag,
+from benchmarks.framework import BENCH_DIR, ByMode, Run, Scenario, flag, render, switch
+from benchmarks.harness import (
+    BenchmarkFailed,
+    Cleanup,
+    markdown_table,
     positive_int,
-    render,
-    switch,
+    say,
+    verdict,
+    version,
 )
-from benchmarks.harness import BenchmarkFailed, Cleanup, markdown_table, say, verdict, version
 from benchmarks.stack import (
     free_port,
     gateway,

@@ -23,22 +23,15 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from benchmarks import charts, peers
-from benchmarks.framework import (
-    BENCH_DIR,
-    ByMode,
-    Run,
-    Scenario,
-    int_list,
-    noise_of,
-    positive_int,
-    render,
-)
+from benchmarks.framework import BENCH_DIR, ByMode, Run, Scenario, int_list, noise_of, render
 from benchmarks.harness import (
     BenchmarkFailed,
     Cleanup,
     fmt_range,
     markdown_table,
+    positive_int,
     say,
+    scaled,
     stop_child,
     summary,
     verdict,
@@ -61,7 +54,6 @@ from benchmarks.stack import (
     queue_probe,
     redis_delta,
     redis_snapshot,
-    scaled,
     served_s,
     spawn_workers,
     stop_all,

@@ -19,17 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from benchmarks.framework import (
-    ByMode,
-    Run,
-    Scenario,
-    flag,
-    noise_of,
+from benchmarks.framework import ByMode, Run, Scenario, flag, noise_of, render
+from benchmarks.harness import (
+    BenchmarkFailed,
+    Cleanup,
     positive_float,
     positive_int,
-    render,
+    say,
+    stop_child,
+    verdict,
 )
-from benchmarks.harness import BenchmarkFailed, Cleanup, say, stop_child, verdict
 from benchmarks.stack import (
     SleepWindow,
     add_worker_arguments,
