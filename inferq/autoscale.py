@@ -42,9 +42,8 @@ from typing import Any
 
 from inferq.plans import Plan, call
 from inferq.protocol.keys import QueueKeys
-from inferq.protocol.ops import as_str
 from inferq.protocol.settings import settings_from_hash
-from inferq.stats import live_workers
+from inferq.stats import new_windows
 
 DEFAULT_TARGET_WAIT_MS = 1000
 DEFAULT_IDLE_S = 300.0
@@ -204,12 +203,7 @@ class Tracker:
             seq += int(s or 0)
             backlog += int(pending) + int(delayed)
             inflight += int(running)
-            live = yield from live_workers(shard, now)
-            fresh = [w for w in live if w not in workers]
-            workers.update(fresh)
-            if fresh:
-                raws = yield [call("hgetall", shard.window(w)) for w in fresh]
-                windows += [{as_str(k): as_str(v) for k, v in r.items()} for r in raws]
+            windows += yield from new_windows(shard, now, workers)
         rate, idle = self.observe(keys.queue, now_s, seq, backlog, inflight,
                                   fit_from_windows(windows))
         fit = self.fit(keys.queue)

@@ -79,6 +79,19 @@ def live_workers(keys: QueueKeys, now: tuple[int, int] | None = None) -> Plan[li
     return sorted(as_str(w) for w in workers)
 
 
+def new_windows(shard: QueueKeys, now: tuple[int, int],
+                seen: set[str]) -> Plan[list[dict[str, str]]]:
+    """The published window states (``QueueKeys.window``) of ``shard``'s live workers not in
+    ``seen``, which they join: a worker that serves several shards counts once."""
+    live = yield from live_workers(shard, now)
+    fresh = [w for w in live if w not in seen]
+    seen.update(fresh)
+    if not fresh:
+        return []
+    raws = yield [call("hgetall", shard.window(w)) for w in fresh]
+    return [{as_str(k): as_str(v) for k, v in r.items()} for r in raws]
+
+
 def pending_by_priority(keys: QueueKeys) -> Plan[dict[int, int]]:
     """Count per priority band: one ZCOUNT per distinct priority present, not a scan. Each
     round trip counts one band and finds the first request of the next."""

@@ -8,10 +8,9 @@ from typing import Any
 
 from inferq.plans import Plan, call
 from inferq.protocol.keys import QueueKeys
-from inferq.protocol.ops import as_str
 from inferq.protocol.settings import settings_from_hash
 from inferq.protocol.slo import fleet_rate
-from inferq.stats import live_workers
+from inferq.stats import new_windows
 
 
 def read_settings(queue: QueueKeys) -> Plan[tuple[Any, float | None]]:
@@ -25,10 +24,5 @@ def read_settings(queue: QueueKeys) -> Plan[tuple[Any, float | None]]:
     seen: set[str] = set()
     windows: list[dict[str, str]] = []
     for shard in queue.shards(settings.claim_shards):
-        live = yield from live_workers(shard, now)
-        fresh = [w for w in live if w not in seen]
-        seen.update(fresh)
-        if fresh:
-            raws = yield [call("hgetall", shard.window(w)) for w in fresh]
-            windows += [{as_str(k): as_str(v) for k, v in r.items()} for r in raws]
+        windows += yield from new_windows(shard, now, seen)
     return raw, fleet_rate(windows)
