@@ -18,18 +18,12 @@ from inferq.producer.options import ClientOptions
 from inferq.producer.prepare import Prepared, prepare, prepare_many
 from inferq.producer.presence import WorkerPresence
 from inferq.producer.replies import check_full
-from inferq.producer.routing import SettingsCache, queue_of, route_many
+from inferq.producer.routing import SettingsCache, queue_of, route, route_many
 from inferq.protocol import ops
 from inferq.protocol.keys import QueueKeys
 from inferq.protocol.settings import QueueSettings
 
 H = TypeVar("H", bound=HandleBase[Any])
-
-#: ``warnings`` stacklevel of a ``NoWorkerWarning`` raised in ``_presence``: it names the
-#: caller of ``enqueue`` (or ``enqueue_many``): warn_about, _presence, _enqueue_plan (or
-#: _enqueue_many_plan), _enqueue (or _enqueue_many), the driver's step and run, the client's
-#: ``_run``, its ``enqueue``, and then the caller.
-WARN_STACKLEVEL = 9
 
 
 class ClientBase(Generic[H]):
@@ -69,40 +63,47 @@ class ClientBase(Generic[H]):
     def _settings_plan(self, keys: QueueKeys) -> Plan[QueueSettings]:
         """The queue's settings (shards, depth limit), cached ``options.settings_ttl_s``."""
         queue = queue_of(keys)
-        known = self._settings.get(queue)
-        if known is None:
-            known = self._settings.put(queue, *(yield from admission.read_settings(queue)))
-        return known
+        return self._settings.get(queue) or self._settings.put(
+            queue, *(yield from admission.read_settings(queue)))
 
     def _route(self, prepared: list[Prepared]) -> Plan[list[Prepared]]:
+        # The cache is asked before a plan is made: a hit (nearly every call) costs no plan.
         settings: dict[int, QueueSettings] = {}
         for p in prepared:
             if id(p.keys) not in settings:
-                settings[id(p.keys)] = yield from self._settings_plan(p.keys)
+                settings[id(p.keys)] = (self._settings.get(queue_of(p.keys))
+                                        or (yield from self._settings_plan(p.keys)))
         return route_many(prepared, lambda keys: settings[id(keys)], self.options)
 
-    def _presence(self, queues: Iterable[QueueKeys]) -> Plan[None]:
-        if due := self.presence.due(queues):  # at most every few seconds per queue
-            idle = yield from self.presence.check(due)
-            self.presence.warn_about(idle, stacklevel=WARN_STACKLEVEL)
+    def _presence(self, due: list[QueueKeys]) -> Plan[None]:
+        """The presence check of the queues ``due`` (``presence.due``, asked by the caller:
+        at most every few seconds per queue)."""
+        idle = yield from self.presence.check(due)
+        self.presence.warn_about(idle)
 
     def _enqueue(self, prompt: str, request: Mapping[str, Any]) -> Plan[H]:
         tracer = tracing.tracer()
         if tracer is None:
-            return (yield from self._enqueue_plan(prompt, request))
+            return self._enqueue_plan(prompt, request)
+        return self._traced_enqueue(tracer, prompt, request)
+
+    def _traced_enqueue(self, tracer: Any, prompt: str, request: Mapping[str, Any]) -> Plan[H]:
         with send.traced(tracer, "enqueue", [""], request) as (span, context):
             handle = yield from self._enqueue_plan(prompt, {**request, **context})
             span.set_attribute("messaging.message.id", handle.id)
             return handle
 
     def _enqueue_plan(self, prompt: str, request: Mapping[str, Any]) -> Plan[H]:
-        (p,) = yield from self._route([prepare(prompt, request, self.options,
-                                               reply_to=self.client_id)])
+        p = prepare(prompt, request, self.options, reply_to=self.client_id)
+        settings = (self._settings.get(queue_of(p.keys))
+                    or (yield from self._settings_plan(p.keys)))
+        p = route(p, settings, self.options)
         (raw,) = yield from send.enqueue(self.redis, self.scripts["enqueue"],
                                          [(p.keys, [p.item])], self.options)
         reply = ops.parse_enqueue(raw)
         check_full(reply, p, self.options)
-        yield from self._presence([p.keys])
+        if due := self.presence.due([p.keys]):
+            yield from self._presence(due)
         handle = self._made(p.keys, p.item.id, reply.outcomes[0])
         handle.predicted_ms = reply.predicted_ms.get(0)
         return handle
@@ -111,7 +112,11 @@ class ClientBase(Generic[H]):
                       defaults: Mapping[str, Any]) -> Plan[list[H]]:
         tracer = tracing.tracer()
         if tracer is None:
-            return (yield from self._enqueue_many_plan(requests, atomic, defaults))
+            return self._enqueue_many_plan(requests, atomic, defaults)
+        return self._traced_enqueue_many(tracer, requests, atomic, defaults)
+
+    def _traced_enqueue_many(self, tracer: Any, requests: Iterable[str | Mapping[str, Any]],
+                             atomic: bool, defaults: Mapping[str, Any]) -> Plan[list[H]]:
         if isinstance(requests, Iterable) and not isinstance(requests, Sequence | Mapping):
             requests = list(requests)  # read twice: by the span, and to enqueue
         with send.traced(tracer, "enqueue_many", requests, defaults) as (_, context):
@@ -130,7 +135,8 @@ class ClientBase(Generic[H]):
             [(keys, [prepared[i].item for i in indices]) for keys, indices in groups.items()],
             self.options, atomic)
         handles = send.collect_handles(prepared, groups, replies, self.options, self._made)
-        yield from self._presence(groups)
+        if due := self.presence.due(groups):
+            yield from self._presence(due)
         return handles
 
     def _enqueue_items(self, keys: QueueKeys,
