@@ -11,20 +11,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def reference() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("docs_reference",
-                                                  ROOT / "docs" / "hooks" / "reference.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.support.docs import ROOT, reference
 
 
 def test_cli_page_has_every_command() -> None:
