@@ -29,7 +29,7 @@ TESTED_END_TO_END = {"tour.py"}
 def run_example(name: str, env: dict[str, str], r: redis.Redis | None = None,
                 timeout_s: float = 60, keys: QueueKeys = EMBED) -> str:
     """Run ``docs/examples/NAME`` from a scratch folder; while it runs, answer every request
-    it queued on ``embed:echo``. Its stdout."""
+    it queued on ``keys`` (``embed:echo`` by default). Its stdout."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("INFERQ_", "OPENAI_"))}
     environ.update(env, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, str(EXAMPLES / name)], cwd=EXAMPLES, env=environ,
@@ -74,7 +74,8 @@ def test_own_model() -> None:
 def test_openai_embeddings(gateway: str, r: redis.Redis) -> None:
     pytest.importorskip("openai")
     out = run_example("openai_embeddings.py",
-                      {"OPENAI_BASE_URL": gateway, "OPENAI_API_KEY": TOKEN}, r)
+                      {"OPENAI_BASE_URL": gateway, "OPENAI_API_KEY": TOKEN}, r,
+                      keys=QueueKeys.for_model("embed", "minilm"))
     assert out.splitlines() == [f"0 {vector_of('The cat sat on the mat.')}",
                                 f"1 {vector_of('Hello')}"]
 
