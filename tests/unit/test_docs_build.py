@@ -6,6 +6,7 @@ its place."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.docs import ROOT, reference
+from tests.support.docs import ROOT, code_blocks, reference
 
 
 def test_cli_page_has_every_command() -> None:
@@ -73,3 +74,16 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
     assert "enqueue_many" in (site / "getting-started" / "index.html").read_text()
     # no fonts or scripts from the internet
     assert not any("fonts.googleapis" in p.read_text() for p in site.rglob("*.html"))
+
+
+def test_every_python_block_of_the_pages_parses() -> None:
+    """Whole examples are files (``docs/examples``, run by tests); the fragments written into
+    the pages (a call or two, for an API's shape) are at least Python."""
+    fragments = 0
+    for page in (ROOT / "docs").rglob("*.md"):
+        for block in code_blocks(page.read_text(encoding="utf-8"), "python"):
+            if block.startswith("--8<--"):
+                continue
+            ast.parse(block, filename=str(page))
+            fragments += 1
+    assert fragments >= 5
