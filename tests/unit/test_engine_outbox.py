@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from inferq.worker.generate import wire
-from inferq.worker.generate.engine_process import Outbox
+from inferq.worker.generate.engine_core import Outbox
 from inferq.worker.generate.steploop import StepOutput
 
 TIMEOUT_S = 30.0

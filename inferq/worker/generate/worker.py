@@ -40,7 +40,7 @@ from inferq.worker.core.results import (
 )
 from inferq.worker.core.wake import wait_any
 from inferq.worker.generate.engine import Engine, Generation
-from inferq.worker.generate.engine_process import EngineProcess, EngineSpec
+from inferq.worker.generate.engine_client import EngineProcess
 from inferq.worker.generate.publisher import (
     PUBLISHER_SCRIPTS,
     StreamClaim,
@@ -53,6 +53,7 @@ from inferq.worker.generate.settings import GenerationSettings, describe_budget
 from inferq.worker.generate.stats import GenerationStats
 from inferq.worker.generate.steploop import StepLoop, Steps
 from inferq.worker.generate.vllm.sampling import check_supported
+from inferq.worker.generate.wire import EngineSpec
 from inferq.worker.models.lm import CausalLM
 
 log = logging.getLogger("inferq.worker")
