@@ -2,14 +2,11 @@
 side): the model, its KV cache and the step loop (``StepLoop`` over ``Engine``: scheduler,
 admission, sampling, detokenization, stop strings), fed from the pipe in ``wire``'s messages.
 
-One thread sends: the sender. The step loop's events (a cancellation applied, capacity, a
-failed step) and the replies of the pipe reader are queued in the outbox behind the step outputs
-that came before them, and the sender writes them in that order, merging every step output that
-queued meanwhile into one ``Steps`` message: a busy worker costs the model nothing but a pipe
-write per message, and the step thread never waits for the pipe. The sender is the only consumer
-of the step loop's outputs that arms it (asks to be woken by the next output); whatever takes
-outputs otherwise wakes the sender, which takes and arms again, so no output waits for a later
-event to leave.
+Its messages to the worker go through the ``Outbox``: in order (an event after the step
+outputs before it), few (step outputs merged into one ``Steps`` message at most once per stream
+interval; replies, failures and freed slots at once), and written by whichever thread has them
+while the pipe has room, by the sender thread otherwise, so the step thread never waits for the
+pipe and wakes no thread per step.
 
 The engine ignores SIGINT/SIGTERM (the worker decides when it drains) and exits when the
 worker's end of the pipe closes.
@@ -20,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -52,61 +50,166 @@ def step_record(out: StepOutput) -> wire.StepRecord:
                        g.logprob_output) for g in out.finished])
 
 
-class Outbox:
-    """The engine process' messages to the worker, in order, sent by one thread.
+def pipe_writable(conn: Connection) -> Callable[[], bool]:
+    """Whether ``conn`` takes a write now without blocking (room in its socket buffer)."""
+    fd = conn.fileno()
 
-    ``put`` queues an event behind the step outputs taken before it; the sender (``run``)
-    takes every queued message and every new step output, arming the step loop when there is
-    none, and writes them, in order. Nothing but the sender writes to the pipe."""
+    def writable() -> bool:
+        return bool(select.select((), (fd,), (), 0)[1])
+    return writable
+
+
+#: Replies and failures, and the first and last messages: written at once. Step outputs wait
+#: for the outbox's gap; a ``Capacity`` waits too unless it frees slots or the engine is idle
+#: (``Outbox._urgent``).
+URGENT = (wire.Ready, wire.Cancelled, wire.Failed, wire.OutOfMemory, wire.Withdrawn,
+          wire.Stopped)
+
+
+class Outbox:
+    """The engine process' messages to the worker, in order, and few of them.
+
+    Every message costs the step thread more than its system call: waking another thread or
+    the worker process' reader on a busy machine hands the CPU and the GIL over and back, and
+    at one message per step it cost a tiny model about a tenth of its steps. So step outputs
+    are merged into one ``Steps`` message at most once per ``gap_s`` (the worker writes streams
+    at most once per stream interval anyway), and so is a ``Capacity`` that frees no slot; a
+    step that admitted sequences (their first tokens: time to first token is not paced), a
+    message that frees slots, answers the worker, ends something (``URGENT``) or leaves the
+    engine idle goes at once, with every output before it. No timer ends the gap (a timer is
+    a thread woken): the first output after it does, so an output waits at most the gap and
+    one step. The messages keep their order: an event goes after the outputs taken before it.
+
+    Whoever has something to send (the step thread at its output, the pipe reader replying,
+    an event) writes it itself while the pipe has room and the sender thread is idle; the
+    sender thread (``run``) writes only what finds the pipe full (the worker slow to read) or
+    the sender busy, and the last message, so the step thread never waits for the pipe. The
+    step loop's outputs are taken with ``arm``: its next output calls ``outputs_ready`` again
+    (which only gathers it while the gap runs)."""
 
     def __init__(self, conn: Connection, steps: StepLoop,
-                 state: Callable[[], wire.EngineState]) -> None:
+                 state: Callable[[], wire.EngineState], *, gap_s: float = 0.0,
+                 writable: Callable[[], bool] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.conn = conn
         self.steps = steps
         self.state = state
+        self.gap_s = gap_s
+        self.writable = pipe_writable(conn) if writable is None else writable
+        self.clock = clock
         self._lock = threading.Lock()
-        self._queue: list[wire.ToWorker] = []
+        #: Messages, and the step records of one ``Steps`` message still being gathered.
+        self._queue: list[wire.ToWorker | list[wire.StepRecord]] = []
+        self._last_write = -gap_s
+        #: The sender writes next: a full pipe, or messages queued while it was writing.
+        self._handoff = False
+        #: The sender is writing (outside the lock): others queue behind it.
+        self._busy = False
+        #: Free slots as of the last state written (a ``Capacity`` with more is urgent).
+        self._free = 0
+        #: A gathered step admitted sequences: the next flush writes at once.
+        self._firsts = False
         self._wake = threading.Event()
         self._closed = False
 
     def put(self, message: wire.ToWorker) -> None:
-        """Queue ``message`` after the step outputs so far (any thread; never blocks)."""
+        """Send ``message`` after the step outputs so far (any thread; never blocks on the
+        pipe)."""
         with self._lock:
-            self._take(arm=False)
+            self._take()
             self._queue.append(message)
-        self._wake.set()
+            self._flush(urgent=self._urgent(message))
 
     def outputs_ready(self) -> None:
-        """The step loop's ``outputs_ready``: the armed sender has outputs to send."""
-        self._wake.set()
+        """The step loop's ``outputs_ready``: gather its new outputs, and send them once the
+        gap is over."""
+        with self._lock:
+            self._take()
+            self._flush(urgent=False)
 
     def close(self, message: wire.ToWorker) -> None:
-        """``message`` is the last one: the sender sends it and returns."""
+        """``message`` is the last one: the sender sends what is queued, then it, and returns."""
         with self._lock:
-            self._take(arm=False)
+            self._take()
             self._queue.append(message)
             self._closed = True
         self._wake.set()
 
-    def _take(self, *, arm: bool) -> None:
-        """(Holding the lock.) Queue the step outputs so far as one ``Steps`` message."""
-        outs = self.steps.take_outputs(arm=arm)
-        if outs:
-            self._queue.append(wire.Steps([step_record(out) for out in outs], self.state()))
+    def _urgent(self, message: wire.ToWorker) -> bool:
+        if isinstance(message, wire.Capacity):
+            return message.state.running == 0 or _free(message.state) > self._free
+        return isinstance(message, URGENT)
+
+    def _take(self) -> None:
+        """(Holding the lock.) Gather the step outputs so far into the ``Steps`` message being
+        gathered, and arm the step loop for the next one (a take that finds outputs disarms
+        it)."""
+        records: list[wire.StepRecord] = []
+        while more := self.steps.take_outputs(arm=True):
+            records += [step_record(out) for out in more]
+        if not records:
+            return
+        self._firsts = self._firsts or any(r.admitted for r in records)
+        if self._queue and isinstance(last := self._queue[-1], list):
+            last += records
+        else:
+            self._queue.append(records)
+
+    def _flush(self, *, urgent: bool) -> None:
+        """(Holding the lock.) Write the queue here if it is time, the pipe has room and the
+        sender is idle; else leave it to the first output after the gap, or to the sender."""
+        if not self._queue or self._closed:
+            return
+        if not (urgent or self._firsts) and self.clock() < self._last_write + self.gap_s:
+            return  # the first output after the gap takes it along
+        if self._busy or not self.writable():
+            self._handoff = True
+            self._wake.set()
+            return
+        batch, self._queue = self._queue, []
+        self._firsts = False
+        try:
+            self._write(batch)
+        except (OSError, ValueError):
+            # The worker is gone: its pipe's end closed. The pipe reader sees it too, and the
+            # process exits; nothing is sent after this.
+            self._closed = True
+
+    def _write(self, batch: list[wire.ToWorker | list[wire.StepRecord]]) -> None:
+        for item in batch:
+            if isinstance(item, list):
+                state = self.state()
+                self._free = _free(state)
+                item = wire.Steps(item, state)
+            elif isinstance(item, wire.Capacity):
+                self._free = _free(item.state)
+            self.conn.send_bytes(wire.encode(item))
+        self._last_write = self.clock()
 
     def run(self) -> None:
+        """The sender: writes what could not be written at once, and the last message."""
         while True:
+            self._wake.wait()
+            self._wake.clear()
             with self._lock:
-                self._take(arm=not self._closed)
-                batch, self._queue = self._queue, []
                 last = self._closed
-            for message in batch:
-                self.conn.send_bytes(wire.encode(message))
+                if not (last or self._handoff):
+                    continue
+                self._take()
+                batch, self._queue = self._queue, []
+                self._handoff, self._busy, self._firsts = False, True, False
+            try:
+                self._write(batch)
+            finally:
+                with self._lock:
+                    self._busy = False
             if last:
                 return
-            if not batch:
-                self._wake.wait()
-                self._wake.clear()
+
+
+def _free(state: wire.EngineState) -> int:
+    """Slots free after the step in flight, as ``state`` tells."""
+    return state.max_slots - state.running + state.due
 
 
 class _EngineSide:
@@ -148,7 +251,10 @@ class _EngineSide:
                  lm.device, self.load_s, spec.engine, describe_budget(budget, lm.kv))
         self.steps = StepLoop(self.engine, self, max_preemptions=spec.settings.max_preemptions,
                               swap_bytes=swap_bytes)
-        self.outbox = Outbox(conn, self.steps, self._state)
+        # Step outputs leave at most once per stream interval: the worker writes streams no
+        # more often (``Outbox``).
+        self.outbox = Outbox(conn, self.steps, self._state,
+                             gap_s=spec.settings.stream_interval_ms / 1e3)
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             wire.Submit: self._on_submit, wire.Cancel: self._on_cancel,
             wire.Withdraw: self._on_withdraw, wire.Stop: self._on_stop,
@@ -167,6 +273,8 @@ class _EngineSide:
     def left(self, gone: list[Generation]) -> None:
         lags = self.steps.cancel_lags
         self.outbox.put(wire.Cancelled([g.id for g in gone], lags[-1] if lags else 0))
+        # Their slots are free now: the worker counts them at once, not at the next step.
+        self.outbox.put(wire.Capacity(self._state()))
 
     def capacity_changed(self) -> None:
         self.outbox.put(wire.Capacity(self._state()))
