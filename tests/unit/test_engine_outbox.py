@@ -244,21 +244,30 @@ def test_what_answers_frees_or_ends_goes_at_once_with_the_outputs_before_it(
         assert [type(m) for m in conn.sent][-2:] == [type(message), wire.Steps]
 
 
-def test_a_step_that_admitted_sequences_leaves_at_once_with_their_first_tokens() -> None:
+@pytest.mark.parametrize("starts", [True, False], ids=["admitted", "finished"])
+def test_a_step_that_admitted_or_finished_sequences_leaves_at_once(starts: bool) -> None:
     steps, conn, outbox, _ = paced(0.025)
     outbox.put(wire.Ready(wire.BudgetSpec(4, 1024, 512), 0.1))
     steps.produce()  # within the gap: gathered
+    gen = Gen("g")
     with steps.lock:
         steps.step += 1
-        steps.outputs.append(StepOutput([], [], 1, 5, 0.001, step=steps.step,
-                                        entered=[Gen("new")]))  # type: ignore[list-item]
+        steps.outputs.append(StepOutput(  # type: ignore[list-item]
+            [], [] if starts else [gen], 1, 5, 0.001, step=steps.step,
+            entered=[gen] if starts else []))
         notify, steps.armed = steps.armed, False
     assert notify
     outbox.outputs_ready()
     assert steps_messages(conn) == [[1, 2]]
-    assert conn.sent[-1].steps[-1].admitted == ["new"]  # type: ignore[union-attr]
+    last = conn.sent[-1].steps[-1]  # type: ignore[union-attr]
+    assert (last.admitted, [f.id for f in last.finished]) == ((["g"], []) if starts
+                                                              else ([], ["g"]))
 
 
 class Gen:
     def __init__(self, id: str) -> None:
         self.id = id
+        self.finish = None
+        self.detok = self
+        self.text = "done"
+        self.logprob_output = None

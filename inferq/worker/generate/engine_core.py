@@ -4,9 +4,9 @@ admission, sampling, detokenization, stop strings), fed from the pipe in ``wire`
 
 Its messages to the worker go through the ``Outbox``: in order (an event after the step
 outputs before it), few (step outputs merged into one ``Steps`` message at most once per stream
-interval; replies, failures and freed slots at once), and written by whichever thread has them
-while the pipe has room, by the sender thread otherwise, so the step thread never waits for the
-pipe and wakes no thread per step.
+interval; first tokens, finished sequences, replies, failures and freed slots at once), and
+written by whichever thread has them while the pipe has room, by the sender thread otherwise,
+so the step thread never waits for the pipe and wakes no thread per step.
 
 The engine ignores SIGINT/SIGTERM (the worker decides when it drains) and exits when the
 worker's end of the pipe closes.
@@ -74,7 +74,7 @@ class Outbox:
     at one message per step it cost a tiny model about a tenth of its steps. So step outputs
     are merged into one ``Steps`` message at most once per ``gap_s`` (the worker writes streams
     at most once per stream interval anyway), and so is a ``Capacity`` that frees no slot; a
-    step that admitted sequences (their first tokens: time to first token is not paced), a
+    step that admitted or finished sequences (first tokens and results are not paced), a
     message that frees slots, answers the worker, ends something (``URGENT``) or leaves the
     engine idle goes at once, with every output before it. No timer ends the gap (a timer is
     a thread woken): the first output after it does, so an output waits at most the gap and
@@ -107,7 +107,7 @@ class Outbox:
         self._busy = False
         #: Free slots as of the last state written (a ``Capacity`` with more is urgent).
         self._free = 0
-        #: A gathered step admitted sequences: the next flush writes at once.
+        #: A gathered step admitted or finished sequences: the next flush writes at once.
         self._firsts = False
         self._wake = threading.Event()
         self._closed = False
@@ -149,7 +149,7 @@ class Outbox:
             records += [step_record(out) for out in more]
         if not records:
             return
-        self._firsts = self._firsts or any(r.admitted for r in records)
+        self._firsts = self._firsts or any(r.admitted or r.finished for r in records)
         if self._queue and isinstance(last := self._queue[-1], list):
             last += records
         else:
