@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import random
 import statistics
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,7 +223,9 @@ def engine_alone(source: str, items: Sequence[Item], warm: Sequence[Item], *,
         serve_engine(engine, generations(warm, "warm"))
         steps, decoded = engine.steps, engine.decoded_tokens
         gens = generations(items, "r")
+        cpu = time.process_time()
         start, admitting = serve_engine(engine, gens, [item.at_s for item in items])
+        cpu = time.process_time() - cpu  # the engine's CPU: no other thread runs
         arrived = [start + item.at_s for item in items]
         finished = [g.finished_at or start for g in gens]
         ttft = [((g.first_token_at or start) - t) * 1e3 for g, t in zip(gens, arrived, strict=True)]
@@ -233,7 +236,7 @@ def engine_alone(source: str, items: Sequence[Item], warm: Sequence[Item], *,
                             [round(g.batch_sum / max(g.steps, 1)) for g in gens]),
                  "steps": engine.steps - steps, "admission_steps": admitting,
                  "decoded_tokens": engine.decoded_tokens - decoded,
-                 "torch_threads": torch.get_num_threads()}
+                 "torch_threads": torch.get_num_threads(), "cpu_s": round(cpu, 4)}
         return stats, [list(g.tokens) for g in gens]
 
 
@@ -291,7 +294,12 @@ def _ratios(entry: Mapping[str, Any]) -> dict[str, float | None]:
                   med("continuous", "ttft_ms", "p50"), med("request", "ttft_ms", "p50")),
               "vs_bs1": ratio(cb, bs1), "vs_engine_alone": ratio(cb, alone),
               "process_vs_request": ratio(proc, req),
-              "process_vs_engine_alone": ratio(proc, alone), "process_vs_thread": ratio(proc, cb)}
+              "process_vs_engine_alone": ratio(proc, alone), "process_vs_thread": ratio(proc, cb),
+              "process_engine_cpu": ratio(median_of(
+                  [t["cpu"]["engine"] / t["useful_tokens"] for t in entry["variants"].get(
+                      "process", []) if t["cpu"].get("engine")]), median_of(
+                  [t["cpu_s"] / t["useful_tokens"] for t in entry["engine_alone"]
+                   if t.get("cpu_s")]))}
     return {k: v for k, v in ratios.items() if v is not None}
 
 

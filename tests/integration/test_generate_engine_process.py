@@ -19,7 +19,7 @@ import torch
 import inferq
 from inferq.protocol.keys import QueueKeys
 from inferq.worker.generate import wire
-from inferq.worker.generate.engine_process import EngineProcess
+from inferq.worker.generate.engine_client import EngineProcess
 from inferq.worker.generate.settings import GenerationSettings
 from inferq.worker.models.lm import CausalLM, WeightsNotLoaded
 from tests.support.generation import MODEL, WORDS, greedy_reference

@@ -34,7 +34,7 @@ round. The benchmark (``engines``) measures what that costs (RESULTS.md): next t
 the engine loses a clear share of its speed, next to a busy process far less. So, as vLLM's
 engine core does, the loop runs by default in a child process of its own
 (``GenerationSettings.engine_process``, ``inferq worker --engine-process``):
-``engine_process.EngineProcess`` spawns it (``spawn``, never ``fork``: a CUDA context does not
+``engine_client.EngineProcess`` spawns it (``spawn``, never ``fork``: a CUDA context does not
 survive a fork), the child loads the model and runs ``StepLoop`` over this ``Engine``; the
 worker process keeps claims, stream writes, results, leases, cancellation and metrics. The
 weights live only in the child: the worker process loads the tokenizer and configs

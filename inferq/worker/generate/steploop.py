@@ -88,7 +88,7 @@ class StepOutput:
 
 class Steps(Protocol):
     """What the worker drives: ``StepLoop`` (a thread of the worker process) or
-    ``engine_process.EngineProcess`` (the same loop in a child process)."""
+    ``engine_client.EngineProcess`` (the same loop in a child process)."""
 
     def start(self) -> None: ...
     def submit(self, generations: Sequence[Generation]) -> None: ...
@@ -165,7 +165,7 @@ class StepLoop:
     def take_outputs(self, *, arm: bool) -> list[StepOutput]:
         """Outputs so far, oldest first; with ``arm``, ``outputs_ready`` fires at the next one
         if there is none now. Without ``arm`` it will not fire: whoever takes outputs that way
-        must come back with ``arm`` (one consumer loops; see ``engine_process``)."""
+        must come back with ``arm`` (one consumer loops; see ``engine_core``)."""
         with self._cond:
             out = list(self._outputs)
             self._outputs.clear()
@@ -215,7 +215,7 @@ class StepLoop:
 
     async def withdraw(self, predicate: Callable[[Generation], bool] | None = None
                        ) -> list[Generation]:
-        """``take_waiting``, as ``engine_process.EngineProcess`` offers it."""
+        """``take_waiting``, as ``engine_client.EngineProcess`` offers it."""
         return self.take_waiting(predicate)
 
     def take_waiting(self, predicate: Callable[[Generation], bool] | None = None

@@ -7,6 +7,8 @@ the other did not) fails to decode with ``msgspec.ValidationError`` instead of b
 shifted. Each side decodes only the kinds it may receive (``ToEngine``, ``ToWorker``) and
 dispatches them through a table keyed by type.
 
+At the spawn: ``EngineSpec`` (the model the engine process loads, and its settings).
+
 worker -> engine: ``Submit`` (generations to run, with the tokens a previous attempt streamed),
 ``Cancel``, ``Withdraw`` (waiting generations taken back) and ``Stop`` (drain).
 
@@ -23,9 +25,13 @@ batch at that step's boundary (it keeps its tokens and waits in the engine); whe
 from __future__ import annotations
 
 import enum
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+
+if TYPE_CHECKING:
+    from inferq.worker.generate.settings import GenerationSettings
 
 
 class Kind(enum.IntEnum):
@@ -50,6 +56,28 @@ class _Part(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=
 class _Message(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True,
                tag_field="kind"):
     """A message: its ``Kind`` travels as the array's first element."""
+
+
+# ----------------------------------------------------------------------- at the spawn
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """What the engine process loads: the model (as ``CausalLM`` takes it), and the settings
+    it sizes its budget from once the weights are loaded."""
+
+    path: str
+    device: str
+    #: As asked for (``auto``, ``float32``...): resolved here, after the device is in use.
+    dtype: str
+    model_id: str
+    settings: GenerationSettings
+    torch_threads: int
+    log_level: int
+    #: ``transformers`` (``Engine``) or ``vllm`` (``vllm.engine.VllmEngine``), and the vLLM
+    #: ``EngineArgs`` given with ``--vllm-option``.
+    engine: str = "transformers"
+    vllm_options: dict[str, Any] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------- parts of messages

@@ -40,7 +40,7 @@ from inferq.worker.core.results import (
 )
 from inferq.worker.core.wake import wait_any
 from inferq.worker.generate.engine import Engine, Generation
-from inferq.worker.generate.engine_process import EngineProcess, EngineSpec
+from inferq.worker.generate.engine_client import EngineProcess
 from inferq.worker.generate.publisher import (
     PUBLISHER_SCRIPTS,
     StreamClaim,
@@ -48,11 +48,12 @@ from inferq.worker.generate.publisher import (
     claim_of,
     streamed,
 )
-from inferq.worker.generate.scheduler import Budget
+from inferq.worker.generate.scheduler import Budget, preemptible
 from inferq.worker.generate.settings import GenerationSettings, describe_budget
 from inferq.worker.generate.stats import GenerationStats
 from inferq.worker.generate.steploop import StepLoop, Steps
 from inferq.worker.generate.vllm.sampling import check_supported
+from inferq.worker.generate.wire import EngineSpec
 from inferq.worker.models.lm import CausalLM
 
 log = logging.getLogger("inferq.worker")
@@ -236,24 +237,25 @@ class GenerationWorker(QueueWorker[Generation]):
 
     async def _claim_preempting(self) -> bool:
         """Every slot is taken: read the head of pending (every shard, one round trip) and,
-        when it has strictly higher priority than running sequences that may still be
-        preempted, claim as many requests of that priority as there are such sequences (less
-        those already waiting in the engine for them). The engine preempts for them at its
+        when running sequences may be preempted for it (``scheduler.preemptible``, the rule the
+        engine applies), claim as many requests of that priority as there are such sequences
+        (less those already waiting in the engine for them). The engine preempts for them at its
         next step boundary. True when something was claimed."""
         self._head_read_at = self.clock()
         running, waiting = self.steps.held()
         if any(g.alone for g in (*running, *waiting)):
             return False  # nothing joins a batch that drains for a request running alone
         limit = self.settings.max_preemptions
-        preemptible = [g.priority for g in running if g.preemptions < limit]
-        if not preemptible:
+        if not preemptible(running, None, max_preemptions=limit):
             return False
         head = await self.link.head_priority()
         self.stats.head_reads += 1
-        if head is None or head <= min(preemptible):
+        if head is None:
             return False
-        count = (sum(1 for p in preemptible if p < head)
-                 - sum(1 for g in waiting if g.priority >= head))
+        victims = preemptible(running, head, max_preemptions=limit)
+        if not victims:
+            return False
+        count = len(victims) - sum(1 for g in waiting if g.priority >= head)
         if count <= 0:
             return False
         return await self._claim_free(count, min_priority=head) > 0
