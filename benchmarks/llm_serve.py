@@ -285,7 +285,7 @@ class LlmServe(Scenario[LlmServeConfig]):
         prompts = random_prompts(model_path, cfg.num_prompts, cfg.input_len)
         _server, url = run.server(appendonly=False)
         _, port = gateway(run.cleanup, url, run.log_dir,
-                          env={"INFERQ_GATEWAY_TIMEOUT_S": "1800"},
+                          env={"INFERQ_GATEWAY_TIMEOUT_S": "600"},
                           args=["--log-level", "warning"])
         servers = [*([] if cfg.skip_vllm_serve else ["vllm-serve"]), *engines]
         trials: dict[str, list[dict[str, Any]]] = {s: [] for s in servers}
