@@ -116,6 +116,8 @@ class GenerationWorker(QueueWorker[Generation]):
 
     async def _start(self) -> None:
         self._nudge = asyncio.Event()
+        #: Set once an engine process is ready (its first ``Ready``).
+        self._engine_up = asyncio.Event()
         events = _LoopEvents(self, asyncio.get_running_loop())
         self.steps: Steps
         if self.settings.engine_process:
@@ -133,6 +135,21 @@ class GenerationWorker(QueueWorker[Generation]):
         self.publisher = StreamPublisher(self.link, self.stats, self.steps, pipeline,
                                          self.settings.stream_interval_ms / 1e3,
                                          self.budget.max_slots)
+        if isinstance(self.steps, EngineProcess):
+            self.steps.start()
+            await self._engine_ready()
+
+    async def _engine_ready(self) -> None:
+        """Until the engine process has loaded the model (vLLM: compiled and warmed up) and
+        sized its budget, or a stop. ``_start`` runs before the worker registers its queue and
+        beats its first heartbeat: a worker whose engine cannot serve yet is not advertised
+        (not live in ``inferq stats`` or the autoscaling signal, its model not in the
+        gateway's ``/v1/models``), so no client sends a burst that would wait for the load."""
+        assert self._stopping is not None
+        started = self.clock()
+        await wait_any((self._engine_up, self._stopping))
+        if self._engine_up.is_set():
+            log.info("engine ready after %.1f s: advertising the worker", self.clock() - started)
 
     def _engine_spec(self) -> EngineSpec:
         import torch
@@ -171,7 +188,8 @@ class GenerationWorker(QueueWorker[Generation]):
         return {"steps": self.stats.steps, "running": self.steps.running_count}
 
     async def _serve(self) -> None:
-        self.steps.start()
+        if not isinstance(self.steps, EngineProcess):  # an engine process started in _start
+            self.steps.start()
         waker = asyncio.create_task(self._wake_loop(), name="wake loop")
         publisher = asyncio.create_task(self.publisher.run(), name="stream publisher")
         self._helpers = (waker, publisher)
@@ -519,6 +537,7 @@ class _LoopEvents:
 
     def ready(self, budget: Budget) -> None:
         self._worker._adopt_budget(budget)  # before capacity may say > 0: at once
+        self._loop.call_soon_threadsafe(self._worker._engine_up.set)
 
     def loop_failed(self, error: BaseException) -> None:
         self._loop.call_soon_threadsafe(self._worker._on_loop_failed, error)
