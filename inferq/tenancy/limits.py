@@ -27,6 +27,7 @@ from typing import Any, Literal
 from inferq import cluster
 from inferq.cluster import ScriptCall
 from inferq.errors import ValidationError
+from inferq.protocol.codec import Result, Status
 from inferq.protocol.keys import DEFAULT_NAMESPACE, TenancyKeys
 from inferq.protocol.ops import as_str
 from inferq.tenancy.limit_scripts import ADMIT, SETTLE
@@ -51,6 +52,8 @@ class Admission:
     limit: LimitName | None = None
     #: On refusal: whole seconds until every refusing limit could admit (at least 1).
     retry_after_s: int = 0
+    #: The same in milliseconds, as the script computed it (for a waiting batch).
+    retry_after_ms: int = 0
     requests_limit: int | None = None
     requests_remaining: int = 0
     #: ms until the requests bucket is full again (refused: until it holds the need).
@@ -93,6 +96,17 @@ class Admission:
 UNLIMITED = Admission(admitted=True)
 
 
+def actual_tokens(result: Result) -> int | None:
+    """The tokens a finished request used: prompt + completion for a generation, the input
+    tokens for embeddings; None (keep the estimate) for an ``ok`` result with neither, 0 for
+    one that produced no output (failed, cancelled, expired, dead)."""
+    if result.usage is not None:
+        return result.usage.total_tokens
+    if result.input_tokens is not None:
+        return result.input_tokens
+    return None if result.status is Status.OK else 0
+
+
 def split(total: int, parts: int) -> list[int]:
     """``total`` in ``parts`` integers that differ by at most one and sum to it."""
     base, extra = divmod(max(0, total), parts)
@@ -110,6 +124,7 @@ def parse_admission(principal: Principal, reply: Any, asked: tuple[int, int, int
     return Admission(
         admitted=admitted, limit=limit if limit in LIMIT_NAMES else None,
         retry_after_s=0 if admitted else max(1, math.ceil(int(reply[2]) / 1000)),
+        retry_after_ms=0 if admitted else max(1, int(reply[2])),
         requests_limit=principal.requests_per_minute,
         requests_remaining=max(0, int(reply[3])), requests_reset_ms=max(0, int(reply[4])),
         tokens_limit=principal.tokens_per_minute,
