@@ -7,10 +7,12 @@ reservations are then left for the next admission, which ignores them in its cou
 
 * KEYS[1] bucket (``rq``, ``tk``: bucket levels; ``ts``: their last refill, ms; ``qb``: bytes
   held), KEYS[2] in-flight (id -> expiry ms), KEYS[3] reservations (id -> ``"<tokens> <bytes>"``)
-* ARGV[1] requests per minute, ARGV[2] tokens per minute, ARGV[3] max in flight, ARGV[4] max
-  queued bytes (0: no such limit), ARGV[5] ttl ms, ARGV[6] m, ARGV[7..6+2m] rows of 2: id,
-  actual tokens (settlements carried by this admission, applied first, as SETTLE would, and
-  kept even when the admission is refused), then rows of 3: id, tokens, bytes
+* ARGV[1]: every argument packed into one msgpack array (one argument to encode and send,
+  whatever the ids; the scripts read it as ``ARGV``): [1] requests per minute, [2] tokens per
+  minute, [3] max in flight, [4] max queued bytes (0: no such limit), [5] ttl ms, [6] m,
+  [7..6+2m] rows of 2: id, actual tokens (settlements carried by this admission, applied
+  first, as SETTLE would, and kept even when the admission is refused), then rows of 3: id,
+  tokens, bytes
 * returns {admitted 0/1, refused limit or '', retry ms, requests left, requests reset ms,
   tokens left, tokens reset ms, in flight, queued bytes}
 
@@ -23,8 +25,8 @@ ones (the bucket never above its capacity, nor below minus it), frees its bytes 
 in-flight slot, and deletes the reservation: a second settle of the id finds none and does
 nothing.
 
-* KEYS as ADMIT; ARGV[1] requests per minute, ARGV[2] tokens per minute, ARGV[3..] rows of 2:
-  id, actual tokens ('' : unknown, the reservation stands)
+* KEYS as ADMIT; ARGV[1] packed as ADMIT's: [1] requests per minute, [2] tokens per minute,
+  [3..] rows of 2: id, actual tokens ('' : unknown, the reservation stands)
 * returns the number of ids settled
 """
 
@@ -34,6 +36,8 @@ from __future__ import annotations
 PURGE = 256
 
 _COMMON = """
+local ok, ARGV = pcall(cmsgpack.unpack, ARGV[1])
+if not ok or type(ARGV) ~= 'table' then return redis.error_reply('ERR inferq limits: bad arguments') end
 local bucket, flight, reserved = KEYS[1], KEYS[2], KEYS[3]
 local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
 local t = redis.call('TIME')

@@ -29,7 +29,7 @@ from inferq.cluster import ScriptCall
 from inferq.errors import ValidationError
 from inferq.protocol.codec import Result, Status
 from inferq.protocol.keys import DEFAULT_NAMESPACE, TenancyKeys
-from inferq.protocol.ops import as_str
+from inferq.protocol.ops import as_str, packed
 from inferq.tenancy.limit_scripts import ADMIT, SETTLE
 from inferq.tenancy.principal import Principal
 
@@ -40,6 +40,8 @@ MAX_IDS = 4096
 #: How long a deferred settlement (``Limiter.settle_soon``) waits for its tenant's next
 #: admission to carry it before it goes on its own.
 SETTLE_DELAY_S = 0.05
+#: Tenants whose encoded keys a limiter keeps (cleared whole when full).
+KEY_CACHE = 4096
 log = logging.getLogger("inferq.tenancy")
 
 
@@ -137,25 +139,31 @@ def parse_admission(principal: Principal, reply: Any, asked: tuple[int, int, int
 def admit_args(principal: Principal, ids: Sequence[str], estimate_tokens: int,
                payload_bytes: int, ttl_s: float,
                settle: Mapping[str, int | None] | None = None) -> list[str | int]:
+    """ADMIT's arguments, before packing (``packed``: the script takes one)."""
     if not 1 <= len(ids) <= MAX_IDS:
         raise ValidationError(f"admit takes 1 to {MAX_IDS} ids, got {len(ids)}")
     if ttl_s <= 0:
         raise ValidationError(f"ttl_s must be positive, got {ttl_s}")
-    unique = list(dict.fromkeys(ids))
     args: list[str | int] = [
-        _limit(principal.requests_per_minute), _limit(principal.tokens_per_minute),
-        _limit(principal.max_in_flight), _limit(principal.max_queued_bytes),
-        max(1, math.ceil(ttl_s * 1000)), len(settle or ())]
-    for settled_id, tokens in (settle or {}).items():
-        args += [settled_id, "" if tokens is None else max(0, int(tokens))]
+        principal.requests_per_minute or 0, principal.tokens_per_minute or 0,
+        principal.max_in_flight or 0, principal.max_queued_bytes or 0,
+        max(1, math.ceil(ttl_s * 1000)), len(settle) if settle else 0]
+    if settle:
+        for settled_id, tokens in settle.items():
+            args += (settled_id, "" if tokens is None else max(0, int(tokens)))
+    if len(ids) == 1:  # the usual call: no spreading
+        args += (ids[0], max(0, estimate_tokens), max(0, payload_bytes))
+        return args
+    unique = list(dict.fromkeys(ids))
     for request_id, tokens, size in zip(unique, split(estimate_tokens, len(unique)),
                                         split(payload_bytes, len(unique)), strict=True):
-        args += [request_id, tokens, size]
+        args += (request_id, tokens, size)
     return args
 
 
 def settle_args(principal: Principal, actual: Iterable[tuple[str, int | None]]
                 ) -> list[str | int]:
+    """SETTLE's arguments, before packing."""
     args: list[str | int] = [_limit(principal.requests_per_minute),
                              _limit(principal.tokens_per_minute)]
     for request_id, tokens in dict(actual).items():
@@ -188,7 +196,9 @@ class ScriptBatcher:
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
-        return await asyncio.shield(future)
+        # A caller cancelled meanwhile cancels only its own future: the round trip goes on,
+        # and its reply is dropped (``_send`` skips a future that is done).
+        return await future
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -237,10 +247,19 @@ class Limiter:
         self._owed: dict[str, tuple[Principal, dict[str, int | None]]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[int]] = set()
+        self._keys: dict[str, list[bytes]] = {}
 
-    def keys(self, tenant: str) -> list[str]:
-        return [self.names.limits(tenant), self.names.in_flight(tenant),
-                self.names.queued_bytes(tenant)]
+    def keys(self, tenant: str) -> list[bytes]:
+        """The tenant's three keys, encoded once per tenant (a bytes argument costs redis-py's
+        command packer nothing to encode)."""
+        got = self._keys.get(tenant)
+        if got is None:
+            if len(self._keys) >= KEY_CACHE:
+                self._keys.clear()
+            got = [self.names.limits(tenant).encode(), self.names.in_flight(tenant).encode(),
+                   self.names.queued_bytes(tenant).encode()]
+            self._keys[tenant] = got
+        return got
 
     async def admit(self, principal: Principal, ids: Sequence[str], estimate_tokens: int,
                     payload_bytes: int, ttl_s: float) -> Admission:
@@ -251,7 +270,8 @@ class Limiter:
         owed = self._owed.pop(principal.tenant, None)
         args = admit_args(principal, ids, estimate_tokens, payload_bytes, ttl_s,
                           owed[1] if owed is not None else None)
-        reply = await self.batcher.call(self._admit, self.keys(principal.tenant), args)
+        reply = await self.batcher.call(self._admit, self.keys(principal.tenant),
+                                        [packed(args)])
         return parse_admission(principal, reply, (len(set(ids)), estimate_tokens,
                                                   payload_bytes))
 
@@ -264,7 +284,8 @@ class Limiter:
         args = settle_args(principal, actual)
         if len(args) == 2:
             return 0
-        return int(await self.batcher.call(self._settle, self.keys(principal.tenant), args))
+        return int(await self.batcher.call(self._settle, self.keys(principal.tenant),
+                                           [packed(args)]))
 
     def settle_soon(self, principal: Principal, actual: Iterable[tuple[str, int | None]]
                     ) -> None:
