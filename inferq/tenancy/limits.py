@@ -1,8 +1,8 @@
 """Per-tenant limits in Redis, shared by every gateway replica: requests and tokens per minute
 as token buckets, requests in flight, and payload bytes waiting in Redis.
 
-``Limiter.admit`` reserves, in one atomic script (``limit_scripts.ADMIT``), one request per id
-and the caller's token estimate, an in-flight slot and the payload's bytes, each reservation
+``Limiter.admit`` reserves, atomically (``limit_scripts.LIMITS``), one request per id and the
+caller's token estimate, an in-flight slot and the payload's bytes, each reservation
 expiring after ``ttl_s`` (a request whose settle never comes stops counting then). It decides
 before it writes: a refusal changes nothing and says which limit refused and when to retry.
 ``Limiter.settle`` gives back what a finished request reserved beyond its actual tokens, and
@@ -24,13 +24,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from inferq import cluster
-from inferq.cluster import ScriptCall
 from inferq.errors import ValidationError
 from inferq.protocol.codec import Result, Status
 from inferq.protocol.keys import DEFAULT_NAMESPACE, TenancyKeys
 from inferq.protocol.ops import as_str, packed
-from inferq.tenancy.limit_scripts import ADMIT, SETTLE
+from inferq.tenancy.limit_scripts import LIMITS
 from inferq.tenancy.principal import Principal
 
 LimitName = Literal["requests", "tokens", "in_flight", "queued_bytes"]
@@ -139,7 +137,7 @@ def parse_admission(principal: Principal, reply: Any, asked: tuple[int, int, int
 def admit_args(principal: Principal, ids: Sequence[str], estimate_tokens: int,
                payload_bytes: int, ttl_s: float,
                settle: Mapping[str, int | None] | None = None) -> list[str | int]:
-    """ADMIT's arguments, before packing (``packed``: the script takes one)."""
+    """An admission's arguments (``limit_scripts``; ``LimitCalls`` packs them)."""
     if not 1 <= len(ids) <= MAX_IDS:
         raise ValidationError(f"admit takes 1 to {MAX_IDS} ids, got {len(ids)}")
     if ttl_s <= 0:
@@ -163,7 +161,7 @@ def admit_args(principal: Principal, ids: Sequence[str], estimate_tokens: int,
 
 def settle_args(principal: Principal, actual: Iterable[tuple[str, int | None]]
                 ) -> list[str | int]:
-    """SETTLE's arguments, before packing."""
+    """A settlement's arguments (``limit_scripts``)."""
     args: list[str | int] = [_limit(principal.requests_per_minute),
                              _limit(principal.tokens_per_minute)]
     for request_id, tokens in dict(actual).items():
@@ -173,26 +171,28 @@ def settle_args(principal: Principal, actual: Iterable[tuple[str, int | None]]
     return args
 
 
-class ScriptBatcher:
-    """Script calls of one event-loop turn sent as one pipelined round trip
-    (``cluster.run_scripts_async``), each caller awaiting its own reply: under load, the
-    admissions and settlements of concurrent HTTP calls share one round trip, as their
-    enqueues do (``gateway.coalesce``). Each call is still its own atomic script; a Redis
-    failure reaches every caller of that round trip."""
+class LimitCalls:
+    """The admissions and settlements of one event-loop turn, for any tenants, sent as ONE
+    call of the limits script (``limit_scripts.LIMITS``: one EVALSHA, its calls packed into
+    one argument), each caller awaiting its own reply: under load, the limit calls of
+    concurrent HTTP calls share one round trip and one command, as their enqueues do
+    (``gateway.coalesce``). The calls run one after the other inside the script, so each is
+    atomic; a Redis failure reaches every caller of that round trip."""
 
     def __init__(self, redis: Any) -> None:
-        self.redis = redis
-        self._pending: list[tuple[ScriptCall, asyncio.Future[Any]]] = []
+        self.script = redis.register_script(LIMITS)
+        self._pending: list[tuple[str, list[bytes], list[Any], asyncio.Future[Any]]] = []
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         #: Round trips sent and calls carried (for tests and logs).
         self.round_trips = 0
         self.calls = 0
 
-    async def call(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def call(self, kind: str, keys: list[bytes], args: list[Any]) -> Any:
+        """One call: ``kind`` ``a`` (admit) or ``s`` (settle), on a tenant's three keys."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._pending.append(((script, keys, args), future))
+        self._pending.append((kind, keys, args, future))
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
@@ -207,23 +207,29 @@ class ScriptBatcher:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, batch: list[tuple[ScriptCall, asyncio.Future[Any]]]) -> None:
+    async def _send(self, batch: list[tuple[str, list[bytes], list[Any], asyncio.Future[Any]]]
+                    ) -> None:
         self.round_trips += 1
         self.calls += len(batch)
+        keys: list[bytes] = []
+        first: dict[bytes, int] = {}  # a tenant's bucket key -> its index in KEYS (1-based)
+        calls: list[tuple[str, int, list[Any]]] = []
+        for kind, tenant_keys, args, _ in batch:
+            at = first.get(tenant_keys[0])
+            if at is None:
+                at = first[tenant_keys[0]] = len(keys) + 1
+                keys += tenant_keys
+            calls.append((kind, at, args))
         try:
-            if len(batch) == 1:  # a plain EVALSHA: lighter than a pipeline of one
-                (script, keys, args), _ = batch[0]
-                replies = [await script(keys=keys, args=args)]
-            else:
-                replies = await cluster.run_scripts_async(self.redis, [c for c, _ in batch])
+            replies = await self.script(keys=keys, args=[packed(calls)])
         except BaseException as exc:
-            for _, future in batch:
+            for *_, future in batch:
                 if not future.done():
                     future.set_exception(exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        for (_, future), reply in zip(batch, replies, strict=True):
+        for (*_, future), reply in zip(batch, replies, strict=True):
             if not future.done():
                 future.set_result(reply)
 
@@ -231,17 +237,15 @@ class ScriptBatcher:
 class Limiter:
     """The limits of every principal, on an asyncio redis client (what the gateway holds).
 
-    ``admit`` and ``settle`` are one script call each (EVALSHA, loaded on first use), in the
-    tenancy slot, sharing a round trip with the other calls of their loop turn
-    (``ScriptBatcher``); they never raise for a refusal (``Admission.admitted`` says it),
+    ``admit`` and ``settle`` are one call each of the limits script (EVALSHA, loaded on first
+    use), in the tenancy slot, riding one script call with the other calls of their loop turn
+    (``LimitCalls``); they never raise for a refusal (``Admission.admitted`` says it),
     only for a Redis failure."""
 
     def __init__(self, redis: Any, namespace: str = DEFAULT_NAMESPACE) -> None:
         self.redis = redis
         self.names = TenancyKeys(namespace)
-        self._admit = redis.register_script(ADMIT)
-        self._settle = redis.register_script(SETTLE)
-        self.batcher = ScriptBatcher(redis)
+        self.batcher = LimitCalls(redis)
         #: Settlements waiting to ride on their tenant's next admission: tenant ->
         #: (principal, id -> actual tokens).
         self._owed: dict[str, tuple[Principal, dict[str, int | None]]] = {}
@@ -270,8 +274,7 @@ class Limiter:
         owed = self._owed.pop(principal.tenant, None)
         args = admit_args(principal, ids, estimate_tokens, payload_bytes, ttl_s,
                           owed[1] if owed is not None else None)
-        reply = await self.batcher.call(self._admit, self.keys(principal.tenant),
-                                        [packed(args)])
+        reply = await self.batcher.call("a", self.keys(principal.tenant), args)
         return parse_admission(principal, reply, (len(set(ids)), estimate_tokens,
                                                   payload_bytes))
 
@@ -284,8 +287,7 @@ class Limiter:
         args = settle_args(principal, actual)
         if len(args) == 2:
             return 0
-        return int(await self.batcher.call(self._settle, self.keys(principal.tenant),
-                                           [packed(args)]))
+        return int(await self.batcher.call("s", self.keys(principal.tenant), args))
 
     def settle_soon(self, principal: Principal, actual: Iterable[tuple[str, int | None]]
                     ) -> None:
