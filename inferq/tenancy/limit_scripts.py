@@ -8,8 +8,8 @@ after the other (each sees the state the ones before it left). Time comes from R
   their last refill, ms; ``qb``: bytes held), its in-flight set (id -> expiry ms), its
   reservations (id -> ``"<tokens> <bytes>"``)
 * ARGV[1]: the calls, packed into one msgpack array (one argument for redis-py to encode and
-  send, whatever the calls and ids): each ``[kind, k, args]``, kind ``"a"`` (admit) or
-  ``"s"`` (settle), k the index in KEYS of the tenant's first key, args as below
+  send, whatever the calls and ids): each ``[kind, k, args]``, kind ``"admit"`` or
+  ``"settle"``, k the index in KEYS of the tenant's first key, args as below
 * returns one reply per call, in order
 
 An admission (``admit``) reads everything and decides before its first write: a refusal writes
@@ -194,7 +194,9 @@ if not ok or type(calls) ~= 'table' then
 end
 for _, c in ipairs(calls) do
   local at = type(c) == 'table' and tonumber(c[2])
-  if not (at and (c[1] == 'a' or c[1] == 's') and type(c[3]) == 'table' and KEYS[at + 2]) then
+  local kind = type(c) == 'table' and c[1]
+  if not (at and (kind == 'admit' or kind == 'settle') and type(c[3]) == 'table'
+          and KEYS[at + 2]) then
     return redis.error_reply('ERR inferq limits: bad arguments')
   end
 end
@@ -202,7 +204,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 for i, c in ipairs(calls) do
-  local run = c[1] == 'a' and admit or settle
+  local run = c[1] == 'admit' and admit or settle
   out[i] = run(KEYS[c[2]], KEYS[c[2] + 1], KEYS[c[2] + 2], c[3], now)
 end
 return out

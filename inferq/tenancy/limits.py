@@ -189,7 +189,7 @@ class LimitCalls:
         self.calls = 0
 
     async def call(self, kind: str, keys: list[bytes], args: list[Any]) -> Any:
-        """One call: ``kind`` ``a`` (admit) or ``s`` (settle), on a tenant's three keys."""
+        """One call: ``kind`` ``admit`` or ``settle``, on a tenant's three keys."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._pending.append((kind, keys, args, future))
@@ -274,7 +274,7 @@ class Limiter:
         owed = self._owed.pop(principal.tenant, None)
         args = admit_args(principal, ids, estimate_tokens, payload_bytes, ttl_s,
                           owed[1] if owed is not None else None)
-        reply = await self.batcher.call("a", self.keys(principal.tenant), args)
+        reply = await self.batcher.call("admit", self.keys(principal.tenant), args)
         return parse_admission(principal, reply, (len(set(ids)), estimate_tokens,
                                                   payload_bytes))
 
@@ -287,7 +287,7 @@ class Limiter:
         args = settle_args(principal, actual)
         if len(args) == 2:
             return 0
-        return int(await self.batcher.call("s", self.keys(principal.tenant), args))
+        return int(await self.batcher.call("settle", self.keys(principal.tenant), args))
 
     def settle_soon(self, principal: Principal, actual: Iterable[tuple[str, int | None]]
                     ) -> None:

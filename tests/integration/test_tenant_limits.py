@@ -214,9 +214,9 @@ async def test_a_malformed_call_fails_the_whole_command_with_nothing_written(
     from inferq.protocol.ops import packed
 
     keys = limiter.keys("acme")
-    good = ["a", 1, [5, 0, 0, 0, 60_000, 0, "g", 0, 0]]
-    for bad in (["a", 4, [5, 0, 0, 0, 60_000, 0]],  # keys beyond those given
-                ["x", 1, []], ["s", 1, "not a table"]):
+    good = ["admit", 1, [5, 0, 0, 0, 60_000, 0, "g", 0, 0]]
+    for bad in (["admit", 4, [5, 0, 0, 0, 60_000, 0]],  # keys beyond those given
+                ["x", 1, []], ["settle", 1, "not a table"]):
         with pytest.raises(redis.exceptions.ResponseError, match="bad arguments"):
             await limiter.batcher.script(keys=keys, args=[packed([good, bad])])
     with pytest.raises(redis.exceptions.ResponseError, match="bad arguments"):
