@@ -49,6 +49,10 @@ class Field(StrEnum):
     CLAIMED = "cl"
     #: The tenant that sent it (``inferq.protocol.fair``); absent without one.
     TENANT = "tn"
+    #: What its tenant's fair-share clock was charged at enqueue, ``"<band level> <epoch>
+    #: <weight> <cost>"``, so that its completion can give back what it did not use
+    #: (``inferq.protocol.fair``); absent without a tenant or when it was ordered by deadline.
+    CHARGE = "fc"
 
 
 class HashState(StrEnum):

@@ -259,7 +259,7 @@ def complete_call(keys: QueueKeys, result_ttl_ms: int, dead_cap: int,
                    c.enqueued_ms, c.reply_to, c.tenant, max(0, int(item.prompt_tokens)),
                    max(0, int(item.completion_tokens)))
     return ([keys.inflight, keys.stats, keys.delayed, keys.dead, keys.wake, keys.started,
-             keys.dead_letters, keys.leases],
+             keys.dead_letters, keys.leases, keys.fair],
             [keys.prefix, result_ttl_ms, dead_cap, packed(values)])
 
 

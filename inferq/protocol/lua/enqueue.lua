@@ -36,7 +36,8 @@
   a look at each id only when that finds one), then takes one block of sequence numbers (INCRBY), computes
   each queued request's score (priority band, then virtual finish time, then arrival), saves
   the fair clocks (one HSET) and writes each queued request with one HSET and all of them with
-  one ZADD.
+  one ZADD. A tenant's request fair-scored keeps what its clock was charged (F_CHARGE), so that
+  its completion gives back what it did not use (complete.lua).
 ]]
 -- @include clock
 -- @include checks
@@ -161,7 +162,7 @@ if atomic and worst_excess > 0 then  -- one new request was shed: all of them ar
     end
   end
 end
-local scores = {}
+local scores, charges = {}, {}  -- charges: row -> its fair charge (F_CHARGE), if any
 if #queue > 0 then
   local last = redis.call('INCRBY', seqkey, #queue)
   for n, i in ipairs(queue) do
@@ -169,9 +170,10 @@ if #queue > 0 then
     if by_deadline and slo > 0 then
       scores[n] = num(deadline_score(fair, pending, tonumber(A[i + 1]), now + slo, seq, now))
     else
-      scores[n] = num(fair_score(fair, pending, tonumber(A[i + 1]), A[i + 7],
-                                 tonumber(A[i + 8]), tonumber(A[i + 9]), seq,
-                                 by_deadline and DEADLINE_SPLIT or 0))
+      local score, charge = fair_score(fair, pending, tonumber(A[i + 1]), A[i + 7],
+                                       tonumber(A[i + 8]), tonumber(A[i + 9]), seq,
+                                       by_deadline and DEADLINE_SPLIT or 0)
+      scores[n], charges[i] = num(score), charge
     end
   end
   fair_save(fair)
@@ -233,6 +235,10 @@ if #queue > 0 then
       h[#h + 1] = F_TENANT
       h[#h + 1] = A[i + 7]
       counted[A[i + 7]] = (counted[A[i + 7]] or 0) + 1
+    end
+    if charges[i] then
+      h[#h + 1] = F_CHARGE
+      h[#h + 1] = charges[i]
     end
     redis.call('HSET', prefix .. K_REQ .. A[i], unpack(h))
     zadd[#zadd + 1] = score

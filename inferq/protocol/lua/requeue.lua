@@ -3,10 +3,11 @@
   its priority and its place in arrival order) and every field of its hash as it died (a
   tenant among them), except its lease (owner, token, claim time), its deadline (long passed,
   as a rule) and its reply inbox (its producer already had the dead result; a new wait reads
-  the result key). Its attempts start again at 0 (its lost runs, crashes and batch cap are
-  dropped too) and its enqueue time is now. Its dead-letter
-  result and stream are deleted (enqueue refuses an id whose result exists). Idempotent: an
-  id no longer in the dead set is not queued again. Counted in the stats (dead_requeued).
+  the result key). Its attempts start again at 0 (its lost runs, crashes, batch cap and fair
+  charge are dropped too: a requeued request gives nothing back to its tenant's clock) and
+  its enqueue time is now. Its dead-letter result and stream are deleted (enqueue refuses an
+  id whose result exists). Idempotent: an id no longer in the dead set is not queued again.
+  Counted in the stats (dead_requeued).
 
   Input:
     KEYS[1] dead
@@ -31,7 +32,7 @@ local prefix = ARGV[1]
 local now = now_ms()
 local DROP = {[F_OWNER] = true, [F_CLAIMED] = true, [F_DEADLINE] = true,
               [F_REPLY_TO] = true, [F_STATE] = true, [F_ATTEMPTS] = true, [F_ENQUEUED] = true,
-              [F_LOST] = true, [F_CRASHES] = true, [F_CAP] = true}
+              [F_LOST] = true, [F_CRASHES] = true, [F_CAP] = true, [F_CHARGE] = true}
 -- read and check every id before the first write
 local out, todo, seen = {}, {}, {}
 for i = 2, #ARGV do
