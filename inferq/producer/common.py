@@ -24,6 +24,7 @@ from inferq.errors import (
     ValidationError,
     WouldMissSlo,
 )
+from inferq.producer import admission
 from inferq.protocol import ops, scores, slo
 from inferq.protocol.codec import (
     DEFAULT_LIMITS,
@@ -234,9 +235,10 @@ class SettingsCache:
             return None
         return known[1]
 
-    def put(self, keys: QueueKeys, raw: Mapping[Any, Any],
-            service_rate: float | None = None) -> QueueSettings:
-        settings = dataclasses.replace(settings_from_hash(raw), service_rate=service_rate)
+    def put(self, keys: QueueKeys, raw: Mapping[Any, Any], service_rate: float | None = None,
+            token_service: slo.TokenService | None = None) -> QueueSettings:
+        settings = dataclasses.replace(settings_from_hash(raw), service_rate=service_rate,
+                                       token_service=token_service)
         self._known[keys] = (self.clock() + self.ttl_s, settings)
         return settings
 
@@ -261,8 +263,7 @@ def route(prepared: Prepared, settings: QueueSettings, options: ClientOptions) -
     tenant_limit = settings.tenant_limit(prepared.item.tenant)
     if tenant_limit and settings.shards > 1:
         tenant_limit = math.ceil(tenant_limit / settings.shards)
-    policy = slo.policy(settings.order, None if settings.service_rate is None
-                        else settings.service_rate / settings.claim_shards)
+    policy = slo.queue_policy(settings)
     if (keys == prepared.keys and limit == prepared.item.depth_limit
             and weight == prepared.item.weight and tenant_limit == prepared.item.tenant_limit
             and policy == prepared.item.policy):
@@ -442,6 +443,9 @@ def check_full(reply: ops.EnqueueReply, prepared: Prepared, options: ClientOptio
             f"{reply.retry_after_ms / 1e3:.1f} s", predicted_ms=late,
             slo_ms=prepared.item.slo_ms, depth=reply.depth,
             retry_after_s=reply.retry_after_ms / 1e3)
+    if reply.outcomes == [slo.TOKENS_FULL]:
+        raise admission.tokens_full(prepared.keys.queue, prepared.item.cost,
+                                    prepared.item.policy, reply.depth, reply.retry_after_ms)
     if reply.outcomes == [TENANT_FULL]:
         raise QueueFull(
             f"tenant {prepared.item.tenant!r} is at its limit of "
@@ -533,6 +537,7 @@ def collect_handles(
     handles: list[H | None] = [None] * len(prepared)
     refused: list[int] = []
     tenants: set[str] = set()
+    tokens: list[int] = []  # refused for their band's queued tokens
     late: tuple[int, int] | None = None  # the worst (predicted, asked) ms admission refused
     depth, retry_after_ms = 0, 0
     for (keys, indices), raw in zip(groups.items(), replies, strict=True):
@@ -547,7 +552,9 @@ def collect_handles(
                 asked = prepared[index].item.slo_ms
                 if late is None or predicted - asked > late[0] - late[1]:
                     late = (predicted, asked)
-            if outcome in ("full", TENANT_FULL) or predicted is not None:
+            if outcome == slo.TOKENS_FULL:
+                tokens.append(index)
+            if outcome in ("full", TENANT_FULL, slo.TOKENS_FULL) or predicted is not None:
                 refused.append(index)
             else:
                 handle = handles[index] = make_handle(keys, prepared[index].item.id, outcome)
@@ -561,6 +568,11 @@ def collect_handles(
             f"{retry_after_ms / 1e3:.1f} s", predicted_ms=late[0], slo_ms=late[1],
             depth=depth, accepted=accepted, refused=sorted(refused),
             retry_after_s=retry_after_ms / 1e3)
+    if tokens and len(tokens) == len(refused):
+        worst = max(tokens, key=lambda i: prepared[i].item.cost)
+        raise admission.tokens_full(
+            prepared[worst].keys.queue, prepared[worst].item.cost, prepared[worst].item.policy,
+            depth, retry_after_ms, refused=refused, total=len(prepared), accepted=accepted)
     if refused:
         max_depth = max(prepared[i].item.depth_limit for i in refused)
         why = "queue full for their priority" + (
