@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from operator import methodcaller
@@ -31,6 +32,8 @@ from inferq.protocol import ops
 from inferq.protocol.codec import Result
 from inferq.protocol.keys import QueueKeys, shard_of
 from inferq.protocol.settings import QueueSettings
+
+log = logging.getLogger("inferq.producer")
 
 T = TypeVar("T")
 
@@ -107,16 +110,43 @@ class AsyncClient:
                                        warn=self.options.warn_no_worker)
         self._inboxes: dict[QueueKeys, ResultInbox] = {}
         self._settings = common.SettingsCache(self.options.settings_ttl_s)
+        #: The settings each queue had when last read, and when (the cache's clock), and the reads
+        #: running in the background (``queue_settings``).
+        self._last: dict[QueueKeys, tuple[float, QueueSettings]] = {}
+        self._refreshing: dict[QueueKeys, asyncio.Task[None]] = {}
 
     async def queue_settings(self, keys: QueueKeys) -> QueueSettings:
-        """The queue's settings (shards, depth limit), cached ``options.settings_ttl_s``."""
+        """The queue's settings (shards, depth limit, order, admission and the fleet's rates
+        it reads), cached ``options.settings_ttl_s``. Once that has passed, for as long again
+        the last settings are used while a read runs in the background, so an enqueue does not
+        wait for the reads (they take several round trips under admission); older than that,
+        or never read, they are read first."""
         queue = common.queue_of(keys)
         known = self._settings.get(queue)
-        if known is None:
-            with wrap_connection_errors(self.connection):
-                known = self._settings.put(
-                    queue, *await plans.run_async(self.redis, admission.read_settings(queue)))
+        if known is not None:
+            return known
+        ttl, last = self.options.settings_ttl_s, self._last.get(queue)
+        if last is not None and self._settings.clock() - last[0] < 2 * ttl:
+            if queue not in self._refreshing:
+                task = asyncio.create_task(self._refresh(queue))
+                self._refreshing[queue] = task
+                task.add_done_callback(lambda _: self._refreshing.pop(queue, None))
+            return last[1]
+        return await self._read_settings(queue)
+
+    async def _read_settings(self, queue: QueueKeys) -> QueueSettings:
+        with wrap_connection_errors(self.connection):
+            known = self._settings.put(
+                queue, *await plans.run_async(self.redis, admission.read_settings(queue)))
+        self._last[queue] = (self._settings.clock(), known)
         return known
+
+    async def _refresh(self, queue: QueueKeys) -> None:
+        """A background read: a failure leaves the last settings, which age out."""
+        try:
+            await self._read_settings(queue)
+        except Exception as exc:  # the next call past the staleness bound reads and raises
+            log.debug("background read of %s's settings failed: %s", queue.queue, exc)
 
     async def _route(self, prepared: list[common.Prepared]) -> list[common.Prepared]:
         settings = {id(p.keys): await self.queue_settings(p.keys)
@@ -248,6 +278,9 @@ class AsyncClient:
         return common.results_in_order([h.id for h in handles], raws, self.options, timeout)
 
     async def aclose(self) -> None:
+        for task in list(self._refreshing.values()):
+            task.cancel()
+        await asyncio.gather(*self._refreshing.values(), return_exceptions=True)
         for box in self._inboxes.values():
             await box.close()
         await self.redis.aclose()

@@ -4,6 +4,7 @@ the per-band count every script that moves a request into or out of pending keep
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterator
@@ -168,3 +169,24 @@ def test_the_cli_sets_and_shows_the_bound(redis_url: str,
     assert main(["queue", "set", "embed:qt", "--max-queued-tokens", "-1",
                  "--redis-url", redis_url]) != 0
     assert "max_queued_tokens must be an integer >= 0, got -1" in capsys.readouterr().err
+
+
+async def test_an_async_client_reads_expired_settings_in_the_background(
+        redis_url: str, r: redis.Redis) -> None:
+    now = [0.0]
+    options = inferq.ClientOptions(settings_ttl_s=1.0, warn_no_worker=False)
+    async with inferq.AsyncClient(redis_url, options=options) as client:
+        client._settings.clock = lambda: now[0]
+        await client.enqueue("a", model="qt")  # never read: read first
+        bound(r, 1)  # from now on every request is refused...
+        now[0] = 1.5  # ...once read: expired, but younger than twice the TTL
+        await client.enqueue(PROMPT, model="qt")  # the last settings (no bound); a read starts
+        assert len(client._refreshing) == 1
+        await asyncio.gather(*client._refreshing.values())
+        with pytest.raises(inferq.QueuedTokensFull):
+            await client.enqueue(PROMPT, model="qt")
+        bound(r, 0)
+        now[0] = 10.0  # older than twice the TTL: read first
+        await client.enqueue("d", model="qt")
+        assert not client._refreshing
+    assert r.zcard(KEYS.pending) == 3
