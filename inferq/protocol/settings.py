@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from inferq.errors import ValidationError
 from inferq.protocol.cost import DEFAULT_WEIGHT, MAX_WEIGHT, check_weight
 from inferq.protocol.keys import check_tenant
+
+if TYPE_CHECKING:
+    from inferq.protocol.slo import TokenService
 
 MAX_SHARDS = 1024
 
@@ -49,7 +52,7 @@ class QueueSettings:
     service_rate: float | None = None
     #: Not stored: what the live ``generate`` workers serve in tokens (``slo.TokenService``),
     #: read with ``service_rate``; None when unknown.
-    token_service: Any = None
+    token_service: TokenService | None = None
 
     @property
     def claim_shards(self) -> int:
