@@ -20,7 +20,10 @@ hash) so that every producer and worker agrees on them without a flag to keep in
   shares; ``deadline`` serves requests with a latency objective (``ttft_slo_ms``) earliest
   deadline first, then those without one in fair order. ``--admission off|predicted``:
   ``predicted`` refuses at enqueue a request whose objective the predicted wait passes
-  (``WouldMissSlo``; 429 at the gateway). See docs/guides/latency-objectives.md.
+  (``WouldMissSlo``; 429 at the gateway). ``--max-queued-tokens N`` refuses a request
+  (``QueuedTokensFull``; 429) when its priority band's estimated tokens pending plus its own
+  would pass N (split evenly over the shards; 0 removes the bound). See
+  docs/guides/latency-objectives.md.
 """
 
 from __future__ import annotations
@@ -84,6 +87,9 @@ def add_parser(sub: Subcommands) -> None:
     change.add_argument("--admission", choices=ADMISSIONS, default=None,
                         help="predicted: refuse requests whose objective the predicted wait "
                              "passes")
+    change.add_argument("--max-queued-tokens", type=int, default=None, metavar="N",
+                        help="refuse requests once a priority band's estimated tokens pending "
+                             "would pass N (0: no bound)")
     q.set_defaults(run=run)
 
 
@@ -113,7 +119,8 @@ def format_settings(keys: QueueKeys, settings: QueueSettings) -> str:
              f"  target wait {settings.target_wait_ms or 'default (1000)'} ms, scale to zero "
              f"after {settings.scale_to_zero_after_s or 'default (300)'} s idle",
              f"  default weight {settings.default_weight}",
-             f"  order {settings.order}, admission {settings.admission}"]
+             f"  order {settings.order}, admission {settings.admission}",
+             f"  max queued tokens {settings.max_queued_tokens or 'unbounded'} per band"]
     limits = dict(settings.tenant_max_depth)
     for tenant in sorted(settings.tenants):
         limit = limits.get(tenant)
@@ -135,11 +142,12 @@ def run(args: argparse.Namespace) -> int:
                        or args.tenant_max_depth or args.remove_tenant)
             if args.shards is None and max_depth == "keep" and (
                     args.target_wait_ms is None and idle is None and not tenants
-                    and args.order is None and args.admission is None):
+                    and args.order is None and args.admission is None
+                    and args.max_queued_tokens is None):
                 raise ValidationError("nothing to set: give --shards, --max-depth, "
                                       "--no-max-depth, --target-wait-ms, "
-                                      "--scale-to-zero-after, --order, --admission or a "
-                                      "tenant option")
+                                      "--scale-to-zero-after, --order, --admission, "
+                                      "--max-queued-tokens or a tenant option")
             if idle is not None and not idle * 60 >= 1:
                 raise ValidationError(f"--scale-to-zero-after must be >= 1 s, got {idle} min")
             tenant_keys, tenant_args = tenants_call(
@@ -151,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
             call_keys, call_args = settings_call(
                 keys.config, args.shards, max_depth, target_wait_ms=args.target_wait_ms,
                 scale_to_zero_after_s=None if idle is None else round(idle * 60),
-                order=args.order, admission=args.admission)
+                order=args.order, admission=args.admission,
+                max_queued_tokens=args.max_queued_tokens)
             raw = pairs(client.register_script(SET_SETTINGS)(keys=call_keys, args=call_args))
             # listed for ``inferq stats`` before any worker serves it
             client.sadd(queues_registry(args.namespace), keys.queue)

@@ -14,6 +14,7 @@ from inferq.cli import statsview
 from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
 from inferq.connection import sync_client
 from inferq.errors import ValidationError
+from inferq.protocol import slo
 from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys
 from inferq.stats import QueueStats, read_all
 
@@ -58,6 +59,11 @@ def format_stats(all_stats: list[QueueStats]) -> str:
         if finished:
             lines.append(f"  latency objectives met {met}/{finished} "
                          f"({met / finished:.1%}, live workers' requests)")
+        ratio = st.slo_ratio
+        if sum(ratio):
+            lines.append(f"  admission's prediction: actual / predicted time p50 "
+                         f"{slo.ratio_quantile(ratio, 0.5):.2f}, p90 "
+                         f"{slo.ratio_quantile(ratio, 0.9):.2f} ({sum(ratio)} admitted)")
         if st.tenants:
             owned = ", ".join(f"{t}={n}" for t, n in sorted(st.tenants.items()))
             lines.append(f"  tenants (queued or running) {owned}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from operator import methodcaller
 from types import TracebackType
@@ -26,6 +27,8 @@ from inferq.protocol import ops
 from inferq.protocol.codec import Result
 from inferq.protocol.keys import QueueKeys, shard_of
 from inferq.protocol.settings import QueueSettings
+
+log = logging.getLogger("inferq.producer")
 
 T = TypeVar("T")
 
@@ -97,14 +100,36 @@ class AsyncClient(ClientBase[AsyncHandle]):
             **{**BLOCKING_DEFAULTS, **redis_kwargs})
         self.scripts = ops.register(self.redis)
         self._inboxes: dict[QueueKeys, ResultInbox] = {}
+        #: Reads of expired settings running in the background (``_cached_settings``).
+        self._refreshing: dict[QueueKeys, asyncio.Task[None]] = {}
 
     async def _run(self, plan: Plan[T]) -> T:
         with wrap_connection_errors(self.connection):
             return await plans.run_async(self.redis, plan)
 
     async def queue_settings(self, keys: QueueKeys) -> QueueSettings:
-        """The queue's settings (shards, depth limit), cached ``options.settings_ttl_s``."""
+        """The queue's settings (shards, depth limit, order, admission and the fleet's rates
+        it reads), cached ``options.settings_ttl_s``."""
         return await self._run(self._settings_plan(keys))
+
+    def _cached_settings(self, queue: QueueKeys) -> QueueSettings | None:
+        """Once the settings' TTL has passed, for as long again the last ones are used while a
+        read runs in the background, so an enqueue does not wait for the reads (several round
+        trips under admission); older than that, or never read, they are read first."""
+        known = self._settings.get(queue)
+        if (known is None and (known := self._settings.recent(queue)) is not None
+                and queue not in self._refreshing):
+            task = asyncio.create_task(self._refresh(queue))
+            self._refreshing[queue] = task
+            task.add_done_callback(lambda _: self._refreshing.pop(queue, None))
+        return known
+
+    async def _refresh(self, queue: QueueKeys) -> None:
+        """A background read: a failure leaves the last settings, which age out."""
+        try:
+            await self.queue_settings(queue)
+        except Exception as exc:  # the next call past the staleness bound reads and raises
+            log.debug("background read of %s's settings failed: %s", queue.queue, exc)
 
     def inbox(self, keys: QueueKeys) -> ResultInbox:
         box = self._inboxes.get(keys)
@@ -185,6 +210,9 @@ class AsyncClient(ClientBase[AsyncHandle]):
         return results_in_order([h.id for h in handles], raws, self.options, timeout)
 
     async def aclose(self) -> None:
+        for task in list(self._refreshing.values()):
+            task.cancel()
+        await asyncio.gather(*self._refreshing.values(), return_exceptions=True)
         for box in self._inboxes.values():
             await box.close()
         await self.redis.aclose()

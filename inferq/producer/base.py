@@ -60,6 +60,10 @@ class ClientBase(Generic[H]):
 
     # ------------------------------------------------------------- plans, run by each client
 
+    def _cached_settings(self, queue: QueueKeys) -> QueueSettings | None:
+        """Settings of ``queue`` an enqueue may use without reading them first."""
+        return self._settings.get(queue)
+
     def _settings_plan(self, keys: QueueKeys) -> Plan[QueueSettings]:
         """The queue's settings (shards, depth limit), cached ``options.settings_ttl_s``."""
         queue = queue_of(keys)
@@ -71,7 +75,7 @@ class ClientBase(Generic[H]):
         settings: dict[int, QueueSettings] = {}
         for p in prepared:
             if id(p.keys) not in settings:
-                settings[id(p.keys)] = (self._settings.get(queue_of(p.keys))
+                settings[id(p.keys)] = (self._cached_settings(queue_of(p.keys))
                                         or (yield from self._settings_plan(p.keys)))
         return route_many(prepared, lambda keys: settings[id(keys)], self.options)
 
@@ -95,7 +99,7 @@ class ClientBase(Generic[H]):
 
     def _enqueue_plan(self, prompt: str, request: Mapping[str, Any]) -> Plan[H]:
         p = prepare(prompt, request, self.options, reply_to=self.client_id)
-        settings = (self._settings.get(queue_of(p.keys))
+        settings = (self._cached_settings(queue_of(p.keys))
                     or (yield from self._settings_plan(p.keys)))
         p = route(p, settings, self.options)
         (raw,) = yield from send.enqueue(self.redis, self.scripts["enqueue"],

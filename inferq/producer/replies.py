@@ -17,6 +17,7 @@ from inferq.errors import (
     ValidationError,
     WouldMissSlo,
 )
+from inferq.producer import admission
 from inferq.producer.options import ClientOptions
 from inferq.producer.prepare import Prepared
 from inferq.protocol import ops, slo
@@ -27,7 +28,7 @@ from inferq.protocol.fields import HashState
 TENANT_FULL = "tenant_full"
 #: Enqueue outcomes that are back-pressure (the queue or the tenant at its limit): the request
 #: was not queued and may be sent again later.
-BACK_PRESSURE = frozenset({"full", TENANT_FULL})
+BACK_PRESSURE = frozenset({"full", TENANT_FULL, slo.TOKENS_FULL})
 
 
 class RequestState(StrEnum):
@@ -67,6 +68,9 @@ def check_full(reply: ops.EnqueueReply, prepared: Prepared, options: ClientOptio
             f"{reply.retry_after_ms / 1e3:.1f} s", predicted_ms=late,
             slo_ms=prepared.item.slo_ms, depth=reply.depth,
             retry_after_s=reply.retry_after_ms / 1e3)
+    if reply.outcomes == [slo.TOKENS_FULL]:
+        raise admission.tokens_full(prepared.keys.queue, prepared.item.cost,
+                                    prepared.item.policy, reply.depth, reply.retry_after_ms)
     if reply.outcomes == [TENANT_FULL]:
         raise QueueFull(
             f"tenant {prepared.item.tenant!r} is at its limit of "

@@ -32,9 +32,18 @@ class SettingsCache:
             return None
         return known[1]
 
-    def put(self, keys: QueueKeys, raw: Mapping[Any, Any],
-            service_rate: float | None = None) -> QueueSettings:
-        settings = dataclasses.replace(settings_from_hash(raw), service_rate=service_rate)
+    def recent(self, keys: QueueKeys) -> QueueSettings | None:
+        """The last settings read, once expired, for as long again as ``ttl_s`` (what an
+        async client uses while it reads them again in the background)."""
+        known = self._known.get(keys)
+        if known is None or known[0] + self.ttl_s <= self.clock():
+            return None
+        return known[1]
+
+    def put(self, keys: QueueKeys, raw: Mapping[Any, Any], service_rate: float | None = None,
+            token_service: slo.TokenService | None = None) -> QueueSettings:
+        settings = dataclasses.replace(settings_from_hash(raw), service_rate=service_rate,
+                                       token_service=token_service)
         self._known[keys] = (self.clock() + self.ttl_s, settings)
         return settings
 
@@ -59,8 +68,7 @@ def route(prepared: Prepared, settings: QueueSettings, options: ClientOptions) -
     tenant_limit = settings.tenant_limit(prepared.item.tenant)
     if tenant_limit and settings.shards > 1:
         tenant_limit = math.ceil(tenant_limit / settings.shards)
-    policy = slo.policy(settings.order, None if settings.service_rate is None
-                        else settings.service_rate / settings.claim_shards)
+    policy = slo.queue_policy(settings)
     if (keys == prepared.keys and limit == prepared.item.depth_limit
             and weight == prepared.item.weight and tenant_limit == prepared.item.tenant_limit
             and policy == prepared.item.policy):

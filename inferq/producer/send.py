@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from inferq import cluster, tracing
 from inferq.errors import QueueFull, ValidationError, WouldMissSlo
 from inferq.plans import Do, Plan
+from inferq.producer import admission
 from inferq.producer.options import ClientOptions
 from inferq.producer.prepare import Prepared
 from inferq.producer.replies import BACK_PRESSURE, TENANT_FULL
@@ -62,6 +63,7 @@ def collect_handles(
     handles: list[H | None] = [None] * len(prepared)
     refused: list[int] = []
     tenants: set[str] = set()
+    tokens: list[int] = []  # refused for their band's queued tokens
     late: tuple[int, int] | None = None  # the worst (predicted, asked) ms admission refused
     depth, retry_after_ms = 0, 0
     for (keys, indices), raw in zip(groups.items(), replies, strict=True):
@@ -76,6 +78,8 @@ def collect_handles(
                 asked = prepared[index].item.slo_ms
                 if late is None or predicted - asked > late[0] - late[1]:
                     late = (predicted, asked)
+            if outcome == slo.TOKENS_FULL:
+                tokens.append(index)
             if outcome in BACK_PRESSURE or predicted is not None:
                 refused.append(index)
             else:
@@ -90,6 +94,11 @@ def collect_handles(
             f"{retry_after_ms / 1e3:.1f} s", predicted_ms=late[0], slo_ms=late[1],
             depth=depth, accepted=accepted, refused=sorted(refused),
             retry_after_s=retry_after_ms / 1e3)
+    if tokens and len(tokens) == len(refused):
+        worst = max(tokens, key=lambda i: prepared[i].item.cost)
+        raise admission.tokens_full(
+            prepared[worst].keys.queue, prepared[worst].item.cost, prepared[worst].item.policy,
+            depth, retry_after_ms, refused=refused, total=len(prepared), accepted=accepted)
     if refused:
         max_depth = max(prepared[i].item.depth_limit for i in refused)
         why = "queue full for their priority" + (

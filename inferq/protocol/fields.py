@@ -53,6 +53,13 @@ class Field(StrEnum):
     #: <weight> <cost>"``, so that its completion can give back what it did not use
     #: (``inferq.protocol.fair``); absent without a tenant or when it was ordered by deadline.
     CHARGE = "fc"
+    #: The estimated tokens the request counts in its band's queued tokens while it is
+    #: pending (``inferq queue set --max-queued-tokens``: ``lua/includes/queued.lua``);
+    #: absent: not counted (enqueued while the queue had no bound).
+    QUEUED = "qt"
+    #: The ms to its result (first token) admission by prediction predicted when it admitted
+    #: the request; absent: none made. The worker measures the actual time against it.
+    PREDICTED = "pw"
 
 
 class HashState(StrEnum):

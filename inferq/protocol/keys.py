@@ -41,6 +41,9 @@ _REQ, _RESULT, _STREAM, _INBOX, _CANCELS = PER_REQUEST.values()
 #: The field prefix, in a shard's stats hash, of a tenant's count of unfinished requests
 #: (``lua/includes/tenants.lua``).
 TENANT_COUNT = "tenant:"
+#: The field prefix, in a shard's stats hash, of a priority band's estimated tokens pending
+#: (``qtok:<100 - priority>``; ``lua/includes/queued.lua``).
+QUEUED_TOKENS = "qtok:"
 
 #: The key suffix of a shard's usage hashes (``QueueKeys.usage``, ``usage_total``), their
 #: counters (per tenant: requests without a tenant are not counted) and how long an hour's

@@ -139,6 +139,8 @@ class Claimed:
     cap: int = 0
     #: Runs of it lost with their worker so far (not attempts).
     lost: int = 0
+    #: The ms to its result (first token) admission predicted at enqueue; 0: none.
+    predicted_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,13 +176,13 @@ def parse_claim(reply: Any) -> ClaimReply:
         claimed = [Claimed(i.decode("utf-8", "replace"), p, t.decode("utf-8", "replace"),
                            int(a), int(e), int(d) if d else None,
                            rt.decode("utf-8", "replace"), tn.decode("utf-8", "replace"),
-                           int(n), int(lost))
-                   for i, p, t, a, e, d, rt, tn, n, lost in rows]
+                           int(n), int(lost), int(pw))
+                   for i, p, t, a, e, d, rt, tn, n, lost, pw in rows]
     else:
         claimed = [Claimed(as_str(i), bytes(p), as_str(t), int(a), int(e),
                            int(d) if d not in (b"", "", None) else None, as_str(rt), as_str(tn),
-                           int(n), int(lost))
-                   for i, p, t, a, e, d, rt, tn, n, lost in rows]
+                           int(n), int(lost), int(pw))
+                   for i, p, t, a, e, d, rt, tn, n, lost, pw in rows]
     next_due = int(reply[3])
     return ClaimReply(now_ms=int(reply[0]), claimed=claimed, expired=int(reply[2]),
                       next_retry_ms=None if next_due < 0 else next_due,
@@ -240,6 +242,9 @@ class Completion:
     #: Whether a final result met the request's latency objective (``Result.slo_met``); None
     #: without one. Counted by the worker (goodput), not sent to the script.
     slo_met: bool | None = None
+    #: The actual time to its result (first token) over the one admission predicted
+    #: (``Claimed.predicted_ms``); None without a prediction. Counted by the worker.
+    predicted_ratio: float | None = None
 
     @property
     def id(self) -> str:
@@ -312,7 +317,7 @@ def parse_reclaim(reply: Any) -> ReclaimReply:
 
 
 def release_call(keys: QueueKeys, leases: Iterable[tuple[str, str]]) -> Call:
-    return ([keys.inflight, keys.pending, keys.wake, keys.started, keys.leases],
+    return ([keys.inflight, keys.pending, keys.wake, keys.started, keys.leases, keys.stats],
             [keys.prefix, packed(_flat(leases))])
 
 

@@ -38,7 +38,7 @@ from importlib import resources
 
 from inferq.protocol import cost, fields, keys, scores
 from inferq.protocol.codec import WIRE_VERSION
-from inferq.protocol.keys import TENANT_COUNT, USAGE, USAGE_RETENTION_MS
+from inferq.protocol.keys import QUEUED_TOKENS, TENANT_COUNT, USAGE, USAGE_RETENTION_MS
 
 #: Every script, by name (its file is ``lua/<name>.lua``).
 NAMES = ("enqueue", "claim", "peek", "start", "heartbeat", "complete", "reclaim", "release",
@@ -73,7 +73,8 @@ def fair_constants() -> str:
               "DEADLINE_VT_LIMIT": scores.DEADLINE_VT_LIMIT, "MAX_SLO_MS": scores.MAX_SLO_MS}
     return (f"local {', '.join(values)} = "
             f"{', '.join(str(v) for v in values.values())}\n"
-            f"local TENANT_COUNT = '{TENANT_COUNT}'\n")
+            f"local TENANT_COUNT = '{TENANT_COUNT}'\n"
+            f"local QUEUED_TOKENS = '{QUEUED_TOKENS}'\n")
 
 
 def _expand(text: str, done: set[str]) -> str:

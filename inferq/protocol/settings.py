@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from inferq.errors import ValidationError
 from inferq.protocol.cost import DEFAULT_WEIGHT, MAX_WEIGHT, check_weight
 from inferq.protocol.keys import check_tenant
+
+if TYPE_CHECKING:
+    from inferq.protocol.slo import TokenService
 
 MAX_SHARDS = 1024
 
@@ -41,9 +44,15 @@ class QueueSettings:
     #: ``predicted``: refuse at enqueue a request whose objective the queue cannot meet
     #: (``inferq.WouldMissSlo``); ``off``: admit all.
     admission: str = "off"
+    #: The bound on the estimated tokens pending per priority band (split over the shards);
+    #: a request that would pass it is refused (``inferq.QueuedTokensFull``). None: no bound.
+    max_queued_tokens: int | None = None
     #: Not stored: the fleet's service rate (requests/s) a producer read with the settings
     #: for ``predicted`` admission (``producer.admission``); None when unknown.
     service_rate: float | None = None
+    #: Not stored: what the live ``generate`` workers serve in tokens (``slo.TokenService``),
+    #: read with ``service_rate``; None when unknown.
+    token_service: TokenService | None = None
 
     @property
     def claim_shards(self) -> int:
@@ -96,6 +105,7 @@ def settings_from_hash(raw: Mapping[Any, Any]) -> QueueSettings:
     depth = _int(raw, "max_depth")
     wait = _int(raw, "target_wait_ms")
     idle = _int(raw, "scale_to_zero_after_s")
+    tokens = _int(raw, "max_queued_tokens")
     default = _int(raw, DEFAULT_WEIGHT_FIELD)
     weights: dict[str, int] = {}
     limits: dict[str, int] = {}
@@ -117,7 +127,8 @@ def settings_from_hash(raw: Mapping[Any, Any]) -> QueueSettings:
         default_weight=default if default is not None and 1 <= default <= MAX_WEIGHT
         else DEFAULT_WEIGHT,
         tenant_max_depth=tuple(sorted(limits.items())),
-        order=_choice(raw, "order", ORDERS), admission=_choice(raw, "admission", ADMISSIONS))
+        order=_choice(raw, "order", ORDERS), admission=_choice(raw, "admission", ADMISSIONS),
+        max_queued_tokens=tokens if tokens is not None and tokens >= 1 else None)
 
 
 #: The values of ``order`` and ``admission`` (the first is the default).
@@ -205,9 +216,11 @@ def settings_call(config_key: str, shards: int | None,
                   max_depth: int | Literal["keep"] | None, *,
                   target_wait_ms: int | None = None,
                   scale_to_zero_after_s: int | None = None, order: str | None = None,
-                  admission: str | None = None) -> tuple[list[str], list[str]]:
+                  admission: str | None = None,
+                  max_queued_tokens: int | None = None) -> tuple[list[str], list[str]]:
     """Keys and arguments of ``SET_SETTINGS``; ``max_depth`` None removes the queue's limit;
-    the autoscaling settings, the order and the admission are kept when None."""
+    the autoscaling settings, the order, the admission and the bound on queued tokens are
+    kept when None (``max_queued_tokens`` 0 removes the bound)."""
     if shards is not None:
         check_shards(shards)
     if isinstance(max_depth, int) and (isinstance(max_depth, bool) or max_depth < 0):
@@ -220,6 +233,12 @@ def settings_call(config_key: str, shards: int | None,
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValidationError(f"{name} must be an integer >= 1, got {value!r}")
             args += [name, str(value)]
+    if max_queued_tokens is not None:
+        if (isinstance(max_queued_tokens, bool) or not isinstance(max_queued_tokens, int)
+                or max_queued_tokens < 0):
+            raise ValidationError(
+                f"max_queued_tokens must be an integer >= 0, got {max_queued_tokens!r}")
+        args += ["max_queued_tokens", str(max_queued_tokens)]
     for name, choice, choices in (("order", order, ORDERS), ("admission", admission, ADMISSIONS)):
         if choice is not None:
             if choice not in choices:

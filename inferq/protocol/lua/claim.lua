@@ -24,12 +24,14 @@
   pending is left empty the wake list is cleared, so stale tokens never accumulate.
 
   Output: {now, {{id, payload, token, attempt (this run's number), enqueued ms,
-  deadline ms or '', reply inbox or '', tenant or '', batch cap (0: none), lost runs}, ...}, expired, ms until the next delayed retry is due or -1,
+  deadline ms or '', reply inbox or '', tenant or '', batch cap (0: none), lost runs,
+  the ms admission predicted to its result or 0}, ...}, expired, ms until the next delayed retry is due or -1,
   {corrupt id, reason, ...}, {garbage key, ...}}
 ]]
 -- @include clock
 -- @include request
 -- @include stats
+-- @include queued
 local pending, inflight, stats, delayed, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local leases = KEYS[6]
 local prefix, owner = ARGV[1], ARGV[2]
@@ -49,6 +51,7 @@ if #due > 0 then
       redis.call('HSET', prefix .. K_REQ .. id, F_STATE, STATE_PENDING)
       zadd[#zadd + 1] = r.s
       zadd[#zadd + 1] = id
+      queued_move(r.s, r.qt, 1)
     else
       drop_bad(prefix, id, kind, r, now, ttl, corrupt, garbage)
     end
@@ -64,6 +67,7 @@ local deadline, now_s = num(now + lease), num(now)
 for i, id in ipairs(ids) do
   local kind, r = checked[i][1], checked[i][2]
   local rkey = prefix .. K_REQ .. id
+  if kind == 'ok' then queued_move(r.s, r.qt, -1) end
   if kind == 'ok' and r.dl and r.dl <= now then
     put_result(prefix, id, error_result(id, 'expired', 'deadline_exceeded',
       'the deadline passed while the request was queued', r.a, r.eq, now), ttl, r.rt)
@@ -79,7 +83,7 @@ for i, id in ipairs(ids) do
     tokens[#tokens + 1] = id
     tokens[#tokens + 1] = token
     out[#out + 1] = {id, r.p, token, attempt, num(r.eq), r.dl and num(r.dl) or '', r.rt or '',
-                     r.tn or '', r.cap or 0, r.lost}
+                     r.tn or '', r.cap or 0, r.lost, r.pw}
   else
     drop_bad(prefix, id, kind, r, now, ttl, corrupt, garbage)
   end
@@ -87,6 +91,7 @@ end
 bulk('ZADD', inflight, deadlines)
 bulk('HSET', leases, tokens)
 bulk('ZREM', pending, ids)
+queued_flush(stats)
 flush_inboxes(prefix, ttl)
 if expired > 0 then count_done(stats, 'expired', expired, now) end
 count_bad(stats, #corrupt / 2, #garbage, now)

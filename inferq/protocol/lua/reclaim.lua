@@ -55,6 +55,7 @@
 -- @include graves
 -- @include stats
 -- @include wake
+-- @include queued
 local inflight, pending, dead, wake, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local started, records, leases, workers, conns = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local OWNER_SCAN = 10000
@@ -164,6 +165,7 @@ for i, id in ipairs(ids) do
     redis.call('HDEL', rkey, F_OWNER)
     requeue[#requeue + 1] = r.s
     requeue[#requeue + 1] = id
+    queued_move(r.s, r.qt, 1)
     unstarted = unstarted + 1
   elseif kind == 'ok' then
     lost = lost + 1
@@ -185,6 +187,7 @@ for i, id in ipairs(ids) do
       redis.call('HDEL', rkey, F_OWNER)
       requeue[#requeue + 1] = r.s
       requeue[#requeue + 1] = id
+      queued_move(r.s, r.qt, 1)
     end
   else
     drop_bad(prefix, id, kind, r, now, ttl, corrupt, garbage)
@@ -196,6 +199,7 @@ bulk('HDEL', conns, cleared)
 bulk('ZREM', workers, dead_workers)
 land(inflight, started, leases, ids)
 bulk('ZADD', pending, requeue)
+queued_flush(stats)
 flush_inboxes(prefix, ttl)
 dead_letter(dead, records, stats, cap)
 if died > 0 then count_done(stats, 'dead', died, now) end

@@ -27,6 +27,7 @@
 -- @include checks
 -- @include bulk
 -- @include wake
+-- @include queued
 local dead, records, pending, wake, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = ARGV[1]
 local now = now_ms()
@@ -65,7 +66,7 @@ for i = 2, #ARGV do
         kept[#kept + 1] = 0
         kept[#kept + 1] = F_ENQUEUED
         kept[#kept + 1] = num(now)
-        todo[#todo + 1] = {id = id, score = h[F_SCORE], hash = kept,
+        todo[#todo + 1] = {id = id, score = h[F_SCORE], hash = kept, qt = h[F_QUEUED],
                            tn = type(h[F_TENANT]) == 'string' and h[F_TENANT] or nil}
       end
     end
@@ -82,9 +83,11 @@ if #todo > 0 then
     redis.call('HSET', prefix .. K_REQ .. t.id, unpack(t.hash))
     zadd[#zadd + 1] = t.score
     zadd[#zadd + 1] = t.id
+    queued_move(t.score, t.qt, 1)
     ids[#ids + 1] = t.id
   end
   bulk('ZADD', pending, zadd)
+  queued_flush(stats)
   bulk('ZREM', dead, ids)
   bulk('HDEL', records, ids)
   redis.call('HINCRBY', stats, 'dead_requeued', #todo)

@@ -27,6 +27,7 @@ from prometheus_client import (
 from prometheus_client.exposition import choose_encoder
 
 from inferq.plans import run_async
+from inferq.protocol import slo
 from inferq.stats import sharded_queue_stats
 
 if TYPE_CHECKING:
@@ -99,6 +100,10 @@ class WorkerMetrics:
         self.slo_met = Counter("inferq_slo_met_total",
                                "Finished requests with a latency objective (ttft_slo_ms), by "
                                "whether they met it (goodput)", ["queue", "met"], registry=r)
+        self.slo_ratio = Histogram(
+            "inferq_slo_prediction_ratio",
+            "Requests admission by prediction admitted: actual time to their result (first "
+            "token) over the predicted time", q, buckets=slo.RATIO_BUCKETS, registry=r)
         self.retries = Counter("inferq_retries_total", "Requests sent back for a retry", q,
                                registry=r)
         self.reclaims = Counter("inferq_reclaims_total",
