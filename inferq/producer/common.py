@@ -41,6 +41,7 @@ from inferq.protocol.cost import estimate
 from inferq.protocol.fields import HashState
 from inferq.protocol.generation import check_task_params
 from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys, shard_of
+from inferq.protocol.prefix import affinity_of, prompt_prefixes
 from inferq.protocol.settings import QueueSettings, settings_from_hash
 
 #: Blocking reads are sliced (``inferq.producer.waits``) to stay under the read timeout
@@ -65,6 +66,7 @@ class EnqueueOptions(TypedDict, total=False):
     traceparent: str | None
     tracestate: str | None
     ttft_slo_ms: int | None
+    session: str | None
 
 
 ENQUEUE_KEYS = frozenset(EnqueueOptions.__annotations__)
@@ -214,6 +216,7 @@ def prepare(prompt: object, request: Mapping[str, Any], options: ClientOptions,
         tenant=payload.tenant or "",
         cost=payload.fair_cost,
         slo_ms=payload.ttft_slo_ms or 0,
+        **affinity_of(payload),
     )
     return Prepared(keys=keys, item=item, task=payload.task, model=payload.model,
                     priority=payload.priority)
@@ -380,7 +383,8 @@ def _prepare_prompts(prompts: Sequence[str], defaults: Mapping[str, Any],
         out.append(Prepared(first.keys, ops.EnqueueItem(
             template["id"], item.band, payload, item.deadline_ms, item.max_attempts,
             item.reply_to, item.depth_limit, item.tenant, item.weight,
-            estimate(task, size, params, cost), item.tenant_limit, item.slo_ms, item.policy),
+            estimate(task, size, params, cost), item.tenant_limit, item.slo_ms, item.policy,
+            item.session, prompt_prefixes(prompt) if item.prefixes else ""),
             first.task, first.model, first.priority))
     return out
 

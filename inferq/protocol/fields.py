@@ -49,6 +49,10 @@ class Field(StrEnum):
     CLAIMED = "cl"
     #: The tenant that sent it (``inferq.protocol.fair``); absent without one.
     TENANT = "tn"
+    #: Cache affinity (``inferq.protocol.prefix``): the identity of its session, and its
+    #: prompt's prefix hash chain (space-separated, shortest prefix first); absent: none.
+    SESSION = "ss"
+    PREFIXES = "px"
 
 
 class HashState(StrEnum):

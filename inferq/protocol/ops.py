@@ -82,6 +82,10 @@ class EnqueueItem:
     #: The queue's order and admission (``slo.policy``), as routing read them: the same for
     #: every item of one call.
     policy: str = "fair"
+    #: Cache affinity (``inferq.protocol.prefix``): the session's identity ("" = none) and
+    #: the prompt's prefix hash chain, space-separated ("" = none: not a generate request).
+    session: str = ""
+    prefixes: str = ""
 
 
 def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem], *, atomic: bool = False,
@@ -95,7 +99,7 @@ def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem], *, atomic: bool 
         rows += [item.id, item.band, item.payload,
                  "" if item.deadline_ms is None else item.deadline_ms, item.max_attempts,
                  item.reply_to or "", item.depth_limit, item.tenant, item.weight, item.cost,
-                 item.tenant_limit, item.slo_ms]
+                 item.tenant_limit, item.slo_ms, item.session, item.prefixes]
     args: list[bytes | str | int] = [keys.prefix, packed(rows), policy]
     if atomic:
         args.append("atomic")

@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-from inferq.protocol import cost, fields, keys, scores
+from inferq.protocol import cost, fields, keys, prefix, scores
 from inferq.protocol.codec import WIRE_VERSION
 from inferq.protocol.keys import TENANT_COUNT, USAGE, USAGE_RETENTION_MS
 
@@ -73,7 +73,8 @@ def fair_constants() -> str:
               "DEADLINE_VT_LIMIT": scores.DEADLINE_VT_LIMIT, "MAX_SLO_MS": scores.MAX_SLO_MS}
     return (f"local {', '.join(values)} = "
             f"{', '.join(str(v) for v in values.values())}\n"
-            f"local TENANT_COUNT = '{TENANT_COUNT}'\n")
+            f"local TENANT_COUNT = '{TENANT_COUNT}'\n"
+            f"local AFFINITY_HEX, AFFINITY_CHAIN = {prefix.HASH_HEX}, {prefix.MAX_CHAIN}\n")
 
 
 def _expand(text: str, done: set[str]) -> str:
