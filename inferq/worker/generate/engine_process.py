@@ -547,7 +547,8 @@ class _EngineSide:
             lm = CausalLM(spec.path, device=device, dtype=dtype, model_id=spec.model_id)
             # After the weights: on CUDA the KV cache takes a share of the memory they left
             # free.
-            self.engine = Engine(lm, spec.settings.budget(lm))
+            self.engine = Engine(lm, spec.settings.budget(lm),
+                                 prefix_cache_bytes=spec.settings.prefix_cache_bytes)
         budget = self.engine.budget
         self.load_s = time.monotonic() - started
         log.info("loaded model %s (weights) on %s in %.1f s (%s engine); %s", spec.model_id,

@@ -82,7 +82,8 @@ class GenerationWorker(QueueWorker[Generation]):
         self.budget = (self.settings.budget(lm) if self.budget_known
                        else self.settings.provisional_budget(lm))
         # Here, with an engine process, it only prepares generations (no forward, no cache).
-        self.engine = Engine(lm, self.budget, clock=clock)
+        self.engine = Engine(lm, self.budget, clock=clock, prefix_cache_bytes=(
+            self.settings.prefix_cache_bytes if self.budget_known else 0))
         self.stats = GenerationStats()
         self._order = itertools.count()
         self._maybe_pending = True
