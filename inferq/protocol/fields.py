@@ -53,6 +53,9 @@ class Field(StrEnum):
     #: prompt's prefix hash chain (space-separated, shortest prefix first); absent: none.
     SESSION = "ss"
     PREFIXES = "px"
+    #: When a claim under cache affinity first passed it over (ms, Redis clock): it is due,
+    #: taken before any preference, ``affinity_max_wait_ms`` later. Absent: never passed over.
+    SKIPPED = "sk"
 
 
 class HashState(StrEnum):

@@ -36,6 +36,10 @@ BLOCK_CHARS = 256
 #: Links kept of a chain (the first ones).
 MAX_CHAIN = 32
 HASH_HEX = 16
+#: Identities a worker publishes at most (``inferq.worker.generate.prefixcache``).
+MAX_HELD = 256
+#: How far past the head of its band a claim under cache affinity looks (its window).
+CLAIM_WINDOW = 64
 #: A session id as a caller gives it (SDK ``session=``, the gateway's ``X-Session-Id``).
 SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 
@@ -96,6 +100,14 @@ def affinity_of(payload: RequestPayload) -> Affinity:
     session = "" if payload.session is None else session_key(payload.tenant, payload.session)
     return {"session": session,
             "prefixes": " ".join(chain_of(payload.prompt, payload.messages))}
+
+
+def identities_of(payload: RequestPayload) -> list[str]:
+    """What a worker holds once it cached the request's prompt: its session's identity
+    (if any) and every link of its chain."""
+    affinity = affinity_of(payload)
+    session = [affinity["session"]] if affinity["session"] else []
+    return session + affinity["prefixes"].split()
 
 
 def prompt_prefixes(prompt: str) -> str:

@@ -42,7 +42,7 @@ from inferq.protocol.keys import TENANT_COUNT, USAGE, USAGE_RETENTION_MS
 
 #: Every script, by name (its file is ``lua/<name>.lua``).
 NAMES = ("enqueue", "claim", "peek", "start", "heartbeat", "complete", "reclaim", "release",
-         "cancel", "stream", "stream_end", "requeue", "purge")
+         "cancel", "stream", "stream_end", "requeue", "purge", "hold")
 
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.MULTILINE)
 
@@ -74,7 +74,9 @@ def fair_constants() -> str:
     return (f"local {', '.join(values)} = "
             f"{', '.join(str(v) for v in values.values())}\n"
             f"local TENANT_COUNT = '{TENANT_COUNT}'\n"
-            f"local AFFINITY_HEX, AFFINITY_CHAIN = {prefix.HASH_HEX}, {prefix.MAX_CHAIN}\n")
+            f"local AFFINITY_HEX, AFFINITY_CHAIN = {prefix.HASH_HEX}, {prefix.MAX_CHAIN}\n"
+            f"local AFFINITY_WINDOW, AFFINITY_MAX_HELD = {prefix.CLAIM_WINDOW}, "
+            f"{prefix.MAX_HELD}\n")
 
 
 def _expand(text: str, done: set[str]) -> str:

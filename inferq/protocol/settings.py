@@ -12,6 +12,9 @@ from inferq.protocol.cost import DEFAULT_WEIGHT, MAX_WEIGHT, check_weight
 from inferq.protocol.keys import check_tenant
 
 MAX_SHARDS = 1024
+#: How long a claim under cache affinity may pass a request over (ms), by default.
+DEFAULT_AFFINITY_MAX_WAIT_MS = 500
+MAX_AFFINITY_WAIT_MS = 600_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,11 @@ class QueueSettings:
     #: ``predicted``: refuse at enqueue a request whose objective the queue cannot meet
     #: (``inferq.WouldMissSlo``); ``off``: admit all.
     admission: str = "off"
+    #: Cache affinity (``inferq.worker.generate.affinity``): ``off`` (claims take the head),
+    #: ``prefix`` or ``session`` (a claim prefers, inside the head's band, the requests whose
+    #: prefix or session the worker holds), and how much longer a request may wait for it.
+    affinity: str = "off"
+    affinity_max_wait_ms: int = DEFAULT_AFFINITY_MAX_WAIT_MS
     #: Not stored: the fleet's service rate (requests/s) a producer read with the settings
     #: for ``predicted`` admission (``producer.admission``); None when unknown.
     service_rate: float | None = None
@@ -97,6 +105,7 @@ def settings_from_hash(raw: Mapping[Any, Any]) -> QueueSettings:
     wait = _int(raw, "target_wait_ms")
     idle = _int(raw, "scale_to_zero_after_s")
     default = _int(raw, DEFAULT_WEIGHT_FIELD)
+    wait_ms = _int(raw, "affinity_max_wait_ms")
     weights: dict[str, int] = {}
     limits: dict[str, int] = {}
     for key, value in raw.items():
@@ -117,12 +126,16 @@ def settings_from_hash(raw: Mapping[Any, Any]) -> QueueSettings:
         default_weight=default if default is not None and 1 <= default <= MAX_WEIGHT
         else DEFAULT_WEIGHT,
         tenant_max_depth=tuple(sorted(limits.items())),
-        order=_choice(raw, "order", ORDERS), admission=_choice(raw, "admission", ADMISSIONS))
+        order=_choice(raw, "order", ORDERS), admission=_choice(raw, "admission", ADMISSIONS),
+        affinity=_choice(raw, "affinity", AFFINITIES),
+        affinity_max_wait_ms=wait_ms if wait_ms is not None
+        and 0 <= wait_ms <= MAX_AFFINITY_WAIT_MS else DEFAULT_AFFINITY_MAX_WAIT_MS)
 
 
 #: The values of ``order`` and ``admission`` (the first is the default).
 ORDERS = ("fair", "deadline")
 ADMISSIONS = ("off", "predicted")
+AFFINITIES = ("off", "prefix", "session")
 
 
 def _choice(raw: Mapping[Any, Any], name: str, choices: tuple[str, ...]) -> str:
@@ -205,7 +218,8 @@ def settings_call(config_key: str, shards: int | None,
                   max_depth: int | Literal["keep"] | None, *,
                   target_wait_ms: int | None = None,
                   scale_to_zero_after_s: int | None = None, order: str | None = None,
-                  admission: str | None = None) -> tuple[list[str], list[str]]:
+                  admission: str | None = None, affinity: str | None = None,
+                  affinity_max_wait_ms: int | None = None) -> tuple[list[str], list[str]]:
     """Keys and arguments of ``SET_SETTINGS``; ``max_depth`` None removes the queue's limit;
     the autoscaling settings, the order and the admission are kept when None."""
     if shards is not None:
@@ -220,7 +234,14 @@ def settings_call(config_key: str, shards: int | None,
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValidationError(f"{name} must be an integer >= 1, got {value!r}")
             args += [name, str(value)]
-    for name, choice, choices in (("order", order, ORDERS), ("admission", admission, ADMISSIONS)):
+    if affinity_max_wait_ms is not None:
+        if (isinstance(affinity_max_wait_ms, bool) or not isinstance(affinity_max_wait_ms, int)
+                or not 0 <= affinity_max_wait_ms <= MAX_AFFINITY_WAIT_MS):
+            raise ValidationError(f"affinity_max_wait_ms must be an integer in "
+                                  f"0..{MAX_AFFINITY_WAIT_MS}, got {affinity_max_wait_ms!r}")
+        args += ["affinity_max_wait_ms", str(affinity_max_wait_ms)]
+    for name, choice, choices in (("order", order, ORDERS), ("admission", admission, ADMISSIONS),
+                                  ("affinity", affinity, AFFINITIES)):
         if choice is not None:
             if choice not in choices:
                 raise ValidationError(f"{name} must be one of {', '.join(choices)}, "

@@ -131,6 +131,9 @@ class Generation:
     swapped: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     #: Prompt tokens its last admission took from the prefix cache instead of computing.
     cached_tokens: int = 0
+    #: Its identities for cache affinity (``inferq.protocol.prefix``: prefix hashes and
+    #: session), held by the prefix cache while its prompt is.
+    identities: tuple[str, ...] = ()
 
     def count_step(self, batch: int, now: float) -> None:
         """This sequence took part in a decode step of ``batch`` sequences that ended at
@@ -220,8 +223,8 @@ class Engine:
     def new_generation(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
                        *, priority: int = 0, order: int = 0, tag: Any = None,
                        alone: bool = False, streamed: Sequence[int] = (),
-                       shown: str = "", trace_headers: dict[str, str] | None = None
-                       ) -> Generation:
+                       shown: str = "", trace_headers: dict[str, str] | None = None,
+                       identities: Sequence[str] = ()) -> Generation:
         """A generation ready to admit; ``max_new`` is capped by the model's context.
 
         ``streamed``: the tokens a previous attempt already put in the request's stream, whose
@@ -235,7 +238,7 @@ class Engine:
             max_new=max(0, min(params.max_new_tokens, room)),
             detok=Detokenizer(self.lm.decode, prompt_ids, params.stop, backend=self.lm.backend),
             priority=priority, order=order, generator=generator, tag=tag, alone=alone,
-            trace_headers=trace_headers,
+            trace_headers=trace_headers, identities=tuple(identities),
         )
         if streamed:
             self._resume(g, streamed, shown)
@@ -425,8 +428,9 @@ class Engine:
         firsts = self._admit(admitted, logits)
         if self.prefix is not None:  # before any sequence leaves: the rows are as computed
             for g in admitted:
-                self.prefix.insert(g.prompt_ids, min(g.length, len(g.prompt_ids)),
-                                   partial(self.cache.read_block, g.row))
+                length = min(g.length, len(g.prompt_ids))
+                self.prefix.insert(g.prompt_ids, length, partial(self.cache.read_block, g.row))
+                self.prefix.tie(g.identities, g.prompt_ids, length)
         for g, (token, lp) in zip(admitted, firsts, strict=True):
             self._accept(g, token, lp)
 

@@ -123,6 +123,8 @@ class EngineProcess:
         #: None until the first one is ready.
         self.budget: Budget | None = None
         self._state = wire.EngineState(running=0, due=0, max_slots=0, step=0)
+        self._held_identities: list[str] = []
+        self.held_version = 0
         #: Steps the engine finished between a cancellation's arrival there and its effect,
         #: as it reported them (``StepLoop.cancel_lags``).
         self.cancel_lags: deque[int] = deque(maxlen=64)
@@ -186,7 +188,7 @@ class EngineProcess:
                 self._held[g.id] = g
         self._send(wire.Submit([wire.GenerationSpec(
             g.id, g.prompt_ids, g.params.model_dump(), g.priority, g.order, g.alone,
-            g.tokens, g.detok.text[:g.detok.emitted], g.trace_headers)
+            g.tokens, g.detok.text[:g.detok.emitted], g.trace_headers, list(g.identities))
             for g in generations]))
 
     def cancel(self, request_ids: Sequence[str]) -> None:
@@ -228,6 +230,21 @@ class EngineProcess:
     def step(self) -> int:
         """The engine's step count, as it last reported it."""
         return self._state.step
+
+    def _adopt(self, state: wire.EngineState) -> None:
+        """(Holding the lock.) The engine's state as its last message reported it."""
+        self._state = state
+        if state.held is not None:
+            self._held_identities = state.held
+            self.held_version += 1
+
+    def prefix_state(self) -> tuple[int, list[str], int, int]:
+        """The prefix cache as the engine last reported it: (a version that changes with
+        the identities held, those identities, prompt tokens, reused tokens)."""
+        with self._lock:
+            state = self._state
+            return (self.held_version, self._held_identities, state.prefix_prompt_tokens,
+                    state.prefix_reused_tokens)
 
     @property
     def engine_stats(self) -> tuple[float, int]:
@@ -302,7 +319,7 @@ class EngineProcess:
 
     def _on_capacity(self, message: wire.Capacity) -> None:
         with self._lock:
-            self._state = message.state
+            self._adopt(message.state)
         self.events.capacity_changed()
 
     def _on_cancelled(self, message: wire.Cancelled) -> None:
@@ -358,7 +375,7 @@ class EngineProcess:
     def _on_steps(self, message: wire.Steps) -> None:
         outs: list[StepOutput] = []
         with self._lock:
-            self._state = message.state
+            self._adopt(message.state)
             for record in message.steps:
                 out = self._apply(record)
                 out.delivered = message.state.step
@@ -555,6 +572,7 @@ class _EngineSide:
                  lm.device, self.load_s, spec.engine, describe_budget(budget, lm.kv))
         self.steps = StepLoop(self.engine, self, max_preemptions=spec.settings.max_preemptions,
                               swap_bytes=swap_bytes)
+        self._held_sent = -1
         self.outbox = Outbox(conn, self.steps, self._state)
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             wire.Submit: self._on_submit, wire.Cancel: self._on_cancel,
@@ -594,10 +612,18 @@ class _EngineSide:
     def _state(self) -> wire.EngineState:
         allocated, reserved = self._device_memory()
         kv_usage, preemptions = self._engine_stats()
+        prefix = getattr(self.engine, "prefix", None)
+        held, prompt, reused = None, 0, 0
+        if prefix is not None:
+            prompt, reused = prefix.stats.prompt_tokens, prefix.stats.reused_tokens
+            if prefix.version != self._held_sent:
+                self._held_sent, held = prefix.version, prefix.held()
         return wire.EngineState(running=self.steps.running_count, due=self.steps.due,
                                 max_slots=self.engine.slots_now(), step=self.engine.steps,
                                 device_allocated=allocated, device_reserved=reserved,
-                                kv_usage=kv_usage, engine_preemptions=preemptions)
+                                kv_usage=kv_usage, engine_preemptions=preemptions,
+                                prefix_prompt_tokens=prompt, prefix_reused_tokens=reused,
+                                held=held)
 
     def _engine_stats(self) -> tuple[float, int]:
         """vLLM's KV cache usage and own preemptions ((0.0, 0) for the transformers engine)."""
@@ -639,7 +665,7 @@ class _EngineSide:
         self.steps.submit([self.engine.new_generation(
             spec.id, spec.prompt_ids, GenerationParams(**spec.params), priority=spec.priority,
             order=spec.order, alone=spec.alone, streamed=spec.streamed, shown=spec.shown,
-            trace_headers=spec.trace_headers)
+            trace_headers=spec.trace_headers, identities=spec.identities)
             for spec in message.generations])
 
     def _on_cancel(self, message: wire.Cancel) -> None:

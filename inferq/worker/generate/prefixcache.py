@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from inferq.protocol.prefix import MAX_HELD
+
 #: Tokens per block: the granularity of a hit.
 BLOCK = 16
 
@@ -63,8 +65,12 @@ class PrefixCache:
         self.entries: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self.bytes = 0
         self.stats = PrefixStats()
-        #: Called with the names of evicted blocks (the worker unpublishes what they held).
-        self.on_evict: Callable[[list[bytes]], None] | None = None
+        #: Request identities (a prompt's prefix hashes and session, computed from its text:
+        #: ``inferq.protocol.prefix``) -> the blocks that end the cached prompts carrying them;
+        #: an identity is held while one of those blocks is. ``version`` counts changes.
+        self._held: OrderedDict[str, set[bytes]] = OrderedDict()
+        self._tied: dict[bytes, set[str]] = {}
+        self.version = 0
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -110,6 +116,48 @@ class PrefixCache:
                 self.entries.move_to_end(name)
         return added
 
+    def tie(self, identities: Sequence[str], ids: Sequence[int], length: int) -> None:
+        """The prompt ``ids`` carrying ``identities`` has its first ``length`` tokens cached
+        (as far as the cache holds them): each identity is held while the last cached block
+        of that prompt is."""
+        if not identities:
+            return
+        last: bytes | None = None
+        for name in block_names(ids, length // BLOCK):
+            if name not in self.entries:
+                break
+            last = name
+        if last is None:
+            return
+        tied = self._tied.setdefault(last, set())
+        for identity in identities:
+            blocks = self._held.get(identity)
+            if blocks is None:
+                blocks = self._held[identity] = set()
+                self.version += 1
+            blocks.add(last)
+            tied.add(identity)
+            self._held.move_to_end(identity)
+        while len(self._held) > MAX_HELD:
+            identity, blocks = self._held.popitem(last=False)
+            for name in blocks:
+                self._tied.get(name, set()).discard(identity)
+            self.version += 1
+
+    def held(self) -> list[str]:
+        """The identities held, most recently used last."""
+        return list(self._held)
+
+    def _untie(self, evicted: list[bytes]) -> None:
+        for name in evicted:
+            for identity in self._tied.pop(name, ()):
+                blocks = self._held.get(identity)
+                if blocks is not None:
+                    blocks.discard(name)
+                    if not blocks:
+                        del self._held[identity]
+                        self.version += 1
+
     def shrink(self) -> None:
         """Evict down to the bound (after the slot cache grew)."""
         self._make_room(0)
@@ -118,8 +166,7 @@ class PrefixCache:
         evicted = list(self.entries)
         self.entries.clear()
         self.bytes = 0
-        if evicted and self.on_evict is not None:
-            self.on_evict(evicted)
+        self._untie(evicted)
 
     def _bound(self) -> int:
         return max(0, min(self.limit, self.room()))
@@ -134,6 +181,5 @@ class PrefixCache:
             self.bytes -= block.numel() * block.element_size()
             evicted.append(name)
         self.stats.evicted_blocks += len(evicted)
-        if evicted and self.on_evict is not None:
-            self.on_evict(evicted)
+        self._untie(evicted)
         return True
