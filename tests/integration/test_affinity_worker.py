@@ -9,9 +9,11 @@ import pytest
 import redis
 
 import inferq
+from inferq.cli.stats import format_generation
 from inferq.protocol import prefix
 from inferq.protocol.codec import build_request
 from inferq.protocol.keys import QueueKeys
+from inferq.stats import _window
 from tests.integration.test_generate_worker import until
 from tests.support.generation import MODEL
 
@@ -62,7 +64,22 @@ async def test_a_worker_claims_what_it_holds_first(
         model=MODEL, task="generate", params=PARAMS)
     other_result, same_result = await other.result(timeout=30), await same.result(timeout=30)
     assert other_result.started_ms is not None and same_result.started_ms is not None
-    if affinity == "prefix":  # the request whose system prompt the worker holds goes first
-        assert same_result.started_ms < other_result.started_ms
-    else:                     # the head goes first
+    if affinity == "off":  # the head goes first
         assert other_result.started_ms < same_result.started_ms
+        return
+    # the request whose system prompt the worker holds goes first
+    assert same_result.started_ms < other_result.started_ms
+    # Visible: Prometheus, and inferq stats (the worker's window hash)
+    sample = worker.metrics.registry.get_sample_value
+    labels = {"queue": KEYS.queue}
+    assert sample("inferq_affinity_claimed_total", labels) == 1
+    assert sample("inferq_claimed_total", labels) == 3
+    window = KEYS.window(worker.config.worker_id)
+    await until(lambda: r.hget(window, "affinity_claimed") == b"1"
+                and r.hget(window, "claimed") == b"3", what="the published stats")
+    fields = _window(r.hgetall(window))
+    assert 0 < fields["prefix_reused_tokens"] < fields["prefix_prompt_tokens"]
+    assert sample("inferq_prefix_cache_reused_tokens", labels) == fields["prefix_reused_tokens"]
+    line = format_generation(worker.config.worker_id, fields)
+    rate = fields["prefix_reused_tokens"] / fields["prefix_prompt_tokens"]
+    assert f"prefix cache hit rate {rate:.0%}" in line and "affinity claims 1/3" in line

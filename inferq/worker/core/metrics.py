@@ -144,7 +144,10 @@ class WorkerMetrics:
         self.ttft = Histogram("inferq_time_to_first_token_seconds",
                               "generate: from enqueue to the first text in the stream",
                               ["queue", "priority"], buckets=LATENCY_BUCKETS, registry=r)
-        # Cache affinity (``inferq.worker.generate.affinity``).
+        # Cache affinity (``inferq.worker.generate.affinity``): also kept as plain counts
+        # for the window hash (``inferq stats``).
+        self.claims_total = 0
+        self.affinity_claims_total = 0
         self.claimed = Counter("inferq_claimed_total", "Requests this worker claimed", q,
                                registry=r)
         self.affinity_claimed = Counter(
@@ -247,6 +250,8 @@ class WorkerMetrics:
             self.tenant_cost.labels(self.queue, label).inc(costs[label])
 
     def count_claims(self, claimed: int, preferred: int) -> None:
+        self.claims_total += claimed
+        self.affinity_claims_total += preferred
         if claimed:
             self.claimed.labels(self.queue).inc(claimed)
         if preferred:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from redis.exceptions import RedisError
 
 from inferq.protocol import ops
+from inferq.worker.core.metrics import WorkerMetrics
 from inferq.worker.core.queue_link import QueueLink
 from inferq.worker.generate.engine import Engine
 from inferq.worker.generate.steploop import Steps
@@ -34,6 +35,19 @@ log = logging.getLogger("inferq.worker")
 SATURATED = 0.9
 #: How often the held identities are looked at (in memory) for a change.
 CHECK_S = 0.2
+
+
+def affinity_fields(metrics: WorkerMetrics, held: int, prompt_tokens: int,
+                    reused_tokens: int) -> dict[str, str]:
+    """The prefix cache's and the claims' figures: set on the Prometheus gauges, and returned
+    for the worker's window hash (``inferq stats``)."""
+    q = metrics.queue
+    metrics.prefix_prompt_tokens.labels(q).set(prompt_tokens)
+    metrics.prefix_reused_tokens.labels(q).set(reused_tokens)
+    return {"held_prefixes": str(held), "prefix_prompt_tokens": str(prompt_tokens),
+            "prefix_reused_tokens": str(reused_tokens),
+            "claimed": str(metrics.claims_total),
+            "affinity_claimed": str(metrics.affinity_claims_total)}
 
 
 def held_ttl_ms(lease_ms: int) -> int:

@@ -43,6 +43,7 @@ from inferq.worker.core.results import (
 from inferq.worker.core.wake import wait_any
 from inferq.worker.generate.affinity import (
     HeldPublisher,
+    affinity_fields,
     claim_mode,
     held_ttl_ms,
     saturated,
@@ -501,6 +502,8 @@ class GenerationWorker(QueueWorker[Generation]):
         fields = self.stats.as_fields(self.steps.running_count, self.steps.waiting_count)
         fields.update({"model": self.lm.model_id, "device": self.lm.device,
                        **self.metrics.dashboard_fields()})
+        _, held, prompt, reused = self.steps.prefix_state()
+        fields.update(affinity_fields(self.metrics, len(held), prompt, reused))
         known, budget = self.budget_known, self.budget  # in this order: see _adopt_budget
         if known:  # not before the engine process sized it
             fields.update({"max_slots": str(budget.max_slots),
