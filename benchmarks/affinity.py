@@ -61,6 +61,9 @@ class AffinityConfig:
     seconds: float = flag(positive_float, ByMode(60.0, 6.0), "how long requests arrive")
     max_new_tokens: int = flag(positive_int, 8)
     slots: int = flag(positive_int, 4, "--max-slots of each worker")
+    prefix_cache_mb: float = flag(positive_float, ByMode(140.0, 0.4),
+                                  "--prefix-cache-mb of each worker: about half the system "
+                                  "prompts fit (SmolLM2: 45 KiB per token)")
     torch_threads: int = flag(positive_int, 1, "--torch-threads of each worker")
     max_wait_ms: int = flag(positive_int, 2000, "--affinity-max-wait-ms")
     seed: int = flag(int, 11)
@@ -107,7 +110,8 @@ def _workers(run: Run[AffinityConfig], url: str, variant: str, trial: int,
     cfg = run.cfg
     queue_model = f"aff-{variant}-t{trial}"
     flags = ["--device", "cpu", "--max-slots", str(cfg.slots), "--torch-threads",
-             str(cfg.torch_threads), *([] if cache else ["--prefix-cache-mb", "0"])]
+             str(cfg.torch_threads), "--prefix-cache-mb",
+             str(cfg.prefix_cache_mb) if cache else "0"]
     return [spawn_worker(run.cleanup, url, model_arg=f"{queue_model}={source}",
                          worker_id=f"bench-{queue_model}-{i}", log_dir=run.log_dir,
                          flags=flags, log_level="INFO", task="generate")

@@ -166,3 +166,17 @@ def test_held_sets_expire_are_replaced_and_refuse_bad_input(r: redis.Redis) -> N
     with pytest.raises(redis.ResponseError, match="bad arguments"):
         hold(r, "w1", [f"{i:016x}" for i in range(prefix.MAX_HELD + 1)])
     assert not r.exists(key)
+
+
+def test_damaged_entries_fail_alone_and_get_no_hash(client: inferq.Client,
+                                                    r: redis.Redis) -> None:
+    held = enqueue(client, "a1", SYSTEM_A)
+    enqueue(client, "b1", SYSTEM_B)
+    # a pending id without its hash (garbage), at the head of the same band
+    r.zadd(KEYS.pending, {"ghost": int(r.zscore(KEYS.pending, "a1") or 0) - 1})
+    hold(r, "w1", held)
+    reply = claim(r, "w1", 1)
+    assert ids(reply) == ["a1"]
+    assert not r.exists(KEYS.request("ghost"))  # passed over, yet no hash was made for it
+    reply = claim(r, "w1", 2)
+    assert ids(reply) == ["b1"] and reply.garbage == [KEYS.request("ghost")]

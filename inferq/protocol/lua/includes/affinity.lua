@@ -34,9 +34,12 @@ local function affinity_pick(prefix, pending, top, max_n, owner, mode, max_wait,
                             math.max(AFFINITY_WINDOW, max_n))
   local due, ranked, rest, rank = {}, {}, {}, {}
   for i, id in ipairs(window) do
-    local h = redis.pcall('HMGET', prefix .. K_REQ .. id, F_SESSION, F_PREFIXES, F_SKIPPED)
+    local h = redis.pcall('HMGET', prefix .. K_REQ .. id, F_SESSION, F_PREFIXES, F_SKIPPED,
+                          F_ENQUEUED)
     local r = 0
-    if type(h) == 'table' then
+    if type(h) ~= 'table' or not h[4] then
+      r = -2  -- not a request hash (the claim's checks answer it): taken in plain order
+    else
       local skipped = tonumber(h[3])
       if skipped and now - skipped >= max_wait then
         r = -1
@@ -52,7 +55,7 @@ local function affinity_pick(prefix, pending, top, max_n, owner, mode, max_wait,
       end
     end
     rank[id] = r
-    if r < 0 then due[#due + 1] = id
+    if r == -1 then due[#due + 1] = id
     elseif r > 0 then ranked[#ranked + 1] = {id, r, i}
     else rest[#rest + 1] = id end
   end
@@ -76,7 +79,7 @@ local function affinity_pick(prefix, pending, top, max_n, owner, mode, max_wait,
   local skipped = {}
   for i = 1, math.min(max_n, #window) do
     local id = window[i]
-    if not taken[id] and rank[id] >= 0 then skipped[#skipped + 1] = id end
+    if not taken[id] and rank[id] == 0 then skipped[#skipped + 1] = id end
   end
   return out, preferred, skipped
 end
