@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -180,3 +181,22 @@ def test_damaged_entries_fail_alone_and_get_no_hash(client: inferq.Client,
     assert not r.exists(KEYS.request("ghost"))  # passed over, yet no hash was made for it
     reply = claim(r, "w1", 2)
     assert ids(reply) == ["b1"] and reply.garbage == [KEYS.request("ghost")]
+
+
+def test_the_queue_settings_are_set_and_shown_by_the_cli(
+        redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from inferq.cli.main import main
+
+    assert main(["queue", "show", "generate:m", "--redis-url", redis_url]) == 0
+    assert "affinity off, max wait 500 ms" in capsys.readouterr().out
+    assert main(["queue", "set", "generate:m", "--affinity", "prefix",
+                 "--affinity-max-wait-ms", "250", "--redis-url", redis_url]) == 0
+    assert "affinity prefix, max wait 250 ms" in capsys.readouterr().out
+    assert main(["queue", "show", "generate:m", "--json", "--redis-url", redis_url]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["affinity"] == "prefix" and data["affinity_max_wait_ms"] == 250
+    assert main(["queue", "set", "generate:m", "--affinity-max-wait-ms", "-1",
+                 "--redis-url", redis_url]) == 2
+    assert "affinity_max_wait_ms must be an integer in 0..600000" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["queue", "set", "generate:m", "--affinity", "sometimes", "--redis-url", redis_url])
