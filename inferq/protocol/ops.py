@@ -169,7 +169,8 @@ def claim_call(keys: QueueKeys, owner: str, lease_ms: int, max_count: int,
     ``affinity``: '' (the head, in order), or ``prefix`` / ``session``: prefer, inside the
     head's band, the requests whose prefix or session the worker holds
     (``lua/includes/affinity.lua``), none passed over longer than ``affinity_max_wait_ms``."""
-    return ([keys.pending, keys.inflight, keys.stats, keys.delayed, keys.wake, keys.leases],
+    return ([keys.pending, keys.inflight, keys.stats, keys.delayed, keys.wake, keys.leases,
+             keys.workers],
             [keys.prefix, owner, lease_ms, max_count, result_ttl_ms,
              "" if max_score is None else max_score, affinity, affinity_max_wait_ms])
 

@@ -38,6 +38,8 @@ MAX_CHAIN = 32
 HASH_HEX = 16
 #: Identities a worker publishes at most (``inferq.worker.generate.prefixcache``).
 MAX_HELD = 256
+#: The member of a worker's held set that says it is saturated.
+SATURATED = "saturated"
 #: How far past the head of its band a claim under cache affinity looks (its window).
 CLAIM_WINDOW = 64
 #: A session id as a caller gives it (SDK ``session=``, the gateway's ``X-Session-Id``).

@@ -76,7 +76,8 @@ def fair_constants() -> str:
             f"local TENANT_COUNT = '{TENANT_COUNT}'\n"
             f"local AFFINITY_HEX, AFFINITY_CHAIN = {prefix.HASH_HEX}, {prefix.MAX_CHAIN}\n"
             f"local AFFINITY_WINDOW, AFFINITY_MAX_HELD = {prefix.CLAIM_WINDOW}, "
-            f"{prefix.MAX_HELD}\n")
+            f"{prefix.MAX_HELD}\n"
+            f"local AFFINITY_SATURATED = '{prefix.SATURATED}'\n")
 
 
 def _expand(text: str, done: set[str]) -> str:

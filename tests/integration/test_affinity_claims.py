@@ -165,7 +165,7 @@ def test_held_sets_expire_are_replaced_and_refuse_bad_input(r: redis.Redis) -> N
     with pytest.raises(redis.ResponseError, match="bad identity"):
         hold(r, "w1", ["not-hex"])
     with pytest.raises(redis.ResponseError, match="bad arguments"):
-        hold(r, "w1", [f"{i:016x}" for i in range(prefix.MAX_HELD + 1)])
+        hold(r, "w1", [f"{i:016x}" for i in range(prefix.MAX_HELD + 2)])
     assert not r.exists(key)
 
 
@@ -200,3 +200,52 @@ def test_the_queue_settings_are_set_and_shown_by_the_cli(
     assert "affinity_max_wait_ms must be an integer in 0..600000" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["queue", "set", "generate:m", "--affinity", "sometimes", "--redis-url", redis_url])
+
+
+def live(r: redis.Redis, worker: str, alive: bool = True) -> None:
+    seconds, micros = r.time()
+    now_ms = seconds * 1000 + micros // 1000
+    r.zadd(KEYS.workers, {worker: now_ms + (60_000 if alive else -1000)})
+
+
+def test_a_request_another_worker_holds_is_left_to_it_until_saturated_or_due(
+        client: inferq.Client, r: redis.Redis) -> None:
+    theirs = enqueue(client, "a1", SYSTEM_A)
+    enqueue(client, "b1", SYSTEM_B)
+    live(r, "w1")
+    live(r, "w2")
+    hold(r, "w2", theirs[:1])
+    reply = claim(r, "w1", 1, max_wait_ms=1500)  # w1 holds nothing: a1 is w2's
+    assert ids(reply) == ["b1"] and reply.preferred == 0
+    assert reply.next_retry_ms is not None and 0 < reply.next_retry_ms <= 1500
+    assert ids(claim(r, "w1", 1, max_wait_ms=1500)) == []   # only w2's request is left
+    # w2 is saturated: anyone takes it (sticky until saturated)
+    hold(r, "w2", [*theirs[:1], prefix.SATURATED])
+    assert ids(claim(r, "w1", 1)) == ["a1"]
+
+
+def test_a_left_request_is_due_after_max_wait_and_dead_holders_do_not_count(
+        client: inferq.Client, r: redis.Redis) -> None:
+    theirs = enqueue(client, "a1", SYSTEM_A)
+    live(r, "w1")
+    live(r, "w2")
+    hold(r, "w2", theirs)
+    assert ids(claim(r, "w1", 1)) == []
+    first = int(r.hget(KEYS.request("a1"), Field.SKIPPED) or 0)
+    r.hset(KEYS.request("a1"), Field.SKIPPED, first - 500)  # 500 ms passed
+    assert ids(claim(r, "w1", 1, max_wait_ms=500)) == ["a1"]
+    # a holder whose liveness lapsed holds nothing anyone waits for
+    theirs = enqueue(client, "a2", SYSTEM_A, "again")
+    live(r, "w2", alive=False)
+    assert ids(claim(r, "w1", 1)) == ["a2"]
+
+
+def test_the_holder_with_the_longest_prefix_wins(client: inferq.Client,
+                                                 r: redis.Redis) -> None:
+    turn = enqueue(client, "t1", SYSTEM_A, "first question")
+    live(r, "w1")
+    live(r, "w2")
+    hold(r, "w1", turn[:1])   # the system prompt
+    hold(r, "w2", turn)       # the whole conversation so far
+    assert ids(claim(r, "w1", 1)) == []
+    assert ids(claim(r, "w2", 1)) == ["t1"]

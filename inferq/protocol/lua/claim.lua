@@ -8,6 +8,7 @@
     KEYS[4] delayed
     KEYS[5] wake
     KEYS[6] leases
+    KEYS[7] workers
     ARGV[1] prefix
     ARGV[2] owner
     ARGV[3] lease_ms
@@ -24,6 +25,9 @@
   counts runs). A request whose deadline already passed is answered 'expired' and never
   runs; a damaged one is answered 'corrupt_request'; garbage is dropped and counted. When
   pending is left empty the wake list is cleared, so stale tokens never accumulate.
+
+  Under cache affinity (includes/affinity.lua), the ms until the next delayed retry also
+  counts the ms until a request left for another worker becomes due.
 
   Output: {now, {{id, payload, token, attempt (this run's number), enqueued ms,
   deadline ms or '', reply inbox or '', tenant or '', batch cap (0: none), lost runs}, ...}, expired, ms until the next delayed retry is due or -1,
@@ -61,9 +65,10 @@ if #due > 0 then
 end
 -- 2. the claim: read and check the window, then write
 local mode, max_wait = ARGV[7] or '', tonumber(ARGV[8] or '0') or 0
-local ids, preferred, passed = nil, 0, {}
+local ids, preferred, passed, affinity_due = nil, 0, {}, -1
 if mode == 'prefix' or mode == 'session' then
-  ids, preferred, passed = affinity_pick(prefix, pending, top, max_n, owner, mode, max_wait, now)
+  ids, preferred, passed, affinity_due = affinity_pick(prefix, pending, KEYS[7], top, max_n,
+                                                       owner, mode, max_wait, now)
 else
   ids = redis.call('ZRANGEBYSCORE', pending, '-inf', top, 'LIMIT', 0, max_n)
 end
@@ -107,4 +112,5 @@ if redis.call('ZCARD', pending) == 0 then redis.call('DEL', wake) end
 local next_due = -1
 local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
 if first[2] then next_due = math.max(tonumber(first[2]) - now, 0) end
+if affinity_due >= 0 and (next_due < 0 or affinity_due < next_due) then next_due = affinity_due end
 return {num(now), out, expired, next_due, corrupt, garbage, preferred}

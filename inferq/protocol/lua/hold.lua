@@ -1,6 +1,7 @@
 --[[
   Publishes the identities (prefix hashes, sessions: inferq/protocol/prefix.py) a worker's
-  engine holds in its prefix cache: replaces the worker's held set with them and sets its
+  engine holds in its prefix cache (and 'saturated' while the worker is: others' claims then
+  stop leaving its requests to it): replaces the worker's held set with them and sets its
   TTL, so that a worker that stops refreshing it (dead) leaves nothing behind.
 
   Input:
@@ -15,11 +16,12 @@
 -- @include bulk
 local prefix, owner, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local held = prefix .. K_HELD .. owner
-if not ttl or ttl < 0 or #ARGV - 3 > AFFINITY_MAX_HELD then
+if not ttl or ttl < 0 or #ARGV - 3 > AFFINITY_MAX_HELD + 1 then
   return redis.error_reply('ERR inferq hold: bad arguments')
 end
 for i = 4, #ARGV do
-  if not string.find(ARGV[i], '^' .. string.rep('%x', AFFINITY_HEX) .. '$') then
+  if ARGV[i] ~= AFFINITY_SATURATED
+     and not string.find(ARGV[i], '^' .. string.rep('%x', AFFINITY_HEX) .. '$') then
     return redis.error_reply('ERR inferq hold: bad identity')
   end
 end

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from redis.exceptions import RedisError
 
 from inferq.protocol import ops
+from inferq.protocol.prefix import SATURATED as SATURATED_MEMBER
 from inferq.worker.core.metrics import WorkerMetrics
 from inferq.worker.core.queue_link import QueueLink
 from inferq.worker.generate.engine import Engine
@@ -78,12 +79,14 @@ class HeldPublisher:
     """Keeps this worker's held set in Redis (see the module's doc)."""
 
     def __init__(self, link: QueueLink, steps: Steps, ttl_ms: int,
+                 is_saturated: Callable[[], bool] = lambda: False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.link = link
         self.steps = steps
+        self.is_saturated = is_saturated
         self.ttl_ms = ttl_ms
         self.clock = clock
-        self._sent_version: int | None = None
+        self._sent_version: tuple[int, bool] | None = None
         self._sent_at = -1e9
         #: Identities in the set last written.
         self.published = 0
@@ -99,12 +102,13 @@ class HeldPublisher:
 
     async def refresh(self) -> None:
         """Write the held set when it changed, or when a third of its TTL has passed."""
-        version, held, _, _ = self.steps.prefix_state()
+        number, held, _, _ = self.steps.prefix_state()
+        version = (number, self.is_saturated())
         due = self.clock() - self._sent_at >= self.ttl_ms / 3e3
         if (version == self._sent_version and not due) or (
                 not held and self._sent_version is None):
             return
-        await self._write(self.ttl_ms, held)
+        await self._write(self.ttl_ms, [*held, SATURATED_MEMBER] if version[1] else held)
         self._sent_version, self._sent_at = version, self.clock()
         self.published = len(held)
 

@@ -143,7 +143,7 @@ class GenerationWorker(QueueWorker[Generation]):
                                          self.settings.stream_interval_ms / 1e3,
                                          self.budget.max_slots)
         self.held = HeldPublisher(self.link, self.steps, held_ttl_ms(self.config.lease_ms),
-                                  clock=self.clock)
+                                  lambda: saturated(self.steps, self.engine), clock=self.clock)
         if self.settings.engine == "transformers" and self.settings.prefix_cache_mb > 0:
             self.link.affinity = self._affinity
 
