@@ -40,3 +40,22 @@ def test_saturated_by_slots_or_by_kv_budget() -> None:
 
 def test_the_held_set_outlives_a_few_leases() -> None:
     assert held_ttl_ms(2000) == 6000 and held_ttl_ms(200) == 3000
+
+
+def test_the_held_set_names_claimed_generations_then_cached_prompts() -> None:
+    from inferq.protocol.prefix import MAX_HELD, SATURATED
+    from inferq.worker.generate.affinity import HeldPublisher
+
+    running = [SimpleNamespace(identities=("a1", "a2"))]
+    waiting = [SimpleNamespace(identities=("b1",))]
+    cached = [f"c{i}" for i in range(MAX_HELD + 10)]  # most recently used last
+    steps = SimpleNamespace(held=lambda: (running, waiting),
+                            prefix_state=lambda: (1, cached, 0, 0))
+    busy = [False]
+    publisher = HeldPublisher(SimpleNamespace(), steps, 3000,  # type: ignore[arg-type]
+                              lambda: busy[0])
+    members = publisher.members()
+    assert {"a1", "a2", "b1"} <= members and len(members) == MAX_HELD
+    assert f"c{MAX_HELD + 9}" in members and "c0" not in members  # the least recent go
+    busy[0] = True
+    assert publisher.members() == members | {SATURATED}

@@ -2,7 +2,8 @@
 and claims with the queue's affinity setting unless it is saturated.
 
 What it publishes: the identities (``inferq.protocol.prefix``: a prompt's prefix hashes and
-its session) of the prompts the prefix cache holds (``prefixcache.PrefixCache.tie``), at most
+its session) of the generations it runs or has claimed, whose prompts its cache is about to
+hold, and of the prompts the prefix cache holds (``prefixcache.PrefixCache.tie``), at most
 ``MAX_HELD``, in a set per shard with a TTL (``QueueKeys.held``, the ``hold`` script). The set
 is replaced whenever the held identities change and refreshed every third of its TTL, so a
 worker that dies leaves nothing behind once the TTL passes; a worker that stops deletes it.
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from redis.exceptions import RedisError
 
 from inferq.protocol import ops
+from inferq.protocol.prefix import MAX_HELD
 from inferq.protocol.prefix import SATURATED as SATURATED_MEMBER
 from inferq.worker.core.metrics import WorkerMetrics
 from inferq.worker.core.queue_link import QueueLink
@@ -86,7 +88,7 @@ class HeldPublisher:
         self.is_saturated = is_saturated
         self.ttl_ms = ttl_ms
         self.clock = clock
-        self._sent_version: tuple[int, bool] | None = None
+        self._sent: frozenset[str] | None = None
         self._sent_at = -1e9
         #: Identities in the set last written.
         self.published = 0
@@ -102,21 +104,31 @@ class HeldPublisher:
 
     async def refresh(self) -> None:
         """Write the held set when it changed, or when a third of its TTL has passed."""
-        number, held, _, _ = self.steps.prefix_state()
-        version = (number, self.is_saturated())
+        members = self.members()
         due = self.clock() - self._sent_at >= self.ttl_ms / 3e3
-        if (version == self._sent_version and not due) or (
-                not held and self._sent_version is None):
+        if (members == self._sent and not due) or (not members and self._sent is None):
             return
-        await self._write(self.ttl_ms, [*held, SATURATED_MEMBER] if version[1] else held)
-        self._sent_version, self._sent_at = version, self.clock()
-        self.published = len(held)
+        await self._write(self.ttl_ms, sorted(members))
+        self._sent, self._sent_at = members, self.clock()
+        self.published = len(members)
+
+    def members(self) -> frozenset[str]:
+        """What the held set says: the identities of the generations this worker runs or has
+        claimed (their prompts will be cached here: a claim that arrives meanwhile is as well
+        placed here as once they are), then those its prefix cache holds, most recent first,
+        at most ``MAX_HELD``; and ``saturated`` while it is."""
+        running, waiting = self.steps.held()
+        _, cached, _, _ = self.steps.prefix_state()
+        ordered = dict.fromkeys(i for g in (*running, *waiting) for i in g.identities)
+        ordered.update(dict.fromkeys(reversed(cached)))
+        chosen = list(ordered)[:MAX_HELD]
+        return frozenset([*chosen, SATURATED_MEMBER] if self.is_saturated() else chosen)
 
     async def clear(self) -> None:
         """Delete the held set (the worker stops)."""
-        if self._sent_version is not None:
+        if self._sent is not None:
             await self._write(0, [])
-            self._sent_version = None
+            self._sent = None
 
     async def _write(self, ttl_ms: int, held: list[str]) -> None:
         for keys in self.link.shard_keys:
