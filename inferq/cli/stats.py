@@ -98,7 +98,21 @@ def format_generation(worker: str, w: dict[str, Any]) -> str:
         f"{float(w.get('mean_batch_size', 0)):.1f} (max {w.get('max_batch_size', 0)}), "
         f"tokens {w.get('tokens', 0)} generated + {w.get('prefill_tokens', 0)} prefilled, "
         f"preemptions {w.get('preemptions', 0)}, finished by {w.get('reasons', {})}"
+        + format_affinity(w)
     )
+
+
+def format_affinity(w: dict[str, Any]) -> str:
+    """The prefix cache's hit rate (tokens reused ÷ prompt tokens) and tokens saved, and the
+    share of claims taken by cache affinity; '' from a worker that reports neither."""
+    if "prefix_prompt_tokens" not in w:
+        return ""
+    prompt, reused = int(w.get("prefix_prompt_tokens", 0)), int(w.get("prefix_reused_tokens", 0))
+    claimed, preferred = int(w.get("claimed", 0)), int(w.get("affinity_claimed", 0))
+    rate = f"{reused / prompt:.0%}" if prompt else "-"
+    share = f"{preferred}/{claimed}" if claimed else "0/0"
+    return (f", prefix cache hit rate {rate} ({reused} prompt tokens saved, "
+            f"{w.get('held_prefixes', 0)} prefixes published), affinity claims {share}")
 
 
 def batch_section(client: redis.Redis) -> str:

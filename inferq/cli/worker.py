@@ -39,13 +39,15 @@ CONFIG_FLAGS = ("device", "dtype", "lease_ms", "heartbeat_ms", "drain_timeout_s"
 WINDOW_FLAGS = ("max_batch_size", "max_batch_tokens", "max_wait_ms")
 #: ``GenerationSettings`` fields set by flags of the same name, when given.
 CONTINUOUS_FLAGS = ("max_slots", "kv_cache_mb", "max_prefill_tokens", "stream_interval_ms",
-                    "engine_process", "max_preemptions", "swap_mb", "engine", "vllm_option")
+                    "engine_process", "max_preemptions", "swap_mb", "engine", "vllm_option",
+                    "prefix_cache_mb")
 #: Continuous-worker flags that only one engine takes, with why the other refuses them.
 ENGINE_FLAGS = {
     "transformers": {"vllm_option": "vLLM's engine arguments are for --engine vllm"},
     "vllm": {"swap_mb": "vLLM keeps its KV blocks; a preempted generation is recomputed from "
                         "its streamed tokens",
-             "engine_process": "vLLM's engine always runs in the engine process"},
+             "engine_process": "vLLM's engine always runs in the engine process",
+             "prefix_cache_mb": "vLLM caches prefixes in its own KV blocks"},
 }
 
 
@@ -123,6 +125,10 @@ def add_parser(sub: Subcommands) -> None:
                    help="host memory for the KV caches of preempted generations, put back "
                         "when they resume; beyond it they are recomputed (default: as much as "
                         "the KV cache budget; 0: always recompute)")
+    g.add_argument("--prefix-cache-mb", type=float, metavar="MB",
+                   help="the transformers engine's prefix cache: KV of prompt prefixes it "
+                        "computed, reused by later prompts that start with them, within what "
+                        "running generations leave of the KV budget (default: 256; 0: off)")
     g.add_argument("--engine-process", action=argparse.BooleanOptionalAction,
                    help="run the model, KV cache and step loop in a child process of their "
                         "own, so the steps never wait for the GIL the Redis side holds; the "

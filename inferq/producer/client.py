@@ -158,7 +158,9 @@ class Client(ClientBase[Handle]):
         * ``ttft_slo_ms``: the latency objective, ms from enqueue to the first token
           (``generate``) or the result: ``Result.slo_met`` says whether it was met; the queue
           may order by it and refuse what would miss it (``inferq queue set --order
-          deadline --admission predicted``: ``WouldMissSlo``).
+          deadline --admission predicted``: ``WouldMissSlo``);
+        * ``session``: the conversation a ``generate`` request belongs to (cache affinity:
+          docs/guides/cache-affinity.md).
 
         * ``traceparent``, ``tracestate``: the W3C trace context the request continues
           (default: the caller's current OpenTelemetry context when tracing is on; README,

@@ -35,6 +35,7 @@ class EnqueueOptions(TypedDict, total=False):
     traceparent: str | None
     tracestate: str | None
     ttft_slo_ms: int | None
+    session: str | None
 
 
 ENQUEUE_KEYS = frozenset(EnqueueOptions.__annotations__)

@@ -16,6 +16,7 @@ from inferq.protocol.codec import build_request, decode_payload_fields, encode_r
 from inferq.protocol.cost import estimate
 from inferq.protocol.generation import check_task_params
 from inferq.protocol.keys import QueueKeys
+from inferq.protocol.prefix import affinity_of, prompt_prefixes
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,7 @@ def prepare(prompt: object, request: Mapping[str, Any], options: ClientOptions,
         tenant=payload.tenant or "",
         cost=payload.fair_cost,
         slo_ms=payload.ttft_slo_ms or 0,
+        **affinity_of(payload),
     )
     return Prepared(keys=keys, item=item, task=payload.task, model=payload.model,
                     priority=payload.priority)
@@ -148,6 +150,7 @@ def _prepare_prompts(prompts: Sequence[str], defaults: Mapping[str, Any],
         out.append(Prepared(first.keys, ops.EnqueueItem(
             template["id"], item.band, payload, item.deadline_ms, item.max_attempts,
             item.reply_to, item.depth_limit, item.tenant, item.weight,
-            estimate(task, size, params, cost), item.tenant_limit, item.slo_ms, item.policy),
+            estimate(task, size, params, cost), item.tenant_limit, item.slo_ms, item.policy,
+            item.session, prompt_prefixes(prompt) if item.prefixes else ""),
             first.task, first.model, first.priority))
     return out

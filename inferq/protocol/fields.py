@@ -60,6 +60,13 @@ class Field(StrEnum):
     #: The ms to its result (first token) admission by prediction predicted when it admitted
     #: the request; absent: none made. The worker measures the actual time against it.
     PREDICTED = "pw"
+    #: Cache affinity (``inferq.protocol.prefix``): the identity of its session, and its
+    #: prompt's prefix hash chain (space-separated, shortest prefix first); absent: none.
+    SESSION = "ss"
+    PREFIXES = "px"
+    #: When a claim under cache affinity first passed it over (ms, Redis clock): it is due,
+    #: taken before any preference, ``affinity_max_wait_ms`` later. Absent: never passed over.
+    SKIPPED = "sk"
 
 
 class HashState(StrEnum):

@@ -82,6 +82,10 @@ class EnqueueItem:
     #: The queue's order and admission (``slo.policy``), as routing read them: the same for
     #: every item of one call.
     policy: str = "fair"
+    #: Cache affinity (``inferq.protocol.prefix``): the session's identity ("" = none) and
+    #: the prompt's prefix hash chain, space-separated ("" = none: not a generate request).
+    session: str = ""
+    prefixes: str = ""
 
 
 def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem], *, atomic: bool = False,
@@ -95,7 +99,7 @@ def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem], *, atomic: bool 
         rows += [item.id, item.band, item.payload,
                  "" if item.deadline_ms is None else item.deadline_ms, item.max_attempts,
                  item.reply_to or "", item.depth_limit, item.tenant, item.weight, item.cost,
-                 item.tenant_limit, item.slo_ms]
+                 item.tenant_limit, item.slo_ms, item.session, item.prefixes]
     args: list[bytes | str | int] = [keys.prefix, packed(rows), policy]
     if atomic:
         args.append("atomic")
@@ -154,15 +158,23 @@ class ClaimReply:
     corrupt: list[tuple[str, str]] = field(default_factory=list)
     #: Raw keys the script dropped as garbage (nothing tied them to a request).
     garbage: list[str] = field(default_factory=list)
+    #: Of ``claimed``, those taken by cache-affinity preference (the worker held their
+    #: prefix or session).
+    preferred: int = 0
 
 
 def claim_call(keys: QueueKeys, owner: str, lease_ms: int, max_count: int,
-               result_ttl_ms: int, max_score: int | None = None) -> Call:
+               result_ttl_ms: int, max_score: int | None = None, *, affinity: str = "",
+               affinity_max_wait_ms: int = 0) -> Call:
     """``max_score``: take only pending requests scored at most this (one priority band of a
-    sharded queue, see ``scores.band``); None takes the head whatever its priority."""
-    return ([keys.pending, keys.inflight, keys.stats, keys.delayed, keys.wake, keys.leases],
+    sharded queue, see ``scores.band``); None takes the head whatever its priority.
+    ``affinity``: '' (the head, in order), or ``prefix`` / ``session``: prefer, inside the
+    head's band, the requests whose prefix or session the worker holds
+    (``lua/includes/affinity.lua``), none passed over longer than ``affinity_max_wait_ms``."""
+    return ([keys.pending, keys.inflight, keys.stats, keys.delayed, keys.wake, keys.leases,
+             keys.workers],
             [keys.prefix, owner, lease_ms, max_count, result_ttl_ms,
-             "" if max_score is None else max_score])
+             "" if max_score is None else max_score, affinity, affinity_max_wait_ms])
 
 
 def _pairs(flat: Any) -> list[tuple[str, str]]:
@@ -186,7 +198,14 @@ def parse_claim(reply: Any) -> ClaimReply:
     next_due = int(reply[3])
     return ClaimReply(now_ms=int(reply[0]), claimed=claimed, expired=int(reply[2]),
                       next_retry_ms=None if next_due < 0 else next_due,
-                      corrupt=_pairs(reply[4]), garbage=[as_str(k) for k in reply[5]])
+                      corrupt=_pairs(reply[4]), garbage=[as_str(k) for k in reply[5]],
+                      preferred=int(reply[6]) if len(reply) > 6 else 0)
+
+
+def hold_call(keys: QueueKeys, owner: str, ttl_ms: int, identities: Sequence[str]) -> Call:
+    """Replace ``owner``'s held set (``QueueKeys.held``) with ``identities``, expiring after
+    ``ttl_ms``; ``ttl_ms`` 0 deletes it."""
+    return [keys.stats], [keys.prefix, owner, ttl_ms, *identities]
 
 
 def peek_call(keys: QueueKeys) -> Call:

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from inferq.protocol.slo import TokenService
 
 MAX_SHARDS = 1024
+#: How long a claim under cache affinity may pass a request over (ms), by default.
+DEFAULT_AFFINITY_MAX_WAIT_MS = 500
+MAX_AFFINITY_WAIT_MS = 600_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,11 @@ class QueueSettings:
     #: The bound on the estimated tokens pending per priority band (split over the shards);
     #: a request that would pass it is refused (``inferq.QueuedTokensFull``). None: no bound.
     max_queued_tokens: int | None = None
+    #: Cache affinity (``inferq.worker.generate.affinity``): ``off`` (claims take the head),
+    #: ``prefix`` or ``session`` (a claim prefers, inside the head's band, the requests whose
+    #: prefix or session the worker holds), and how much longer a request may wait for it.
+    affinity: str = "off"
+    affinity_max_wait_ms: int = DEFAULT_AFFINITY_MAX_WAIT_MS
     #: Not stored: the fleet's service rate (requests/s) a producer read with the settings
     #: for ``predicted`` admission (``producer.admission``); None when unknown.
     service_rate: float | None = None
@@ -107,6 +115,7 @@ def settings_from_hash(raw: Mapping[Any, Any]) -> QueueSettings:
     idle = _int(raw, "scale_to_zero_after_s")
     tokens = _int(raw, "max_queued_tokens")
     default = _int(raw, DEFAULT_WEIGHT_FIELD)
+    wait_ms = _int(raw, "affinity_max_wait_ms")
     weights: dict[str, int] = {}
     limits: dict[str, int] = {}
     for key, value in raw.items():
@@ -128,12 +137,16 @@ def settings_from_hash(raw: Mapping[Any, Any]) -> QueueSettings:
         else DEFAULT_WEIGHT,
         tenant_max_depth=tuple(sorted(limits.items())),
         order=_choice(raw, "order", ORDERS), admission=_choice(raw, "admission", ADMISSIONS),
-        max_queued_tokens=tokens if tokens is not None and tokens >= 1 else None)
+        max_queued_tokens=tokens if tokens is not None and tokens >= 1 else None,
+        affinity=_choice(raw, "affinity", AFFINITIES),
+        affinity_max_wait_ms=wait_ms if wait_ms is not None
+        and 0 <= wait_ms <= MAX_AFFINITY_WAIT_MS else DEFAULT_AFFINITY_MAX_WAIT_MS)
 
 
 #: The values of ``order`` and ``admission`` (the first is the default).
 ORDERS = ("fair", "deadline")
 ADMISSIONS = ("off", "predicted")
+AFFINITIES = ("off", "prefix", "session")
 
 
 def _choice(raw: Mapping[Any, Any], name: str, choices: tuple[str, ...]) -> str:
@@ -217,7 +230,8 @@ def settings_call(config_key: str, shards: int | None,
                   target_wait_ms: int | None = None,
                   scale_to_zero_after_s: int | None = None, order: str | None = None,
                   admission: str | None = None,
-                  max_queued_tokens: int | None = None) -> tuple[list[str], list[str]]:
+                  max_queued_tokens: int | None = None, affinity: str | None = None,
+                  affinity_max_wait_ms: int | None = None) -> tuple[list[str], list[str]]:
     """Keys and arguments of ``SET_SETTINGS``; ``max_depth`` None removes the queue's limit;
     the autoscaling settings, the order, the admission and the bound on queued tokens are
     kept when None (``max_queued_tokens`` 0 removes the bound)."""
@@ -239,7 +253,14 @@ def settings_call(config_key: str, shards: int | None,
             raise ValidationError(
                 f"max_queued_tokens must be an integer >= 0, got {max_queued_tokens!r}")
         args += ["max_queued_tokens", str(max_queued_tokens)]
-    for name, choice, choices in (("order", order, ORDERS), ("admission", admission, ADMISSIONS)):
+    if affinity_max_wait_ms is not None:
+        if (isinstance(affinity_max_wait_ms, bool) or not isinstance(affinity_max_wait_ms, int)
+                or not 0 <= affinity_max_wait_ms <= MAX_AFFINITY_WAIT_MS):
+            raise ValidationError(f"affinity_max_wait_ms must be an integer in "
+                                  f"0..{MAX_AFFINITY_WAIT_MS}, got {affinity_max_wait_ms!r}")
+        args += ["affinity_max_wait_ms", str(affinity_max_wait_ms)]
+    for name, choice, choices in (("order", order, ORDERS), ("admission", admission, ADMISSIONS),
+                                  ("affinity", affinity, AFFINITIES)):
         if choice is not None:
             if choice not in choices:
                 raise ValidationError(f"{name} must be one of {', '.join(choices)}, "

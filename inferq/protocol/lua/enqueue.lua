@@ -9,7 +9,7 @@
     KEYS[5] fair
     KEYS[6] inflight
     ARGV[1] prefix
-    ARGV[2] packed rows of 12: id, band, payload, deadline_ms, max_attempts, reply_to, depth_limit, tenant, weight, cost, tenant_limit, slo_ms
+    ARGV[2] packed rows of 14: id, band, payload, deadline_ms, max_attempts, reply_to, depth_limit, tenant, weight, cost, tenant_limit, slo_ms, session, prefixes
     ARGV[3] policy
     ARGV[last] optional: atomic
 
@@ -17,7 +17,9 @@
   in ms or '', max attempts, the reply inbox or '', the depth limit for its priority
   (0 = unbounded), the tenant ('' = none), its weight and the request's cost (fair shares
   inside the band: includes/fair.lua), and the tenant's limit of unfinished requests on this
-  shard (0 = none; includes/tenants.lua), and its latency objective in ms (0 = none).
+  shard (0 = none; includes/tenants.lua), its latency objective in ms (0 = none), and for
+  cache affinity (inferq/protocol/prefix.py) its session's identity and its prefix hash
+  chain (space-separated), each '' when it has none.
   The policy is the queue's order, 'fair' or 'deadline' (includes/deadline.lua, scores.py),
   then, for admission by prediction, ' ' and the shard's service rate in requests per second
   (inferq/protocol/slo.py; the recent completion rate instead when lower and the shard holds
@@ -51,6 +53,7 @@
 -- @include tenants
 -- @include deadline
 -- @include queued
+-- @include affinity
 -- completions per second over the last 10 full seconds, from count_done's ring of slots
 local function recent_rate(stats, now)
   local sec = math.floor(now / 1000)
@@ -69,7 +72,7 @@ local function recent_rate(stats, now)
 end
 local pending, seqkey, wake, stats, fair = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = ARGV[1]
-local W = 12
+local W = 14
 local A = rows(ARGV[2], W)
 local atomic = ARGV[4] == 'atomic'
 local words, bad = {}, false
@@ -111,7 +114,8 @@ for i = 1, n, W do
           and int(A[i + 6], 0, MAXI)
           and type(A[i + 7]) == 'string' and (A[i + 7] == '' or string.find(A[i + 7], '^[%w][%w._-]*$'))
           and int(A[i + 8], 1, FAIR_MAX_WEIGHT) and int(A[i + 9], 1, FAIR_MAX_COST)
-          and int(A[i + 10], 0, MAXI) and int(A[i + 11], 0, MAX_SLO_MS)) then
+          and int(A[i + 10], 0, MAXI) and int(A[i + 11], 0, MAX_SLO_MS)
+          and affinity_ok(A[i + 12], A[i + 13])) then
     return redis.error_reply('ERR inferq enqueue: bad arguments for ' .. tostring(A[i]))
   end
 end
@@ -288,6 +292,14 @@ if #queue > 0 then
       h[#h + 1] = F_QUEUED
       h[#h + 1] = A[i + 9]
       queued_move(score, A[i + 9], 1)
+    end
+    if A[i + 12] ~= '' then
+      h[#h + 1] = F_SESSION
+      h[#h + 1] = A[i + 12]
+    end
+    if A[i + 13] ~= '' then
+      h[#h + 1] = F_PREFIXES
+      h[#h + 1] = A[i + 13]
     end
     if A[i + 7] ~= '' then
       h[#h + 1] = F_TENANT

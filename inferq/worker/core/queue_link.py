@@ -76,6 +76,9 @@ class QueueLink:
         #: The queue's settings (``config`` hash), read at the first claim and about every
         #: second after: a sharded queue is claimed from every shard it has had.
         self.settings = QueueSettings()
+        #: The cache-affinity mode and max wait of the next claims ('', 0: none), as the
+        #: worker decides them (``inferq.worker.generate.affinity``).
+        self.affinity: Callable[[], tuple[str, int]] | None = None
         self._settings_read_at: float | None = None
         #: Which shard a sharded claim round starts with: it moves one shard per round, so
         #: every shard of the best band is drained at the same pace (fair shares hold per
@@ -171,10 +174,12 @@ class QueueLink:
 
     async def _claim_shard(self, shard: int, max_count: int,
                            max_score: int | None) -> ops.ClaimReply:
+        mode, max_wait = self.affinity() if self.affinity is not None else ("", 0)
         keys, args = ops.claim_call(self.keys.for_shard(shard), self.config.worker_id,
                                     self.config.lease_ms, max_count, self.config.result_ttl_ms,
-                                    max_score)
+                                    max_score, affinity=mode, affinity_max_wait_ms=max_wait)
         reply = ops.parse_claim(await self.scripts["claim"](keys=keys, args=args))
+        self.metrics.count_claims(len(reply.claimed), reply.preferred)
         if reply.expired:  # answered expired by the script, past their deadline
             self.metrics.count_expired(reply.expired)
         self.note_damage(reply.corrupt, reply.garbage)

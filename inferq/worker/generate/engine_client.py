@@ -83,6 +83,8 @@ class EngineProcess:
         #: None until the first one is ready.
         self.budget: Budget | None = None
         self._state = wire.EngineState(running=0, due=0, max_slots=0, step=0)
+        self._held_identities: list[str] = []
+        self.held_version = 0
         #: Steps the engine finished between a cancellation's arrival there and its effect,
         #: as it reported them (``StepLoop.cancel_lags``).
         self.cancel_lags: deque[int] = deque(maxlen=64)
@@ -146,7 +148,7 @@ class EngineProcess:
                 self._held[g.id] = g
         self._send(wire.Submit([wire.GenerationSpec(
             g.id, g.prompt_ids, g.params.model_dump(), g.priority, g.order, g.alone,
-            g.tokens, g.detok.text[:g.detok.emitted], g.trace_headers)
+            g.tokens, g.detok.text[:g.detok.emitted], g.trace_headers, list(g.identities))
             for g in generations]))
 
     def cancel(self, request_ids: Sequence[str]) -> None:
@@ -188,6 +190,21 @@ class EngineProcess:
     def step(self) -> int:
         """The engine's step count, as it last reported it."""
         return self._state.step
+
+    def _adopt(self, state: wire.EngineState) -> None:
+        """(Holding the lock.) The engine's state as its last message reported it."""
+        self._state = state
+        if state.held is not None:
+            self._held_identities = state.held
+            self.held_version += 1
+
+    def prefix_state(self) -> tuple[int, list[str], int, int]:
+        """The prefix cache as the engine last reported it: (a version that changes with
+        the identities held, those identities, prompt tokens, reused tokens)."""
+        with self._lock:
+            state = self._state
+            return (self.held_version, self._held_identities, state.prefix_prompt_tokens,
+                    state.prefix_reused_tokens)
 
     @property
     def engine_stats(self) -> tuple[float, int]:
@@ -262,7 +279,7 @@ class EngineProcess:
 
     def _on_capacity(self, message: wire.Capacity) -> None:
         with self._lock:
-            self._state = message.state
+            self._adopt(message.state)
         self.events.capacity_changed()
 
     def _on_cancelled(self, message: wire.Cancelled) -> None:
@@ -318,7 +335,7 @@ class EngineProcess:
     def _on_steps(self, message: wire.Steps) -> None:
         outs: list[StepOutput] = []
         with self._lock:
-            self._state = message.state
+            self._adopt(message.state)
             for record in message.steps:
                 out = self._apply(record)
                 out.delivered = message.state.step

@@ -244,13 +244,16 @@ class _EngineSide:
             lm = CausalLM(spec.path, device=device, dtype=dtype, model_id=spec.model_id)
             # After the weights: on CUDA the KV cache takes a share of the memory they left
             # free.
-            self.engine = Engine(lm, spec.settings.budget(lm))
+            self.engine = Engine(lm, spec.settings.budget(lm),
+                                 prefix_cache_bytes=spec.settings.prefix_cache_bytes)
         budget = self.engine.budget
         self.load_s = time.monotonic() - started
         log.info("loaded model %s (weights) on %s in %.1f s (%s engine); %s", spec.model_id,
                  lm.device, self.load_s, spec.engine, describe_budget(budget, lm.kv))
         self.steps = StepLoop(self.engine, self, max_preemptions=spec.settings.max_preemptions,
                               swap_bytes=swap_bytes)
+        #: The prefix cache's version last sent (``EngineState.held``, only when it changed).
+        self._held_sent = -1
         # Step outputs leave at most once per stream interval: the worker writes streams no
         # more often (``Outbox``).
         self.outbox = Outbox(conn, self.steps, self._state,
@@ -295,10 +298,18 @@ class _EngineSide:
     def _state(self) -> wire.EngineState:
         allocated, reserved = self._device_memory()
         kv_usage, preemptions = self._engine_stats()
+        prefix = getattr(self.engine, "prefix", None)
+        held, prompt, reused = None, 0, 0
+        if prefix is not None:
+            prompt, reused = prefix.stats.prompt_tokens, prefix.stats.reused_tokens
+            if prefix.version != self._held_sent:
+                self._held_sent, held = prefix.version, prefix.held()
         return wire.EngineState(running=self.steps.running_count, due=self.steps.due,
                                 max_slots=self.engine.slots_now(), step=self.engine.steps,
                                 device_allocated=allocated, device_reserved=reserved,
-                                kv_usage=kv_usage, engine_preemptions=preemptions)
+                                kv_usage=kv_usage, engine_preemptions=preemptions,
+                                prefix_prompt_tokens=prompt, prefix_reused_tokens=reused,
+                                held=held)
 
     def _engine_stats(self) -> tuple[float, int]:
         """vLLM's KV cache usage and own preemptions ((0.0, 0) for the transformers engine)."""
@@ -340,7 +351,7 @@ class _EngineSide:
         self.steps.submit([self.engine.new_generation(
             spec.id, spec.prompt_ids, GenerationParams(**spec.params), priority=spec.priority,
             order=spec.order, alone=spec.alone, streamed=spec.streamed, shown=spec.shown,
-            trace_headers=spec.trace_headers)
+            trace_headers=spec.trace_headers, identities=spec.identities)
             for spec in message.generations])
 
     def _on_cancel(self, message: wire.Cancel) -> None:

@@ -102,6 +102,7 @@ class Steps(Protocol):
     @property
     def max_slots(self) -> int: ...
     def held(self) -> tuple[list[Generation], list[Generation]]: ...
+    def prefix_state(self) -> tuple[int, list[str], int, int]: ...
     @property
     def step(self) -> int: ...
     async def withdraw(self, predicate: Callable[[Generation], bool] | None = None
@@ -212,6 +213,15 @@ class StepLoop:
         (claimed, or preempted)."""
         with self._cond:
             return list(self.engine.running), list(self._waiting)
+
+    def prefix_state(self) -> tuple[int, list[str], int, int]:
+        """The engine's prefix cache: (a version that changes with the identities it holds,
+        those identities, prompt tokens admitted, tokens reused); all 0 without one."""
+        prefix = getattr(self.engine, "prefix", None)  # the vllm engine has none
+        if prefix is None:
+            return 0, [], 0, 0
+        return (prefix.version, prefix.held(), prefix.stats.prompt_tokens,
+                prefix.stats.reused_tokens)
 
     async def withdraw(self, predicate: Callable[[Generation], bool] | None = None
                        ) -> list[Generation]:

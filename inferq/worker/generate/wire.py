@@ -97,6 +97,8 @@ class GenerationSpec(_Part, frozen=True):
     shown: str
     #: ``Generation.trace_headers``.
     trace_headers: dict[str, str] | None
+    #: ``Generation.identities`` (cache affinity).
+    identities: list[str] = msgspec.field(default_factory=list)
 
 
 class BudgetSpec(_Part, frozen=True):
@@ -121,6 +123,12 @@ class EngineState(_Part, frozen=True):
     #: (``--engine vllm``; 0 with the transformers engine).
     kv_usage: float = 0.0
     engine_preemptions: int = 0
+    #: The prefix cache (``prefixcache``): prompt tokens admitted and those taken from it,
+    #: since the engine started; and the identities it holds, when they changed since the
+    #: last state sent (None: unchanged).
+    prefix_prompt_tokens: int = 0
+    prefix_reused_tokens: int = 0
+    held: list[str] | None = None
 
 
 class Advanced(_Part, frozen=True):

@@ -12,6 +12,7 @@ waiting claims back at once, and finishes the generations in hand.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -25,6 +26,7 @@ from inferq.errors import MODEL_ERROR, InferqError, InvalidInput
 from inferq.protocol import ops
 from inferq.protocol.codec import ErrorInfo
 from inferq.protocol.generation import parse_generation_params
+from inferq.protocol.prefix import identities_of
 from inferq.worker.core.backoff import RedisBackoff
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.failures import Failure
@@ -39,6 +41,13 @@ from inferq.worker.core.results import (
     ran_before,
 )
 from inferq.worker.core.wake import wait_any
+from inferq.worker.generate.affinity import (
+    HeldPublisher,
+    affinity_fields,
+    claim_mode,
+    held_ttl_ms,
+    saturated,
+)
 from inferq.worker.generate.engine import Engine, Generation
 from inferq.worker.generate.engine_client import EngineProcess
 from inferq.worker.generate.publisher import (
@@ -83,7 +92,8 @@ class GenerationWorker(QueueWorker[Generation]):
         self.budget = (self.settings.budget(lm) if self.budget_known
                        else self.settings.provisional_budget(lm))
         # Here, with an engine process, it only prepares generations (no forward, no cache).
-        self.engine = Engine(lm, self.budget, clock=clock)
+        self.engine = Engine(lm, self.budget, clock=clock, prefix_cache_bytes=(
+            self.settings.prefix_cache_bytes if self.budget_known else 0))
         self.stats = GenerationStats()
         self._order = itertools.count()
         self._maybe_pending = True
@@ -135,6 +145,10 @@ class GenerationWorker(QueueWorker[Generation]):
         self.publisher = StreamPublisher(self.link, self.stats, self.steps, pipeline,
                                          self.settings.stream_interval_ms / 1e3,
                                          self.budget.max_slots)
+        self.held = HeldPublisher(self.link, self.steps, held_ttl_ms(self.config.lease_ms),
+                                  lambda: saturated(self.steps, self.engine), clock=self.clock)
+        if self.settings.engine == "transformers" and self.settings.prefix_cache_mb > 0:
+            self.link.affinity = self._affinity
         if isinstance(self.steps, EngineProcess):
             self.steps.start()
             await self._engine_ready()
@@ -192,7 +206,9 @@ class GenerationWorker(QueueWorker[Generation]):
             self.steps.start()
         waker = asyncio.create_task(self._wake_loop(), name="wake loop")
         publisher = asyncio.create_task(self.publisher.run(), name="stream publisher")
-        self._helpers = (waker, publisher)
+        assert self._stopping is not None
+        held = asyncio.create_task(self.held.run(self._stopping), name="held prefixes")
+        self._helpers = (waker, publisher, held)
         for helper in self._helpers:  # one that dies wakes the claim loop, which fails
             helper.add_done_callback(lambda _: self._nudge.set())
         try:
@@ -204,6 +220,9 @@ class GenerationWorker(QueueWorker[Generation]):
                                timeout=self.config.drain_timeout_s)
             await self._release_generations(await self.steps.withdraw())
             await cancel(waker)
+            await cancel(held)
+            with contextlib.suppress(RedisError):
+                await self.held.clear()
             await asyncio.sleep(0)  # callbacks the model thread scheduled last
             self.publisher.stop()
             # The publisher writes what the last steps produced (retried for at most a lease).
@@ -247,6 +266,14 @@ class GenerationWorker(QueueWorker[Generation]):
             if self._retry_at is not None and self.clock() >= self._retry_at:
                 self._retry_at = None
                 self._maybe_pending = True
+
+    def _affinity(self) -> tuple[str, int]:
+        """The claim's cache-affinity arguments (``affinity.claim_mode``)."""
+        settings = self.link.settings
+        if settings.affinity == "off":
+            return "", 0
+        return claim_mode(settings.affinity, settings.affinity_max_wait_ms,
+                          saturated(self.steps, self.engine))
 
     def _watches_head(self) -> bool:
         """Whether a full device watches pending for higher priorities: preemption is on and
@@ -391,7 +418,8 @@ class GenerationWorker(QueueWorker[Generation]):
                                                tag=StreamClaim.of(claim),
                                                alone=is_suspect(claim.claimed),
                                                streamed=tokens, shown=shown,
-                                               trace_headers=self._trace_headers(claim))
+                                               trace_headers=self._trace_headers(claim),
+                                               identities=identities_of(claim.payload))
                 if not self._fits_alone(g):
                     raise InvalidInput(
                         f"prompt ({len(ids)} tokens) + max_new_tokens ({g.max_new}) exceed "
@@ -494,6 +522,8 @@ class GenerationWorker(QueueWorker[Generation]):
         fields = self.stats.as_fields(self.steps.running_count, self.steps.waiting_count)
         fields.update({"model": self.lm.model_id, "device": self.lm.device,
                        **self.metrics.dashboard_fields()})
+        _, held, prompt, reused = self.steps.prefix_state()
+        fields.update(affinity_fields(self.metrics, len(held), prompt, reused))
         known, budget = self.budget_known, self.budget  # in this order: see _adopt_budget
         if known:  # not before the engine process sized it
             fields.update({"max_slots": str(budget.max_slots),
