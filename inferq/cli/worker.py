@@ -35,7 +35,8 @@ log = logging.getLogger("inferq.worker")
 
 #: ``WorkerConfig`` fields set by flags of the same name, when given.
 CONFIG_FLAGS = ("device", "dtype", "lease_ms", "heartbeat_ms", "drain_timeout_s",
-                "result_ttl_s", "worker_id", "dead_letter_cap", "max_crashes")
+                "result_ttl_s", "worker_id", "dead_letter_cap", "max_crashes",
+                "suspect_delay_ms")
 WINDOW_FLAGS = ("max_batch_size", "max_batch_tokens", "max_wait_ms")
 #: ``GenerationSettings`` fields set by flags of the same name, when given.
 CONTINUOUS_FLAGS = ("max_slots", "kv_cache_mb", "max_prefill_tokens", "stream_interval_ms",
@@ -88,6 +89,11 @@ def add_parser(sub: Subcommands) -> None:
     w.add_argument("--max-crashes", type=int, metavar="N",
                    help="a request lost with its worker N times while it ran alone is "
                         "dead-lettered crashed_worker (default: 2)")
+    w.add_argument("--suspect-delay-ms", type=int, metavar="MS",
+                   help="a request lost with its worker again (a crashed batch's half that "
+                        "crashed again) reruns no sooner than MS after, such reruns spaced MS "
+                        "apart for the queue: a crash poison kills at most about one worker "
+                        "per MS (default: the lease; 0: at once)")
     w.add_argument("--worker-id", metavar="ID",
                    help="name in stats, logs and metrics (default: host-pid-random)")
     w.add_argument("--metrics-port", type=int, metavar="PORT",
