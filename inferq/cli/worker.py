@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
 from inferq.connection import ConnectionSettings, sync_client, wrap_connection_errors
-from inferq.errors import ConfigError
+from inferq.errors import BackendUnavailable, ConfigError
 from inferq.logs import set_context as set_log_context
 from inferq.protocol.generation import GENERATE_TASK
 
@@ -209,15 +209,55 @@ def check_vllm() -> None:
                           "'inferq[vllm]'; CPU: see the README's vLLM section)")
 
 
-def check_server(settings: ConnectionSettings) -> None:
-    """One PING: a wrong URL, a server that is down, hung or not Redis fails in seconds, with
-    the reason, before minutes of model loading."""
+#: How long ``check_server`` asks again a server that refuses connections or is loading.
+SERVER_WAIT_S = 10.0
+
+
+def check_server(settings: ConnectionSettings, wait_s: float | None = None) -> None:
+    """A PING: a wrong URL, a server that is down, hung or not Redis fails in seconds, with
+    the reason, before minutes of model loading. A server that cannot be reached or is loading
+    its data is asked again (backoff) for up to ``wait_s`` (``SERVER_WAIT_S``) first: a
+    supervisor restarts workers at the moment the server restarts too (the chaos run's kills
+    just before a Redis restart), and a replacement that gave up at once would leave the fleet
+    short for another start. A refused password fails at once."""
+    give_up = time.monotonic() + (SERVER_WAIT_S if wait_s is None else wait_s)
+    delay = 0.05
     client = sync_client(settings)
     try:
-        with wrap_connection_errors(settings):
-            client.ping()
+        while True:
+            try:
+                with wrap_connection_errors(settings):
+                    client.ping()
+                return
+            except BackendUnavailable as exc:
+                if not _may_pass(exc) or time.monotonic() + delay > give_up:
+                    raise
+                if delay == 0.05:
+                    log.warning("Redis not available yet (%s): asking again for up to %g s",
+                                exc.message, give_up - time.monotonic())
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
     finally:
         client.close()
+
+
+def _may_pass(exc: BaseException) -> bool:
+    """A refused or reset connection, a timeout, a server loading its data: a server that may
+    be restarting. Not a TLS failure (certificates do not fix themselves)."""
+    import ssl
+
+    import redis
+
+    seen: BaseException | None = exc
+    found = False
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return False
+        found = found or isinstance(seen, (ConnectionRefusedError, ConnectionResetError,
+                                           TimeoutError, redis.BusyLoadingError,
+                                           redis.TimeoutError))
+        seen = seen.__cause__ or seen.__context__
+    return found
 
 
 def check_metrics_port(port: int | None) -> None:

@@ -203,6 +203,7 @@ def test_a_model_that_cannot_be_found_fails_at_once_in_one_line(
 
 def test_worker_checks_the_server_before_loading_the_model(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("inferq.cli.worker.SERVER_WAIT_S", 0.2)  # asks again only that long
     loads: list[str] = []
     monkeypatch.setattr("inferq.worker.models.registry.load_model",
                         lambda *a, **k: loads.append("loaded"))
