@@ -131,8 +131,8 @@ class Report:
     #: ``rerun_ms``, but where a Redis restart's downtime overlaps the wait, from the moment
     #: the restarted server answered (what the queue can do once it has a server).
     rerun_from_redis_ms: list[float] = field(default_factory=list)
-    #: Kills when no other worker was serving (the others killed, or still starting): their
-    #: requests wait for a new worker to start.
+    #: Kills when no other worker was serving (the others killed, stopped or still starting):
+    #: their requests wait for a new worker to start.
     kills_with_no_other_worker: int = 0
     #: ``rerun_ms`` of the kills while another worker served (what the queue's recovery does
     #: when it has a worker), and of the others (a worker had to start first).
@@ -544,15 +544,18 @@ def _timeline(report: Report, results: dict[str, inferq.Result | None], faults: 
     restarts = [f for f in faults if f.kind == "restart"]
     report.timeline = [[ms - origin, kind, worker] for ms, kind, worker in fleet.events]
     serving: set[str] = set()
+    gone: set[str] = set()
     events = iter(sorted(fleet.events))
     upcoming = next(events, None)
     for fault in (f for f in faults if f.kind == "kill"):
         while upcoming is not None and upcoming[0] < fault.at_ms:
             _, kind, worker = upcoming
-            if kind == "registered":
+            if kind in ("registered", "cont") and worker not in gone:
                 serving.add(worker)
-            elif kind in ("kill", "crash-death", "exited"):
+            elif kind in ("kill", "crash-death", "exited", "stop"):
                 serving.discard(worker)
+                if kind != "stop":
+                    gone.add(worker)
             upcoming = next(events, None)
         others = len(serving - {fault.worker or ""})
         report.kills_with_no_other_worker += others == 0
