@@ -27,6 +27,7 @@ from inferq.connection import ConnectionSettings, sync_client, wrap_connection_e
 from inferq.errors import BackendUnavailable, ConfigError
 from inferq.logs import set_context as set_log_context
 from inferq.protocol.generation import GENERATE_TASK
+from inferq.worker.core.backoff import STARTUP_WAIT_S, may_pass
 
 if TYPE_CHECKING:
     from inferq.worker.core.lifecycle import QueueWorker
@@ -210,7 +211,7 @@ def check_vllm() -> None:
 
 
 #: How long ``check_server`` asks again a server that refuses connections or is loading.
-SERVER_WAIT_S = 10.0
+SERVER_WAIT_S = STARTUP_WAIT_S
 
 
 def check_server(settings: ConnectionSettings, wait_s: float | None = None) -> None:
@@ -230,7 +231,7 @@ def check_server(settings: ConnectionSettings, wait_s: float | None = None) -> N
                     client.ping()
                 return
             except BackendUnavailable as exc:
-                if not _may_pass(exc) or time.monotonic() + delay > give_up:
+                if not may_pass(exc) or time.monotonic() + delay > give_up:
                     raise
                 if delay == 0.05:
                     log.warning("Redis not available yet (%s): asking again for up to %g s",
@@ -239,25 +240,6 @@ def check_server(settings: ConnectionSettings, wait_s: float | None = None) -> N
                 delay = min(delay * 2, 1.0)
     finally:
         client.close()
-
-
-def _may_pass(exc: BaseException) -> bool:
-    """A refused or reset connection, a timeout, a server loading its data: a server that may
-    be restarting. Not a TLS failure (certificates do not fix themselves)."""
-    import ssl
-
-    import redis
-
-    seen: BaseException | None = exc
-    found = False
-    while seen is not None:
-        if isinstance(seen, ssl.SSLError):
-            return False
-        found = found or isinstance(seen, (ConnectionRefusedError, ConnectionResetError,
-                                           TimeoutError, redis.BusyLoadingError,
-                                           redis.TimeoutError))
-        seen = seen.__cause__ or seen.__context__
-    return found
 
 
 def check_metrics_port(port: int | None) -> None:
