@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
 from inferq.connection import ConnectionSettings, sync_client, wrap_connection_errors
-from inferq.errors import ConfigError
+from inferq.errors import BackendUnavailable, ConfigError
 from inferq.logs import set_context as set_log_context
 from inferq.protocol.generation import GENERATE_TASK
+from inferq.worker.core.backoff import STARTUP_WAIT_S, may_pass
 
 if TYPE_CHECKING:
     from inferq.worker.core.lifecycle import QueueWorker
@@ -35,7 +36,8 @@ log = logging.getLogger("inferq.worker")
 
 #: ``WorkerConfig`` fields set by flags of the same name, when given.
 CONFIG_FLAGS = ("device", "dtype", "lease_ms", "heartbeat_ms", "drain_timeout_s",
-                "result_ttl_s", "worker_id", "dead_letter_cap", "max_crashes")
+                "result_ttl_s", "worker_id", "dead_letter_cap", "max_crashes",
+                "suspect_delay_ms")
 WINDOW_FLAGS = ("max_batch_size", "max_batch_tokens", "max_wait_ms")
 #: ``GenerationSettings`` fields set by flags of the same name, when given.
 CONTINUOUS_FLAGS = ("max_slots", "kv_cache_mb", "max_prefill_tokens", "stream_interval_ms",
@@ -90,6 +92,11 @@ def add_parser(sub: Subcommands) -> None:
     w.add_argument("--max-crashes", type=int, metavar="N",
                    help="a request lost with its worker N times while it ran alone is "
                         "dead-lettered crashed_worker (default: 2)")
+    w.add_argument("--suspect-delay-ms", type=int, metavar="MS",
+                   help="a request lost with its worker again (a crashed batch's half that "
+                        "crashed again) reruns no sooner than MS after, such reruns spaced MS "
+                        "apart for the queue: a crash poison kills at most about one worker "
+                        "per MS (default: the lease; 0: at once)")
     w.add_argument("--worker-id", metavar="ID",
                    help="name in stats, logs and metrics (default: host-pid-random)")
     w.add_argument("--metrics-port", type=int, metavar="PORT",
@@ -210,13 +217,34 @@ def check_vllm() -> None:
                           "docs/guides/generation.md)")
 
 
-def check_server(settings: ConnectionSettings) -> None:
-    """One PING: a wrong URL, a server that is down, hung or not Redis fails in seconds, with
-    the reason, before minutes of model loading."""
+#: How long ``check_server`` asks again a server that refuses connections or is loading.
+SERVER_WAIT_S = STARTUP_WAIT_S
+
+
+def check_server(settings: ConnectionSettings, wait_s: float | None = None) -> None:
+    """A PING: a wrong URL, a server that is down, hung or not Redis fails in seconds, with
+    the reason, before minutes of model loading. A server that cannot be reached or is loading
+    its data is asked again (backoff) for up to ``wait_s`` (``SERVER_WAIT_S``) first: a
+    supervisor restarts workers at the moment the server restarts too (the chaos run's kills
+    just before a Redis restart), and a replacement that gave up at once would leave the fleet
+    short for another start. A refused password fails at once."""
+    give_up = time.monotonic() + (SERVER_WAIT_S if wait_s is None else wait_s)
+    delay = 0.05
     client = sync_client(settings)
     try:
-        with wrap_connection_errors(settings):
-            client.ping()
+        while True:
+            try:
+                with wrap_connection_errors(settings):
+                    client.ping()
+                return
+            except BackendUnavailable as exc:
+                if not may_pass(exc) or time.monotonic() + delay > give_up:
+                    raise
+                if delay == 0.05:
+                    log.warning("Redis not available yet (%s): asking again for up to %g s",
+                                exc.message, give_up - time.monotonic())
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
     finally:
         client.close()
 

@@ -297,14 +297,19 @@ DEFAULT_MAX_CRASHES = 2
 
 def reclaim_call(keys: QueueKeys, max_count: int, result_ttl_ms: int, dead_cap: int, *,
                  max_crashes: int = DEFAULT_MAX_CRASHES, grace_ms: int = 0,
-                 connected: Sequence[str] | None = None, probe_ms: int = 0) -> Call:
+                 connected: Sequence[str] | None = None, probe_ms: int = 0,
+                 suspect_delay_ms: int = 0) -> Call:
     """``connected``: the ids of the workers with a connection now (``CLIENT LIST``), whose
     registered peers without one for ``grace_ms`` are dead; None: leases only, and with
-    ``probe_ms`` the reply says whether a listing is due (none in ``probe_ms``)."""
+    ``probe_ms`` the reply says whether a listing is due (none in ``probe_ms``).
+    ``suspect_delay_ms``: a request whose run is lost with its worker again (it was lost
+    before) reruns at the queue's next suspect slot, at least this long after now and after
+    the previous slot (0: at once)."""
     return ([keys.inflight, keys.pending, keys.dead, keys.wake, keys.stats, keys.started,
-             keys.dead_letters, keys.leases, keys.workers, keys.conns],
+             keys.dead_letters, keys.leases, keys.workers, keys.conns, keys.delayed],
             [keys.prefix, max_count, result_ttl_ms, dead_cap, max_crashes, grace_ms,
-             "" if connected is None else packed(list(connected)), probe_ms])
+             "" if connected is None else packed(list(connected)), probe_ms,
+             suspect_delay_ms])
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +327,10 @@ class ReclaimReply:
     lost: int = 0
     #: The caller should list the connected workers and call again with them.
     probe_due: bool = False
+    #: Of ``requeued``: lost again, so put in delayed until the queue's next suspect slot,
+    #: which comes ``paced_in_ms`` from now (None: none paced).
+    paced: int = 0
+    paced_in_ms: int | None = None
 
     @property
     def counts(self) -> tuple[int, int]:
@@ -330,9 +339,11 @@ class ReclaimReply:
 
 
 def parse_reclaim(reply: Any) -> ReclaimReply:
+    paced_in = int(reply[9])
     return ReclaimReply(int(reply[0]), int(reply[1]), _pairs(reply[2]),
                         [as_str(k) for k in reply[3]], int(reply[4]),
-                        [as_str(w) for w in reply[5]], int(reply[6]), int(reply[7]) == 1)
+                        [as_str(w) for w in reply[5]], int(reply[6]), int(reply[7]) == 1,
+                        int(reply[8]), None if paced_in < 0 else paced_in)
 
 
 def release_call(keys: QueueKeys, leases: Iterable[tuple[str, str]]) -> Call:

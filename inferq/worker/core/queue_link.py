@@ -501,6 +501,10 @@ class QueueLink:
                         "their worker (not attempts; they rerun in half the batch), %d "
                         "dead-lettered crashed_worker", total.requeued + total.dead,
                         total.unstarted, total.lost, total.dead)
+        if total.paced:
+            log.warning("%d requests lost with their worker again (suspects of a crash): "
+                        "they rerun in %d ms (--suspect-delay-ms)", total.paced,
+                        total.paced_in_ms or 0)
         return total.requeued, total.dead
 
     async def _reclaim_shard(self, keys: QueueKeys, connected: Sequence[str] | None,
@@ -509,7 +513,7 @@ class QueueLink:
         call_keys, args = ops.reclaim_call(
             keys, RECLAIM_BATCH, config.result_ttl_ms, config.dead_letter_cap,
             max_crashes=config.max_crashes, grace_ms=config.liveness_grace_ms,
-            connected=connected, probe_ms=probe_ms)
+            connected=connected, probe_ms=probe_ms, suspect_delay_ms=config.suspect_pace_ms)
         reply = ops.parse_reclaim(await self.scripts["reclaim"](keys=call_keys, args=args))
         self.note_damage(reply.corrupt, reply.garbage)
         return reply
@@ -575,7 +579,9 @@ def _add(a: ops.ReclaimReply, b: ops.ReclaimReply) -> ops.ReclaimReply:
     """Two reclaims' counts together (their damage is noted apart)."""
     return ops.ReclaimReply(a.requeued + b.requeued, a.dead + b.dead, [], [],
                             a.unstarted + b.unstarted, a.dead_workers + b.dead_workers,
-                            a.lost + b.lost)
+                            a.lost + b.lost, paced=a.paced + b.paced,
+                            paced_in_ms=max((ms for ms in (a.paced_in_ms, b.paced_in_ms)
+                                             if ms is not None), default=None))
 
 
 @dataclass(frozen=True, slots=True)
