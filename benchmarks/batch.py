@@ -18,20 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.framework import (
-    ByMode,
-    Run,
-    Scenario,
-    flag,
-    noise_of,
-    positive_float,
-    positive_int,
-    render,
-)
+from benchmarks.framework import ByMode, Run, Scenario, flag, noise_of, render
 from benchmarks.harness import (
     BenchmarkFailed,
     Cleanup,
     CpuProbe,
+    positive_float,
+    positive_int,
     say,
     verdict,
 )

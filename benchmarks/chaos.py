@@ -6,13 +6,15 @@ lost. The harness is ``tests/support/chaos.py``, which the test suite runs too (
 from __future__ import annotations
 
 import argparse
+import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.framework import Run, Scenario, positive_int, render
+from benchmarks.framework import Run, Scenario, render
+from benchmarks.harness import positive_int
 from tests.support.chaos import QUICK, SHORT, ChaosConfig, run_chaos
 
 
@@ -49,19 +51,34 @@ class Chaos(Scenario[ChaosConfig]):
         return not (args.quick or args.short)
 
     def measure(self, run: Run[ChaosConfig]) -> dict[str, Any]:
+        """The run in a temporary folder; the workers' logs and the model's records of what ran
+        when are kept in ``<out>/logs/chaos`` (the server's data is not)."""
+        keep = run.log_dir / "chaos"
+        shutil.rmtree(keep, ignore_errors=True)
         with tempfile.TemporaryDirectory(prefix="inferq-chaos-") as tmp:
-            return {"report": run_chaos(run.cfg, Path(tmp)).as_dict()}
+            try:
+                return {"report": run_chaos(run.cfg, Path(tmp)).as_dict()}
+            finally:
+                shutil.copytree(tmp, keep, ignore=shutil.ignore_patterns("redis"))
 
     def markdown(self, report: Mapping[str, Any]) -> str:
         r = report["report"]
-        def figures(kind: str) -> str:
-            rec = [r.get(f"recovery_{kind}{k}_ms") for k in ("p50", "p99", "max")]
+        def figures(kind: str, what: str = "recovery") -> str:
+            rec = [r.get(f"{what}_{kind}{k}_ms") for k in ("p50", "p99", "max")]
             return ("-" if rec[0] is None
                     else " / ".join(f"{x:.0f}" for x in rec) + " ms")
 
         down = r.get("restart_down_ms") or []
         return render("chaos", r, lease=r["config"]["lease_ms"] or "default",
                       recovery=figures(""), recovery_calm=figures("calm_"),
+                      rerun=figures("", "rerun"), rerun_from_redis=figures("from_redis_", "rerun"),
+                      rerun_served=figures("served_", "rerun"),
+                      rerun_unserved=figures("unserved_", "rerun"),
+                      rerun_served_within_1s=r.get("rerun_served_within_1s", "-"),
+                      rerun_served_samples=r.get("rerun_served_samples", "-"),
+                      registration=_registration(r.get("timeline") or []),
+                      kills_with_no_other_worker=r.get("kills_with_no_other_worker", "-"),
+                      start_failures=r.get("start_failures", "-"),
                       restart_down=", ".join(f"{x / 1e3:.1f}" for x in down) or "-",
                       throughput_text=" / ".join(
                           f"{r['throughput'].get(k, 0):.0f}" for k in ("before", "during",
@@ -72,6 +89,16 @@ class Chaos(Scenario[ChaosConfig]):
         clean = (counts["lost"], counts["duplicate_results"], counts["innocent_dead_letters"],
                  counts.get("innocent_crash_dead_letters", 0))
         return 0 if clean == (0, 0, 0, 0) else 1
+
+
+def _registration(timeline: list[list[Any]]) -> str:
+    """Worker start to registration (its first heartbeat): p50 / max, in seconds."""
+    started = {worker: ms for ms, kind, worker in timeline if kind == "start"}
+    waits = sorted(ms - started[worker] for ms, kind, worker in timeline
+                   if kind == "registered" and worker in started)
+    if not waits:
+        return "-"
+    return f"{waits[len(waits) // 2] / 1e3:.1f} / {waits[-1] / 1e3:.1f} s"
 
 
 SCENARIO = Chaos()

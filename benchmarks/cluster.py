@@ -14,17 +14,8 @@ from typing import Any
 
 import redis
 
-from benchmarks.framework import (
-    ByMode,
-    Run,
-    Scenario,
-    flag,
-    int_list,
-    positive_int,
-    render,
-    render_rows,
-)
-from benchmarks.harness import say, stop_child, summary
+from benchmarks.framework import ByMode, Run, Scenario, flag, int_list, render, render_rows
+from benchmarks.harness import positive_int, say, stop_child, summary
 from benchmarks.stack import (
     check_ok,
     enqueue_and_await,

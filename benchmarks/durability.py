@@ -13,8 +13,8 @@ from typing import Any
 
 import redis
 
-from benchmarks.framework import ByMode, Run, Scenario, flag, positive_int, render, render_rows
-from benchmarks.harness import percentiles, say
+from benchmarks.framework import ByMode, Run, Scenario, flag, render, render_rows
+from benchmarks.harness import percentiles, positive_int, say
 from inferq.embedded import EmbeddedServer
 
 

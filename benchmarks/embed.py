@@ -22,7 +22,6 @@ from benchmarks.framework import (
     flag,
     int_list,
     noise_of,
-    positive_int,
     render,
     render_rows,
 )
@@ -31,6 +30,7 @@ from benchmarks.harness import (
     CpuProbe,
     describe_machine,
     percentiles,
+    positive_int,
     say,
     stop_child,
     summary,

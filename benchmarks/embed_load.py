@@ -24,13 +24,11 @@ from benchmarks.framework import (
     float_list,
     int_list,
     noise_of,
-    positive_float,
-    positive_int,
     render,
     render_rows,
     switch,
 )
-from benchmarks.harness import BenchmarkFailed, CpuProbe, say, summary
+from benchmarks.harness import BenchmarkFailed, CpuProbe, positive_float, positive_int, say, summary
 from benchmarks.loadgen import open_loop, poisson
 from benchmarks.models import BareModel, minilm_path
 from benchmarks.stack import (

@@ -19,16 +19,25 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.framework import Run, Scenario, noise_of, render
-from benchmarks.generate import MODELS, SLOTS, TORCH_THREADS, names_of
 from benchmarks.harness import (
     CpuProbe,
     fmt_number,
     markdown_table,
     median_of,
+    names_of,
     say,
     usable_cpus,
 )
-from benchmarks.models import generation_source, load_lm, open_engine, serve_engine, torch_threads
+from benchmarks.models import GENERATION_MODELS as MODELS
+from benchmarks.models import (
+    SLOTS,
+    TORCH_THREADS,
+    generation_source,
+    load_lm,
+    open_engine,
+    serve_engine,
+    torch_threads,
+)
 
 #: The comparison also runs our engine next to a thread that holds the GIL this long
 #: in every period (20%), to show what a busy event loop in the same process costs it, and

@@ -18,18 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from benchmarks.framework import (
-    ByMode,
-    Run,
-    Scenario,
-    flag,
-    positive_float,
-    positive_int,
-    render,
-    render_rows,
-    switch,
-)
-from benchmarks.harness import Cleanup, say, stop_child, verdict
+from benchmarks.framework import ByMode, Run, Scenario, flag, render, render_rows, switch
+from benchmarks.harness import Cleanup, positive_float, positive_int, say, stop_child, verdict
 from benchmarks.loadgen import open_loop, poisson
 from benchmarks.stack import (
     SleepWindow,

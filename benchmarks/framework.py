@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from benchmarks.harness import (
     BenchmarkFailed,
@@ -30,13 +30,13 @@ from benchmarks.harness import (
     fmt_range,
     machine_info,
     now_utc,
+    positive_int,
     say,
+    scaled,
     update_results_md,
     write_json,
 )
-
-if TYPE_CHECKING:
-    from benchmarks.stack import BenchServer
+from benchmarks.stack import BenchServer, start_server
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_OUT = BENCH_DIR / "out"
@@ -63,20 +63,6 @@ class ByMode:
 
     def __str__(self) -> str:
         return f"{self.full}; {self.quick} with --quick"
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
 
 
 def _numbers(text: str, convert: Callable[[str], float]) -> tuple[Any, ...]:
@@ -153,8 +139,6 @@ class Run(Generic[C]):
     def server(self, *, appendonly: bool = True) -> tuple[BenchServer, str]:
         """The embedded server (AOF on by default) in a temporary folder, stopped and removed
         when the run ends."""
-        from benchmarks.stack import start_server
-
         return start_server(self.cleanup, self.name, appendonly=appendonly)
 
     def each_trial(self) -> Iterator[int]:
@@ -325,8 +309,6 @@ class _Text(string.Template):
 
 def _range(factor: float = 1.0, unit: str = "") -> Callable[[Any, str], str]:
     def fmt(s: Mapping[str, Any], spec: str) -> str:
-        from benchmarks.stack import scaled
-
         return fmt_range(scaled(s, factor) if factor != 1.0 else s, int(spec or 1), unit)
     return fmt
 

@@ -9,21 +9,15 @@ import argparse
 import asyncio
 import random
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks import charts, corpus
-from benchmarks.framework import (
-    Run,
-    Scenario,
-    noise_of,
-    positive_float,
-    positive_int,
-    render,
-    render_keyed,
-)
+from benchmarks.engines import SCENARIO as engines
+from benchmarks.framework import Run, Scenario, noise_of, render, render_keyed
 from benchmarks.harness import (
     BenchmarkFailed,
     Cleanup,
@@ -31,13 +25,21 @@ from benchmarks.harness import (
     fmt_number,
     markdown_table,
     median_of,
+    names_of,
     percentiles,
+    positive_float,
+    positive_int,
     ratio,
     say,
     stop_child,
 )
 from benchmarks.loadgen import open_loop
 from benchmarks.models import (
+    GENERATION_MODELS as MODELS,
+)
+from benchmarks.models import (
+    SLOTS,
+    TORCH_THREADS,
     generation_source,
     load_lm,
     serve_engine,
@@ -49,7 +51,6 @@ from benchmarks.stack import WorkerProc, median_at, spawn_worker, watchdog
 VARIANTS = ("continuous", "request", "bs1", "process")
 ORDERS = (("continuous", "process", "request", "bs1"), ("bs1", "request", "process", "continuous"),
           ("request", "continuous", "bs1", "process"))
-MODELS = ("tiny", "smollm2")
 #: Requests and arrival rates (req/s) per model: full run, --quick run. The rates are above
 #: what request-level batching sustains on a 2-core CPU, so every variant runs saturated and
 #: throughput is its service capacity.
@@ -57,12 +58,8 @@ MODELS = ("tiny", "smollm2")
 #: tokens/s here, so it gets only a few requests.
 DEFAULTS = {"tiny": {"requests": (400, 60), "rate": (150.0, 150.0)},
             "smollm2": {"requests": (48, 5), "rate": (2.0, 3.0)}}
-#: torch intra-op threads per worker (all variants alike): the tiny model's matmuls are too
-#: small to gain from two threads, and their barriers stall when other tenants use the cores.
-TORCH_THREADS: dict[str, int | None] = {"tiny": 1, "smollm2": None}
 PROMPT_TOKENS = (4, 128)
 NEW_TOKENS = (8, 128)
-SLOTS = 16
 WARMUP = 3
 #: How long a pass may take at most (SmolLM2 at batch 1 takes minutes).
 RESULT_TIMEOUT_S = 3600.0
@@ -83,17 +80,6 @@ class GenerateConfig:
     requests: dict[str, int]
     rate: dict[str, float]
     seed: int
-
-
-def names_of(known: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
-    """An argparse type: comma-separated names, each one of ``known``."""
-    def parse(text: str) -> tuple[str, ...]:
-        names = tuple(n for n in text.split(",") if n)
-        unknown = [n for n in names if n not in known]
-        if unknown or not names:
-            raise argparse.ArgumentTypeError(f"unknown {unknown}; known: {', '.join(known)}")
-        return names
-    return parse
 
 
 # ------------------------------------------------------------------------------ workload
@@ -237,7 +223,9 @@ def engine_alone(source: str, items: Sequence[Item], warm: Sequence[Item], *,
         serve_engine(engine, generations(warm, "warm"))
         steps, decoded = engine.steps, engine.decoded_tokens
         gens = generations(items, "r")
+        cpu = time.process_time()
         start, admitting = serve_engine(engine, gens, [item.at_s for item in items])
+        cpu = time.process_time() - cpu  # the engine's CPU: no other thread runs
         arrived = [start + item.at_s for item in items]
         finished = [g.finished_at or start for g in gens]
         ttft = [((g.first_token_at or start) - t) * 1e3 for g, t in zip(gens, arrived, strict=True)]
@@ -248,7 +236,7 @@ def engine_alone(source: str, items: Sequence[Item], warm: Sequence[Item], *,
                             [round(g.batch_sum / max(g.steps, 1)) for g in gens]),
                  "steps": engine.steps - steps, "admission_steps": admitting,
                  "decoded_tokens": engine.decoded_tokens - decoded,
-                 "torch_threads": torch.get_num_threads()}
+                 "torch_threads": torch.get_num_threads(), "cpu_s": round(cpu, 4)}
         return stats, [list(g.tokens) for g in gens]
 
 
@@ -306,7 +294,12 @@ def _ratios(entry: Mapping[str, Any]) -> dict[str, float | None]:
                   med("continuous", "ttft_ms", "p50"), med("request", "ttft_ms", "p50")),
               "vs_bs1": ratio(cb, bs1), "vs_engine_alone": ratio(cb, alone),
               "process_vs_request": ratio(proc, req),
-              "process_vs_engine_alone": ratio(proc, alone), "process_vs_thread": ratio(proc, cb)}
+              "process_vs_engine_alone": ratio(proc, alone), "process_vs_thread": ratio(proc, cb),
+              "process_engine_cpu": ratio(median_of(
+                  [t["cpu"]["engine"] / t["useful_tokens"] for t in entry["variants"].get(
+                      "process", []) if t["cpu"].get("engine")]), median_of(
+                  [t["cpu_s"] / t["useful_tokens"] for t in entry["engine_alone"]
+                   if t.get("cpu_s")]))}
     return {k: v for k, v in ratios.items() if v is not None}
 
 
@@ -445,8 +438,6 @@ class Generate(Scenario[GenerateConfig]):
         code = super().main(args)
         if code or not args.compare_engines:
             return code
-        from benchmarks.engines import SCENARIO as engines
-
         parser = argparse.ArgumentParser()
         engines.build_parser(parser)
         return engines.main(parser.parse_args([

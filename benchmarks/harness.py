@@ -4,6 +4,7 @@ that are always cleaned up, CPU accounting, summary statistics, and writing JSON
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import ctypes
@@ -392,6 +393,19 @@ def verdict(value: float | None, target: float, *, at_most: bool = False) -> str
     return "PASS" if (value <= target if at_most else value >= target) else "MISS"
 
 
+def scaled(s: Mapping[str, Any], factor: float) -> dict[str, Any]:
+    """A ``summary`` with every figure multiplied by ``factor`` (e.g. 100 for percent)."""
+    out: dict[str, Any] = {}
+    for key, value in s.items():
+        if isinstance(value, list):
+            out[key] = [x * factor for x in value]
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = value * factor
+        else:
+            out[key] = value
+    return out
+
+
 def summary(values: Sequence[float]) -> dict[str, Any]:
     """Median and range over trials (the trials themselves are kept as well)."""
     vals = [float(v) for v in values]
@@ -456,3 +470,28 @@ def update_results_md(section: str, body: str, path: Path = RESULTS_MD) -> None:
 def say(message: str) -> None:
     """Print what the benchmark is doing (runs are long; silence looks like a hang)."""
     print(f"[{dt.datetime.now():%H:%M:%S}] {message}", flush=True)
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def names_of(known: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    """An argparse type: comma-separated names, each one of ``known``."""
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(n for n in text.split(",") if n)
+        unknown = [n for n in names if n not in known]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown {unknown}; known: {', '.join(known)}")
+        return names
+    return parse

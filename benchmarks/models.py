@@ -17,6 +17,14 @@ from benchmarks.harness import say
 if TYPE_CHECKING:
     import torch
 
+#: The generation models (``generation_source``) that ``generate`` and ``engines`` compare.
+GENERATION_MODELS = ("tiny", "smollm2")
+#: torch intra-op threads per worker (all variants alike): the tiny model's matmuls are too
+#: small to gain from two threads, and their barriers stall when other tenants use the cores.
+TORCH_THREADS: dict[str, int | None] = {"tiny": 1, "smollm2": None}
+#: Concurrent sequences of a generation engine (its ``max_slots``).
+SLOTS = 16
+
 
 # --------------------------------------------------------------------------------- MiniLM
 

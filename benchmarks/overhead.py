@@ -7,13 +7,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
-import importlib.util
 import json
-import os
-import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -23,27 +18,24 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from benchmarks import charts, peers
-from benchmarks.framework import (
-    BENCH_DIR,
-    ByMode,
-    Run,
-    Scenario,
-    int_list,
-    noise_of,
-    positive_int,
-    render,
-)
+from benchmarks.framework import ByMode, Run, Scenario, int_list, noise_of, render
 from benchmarks.harness import (
     BenchmarkFailed,
     Cleanup,
     fmt_range,
     markdown_table,
+    positive_int,
     say,
+    scaled,
     stop_child,
     summary,
     verdict,
     version,
 )
+from benchmarks.peers.arq_peer import ARQ_TUNED
+from benchmarks.peers.bullmq_peer import BULLMQ_BULK, NODE_DIR
+from benchmarks.peers.catalog import PEERS
+from benchmarks.peers.peer import ENQUEUE_CONCURRENCY, POLL_S, Peer, peer_env
 from benchmarks.stack import (
     SCRIPT_CALLS,
     SCRIPT_INNER_COMMANDS,
@@ -61,7 +53,6 @@ from benchmarks.stack import (
     queue_probe,
     redis_delta,
     redis_snapshot,
-    scaled,
     served_s,
     spawn_workers,
     stop_all,
@@ -81,308 +72,9 @@ TARGET_ONE_WORKER = 20_000.0
 #: Issue #24, one worker end to end: all-in CPU per request (producer + worker + Redis), Redis's
 #: share, and the commands Redis executes per request (those inside scripts included).
 TARGET_CPU_US, TARGET_REDIS_US, TARGET_COMMANDS = 30.0, 10.0, 4.0
-ARQ_TUNED = {"max_jobs": 100, "poll_delay": 0.01}
-POLL_S = 0.01
-#: Jobs per ``addBulk`` call (BullMQ), per ``gather`` of single enqueues (arq, SAQ).
-BULLMQ_BULK, ENQUEUE_CONCURRENCY = 1000, 50
-NODE_DIR = BENCH_DIR / "peers" / "bullmq-node"
 
 
 # ---------------------------------------------------------------------------- baselines
-
-
-class Peer:
-    """One baseline: its worker process, how jobs go in, how their times come out. ``add``
-    enqueues; ``remaining`` is what the producer polls until the jobs are done, sending the
-    commands ``poll`` (left out of the Redis counts); ``times`` gives each job's (start, end,
-    ok) in seconds since the epoch, from the job records."""
-
-    library = ""
-    db = 1
-    poll: Mapping[str, int] = {"zcard": 1}
-
-    def __init__(self, name: str, label: str) -> None:
-        self.name, self.label = name, label
-        self.producer_cpu_s: float | None = None  # a producer outside this process
-
-    def missing(self) -> str | None:
-        found = importlib.util.find_spec(self.library) is not None
-        return None if found else f"{self.library} is not installed"
-
-    def jobs(self, cfg: OverheadConfig) -> int:
-        return cfg.peer_jobs
-
-    def worker(self, db_url: str) -> tuple[list[str], dict[str, str]]:
-        raise NotImplementedError
-
-    def ready(self, client: redis.Redis) -> bool:
-        return True  # no sign of readiness: the warm-up waits for the first jobs
-
-    async def open(self, db_url: str) -> None:
-        self.db_url = db_url
-
-    async def close(self) -> None:
-        pass
-
-    async def add(self, n: int) -> list[Any]:
-        raise NotImplementedError
-
-    async def enqueue(self, n: int) -> tuple[list[Any], float, float]:
-        """The handles, the time of the first enqueue and the seconds enqueueing took."""
-        t0 = time.time()
-        handles = await self.add(n)
-        return handles, t0, time.time() - t0
-
-    async def remaining(self, n: int) -> int:
-        raise NotImplementedError
-
-    async def times(self, handles: list[Any]) -> list[tuple[float, float, bool]]:
-        raise NotImplementedError
-
-
-async def gathered(n: int, one: Any) -> list[Any]:
-    """``one(i)`` for every job, ``ENQUEUE_CONCURRENCY`` at a time (no bulk API)."""
-    out: list[Any] = []
-    for start in range(0, n, ENQUEUE_CONCURRENCY):
-        out += await asyncio.gather(*(one(i) for i in range(
-            start, min(n, start + ENQUEUE_CONCURRENCY))))
-    return [h for h in out if h is not None]
-
-
-def _ts(value: dt.datetime) -> float:
-    return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).timestamp()
-
-
-class Arq(Peer):
-    library = "arq"
-
-    def __init__(self, name: str, tuned: bool) -> None:
-        self.tuned = ARQ_TUNED if tuned else {"max_jobs": peers.ARQ_DEFAULT_MAX_JOBS,
-                                              "poll_delay": peers.ARQ_DEFAULT_POLL_DELAY}
-        super().__init__(name, f"arq, {'tuned' if tuned else 'defaults'} (max_jobs "
-                               f"{self.tuned['max_jobs']}, poll_delay "
-                               f"{self.tuned['poll_delay']} s)")
-
-    def jobs(self, cfg: OverheadConfig) -> int:
-        # arq's defaults poll every 0.5 s with 10 jobs in flight: a quarter keeps the pass short.
-        return cfg.arq_jobs if self.tuned == ARQ_TUNED else max(100, cfg.arq_jobs // 4)
-
-    def worker(self, db_url: str) -> tuple[list[str], dict[str, str]]:
-        return [sys.executable, "-m", "arq", "benchmarks.peers.ArqSettings"], {
-            peers.URL_ENV: db_url, peers.ARQ_MAX_JOBS_ENV: str(self.tuned["max_jobs"]),
-            peers.ARQ_POLL_DELAY_ENV: str(self.tuned["poll_delay"])}
-
-    def ready(self, client: redis.Redis) -> bool:
-        from arq.constants import default_queue_name, health_check_key_suffix
-
-        return bool(client.exists(default_queue_name + health_check_key_suffix))
-
-    async def open(self, db_url: str) -> None:
-        from arq.connections import RedisSettings, create_pool
-
-        await super().open(db_url)
-        self.pool = await create_pool(RedisSettings.from_dsn(db_url))
-
-    async def close(self) -> None:
-        await self.pool.aclose()
-
-    async def add(self, n: int) -> list[Any]:
-        return await gathered(n, lambda i: self.pool.enqueue_job("anoop", i))
-
-    async def remaining(self, n: int) -> int:
-        from arq.constants import default_queue_name
-
-        return int(await self.pool.zcard(default_queue_name))
-
-    async def times(self, handles: list[Any]) -> list[tuple[float, float, bool]]:
-        while None in (infos := [await j.result_info() for j in handles]):
-            await asyncio.sleep(POLL_S)
-        return [(i.start_time.timestamp(), i.finish_time.timestamp(), i.success)
-                for i in infos]
-
-
-class Rq(Peer):
-    library, db, poll = "rq", 2, {"zcard": 2}
-
-    def __init__(self, name: str, simple: bool) -> None:
-        self.simple = simple
-        super().__init__(name, "rq, `rq worker -w rq.worker.SimpleWorker` (no fork)" if simple
-                         else "rq, standard `rq worker` (forks a work horse per job)")
-
-    def jobs(self, cfg: OverheadConfig) -> int:
-        return cfg.rq_jobs if self.simple else cfg.rq_fork_jobs
-
-    def worker(self, db_url: str) -> tuple[list[str], dict[str, str]]:
-        return [sys.executable, "-m", "rq.cli", "worker", "--url", db_url, "--quiet", "--name",
-                f"bench-{self.name}", f"bench-{self.name}",
-                *(["--worker-class", "rq.worker.SimpleWorker"] if self.simple else [])], {}
-
-    def ready(self, client: redis.Redis) -> bool:
-        return bool(client.scard("rq:workers"))
-
-    def _done(self) -> int:
-        return int(self.queue.finished_job_registry.get_job_count(cleanup=False)
-                   + self.queue.failed_job_registry.get_job_count(cleanup=False))
-
-    async def open(self, db_url: str) -> None:
-        from rq import Queue
-
-        await super().open(db_url)
-        self.client = redis.Redis.from_url(db_url)
-        self.queue = Queue(f"bench-{self.name}", connection=self.client)
-        self.done_before = self._done()
-
-    async def close(self) -> None:
-        self.client.close()
-
-    async def add(self, n: int) -> list[Any]:
-        from rq import Queue
-
-        return list(self.queue.enqueue_many(
-            [Queue.prepare_data(peers.noop, (i,), result_ttl=3600) for i in range(n)]))
-
-    async def remaining(self, n: int) -> int:
-        return max(0, n - (self._done() - self.done_before))
-
-    async def times(self, handles: list[Any]) -> list[tuple[float, float, bool]]:
-        from rq.job import Job
-
-        jobs = Job.fetch_many([j.id for j in handles], connection=self.client)
-        return [(_ts(j.started_at), _ts(j.ended_at), j.get_status(refresh=False) == "finished")
-                for j in jobs if j is not None and j.started_at and j.ended_at]
-
-
-class BullMQ(Peer):
-    """BullMQ's Python port; the Node.js subclass shares its key layout (``bull:bench:*``)."""
-
-    library, db, poll = "bullmq", 3, {"zcard": 2}
-
-    def __init__(self, name: str, label: str, pooled: bool = True) -> None:
-        super().__init__(name, label)
-        self.pooled = pooled
-
-    def worker(self, db_url: str) -> tuple[list[str], dict[str, str]]:
-        return [sys.executable, "-c", "import asyncio, benchmarks.peers as p; "
-                "asyncio.run(p.run_bullmq())"], {
-            peers.URL_ENV: db_url, peers.POOL_ENV: "1" if self.pooled else "0"}
-
-    def _done(self) -> int:
-        pipe = self.client.pipeline(transaction=False)
-        for state in ("completed", "failed"):
-            pipe.zcard(f"bull:{peers.QUEUE}:{state}")
-        return sum(pipe.execute())
-
-    async def open(self, db_url: str) -> None:
-        await super().open(db_url)
-        self.client = redis.Redis.from_url(db_url)
-        self.done_before = self._done()
-        if self.library == "bullmq":  # the Python port's producer (Node has its own)
-            import redis.asyncio as aioredis
-            from bullmq import Queue
-
-            self.queue = Queue(peers.QUEUE, {"connection": aioredis.Redis.from_url(
-                db_url, decode_responses=True)})
-
-    async def close(self) -> None:
-        self.client.close()
-        if self.library == "bullmq":
-            await self.queue.close()
-
-    async def add(self, n: int) -> list[Any]:
-        added: list[Any] = []
-        for start in range(0, n, BULLMQ_BULK):
-            added += await self.queue.addBulk([{"name": "noop", "data": {"i": i}} for i in
-                                               range(start, min(n, start + BULLMQ_BULK))])
-        return [str(j.id) for j in added]
-
-    async def remaining(self, n: int) -> int:
-        return max(0, n - (self._done() - self.done_before))
-
-    async def times(self, handles: list[Any]) -> list[tuple[float, float, bool]]:
-        pipe = self.client.pipeline(transaction=False)
-        for job_id in handles:
-            pipe.hmget(f"bull:{peers.QUEUE}:{job_id}", "processedOn", "finishedOn",
-                       "failedReason")
-        return [(int(p) / 1e3, int(f) / 1e3, not reason) for p, f, reason in pipe.execute()
-                if p and f]
-
-
-class BullMQNode(BullMQ):
-    library, db = "node", 5
-
-    def missing(self) -> str | None:
-        if not (shutil.which("node") and shutil.which("npm")):
-            return "Node.js is not installed (node and npm on PATH; Node >= 20)"
-        if not (NODE_DIR / "node_modules" / "bullmq").is_dir():
-            say(f"installing BullMQ for Node.js: npm ci in {NODE_DIR}")
-            done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR,
-                                  capture_output=True, text=True, timeout=600, check=False)
-            if done.returncode:
-                return f"`npm ci` in {NODE_DIR} failed: {done.stderr.strip()[-300:]}"
-        return None
-
-    def worker(self, db_url: str) -> tuple[list[str], dict[str, str]]:
-        return ["node", str(NODE_DIR / "bench.mjs"), "worker"], {
-            "BENCH_REDIS_URL": db_url, "BENCH_QUEUE": peers.QUEUE,
-            "BENCH_CONCURRENCY": str(peers.CONCURRENCY)}
-
-    async def enqueue(self, n: int) -> tuple[list[Any], float, float]:
-        """``node bench.mjs add``: it reports its first add, its time and its CPU itself, so
-        starting Node and loading BullMQ are not counted."""
-        _, env = self.worker(self.db_url)
-        proc = await asyncio.create_subprocess_exec(
-            "node", str(NODE_DIR / "bench.mjs"), "add", str(n), str(BULLMQ_BULK),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**_env(), **env})
-        out, err = await proc.communicate()
-        if proc.returncode:
-            raise BenchmarkFailed(f"{self.name}: node bench.mjs add failed: {err.decode()}")
-        added = json.loads(out.decode().strip().splitlines()[-1])
-        self.producer_cpu_s = added["cpu_us"] / 1e6
-        return added["ids"], added["t0_ms"] / 1e3, added["enqueue_ms"] / 1e3
-
-
-class Saq(Peer):
-    library, db = "saq", 4
-
-    def worker(self, db_url: str) -> tuple[list[str], dict[str, str]]:
-        return [sys.executable, "-m", "saq", "benchmarks.peers.saq_settings"], {
-            peers.URL_ENV: db_url}
-
-    async def open(self, db_url: str) -> None:
-        from saq import Queue
-
-        await super().open(db_url)
-        self.queue = Queue.from_url(db_url, name=peers.QUEUE)
-        await self.queue.connect()
-
-    async def close(self) -> None:
-        await self.queue.disconnect()
-
-    async def add(self, n: int) -> list[Any]:
-        return await gathered(n, lambda i: self.queue.enqueue("noop", i=i))
-
-    async def remaining(self, n: int) -> int:
-        return int(await self.queue.count("incomplete"))
-
-    async def times(self, handles: list[Any]) -> list[tuple[float, float, bool]]:
-        done = await self.queue.jobs([j.key for j in handles])
-        return [(j.started / 1e3, j.completed / 1e3, j.status.value == "complete")
-                for j in done if j is not None]
-
-
-_C = peers.CONCURRENCY
-PEERS: dict[str, Peer] = {p.name: p for p in (
-    Arq("arq-default", tuned=False), Arq("arq-tuned", tuned=True),
-    Rq("rq", simple=False), Rq("rq-simple", simple=True),
-    BullMQ("bullmq", f"BullMQ (Python port), concurrency {_C}, pooled redis-py connection"),
-    BullMQ("bullmq-url", f"BullMQ (Python port), concurrency {_C}, given a URL (its default "
-                         "single connection)", pooled=False),
-    BullMQNode("bullmq-node", f"BullMQ on Node.js, concurrency {_C}"),
-    Saq("saq", f"SAQ, concurrency {_C}"))}
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 def baseline_pass(cleanup: Cleanup, url: str, peer: Peer, jobs: int, log_dir: Path,
@@ -395,7 +87,7 @@ def baseline_pass(cleanup: Cleanup, url: str, peer: Peer, jobs: int, log_dir: Pa
     client.flushdb()
     argv, env = peer.worker(db_url)
     child = cleanup.spawn(peer.name, argv, log_path=log_dir / f"{peer.name}.log",
-                          env={**_env(), **env})
+                          env={**peer_env(), **env})
 
     def check(what: str, deadline: float) -> None:
         if not child.alive() or time.monotonic() > deadline:

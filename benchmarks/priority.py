@@ -19,19 +19,12 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from benchmarks import charts
-from benchmarks.framework import (
-    ByMode,
-    Run,
-    Scenario,
-    flag,
-    noise_of,
-    positive_float,
-    positive_int,
-    render,
-)
+from benchmarks.framework import ByMode, Run, Scenario, flag, noise_of, render
 from benchmarks.harness import (
     BenchmarkFailed,
     Cleanup,
+    positive_float,
+    positive_int,
     say,
     stop_child,
     verdict,

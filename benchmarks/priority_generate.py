@@ -15,20 +15,13 @@ from typing import Any
 import redis
 
 from benchmarks import corpus
-from benchmarks.framework import (
-    ByMode,
-    Run,
-    Scenario,
-    flag,
-    positive_float,
-    positive_int,
-    render,
-    render_rows,
-)
+from benchmarks.framework import ByMode, Run, Scenario, flag, render, render_rows
 from benchmarks.harness import (
     BenchmarkFailed,
     fmt_number,
     percentiles,
+    positive_float,
+    positive_int,
     ratio,
     say,
     stop_child,

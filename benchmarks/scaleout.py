@@ -24,14 +24,14 @@ from benchmarks.framework import (
     flag,
     int_list,
     noise_of,
-    positive_float,
-    positive_int,
     render,
     render_rows,
 )
 from benchmarks.harness import (
     Cleanup,
     fmt_range,
+    positive_float,
+    positive_int,
     say,
     summary,
     verdict,

@@ -4,6 +4,7 @@ whichever ``inferq`` is first on the path; not ``Scenario``s, no RESULTS.md sect
     python benchmarks/script_cost.py scripts      # server CPU of each hot script, per request
     python benchmarks/script_cost.py split        # CPU split of one end-to-end pass
     python benchmarks/script_cost.py sweep        # server CPU of one worker's reclaim sweep
+    python benchmarks/script_cost.py enqueue      # the SDK's own CPU per single enqueue
     PYTHONPATH=/path/to/other/checkout python benchmarks/script_cost.py split   # another one's
 
 ``scripts``: each round enqueues a chunk of 1,024 echo-sized requests (``Client.enqueue_many``),
@@ -15,7 +16,11 @@ worker and Redis over the pass, per request, and the commands Redis ran. ``sweep
 reclaim sweep (every worker runs one each lease / 8) costs the server with ``--workers``
 workers registered and connected (two named connections each) and 1,000 leases in flight,
 none expired: the RECLAIM call, and the ``CLIENT LIST`` before it where this checkout
-notices dead workers by their connections. A server
+notices dead workers by their connections. ``enqueue``: the producer's own CPU per
+``Client.enqueue`` and ``AsyncClient.enqueue`` without the round trip: after a warm-up on the
+server, the enqueue script is a stub that returns the server's reply and the settings and
+presence caches never expire, so what is timed is the SDK's code (prepare, route, the
+script's arguments, the reply, the handle); the best of ``--rounds`` rounds. A server
 (``redis-server``, AOF off unless ``--aof``) is started for each run.
 """
 
@@ -30,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -181,12 +187,70 @@ def split(url: str, server_pid: int, n: int, together: bool, folder: str) -> str
             f"{server:.1f} us  total {producer + work + server:.1f}  cmds/req {commands:.2f}")
 
 
+def enqueue_cost(url: str, n: int, rounds: int) -> str:
+    options = inferq.ClientOptions(warn_no_worker=False, settings_ttl_s=1e9)
+    replies: list[Any] = []
+
+    def spied(client: Any) -> None:
+        """The enqueue script, keeping what the server answers."""
+        real = client.scripts["enqueue"]
+
+        def spy(keys: Any, args: Any) -> Any:
+            replies.append(real(keys=keys, args=args))
+            return replies[-1]
+
+        async def aspy(keys: Any, args: Any) -> Any:
+            replies.append(await real(keys=keys, args=args))
+            return replies[-1]
+
+        client.presence.every_s = 1e9  # checked once, at the warm-up
+        client.scripts["enqueue"] = aspy if isinstance(client, inferq.AsyncClient) else spy
+
+    def stubbed(client: Any) -> None:
+        async def astub(keys: Any, args: Any) -> Any:
+            return replies[-1]
+        client.scripts["enqueue"] = (astub if isinstance(client, inferq.AsyncClient)
+                                     else lambda keys, args: replies[-1])
+
+    def timed(seconds: list[float]) -> float:
+        return min(seconds) / n * 1e6
+
+    with inferq.Client(url, options=options) as client:
+        spied(client)
+        client.enqueue("warm", model="echo")
+        stubbed(client)
+        sync_s = []
+        for _ in range(rounds):
+            t0 = time.process_time()
+            for _ in range(n):
+                client.enqueue("x" * 24, model="echo")
+            sync_s.append(time.process_time() - t0)
+
+    async def run() -> list[float]:
+        async with inferq.AsyncClient(url, options=options) as client:
+            spied(client)
+            await client.enqueue("warm", model="echo")
+            stubbed(client)
+            out = []
+            for _ in range(rounds):
+                t0 = time.process_time()
+                for _ in range(n):
+                    await client.enqueue("x" * 24, model="echo")
+                out.append(time.process_time() - t0)
+            return out
+
+    async_s = asyncio.run(run())
+    return (f"SDK CPU per enqueue, round trip left out: Client {timed(sync_s):.1f} us, "
+            f"AsyncClient {timed(async_s):.1f} us (best of {rounds} x {n})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("probe", choices=("scripts", "split", "sweep"))
+    parser.add_argument("probe", choices=("scripts", "split", "sweep", "enqueue"))
     parser.add_argument("--workers", type=int, default=16, help="sweep: workers connected")
-    parser.add_argument("--rounds", type=int, default=20, help="scripts: rounds")
-    parser.add_argument("--requests", type=int, default=20_000, help="split: requests")
+    parser.add_argument("--rounds", type=int, default=20, help="scripts, enqueue: rounds")
+    parser.add_argument("--requests", type=int, default=20_000,
+                        help="split: requests; enqueue: per round")
     parser.add_argument("--results", action="store_true", help="split: await with results()")
     parser.add_argument("--aof", action="store_true", help="the server with AOF (everysec)")
     args = parser.parse_args()
@@ -199,6 +263,8 @@ def main() -> None:
                   "server CPU per request (medians)")
         elif args.probe == "sweep":
             print(sweep_cost(srv.url, args.workers))
+        elif args.probe == "enqueue":
+            print(enqueue_cost(srv.url, args.requests, args.rounds))
         else:
             assert srv.process is not None
             print(split(srv.url, srv.process.pid, args.requests, args.results, tmp))

@@ -3,7 +3,7 @@ capacity from two classes at the same priority, interactive (objective 1 s) and 
 (30 s), through three queue policies side by side: today's FIFO (``--order fair``, no
 tenants), ``--order deadline``, and ``--order deadline --admission predicted``
 (``inferq queue set``). Each variant has a fresh queue and worker; the method and targets are
-in issue 37 and README's "Latency objectives".
+in issue 37 and docs/guides/latency-objectives.md.
 """
 
 from __future__ import annotations
@@ -19,17 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from benchmarks.framework import (
-    ByMode,
-    Run,
-    Scenario,
-    flag,
-    noise_of,
+from benchmarks.framework import ByMode, Run, Scenario, flag, noise_of, render
+from benchmarks.harness import (
+    BenchmarkFailed,
+    Cleanup,
     positive_float,
     positive_int,
-    render,
+    say,
+    stop_child,
+    verdict,
 )
-from benchmarks.harness import BenchmarkFailed, Cleanup, say, stop_child, verdict
 from benchmarks.stack import (
     SleepWindow,
     add_worker_arguments,

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 
-from benchmarks.framework import positive_int
 from benchmarks.harness import (
     BenchmarkFailed,
     Child,
@@ -34,6 +33,7 @@ from benchmarks.harness import (
     CpuProbe,
     dying_with_parent,
     percentiles,
+    positive_int,
     say,
     stop_child,
     summary,
@@ -655,19 +655,6 @@ def summarize_fields(trials: Sequence[Mapping[str, Any]], *fields: str) -> dict[
     for f in fields:
         name, _, path = f.rpartition("=")
         out[name or path.replace(".", "_")] = summarize_trials(trials, path.split("."))
-    return out
-
-
-def scaled(s: Mapping[str, Any], factor: float) -> dict[str, Any]:
-    """A ``summary`` with every figure multiplied by ``factor`` (e.g. 100 for percent)."""
-    out: dict[str, Any] = {}
-    for key, value in s.items():
-        if isinstance(value, list):
-            out[key] = [x * factor for x in value]
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            out[key] = value * factor
-        else:
-            out[key] = value
     return out
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import redis
 
-from benchmarks.framework import ByMode, Run, Scenario, flag, positive_int, render, render_rows
-from benchmarks.harness import CpuProbe, say, summary, verdict
+from benchmarks.framework import ByMode, Run, Scenario, flag, render, render_rows
+from benchmarks.harness import CpuProbe, positive_int, say, summary, verdict
 from benchmarks.loadgen import HttpPool, closed_loop
 from benchmarks.stack import gateway, spawn_workers, window_flags
 from inferq.tenancy import KeyStore

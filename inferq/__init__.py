@@ -23,6 +23,7 @@ from inferq.errors import (
     InvalidInput,
     ModelLoadError,
     PayloadTooLarge,
+    QueuedTokensFull,
     QueueFull,
     RequestCancelled,
     RequestError,
@@ -35,9 +36,10 @@ from inferq.errors import (
 )
 from inferq.producer.aio import AsyncClient, AsyncHandle
 from inferq.producer.client import Client, Handle
-from inferq.producer.common import ClientOptions, EnqueueOptions, RequestState, Shedding
 from inferq.producer.info import CancelOutcome, RequestInfo
+from inferq.producer.options import ClientOptions, EnqueueOptions, Shedding
 from inferq.producer.presence import NoWorkerWarning
+from inferq.producer.replies import RequestState
 from inferq.protocol.codec import ErrorInfo, Limits, Result, Status, Usage
 from inferq.protocol.generation import FinishReason, GenerationParams
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
@@ -70,6 +72,7 @@ __all__ = [
     "NoWorkerWarning",
     "PayloadTooLarge",
     "QueueFull",
+    "QueuedTokensFull",
     "RequestCancelled",
     "RequestError",
     "RequestFailed",

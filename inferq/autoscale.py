@@ -20,6 +20,20 @@ arrival, a pending or running one) activates it again at once (desired >= 1). A 
 shorter than one batch of one (``T < a + b``) cannot be met: the count then assumes batches
 of one.
 
+A ``generate`` queue (its workers batch continuously: no windows) is sized on tokens. Its
+live workers publish a fit of their decode step ``a·n + b`` seconds at ``n`` running
+sequences, their slots ``S``, their KV cache in tokens, their prefill rate ``P`` (prompt
+tokens a second) and the prompt and output tokens of the requests they finished. A worker
+runs ``S' = min(S, KV / (prompt + output tokens of a mean request))`` sequences at once (its
+KV cache bounds the slots it can fill), decodes ``D = S' / (a·S' + b)`` tokens a second, and
+so spends ``w = output / D + prompt / P`` seconds per request: its capacity is ``1 / w``
+requests a second, and the demand in tokens (prompt and output tokens arriving a second:
+the arrival rate times the mean request's) and the backlog (queued prompt and output tokens)
+go into the formula above with it; the target wait is the time to first token the queue
+keeps under (``--target-wait-ms``). Scale-down drains: a ``generate`` worker told to stop
+(SIGTERM) claims nothing more, gives back what it has not started, finishes the sequences it
+runs within its ``--drain-timeout-s`` and hands back the rest (their streamed tokens kept).
+
 Where there is no fit yet (no worker ever ran a batch: a queue scaled to zero from the
 start), the signal is 1 while there is demand: the first worker measures, then the signal
 follows. The arrival rate is the growth of the queue's enqueue sequence (``seq``, which the
@@ -42,9 +56,8 @@ from typing import Any
 
 from inferq.plans import Plan, call
 from inferq.protocol.keys import QueueKeys
-from inferq.protocol.ops import as_str
 from inferq.protocol.settings import settings_from_hash
-from inferq.stats import live_workers
+from inferq.stats import new_windows
 
 DEFAULT_TARGET_WAIT_MS = 1000
 DEFAULT_IDLE_S = 300.0
@@ -76,6 +89,43 @@ class Fit:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenFit:
+    """What a queue's continuous-batching (``generate``) workers measured, averaged: decode
+    step ``a·n + b`` seconds, slots, KV cache tokens (None: unknown), prefill tokens a second
+    (None: none measured) and the mean finished request's prompt and output tokens."""
+
+    decode_a_s: float
+    decode_b_s: float
+    slots: int
+    prompt_tokens: float
+    output_tokens: float
+    prefill_per_s: float | None = None
+    kv_tokens: int | None = None
+
+    def running(self) -> int:
+        """The sequences a worker runs at once: its slots, or fewer when its KV cache cannot
+        hold that many mean requests."""
+        size = self.prompt_tokens + self.output_tokens
+        if self.kv_tokens is None or size <= 0:
+            return self.slots
+        return max(1, min(self.slots, math.floor(self.kv_tokens / size)))
+
+    def decode_per_s(self) -> float:
+        """Tokens a second one worker decodes with ``running`` sequences."""
+        n = self.running()
+        step = self.decode_a_s * n + self.decode_b_s
+        return math.inf if step <= 0 else n / step
+
+    def capacity(self) -> float:
+        """Requests a second one worker serves: 1 / its seconds per request (output tokens at
+        its decode rate, prompt tokens at its prefill rate)."""
+        seconds = self.output_tokens / self.decode_per_s()
+        if self.prefill_per_s:
+            seconds += self.prompt_tokens / self.prefill_per_s
+        return math.inf if seconds <= 0 else 1 / seconds
+
+
+@dataclass(frozen=True, slots=True)
 class Demand:
     #: Arrivals per second.
     arrival_rate: float
@@ -94,14 +144,15 @@ class Target:
     utilisation: float = DEFAULT_UTILISATION
 
 
-def desired_workers(demand: Demand, fit: Fit | None, target: Target) -> int:
+def desired_workers(demand: Demand, fit: Fit | TokenFit | None, target: Target) -> int:
     """The workers ``demand`` needs under ``target`` (see the module docstring)."""
     busy = demand.arrival_rate > 0 or demand.backlog > 0 or demand.inflight > 0
     if not busy and target.idle_s is not None and demand.idle_s >= target.idle_s:
         return 0
     if fit is None:
         return 1
-    capacity = fit.capacity(fit.batch_within(target.wait_s))
+    capacity = (fit.capacity() if isinstance(fit, TokenFit)
+                else fit.capacity(fit.batch_within(target.wait_s)))
     need = (demand.arrival_rate / (target.utilisation * capacity)
             + demand.backlog / (target.wait_s * capacity))
     # a hair under an integer is that integer (float noise must not add a worker)
@@ -121,7 +172,7 @@ class Signal:
     idle_s: float
     target_wait_ms: float
     scale_to_zero_after_s: float | None
-    fit: dict[str, float] | None = None
+    fit: dict[str, float | None] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -145,12 +196,40 @@ def fit_from_windows(windows: list[dict[str, Any]]) -> Fit | None:
                max(f[2] for f in fits))
 
 
+def token_fit_from_windows(windows: list[dict[str, Any]]) -> TokenFit | None:
+    """The mean token fit of the live continuous-batching workers that decoded and finished
+    requests (their published fields)."""
+    fits, requests, prompt, output = [], 0, 0, 0
+    for w in windows:
+        if w.get("mode") != "continuous":
+            continue
+        try:
+            a, b = float(w["decode_a_ms"]) / 1000, float(w["decode_b_ms"]) / 1000
+            slots, done = int(w["max_slots"]), int(w.get("requests", 0))
+            kv = int(w["kv_tokens"]) if w.get("kv_tokens") else None
+            prefill = float(w["prefill_tokens_per_s"]) if w.get("prefill_tokens_per_s") else None
+            tokens, prefilled = int(w.get("tokens", 0)), int(w.get("prefill_tokens", 0))
+        except (KeyError, TypeError, ValueError):
+            continue
+        if a >= 0 and b >= 0 and a + b > 0 and slots >= 1:
+            fits.append((a, b, slots, kv, prefill))
+            requests, prompt, output = requests + done, prompt + prefilled, output + tokens
+    if not fits or requests <= 0:
+        return None
+    kvs = [f[3] for f in fits if f[3] is not None]
+    rates = [f[4] for f in fits if f[4] is not None and f[4] > 0]
+    return TokenFit(sum(f[0] for f in fits) / len(fits), sum(f[1] for f in fits) / len(fits),
+                    round(sum(f[2] for f in fits) / len(fits)), prompt / requests,
+                    output / requests, sum(rates) / len(rates) if rates else None,
+                    round(sum(kvs) / len(kvs)) if kvs else None)
+
+
 @dataclass
 class _Readings:
     """A queue's (time, seq) readings over the window, its last fit and last activity."""
 
     samples: deque[tuple[float, int]] = field(default_factory=deque)
-    fit: Fit | None = None
+    fit: Fit | TokenFit | None = None
     active_at: float | None = None
 
 
@@ -163,7 +242,7 @@ class Tracker:
         self._queues: dict[str, _Readings] = {}
 
     def observe(self, queue: str, now_s: float, seq: int, backlog: int, inflight: int,
-                fit: Fit | None) -> tuple[float, float]:
+                fit: Fit | TokenFit | None) -> tuple[float, float]:
         """Record one reading; (arrival rate, idle seconds)."""
         state = self._queues.setdefault(queue, _Readings())
         if fit is not None:
@@ -181,7 +260,7 @@ class Tracker:
             state.active_at = now_s
         return rate, now_s - state.active_at
 
-    def fit(self, queue: str) -> Fit | None:
+    def fit(self, queue: str) -> Fit | TokenFit | None:
         state = self._queues.get(queue)
         return state.fit if state else None
 
@@ -204,20 +283,26 @@ class Tracker:
             seq += int(s or 0)
             backlog += int(pending) + int(delayed)
             inflight += int(running)
-            live = yield from live_workers(shard, now)
-            fresh = [w for w in live if w not in workers]
-            workers.update(fresh)
-            if fresh:
-                raws = yield [call("hgetall", shard.window(w)) for w in fresh]
-                windows += [{as_str(k): as_str(v) for k, v in r.items()} for r in raws]
+            windows += yield from new_windows(shard, now, workers)
         rate, idle = self.observe(keys.queue, now_s, seq, backlog, inflight,
-                                  fit_from_windows(windows))
+                                  token_fit_from_windows(windows) or fit_from_windows(windows))
         fit = self.fit(keys.queue)
         desired = desired_workers(Demand(rate, backlog, inflight, idle), fit, target)
         return Signal(keys.queue, desired, len(workers), round(rate, 3), backlog, inflight,
                       round(idle, 3), target.wait_s * 1000, target.idle_s,
-                      None if fit is None else {"a_ms": fit.a_s * 1000, "b_ms": fit.b_s * 1000,
-                                                "batch_limit": fit.batch_limit})
+                      _fit_fields(fit))
+
+
+def _fit_fields(fit: Fit | TokenFit | None) -> dict[str, float | None] | None:
+    if isinstance(fit, TokenFit):
+        return {"decode_a_ms": fit.decode_a_s * 1000, "decode_b_ms": fit.decode_b_s * 1000,
+                "slots": fit.slots, "running": fit.running(),
+                "decode_tokens_per_s": fit.decode_per_s(), "prefill_tokens_per_s":
+                fit.prefill_per_s, "prompt_tokens": fit.prompt_tokens,
+                "output_tokens": fit.output_tokens, "requests_per_s": fit.capacity()}
+    if fit is None:
+        return None
+    return {"a_ms": fit.a_s * 1000, "b_ms": fit.b_s * 1000, "batch_limit": fit.batch_limit}
 
 
 def prometheus_text(signals: list[Signal]) -> str:

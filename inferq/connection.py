@@ -146,6 +146,9 @@ ACL_COMMANDS: tuple[str, ...] = (
     "eval", "hlen",
     # billable usage (``lua/includes/usage.lua``): each hour's hash expires at a fixed time
     "pexpireat",
+    # cache affinity (``lua/includes/affinity.lua``): a claim reads workers' held sets and
+    # notes when it passed a request over
+    "smismember", "hsetnx",
 )
 
 

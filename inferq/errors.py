@@ -12,6 +12,8 @@ The hierarchy::
     ├── ModelLoadError          model_load_failed
     ├── BackendUnavailable      backend_unavailable   (also redis ConnectionError, TimeoutError)
     ├── QueueFull               queue_full
+    │   ├── WouldMissSlo        would_miss_slo
+    │   └── QueuedTokensFull    queued_tokens_full
     ├── DurabilityError         durability_unconfirmed
     ├── ResultTimeout           result_timeout        (also a TimeoutError)
     ├── RequestError            carries the request's stored ``Result``
@@ -168,6 +170,23 @@ class WouldMissSlo(QueueFull):
                          refused=refused, retry_after_s=retry_after_s)
         self.predicted_ms = predicted_ms
         self.slo_ms = slo_ms
+
+
+class QueuedTokensFull(QueueFull):
+    """The request's priority band already holds so many estimated tokens pending that its
+    own (``tokens``) would pass the queue's bound (``inferq queue set --max-queued-tokens``,
+    ``max_queued_tokens`` per shard). Nothing was queued; a 429 at the gateway. A
+    ``QueueFull``, so code that handles back-pressure handles it too."""
+
+    code = "queued_tokens_full"
+
+    def __init__(self, message: str, *, tokens: int, max_queued_tokens: int, depth: int,
+                 accepted: list[Any] | None = None, refused: list[int] | None = None,
+                 retry_after_s: float = 1.0) -> None:
+        super().__init__(message, depth=depth, max_depth=0, accepted=accepted,
+                         refused=refused, retry_after_s=retry_after_s)
+        self.tokens = tokens
+        self.max_queued_tokens = max_queued_tokens
 
 
 class DurabilityError(InferqError):

@@ -13,8 +13,9 @@ from typing import Any
 
 from inferq.deadletters import parse_record
 from inferq.plans import Plan, call
-from inferq.producer.common import ClientOptions, RequestState
 from inferq.producer.info import RequestInfo, as_info
+from inferq.producer.options import ClientOptions
+from inferq.producer.replies import RequestState
 from inferq.protocol.codec import decode_payload_fields
 from inferq.protocol.fields import Field
 from inferq.protocol.keys import QueueKeys

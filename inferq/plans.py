@@ -70,29 +70,6 @@ def once(step: Step) -> Plan[Any]:
     return (yield step)
 
 
-class _Stepper:
-    """The driver's side of a plan, without I/O: the next step, given the last reply or
-    error; ``value`` once the plan returned."""
-
-    __slots__ = ("error", "plan", "reply", "value")
-
-    def __init__(self, plan: Plan[Any]) -> None:
-        self.plan = plan
-        self.reply: Any = None
-        self.error: Exception | None = None
-        self.value: Any = None
-
-    def next(self) -> Step | None:
-        try:
-            step = (self.plan.send(self.reply) if self.error is None
-                    else self.plan.throw(self.error))
-        except StopIteration as done:
-            self.value = done.value
-            return None
-        self.reply, self.error = None, None
-        return step
-
-
 def _pipeline(client: Any, commands: Sequence[Command]) -> Any:
     pipe = client.pipeline(transaction=False)
     for command in commands:
@@ -130,21 +107,32 @@ async def _async_step(client: Any, step: Step) -> Any:
 
 def run(client: Any, plan: Plan[T]) -> T:
     """Execute a plan on a synchronous client (``redis.Redis`` or a cluster client)."""
-    stepper = _Stepper(plan)
-    while (step := stepper.next()) is not None:
-        try:
-            stepper.reply = _sync_step(client, step)
-        except Exception as exc:
-            stepper.error = exc
-    return cast(T, stepper.value)
+    # One loop, no driver object: every enqueue runs a plan, so its cost counts.
+    send = plan.send
+    try:
+        step = send(None)
+        while True:
+            try:
+                reply = _sync_step(client, step)
+            except Exception as exc:  # the plan catches it, or it comes out of ``throw``
+                step = plan.throw(exc)
+            else:
+                step = send(reply)
+    except StopIteration as done:
+        return cast(T, done.value)
 
 
 async def run_async(client: Any, plan: Plan[T]) -> T:
     """``run`` on an asyncio client."""
-    stepper = _Stepper(plan)
-    while (step := stepper.next()) is not None:
-        try:
-            stepper.reply = await _async_step(client, step)
-        except Exception as exc:
-            stepper.error = exc
-    return cast(T, stepper.value)
+    send = plan.send
+    try:
+        step = send(None)
+        while True:
+            try:
+                reply = await _async_step(client, step)
+            except Exception as exc:
+                step = plan.throw(exc)
+            else:
+                step = send(reply)
+    except StopIteration as done:
+        return cast(T, done.value)

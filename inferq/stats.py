@@ -18,7 +18,7 @@ from typing import Any
 import redis
 
 from inferq.plans import Command, Plan, call, run
-from inferq.protocol import scores
+from inferq.protocol import scores, slo
 from inferq.protocol.keys import (
     DEFAULT_NAMESPACE,
     TENANT_COUNT,
@@ -60,12 +60,26 @@ class QueueStats:
         missed = sum(int(w.get("slo_missed", 0)) for w in self.windows.values())
         return met, met + missed
 
+    @property
+    def slo_ratio(self) -> list[int]:
+        """The prediction's error (actual / predicted time to the result or first token) of
+        the requests admission admitted, counted per ``slo.RATIO_BUCKETS`` bucket, summed over
+        what the live workers publish."""
+        total = [0] * (len(slo.RATIO_BUCKETS) + 1)
+        for w in self.windows.values():
+            for index, n in enumerate(slo.ratio_counts(w.get("slo_ratio", ""))):
+                total[index] += n
+        return total
+
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["pending"] = self.pending
         met, finished = self.slo
+        ratio = self.slo_ratio
         data["slo"] = {"met": met, "finished": finished,
-                       "fraction": met / finished if finished else None}
+                       "fraction": met / finished if finished else None,
+                       "predicted": sum(ratio), "ratio_p50": slo.ratio_quantile(ratio, 0.5),
+                       "ratio_p90": slo.ratio_quantile(ratio, 0.9)}
         return data
 
 
@@ -77,6 +91,19 @@ def live_workers(keys: QueueKeys, now: tuple[int, int] | None = None) -> Plan[li
     now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
     (workers,) = yield [call("zrangebyscore", keys.workers, now_ms, "+inf")]
     return sorted(as_str(w) for w in workers)
+
+
+def new_windows(shard: QueueKeys, now: tuple[int, int],
+                seen: set[str]) -> Plan[list[dict[str, str]]]:
+    """The published window states (``QueueKeys.window``) of ``shard``'s live workers not in
+    ``seen``, which they join: a worker that serves several shards counts once."""
+    live = yield from live_workers(shard, now)
+    fresh = [w for w in live if w not in seen]
+    seen.update(fresh)
+    if not fresh:
+        return []
+    raws = yield [call("hgetall", shard.window(w)) for w in fresh]
+    return [{as_str(k): as_str(v) for k, v in r.items()} for r in raws]
 
 
 def pending_by_priority(keys: QueueKeys) -> Plan[dict[int, int]]:

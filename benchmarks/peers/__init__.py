@@ -1,4 +1,5 @@
-"""The worker side of the ``overhead`` baselines, a no-op job each: rq's ``rq worker`` runs
+"""The ``overhead`` baselines: their adapters (``peer.Peer``, one module a library,
+``catalog.PEERS``) and here their worker side, a no-op job each: rq's ``rq worker`` runs
 ``noop``, ``arq benchmarks.peers.ArqSettings``, ``python -m saq benchmarks.peers.saq_settings``,
 and ``run_bullmq`` for BullMQ's Python port (which has no CLI), with a pooled ``redis.asyncio``
 client; BullMQ on Node.js is ``bullmq-node/``. Their CLIs import this module by name, so it

@@ -22,6 +22,7 @@ from inferq.batch.envelope import TASKS, check_file
 from inferq.batch.fields import BatchField as B
 from inferq.batch.files import OPERATOR, Files, content_name
 from inferq.batch.keys import BatchKeys, Index
+from inferq.batch.limits import limits_field
 from inferq.protocol.scores import PRIORITY_MAX, PRIORITY_MIN
 from inferq.tenancy.principal import Principal
 
@@ -171,6 +172,7 @@ class Batches:
             B.EXPIRES_AT: now + WINDOWS[completion_window], B.TOTAL: total, B.CURSOR: 0,
             B.OFFSET: 0, B.PARTS: 0, B.OWNER: caller.tenant or "",
             B.MAX_PRIORITY: "" if caller.max_priority is None else caller.max_priority,
+            B.LIMITS: limits_field(caller),
             B.TRACEPARENT: trace.traceparent if trace is not None else "",
             B.TRACESTATE: (trace.tracestate or "") if trace is not None else ""})
         await self.redis.lpush(self.index.wake, batch_id)

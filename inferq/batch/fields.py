@@ -23,6 +23,10 @@ class BatchField(StrEnum):
     #: The creating key's ceiling on priority ('' for none): the runner's lines never exceed
     #: it, whichever gateway runs them.
     MAX_PRIORITY = "max_priority"
+    #: The creating key's per-tenant limits, ``"<requests/min> <tokens/min> <in flight>
+    #: <queued bytes>"`` (0: none; absent: none): its lines are admitted under them, sharing
+    #: the tenant's buckets with its online calls (``inferq.batch.limits``).
+    LIMITS = "limits"
     #: The W3C trace context of the call that created the batch ('' for none): each line's
     #: request carries it (README, "Tracing").
     TRACEPARENT = "traceparent"

@@ -32,7 +32,7 @@ from inferq.openai.responses import (
     response_id,
 )
 from inferq.openai.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest
-from inferq.producer.common import raise_for_status
+from inferq.producer.replies import raise_for_status
 from inferq.protocol.codec import Result, Status
 from inferq.protocol.generation import GENERATE_TASK
 

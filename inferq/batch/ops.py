@@ -71,5 +71,5 @@ def parse_pair(reply: Any) -> tuple[str, str]:
 def withdraw_call(keys: BatchKeys, token: str, mode: str, result_ttl_ms: int,
                   ids: Sequence[str]) -> Call:
     queue = keys.queue
-    return ([queue.pending, queue.delayed, keys.batch],
+    return ([queue.pending, queue.delayed, keys.batch, queue.stats],
             [queue.prefix, token, mode, inbox_name(keys.batch_id), result_ttl_ms, *ids])

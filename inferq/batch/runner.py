@@ -9,8 +9,10 @@ it; the next holder redoes the step: the queue's enqueue is idempotent on the li
 part is overwritten, the inbox is trimmed only by the commit. Nothing is lost or duplicated.
 
 The pieces of work, in order: move a new batch to ``in_progress``; withdraw the waiting lines
-of a cancelled or expired batch; queue the next lines (as many as ``feed`` allows); append
-the finished lines drained from the batch's inbox to a part; once every line is accounted
+of a cancelled or expired batch; queue the next lines (as many as ``feed`` allows and the
+owner's per-tenant limits admit: ``limits``; lines over a limit wait for its retry-after);
+append the finished lines drained from the batch's inbox to a part (settling their
+reservations on their actual tokens); once every line is accounted
 for, ``finalizing``: stream the parts into the output and error files, then the terminal
 status.
 """
@@ -34,13 +36,15 @@ from inferq.batch.feed import Feed
 from inferq.batch.fields import BatchField as B
 from inferq.batch.files import content_name
 from inferq.batch.keys import BatchKeys, inbox_name
+from inferq.batch.limits import admit_lines, owner_principal
 from inferq.batch.lines import LineRefused, error_line, outcome, parse_line, response_line
 from inferq.errors import InferqError
 from inferq.openai.errors import INVALID, ApiError, from_inferq
-from inferq.producer import common
 from inferq.producer.aio import AsyncClient
+from inferq.producer.replies import BACK_PRESSURE
 from inferq.protocol import ops as queue_ops
 from inferq.protocol.codec import Status, decode_result
+from inferq.tenancy.limits import Limiter, actual_tokens
 from inferq.tenancy.principal import Principal
 
 log = logging.getLogger("inferq.gateway.batch")
@@ -49,8 +53,8 @@ log = logging.getLogger("inferq.gateway.batch")
 WITHDRAW_CHUNK = 500
 #: The longest a batch whose steps keep failing waits for its next try.
 MAX_BACKOFF_S = 30.0
-#: Enqueue outcomes that are back-pressure: the line is queued again by a later step.
-BACK_PRESSURE = ("full", common.TENANT_FULL)
+#: What a line's reservation under its owner's limits holds beyond the batch's window.
+RESERVATION_MARGIN_S = 60.0
 
 
 def refused_line(request_id: str, custom_id: str, error: ApiError) -> bytes:
@@ -95,8 +99,9 @@ class Held:
 
     @property
     def principal(self) -> Principal:
-        """The owner as a principal: the name space of its lines' ids."""
-        return Principal(tenant=self.owner)
+        """The owner as a principal: the name space of its lines' ids, and the creating key's
+        limits its lines are admitted under."""
+        return owner_principal(self.h)
 
     @property
     def priority(self) -> int:
@@ -118,7 +123,6 @@ class BatchRunner:
         self.config = batches.config
         self.store = batches.files.store
         self.scripts = batches.scripts
-        self.queue_scripts = client.scripts
         self.token = uuid.uuid4().hex
         self._feeds: dict[str, Feed] = {}
         #: A batch's keys never change: read from the index once.
@@ -127,6 +131,9 @@ class BatchRunner:
         #: Batches whose last step raised: when to try again, and how many failed in a row.
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
+        self.limiter = Limiter(self.redis, batches.namespace)
+        #: Batches whose next lines wait for their owner's limits: until when (monotonic).
+        self._limited_until: dict[str, float] = {}
 
     def stop(self) -> None:
         self._stop.set()
@@ -283,6 +290,9 @@ class BatchRunner:
     async def ingest(self, held: Held, *, expire: bool) -> bool:
         """Queue the next lines (or, once the window is over, write them expired)."""
         outstanding = held.n(B.CURSOR) - held.accounted
+        batch_id = held.keys.batch_id
+        if not expire and self._limited_until.get(batch_id, 0.0) > time.monotonic():
+            return False
         if not expire:
             held.feed.observe(time.monotonic(), await self.queue_done(held.keys),
                               held.accounted)
@@ -293,7 +303,6 @@ class BatchRunner:
         lines = await asyncio.to_thread(self._lines, held, room)
         if not lines:
             return False
-        batch_id = held.keys.batch_id
         deadline_s = max(1.0, float(held.n(B.EXPIRES_AT) - held.now_s))
         #: Per line: its error line, or the index of its queue item.
         made: list[bytes | int] = []
@@ -310,17 +319,31 @@ class BatchRunner:
             items.append(item)
         count = len(lines)
         if items:
+            admitted = await admit_lines(self.limiter, held.principal, items,
+                                         deadline_s + RESERVATION_MARGIN_S)
+            if admitted.count < len(items):
+                # Over a limit: commit only the lines before the first one not admitted; it
+                # waits (or, if it can never fit, fails alone and is committed too).
+                count = made.index(admitted.count)
+                if admitted.too_large is not None:
+                    refused = items[admitted.count]
+                    made[count] = refused_line(
+                        held.principal.public_id(refused.id),
+                        str(json.loads(mapping[refused.id])[0]), admitted.too_large)
+                    count += 1
+                else:
+                    self._limited_until[batch_id] = time.monotonic() + admitted.wait_ms / 1000
+                items = items[:admitted.count]
+                if count == 0:
+                    return False
+        if items:
             await self.redis.hset(held.keys.lines, mapping=mapping)
-            (raw_reply,) = await common.enqueue_async(
-                self.redis, self.queue_scripts["enqueue"], [(held.keys.queue, items)],
-                self.client.options)
-            outcomes = queue_ops.parse_enqueue(raw_reply).outcomes
-            refused = [i for i, o in enumerate(outcomes) if o in BACK_PRESSURE]
-            if refused:
+            outcomes = (await self.client.enqueue_items(held.keys.queue, items)).outcomes
+            pressed = [i for i, o in enumerate(outcomes) if o in BACK_PRESSURE]
+            if pressed:
                 # Back-pressure: commit only the lines before the first one refused (those
                 # after it that got in are queued again, idempotently, by the next step).
-                first = refused[0]
-                count = made.index(first)
+                count = min(count, made.index(pressed[0]))
                 if count == 0:
                     return False
         errors = [m for m in made[:count] if isinstance(m, bytes)]
@@ -372,8 +395,7 @@ class BatchRunner:
         parameter or priority out of bounds): that line goes to the error file, the batch
         goes on."""
         try:
-            return common.prepare(prompt, request, self.client.options,
-                                  reply_to=inbox_name(batch_id)).item
+            return self.client.prepare(prompt, request, reply_to=inbox_name(batch_id)).item
         except InferqError as exc:
             return from_inferq(exc)
         except (TypeError, ValueError) as exc:  # not the SDK's own: still this line's fault
@@ -391,18 +413,22 @@ class BatchRunner:
             parsed.append((head.decode(), body))
         metas = await self.redis.hmget(held.keys.lines, [i for i, _ in parsed])
         created = held.now_s
+        settled: list[tuple[str, int | None]] = []
         out: list[bytes] = []
         err: list[bytes] = []
         tally = {"completed": 0, "failed": 0, "expired": 0}
         endpoint, model = held.h[B.ENDPOINT], held.h[B.MODEL]
         for (line_id, body), meta in zip(parsed, metas, strict=True):
             result = decode_result(body, self.client.options.limits)
+            settled.append((result.id, actual_tokens(result)))
             # the files name a line by the id its owner knows it by
             result = result.model_copy(update={"id": held.principal.public_id(result.id)})
             line_meta = json.loads(meta) if meta is not None else [line_id, False, 0]
             done = outcome(endpoint, model, result, line_meta, created)
             tally[done.kind] += 1
             (out if done.kind == "completed" else err).append(done.line)
+        if held.principal.limited:  # once per id: a drain redone settles nothing twice
+            await self.limiter.settle(held.principal, settled)
         out_name, err_name = part_names(held.keys.batch_id, held.n(B.PARTS))
         await asyncio.to_thread(self.store.write_lines, out_name, out)
         await asyncio.to_thread(self.store.write_lines, err_name, err)
@@ -440,6 +466,11 @@ class BatchRunner:
             if n < 0:
                 raise LeaseLost(held.keys.batch_id)
             withdrawn += n
+            if mode == "cancel" and held.principal.limited:
+                # Withdrawn lines never run: their reservations go back whole (and those of
+                # lines still running with them; an expiry's lines are settled when drained).
+                await self.limiter.settle(held.principal,
+                                          [(line, 0) for line in ids[i:i + WITHDRAW_CHUNK]])
         log.info("batch %s: %d waiting line(s) withdrawn (%s)", held.keys.batch_id, withdrawn,
                  mode)
         await self.move(held, (held.status,), held.status, "", [(B.SWEPT, 1)])
@@ -473,5 +504,6 @@ class BatchRunner:
         await asyncio.to_thread(self.store.delete, f"batches/{keys.batch_id}")
         await self.redis.delete(keys.lines)
         await self.redis.srem(self.batches.index.active, keys.batch_id)
-        for known in (self._feeds, self._keys, self._retry_at, self._failures):
+        for known in (self._feeds, self._keys, self._retry_at, self._failures,
+                      self._limited_until):
             known.pop(keys.batch_id, None)

@@ -20,7 +20,14 @@ hash) so that every producer and worker agrees on them without a flag to keep in
   shares; ``deadline`` serves requests with a latency objective (``ttft_slo_ms``) earliest
   deadline first, then those without one in fair order. ``--admission off|predicted``:
   ``predicted`` refuses at enqueue a request whose objective the predicted wait passes
-  (``WouldMissSlo``; 429 at the gateway). See README's "Latency objectives".
+  (``WouldMissSlo``; 429 at the gateway). ``--max-queued-tokens N`` refuses a request
+  (``QueuedTokensFull``; 429) when its priority band's estimated tokens pending plus its own
+  would pass N (split evenly over the shards; 0 removes the bound). See
+  docs/guides/latency-objectives.md.
+* ``--affinity off|prefix|session``: a generate worker's claim prefers, inside the head's
+  priority band, the requests whose prompt prefix (or session) its engine holds in its prefix
+  cache; ``--affinity-max-wait-ms MS`` bounds how much longer any request waits for that
+  (default 500). See docs/guides/cache-affinity.md.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from inferq.errors import ValidationError
 from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys, queue_name, queues_registry
 from inferq.protocol.settings import (
     ADMISSIONS,
+    AFFINITIES,
     ORDERS,
     SET_SETTINGS,
     SET_TENANTS,
@@ -84,6 +92,14 @@ def add_parser(sub: Subcommands) -> None:
     change.add_argument("--admission", choices=ADMISSIONS, default=None,
                         help="predicted: refuse requests whose objective the predicted wait "
                              "passes")
+    change.add_argument("--max-queued-tokens", type=int, default=None, metavar="N",
+                        help="refuse requests once a priority band's estimated tokens pending "
+                             "would pass N (0: no bound)")
+    change.add_argument("--affinity", choices=AFFINITIES, default=None,
+                        help="generate claims prefer the requests whose prefix (or session) "
+                             "the worker's cache holds")
+    change.add_argument("--affinity-max-wait-ms", type=int, default=None, metavar="MS",
+                        help="how much longer a request may wait for affinity (default 500)")
     q.set_defaults(run=run)
 
 
@@ -113,7 +129,9 @@ def format_settings(keys: QueueKeys, settings: QueueSettings) -> str:
              f"  target wait {settings.target_wait_ms or 'default (1000)'} ms, scale to zero "
              f"after {settings.scale_to_zero_after_s or 'default (300)'} s idle",
              f"  default weight {settings.default_weight}",
-             f"  order {settings.order}, admission {settings.admission}"]
+             f"  order {settings.order}, admission {settings.admission}",
+             f"  max queued tokens {settings.max_queued_tokens or 'unbounded'} per band",
+             f"  affinity {settings.affinity}, max wait {settings.affinity_max_wait_ms} ms"]
     limits = dict(settings.tenant_max_depth)
     for tenant in sorted(settings.tenants):
         limit = limits.get(tenant)
@@ -135,11 +153,14 @@ def run(args: argparse.Namespace) -> int:
                        or args.tenant_max_depth or args.remove_tenant)
             if args.shards is None and max_depth == "keep" and (
                     args.target_wait_ms is None and idle is None and not tenants
-                    and args.order is None and args.admission is None):
+                    and args.order is None and args.admission is None
+                    and args.max_queued_tokens is None and args.affinity is None
+                    and args.affinity_max_wait_ms is None):
                 raise ValidationError("nothing to set: give --shards, --max-depth, "
                                       "--no-max-depth, --target-wait-ms, "
-                                      "--scale-to-zero-after, --order, --admission or a "
-                                      "tenant option")
+                                      "--scale-to-zero-after, --order, --admission, "
+                                      "--max-queued-tokens, --affinity, --affinity-max-wait-ms "
+                                      "or a tenant option")
             if idle is not None and not idle * 60 >= 1:
                 raise ValidationError(f"--scale-to-zero-after must be >= 1 s, got {idle} min")
             tenant_keys, tenant_args = tenants_call(
@@ -151,7 +172,9 @@ def run(args: argparse.Namespace) -> int:
             call_keys, call_args = settings_call(
                 keys.config, args.shards, max_depth, target_wait_ms=args.target_wait_ms,
                 scale_to_zero_after_s=None if idle is None else round(idle * 60),
-                order=args.order, admission=args.admission)
+                order=args.order, admission=args.admission,
+                max_queued_tokens=args.max_queued_tokens, affinity=args.affinity,
+                affinity_max_wait_ms=args.affinity_max_wait_ms)
             raw = pairs(client.register_script(SET_SETTINGS)(keys=call_keys, args=call_args))
             # listed for ``inferq stats`` before any worker serves it
             client.sadd(queues_registry(args.namespace), keys.queue)

@@ -12,7 +12,7 @@ from inferq.cli.options import Subcommands, add_connection_options, connection_f
 from inferq.cli.queue import parse_queue
 from inferq.connection import sync_client
 from inferq.lookup import Lookup, find
-from inferq.producer.common import ClientOptions
+from inferq.producer.options import ClientOptions
 from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys
 from inferq.stats import known_queues
 

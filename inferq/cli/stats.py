@@ -14,6 +14,7 @@ from inferq.cli import statsview
 from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
 from inferq.connection import sync_client
 from inferq.errors import ValidationError
+from inferq.protocol import slo
 from inferq.protocol.keys import DEFAULT_NAMESPACE, QueueKeys
 from inferq.stats import QueueStats, read_all
 
@@ -58,6 +59,11 @@ def format_stats(all_stats: list[QueueStats]) -> str:
         if finished:
             lines.append(f"  latency objectives met {met}/{finished} "
                          f"({met / finished:.1%}, live workers' requests)")
+        ratio = st.slo_ratio
+        if sum(ratio):
+            lines.append(f"  admission's prediction: actual / predicted time p50 "
+                         f"{slo.ratio_quantile(ratio, 0.5):.2f}, p90 "
+                         f"{slo.ratio_quantile(ratio, 0.9):.2f} ({sum(ratio)} admitted)")
         if st.tenants:
             owned = ", ".join(f"{t}={n}" for t, n in sorted(st.tenants.items()))
             lines.append(f"  tenants (queued or running) {owned}")
@@ -92,7 +98,21 @@ def format_generation(worker: str, w: dict[str, Any]) -> str:
         f"{float(w.get('mean_batch_size', 0)):.1f} (max {w.get('max_batch_size', 0)}), "
         f"tokens {w.get('tokens', 0)} generated + {w.get('prefill_tokens', 0)} prefilled, "
         f"preemptions {w.get('preemptions', 0)}, finished by {w.get('reasons', {})}"
+        + format_affinity(w)
     )
+
+
+def format_affinity(w: dict[str, Any]) -> str:
+    """The prefix cache's hit rate (tokens reused ÷ prompt tokens) and tokens saved, and the
+    share of claims taken by cache affinity; '' from a worker that reports neither."""
+    if "prefix_prompt_tokens" not in w:
+        return ""
+    prompt, reused = int(w.get("prefix_prompt_tokens", 0)), int(w.get("prefix_reused_tokens", 0))
+    claimed, preferred = int(w.get("claimed", 0)), int(w.get("affinity_claimed", 0))
+    rate = f"{reused / prompt:.0%}" if prompt else "-"
+    share = f"{preferred}/{claimed}" if claimed else "0/0"
+    return (f", prefix cache hit rate {rate} ({reused} prompt tokens saved, "
+            f"{w.get('held_prefixes', 0)} prefixes published), affinity claims {share}")
 
 
 def batch_section(client: redis.Redis) -> str:

@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
 from inferq.connection import ConnectionSettings, sync_client, wrap_connection_errors
-from inferq.errors import ConfigError
+from inferq.errors import BackendUnavailable, ConfigError
 from inferq.logs import set_context as set_log_context
 from inferq.protocol.generation import GENERATE_TASK
+from inferq.worker.core.backoff import STARTUP_WAIT_S, may_pass
 
 if TYPE_CHECKING:
     from inferq.worker.core.lifecycle import QueueWorker
@@ -35,17 +36,20 @@ log = logging.getLogger("inferq.worker")
 
 #: ``WorkerConfig`` fields set by flags of the same name, when given.
 CONFIG_FLAGS = ("device", "dtype", "lease_ms", "heartbeat_ms", "drain_timeout_s",
-                "result_ttl_s", "worker_id", "dead_letter_cap", "max_crashes")
+                "result_ttl_s", "worker_id", "dead_letter_cap", "max_crashes",
+                "suspect_delay_ms")
 WINDOW_FLAGS = ("max_batch_size", "max_batch_tokens", "max_wait_ms")
 #: ``GenerationSettings`` fields set by flags of the same name, when given.
 CONTINUOUS_FLAGS = ("max_slots", "kv_cache_mb", "max_prefill_tokens", "stream_interval_ms",
-                    "engine_process", "max_preemptions", "swap_mb", "engine", "vllm_option")
+                    "engine_process", "max_preemptions", "swap_mb", "engine", "vllm_option",
+                    "prefix_cache_mb")
 #: Continuous-worker flags that only one engine takes, with why the other refuses them.
 ENGINE_FLAGS = {
     "transformers": {"vllm_option": "vLLM's engine arguments are for --engine vllm"},
     "vllm": {"swap_mb": "vLLM keeps its KV blocks; a preempted generation is recomputed from "
                         "its streamed tokens",
-             "engine_process": "vLLM's engine always runs in the engine process"},
+             "engine_process": "vLLM's engine always runs in the engine process",
+             "prefix_cache_mb": "vLLM caches prefixes in its own KV blocks"},
 }
 
 
@@ -88,6 +92,11 @@ def add_parser(sub: Subcommands) -> None:
     w.add_argument("--max-crashes", type=int, metavar="N",
                    help="a request lost with its worker N times while it ran alone is "
                         "dead-lettered crashed_worker (default: 2)")
+    w.add_argument("--suspect-delay-ms", type=int, metavar="MS",
+                   help="a request lost with its worker again (a crashed batch's half that "
+                        "crashed again) reruns no sooner than MS after, such reruns spaced MS "
+                        "apart for the queue: a crash poison kills at most about one worker "
+                        "per MS (default: the lease; 0: at once)")
     w.add_argument("--worker-id", metavar="ID",
                    help="name in stats, logs and metrics (default: host-pid-random)")
     w.add_argument("--metrics-port", type=int, metavar="PORT",
@@ -123,6 +132,10 @@ def add_parser(sub: Subcommands) -> None:
                    help="host memory for the KV caches of preempted generations, put back "
                         "when they resume; beyond it they are recomputed (default: as much as "
                         "the KV cache budget; 0: always recompute)")
+    g.add_argument("--prefix-cache-mb", type=float, metavar="MB",
+                   help="the transformers engine's prefix cache: KV of prompt prefixes it "
+                        "computed, reused by later prompts that start with them, within what "
+                        "running generations leave of the KV budget (default: 256; 0: off)")
     g.add_argument("--engine-process", action=argparse.BooleanOptionalAction,
                    help="run the model, KV cache and step loop in a child process of their "
                         "own, so the steps never wait for the GIL the Redis side holds; the "
@@ -132,7 +145,7 @@ def add_parser(sub: Subcommands) -> None:
     g.add_argument("--engine", choices=["transformers", "vllm"],
                    help="what runs the model: transformers (inferq's own KV-cache loop, the "
                         "default) or vllm (vLLM's engine in the engine process; needs "
-                        "inferq[vllm], or vLLM's CPU build, see the README)")
+                        "inferq[vllm], or vLLM's CPU build: deploy/vllm/install-cpu.sh)")
     g.add_argument("--vllm-option", action="append", metavar="KEY=VALUE",
                    help="--engine vllm: an EngineArgs field passed through to vLLM "
                         "(e.g. tensor_parallel_size=2, enforce_eager=true); repeatable")
@@ -200,16 +213,38 @@ def check_vllm() -> None:
 
     if not vllm_available():
         raise ConfigError("--engine vllm: vLLM is not installed here (CUDA: pip install "
-                          "'inferq[vllm]'; CPU: see the README's vLLM section)")
+                          "'inferq[vllm]'; CPU: deploy/vllm/install-cpu.sh, see "
+                          "docs/guides/generation.md)")
 
 
-def check_server(settings: ConnectionSettings) -> None:
-    """One PING: a wrong URL, a server that is down, hung or not Redis fails in seconds, with
-    the reason, before minutes of model loading."""
+#: How long ``check_server`` asks again a server that refuses connections or is loading.
+SERVER_WAIT_S = STARTUP_WAIT_S
+
+
+def check_server(settings: ConnectionSettings, wait_s: float | None = None) -> None:
+    """A PING: a wrong URL, a server that is down, hung or not Redis fails in seconds, with
+    the reason, before minutes of model loading. A server that cannot be reached or is loading
+    its data is asked again (backoff) for up to ``wait_s`` (``SERVER_WAIT_S``) first: a
+    supervisor restarts workers at the moment the server restarts too (the chaos run's kills
+    just before a Redis restart), and a replacement that gave up at once would leave the fleet
+    short for another start. A refused password fails at once."""
+    give_up = time.monotonic() + (SERVER_WAIT_S if wait_s is None else wait_s)
+    delay = 0.05
     client = sync_client(settings)
     try:
-        with wrap_connection_errors(settings):
-            client.ping()
+        while True:
+            try:
+                with wrap_connection_errors(settings):
+                    client.ping()
+                return
+            except BackendUnavailable as exc:
+                if not may_pass(exc) or time.monotonic() + delay > give_up:
+                    raise
+                if delay == 0.05:
+                    log.warning("Redis not available yet (%s): asking again for up to %g s",
+                                exc.message, give_up - time.monotonic())
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
     finally:
         client.close()
 

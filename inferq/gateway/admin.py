@@ -168,6 +168,8 @@ async def overview(state: Ops) -> dict[str, Any]:
             "live_workers": st.live_workers, "workers": windows,
             "desired_workers": signal.desired, "signal": signal.as_dict(),
             "dead_letters": letters.as_dict(),
+            # latency objectives: goodput and admission's prediction error (QueueStats)
+            "slo": st.as_dict()["slo"],
         })
     return {"queues": out}
 

@@ -23,7 +23,7 @@ from inferq.gateway.settings import GatewaySettings
 from inferq.gateway.state import GatewayState
 from inferq.gateway.tracecontext import TraceContext
 from inferq.producer.aio import AsyncClient
-from inferq.producer.common import ClientOptions
+from inferq.producer.options import ClientOptions
 from inferq.protocol.keys import TenancyKeys
 
 log = logging.getLogger("inferq.gateway")

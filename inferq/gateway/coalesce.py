@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferq.errors import QueueFull, WouldMissSlo
+from inferq.errors import QueuedTokensFull, QueueFull, WouldMissSlo
 from inferq.producer.aio import AsyncClient, AsyncHandle
 
 log = logging.getLogger("inferq.gateway")
@@ -133,6 +133,10 @@ class Coalescer:
                     str(exc), predicted_ms=exc.predicted_ms, slo_ms=exc.slo_ms,
                     depth=exc.depth, accepted=got, retry_after_s=exc.retry_after_s)
                     if isinstance(exc, WouldMissSlo) else
+                    QueuedTokensFull(
+                        str(exc), tokens=exc.tokens, max_queued_tokens=exc.max_queued_tokens,
+                        depth=exc.depth, accepted=got, retry_after_s=exc.retry_after_s)
+                    if isinstance(exc, QueuedTokensFull) else
                     QueueFull(str(exc), depth=exc.depth, max_depth=exc.max_depth,
                               accepted=got, retry_after_s=exc.retry_after_s))
 

@@ -27,10 +27,10 @@ import anyio
 
 from inferq.openai.errors import ApiError
 from inferq.protocol import cost
-from inferq.protocol.codec import Result, Status
+from inferq.protocol.codec import Result
 from inferq.protocol.keys import DEFAULT_NAMESPACE
 from inferq.tenancy.headers import rate_limit_headers
-from inferq.tenancy.limits import Limiter
+from inferq.tenancy.limits import Limiter, actual_tokens
 from inferq.tenancy.principal import Principal
 
 #: What an admission reserves beyond the caller's own wait, before a lost request stops
@@ -75,17 +75,6 @@ async def admit_call(redis: Any, principal: Principal, ids: Sequence[str], *,
         raise ApiError(429, "rate_limit_error", admission.limit or "rate_limit_exceeded",
                        admission.message, headers=headers)
     return headers
-
-
-def actual_tokens(result: Result) -> int | None:
-    """The tokens a finished request used: prompt + completion for a generation, the input
-    tokens for embeddings; None (keep the estimate) for an ``ok`` result with neither, 0 for
-    one that produced no output (failed, cancelled, expired, dead)."""
-    if result.usage is not None:
-        return result.usage.total_tokens
-    if result.input_tokens is not None:
-        return result.input_tokens
-    return None if result.status is Status.OK else 0
 
 
 async def settle_results(redis: Any, principal: Principal, results: Iterable[Result], *,

@@ -18,7 +18,7 @@ from inferq.gateway.authn import Authenticator
 from inferq.gateway.frontdoor import FrontDoor
 from inferq.gateway.routes import health
 from inferq.producer.aio import AsyncClient
-from inferq.producer.common import ClientOptions
+from inferq.producer.options import ClientOptions
 from inferq.protocol.keys import DEFAULT_NAMESPACE, TenancyKeys
 
 

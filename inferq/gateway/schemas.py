@@ -17,7 +17,7 @@ from inferq.openai.schemas import (
     RequestId,
     TaskName,
 )
-from inferq.producer.common import RequestState
+from inferq.producer.replies import RequestState
 from inferq.protocol.codec import Result
 
 # --- native --------------------------------------------------------------------------------

@@ -25,6 +25,7 @@
 | ``INFERQ_GATEWAY_MAX_BATCH_LINES`` | 50000 | most lines per batch |
 | ``INFERQ_GATEWAY_MAX_BATCH_LINE_BYTES`` | 3215360 | longest batch input line (3 MiB + 68 KiB) |
 | ``INFERQ_GATEWAY_TENANT_FROM`` | ``none`` | operator's tenant: ``user``, ``header``, ``none`` |
+| ``INFERQ_GATEWAY_SESSION_FROM_USER`` | false | ``user`` is the session (no ``X-Session-Id``) |
 | ``INFERQ_GATEWAY_MAX_BODY_MB`` | 16 | largest body (413 beyond, as it streams in) |
 | ``INFERQ_GATEWAY_MAX_FILE_MB`` | 200 | largest ``/v1/files`` upload (OpenAI's) |
 | ``INFERQ_GATEWAY_ALLOWED_HOSTS`` | ``localhost,127.0.0.1,::1`` | Hosts served while open |
@@ -83,6 +84,9 @@ class GatewaySettings(BaseSettings):
     #: (``header``), or nowhere (``none``: every call is in the default flow). The operator
     #: picks one so that callers cannot choose a source the operator does not trust.
     tenant_from: Literal["none", "user", "header"] = "none"
+    #: Cache affinity: without an ``X-Session-Id`` header, OpenAI's ``user`` field names a
+    #: generation's session (``inferq.protocol.prefix``).
+    session_from_user: bool = False
     #: ``/readyz`` gives up on Redis after this long (the SDK's sockets never time out).
     ready_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 2.0
     # Files and batches (``inferq.batch``).

@@ -20,11 +20,11 @@ from inferq.errors import InferqError
 from inferq.gateway.coalesce import cancel_quietly
 from inferq.gateway.limiting import Reservation, settle_from
 from inferq.gateway.state import GatewayState
-from inferq.gateway.streams import Slot, entry_key
+from inferq.gateway.streams import Slot, Started, entry_key
 from inferq.openai.errors import ApiError, from_inferq, unavailable
 from inferq.openai.responses import finish_reason, usage_of
 from inferq.producer.aio import AsyncHandle
-from inferq.producer.common import raise_for_status
+from inferq.producer.replies import raise_for_status
 from inferq.producer.streaming import StreamEntry, StreamReader
 from inferq.protocol.codec import Result
 
@@ -156,16 +156,20 @@ def stream_response(state: GatewayState, handle: AsyncHandle, chunks: Chunks, ti
 
     async def events() -> AsyncGenerator[str, None]:
         nonlocal finished
-        # The chat's role-only chunk goes out with the first thing the worker produced, as
-        # vLLM's server sends it: clients time the first token by the first chunk.
+        # The chat's role-only chunk goes out with the first token the worker produced (its
+        # first stream entry, even one whose text is held back or empty), as vLLM's server
+        # sends it with its first output: clients time the first token by the first chunk.
         role = chunks.chat and not position.resumed
         reader = StreamReader(position.entry)
         try:
             async for item in state.streams.follow(handle.keys, handle.id, timeout,
-                                                   after=position.entry, reader=reader):
+                                                   after=position.entry, reader=reader,
+                                                   announce_start=role):
                 if role:
                     role = False
                     yield sse(chunks.chunk(role="assistant", text=""), START)
+                if isinstance(item, Started):
+                    continue
                 if isinstance(item, StreamEntry):
                     yield sse(chunks.chunk(text=item.text), item.id)
                     continue

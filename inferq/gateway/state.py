@@ -16,6 +16,7 @@ from inferq.gateway.settings import GatewaySettings
 from inferq.gateway.streams import StreamMux, StreamSlots
 from inferq.openai.errors import ApiError, model_not_found
 from inferq.producer.aio import AsyncClient, AsyncHandle
+from inferq.protocol.prefix import user_session
 
 
 @dataclass
@@ -63,6 +64,16 @@ class GatewayState:
         the name: a bad one is a 422 naming ``tenant``)."""
         source = self.settings.tenant_from
         return user if source == "user" else header if source == "header" else None
+
+    def session(self, user: str | None, header: str | None) -> str | None:
+        """A generation's session (cache affinity): ``X-Session-Id``, else OpenAI's ``user``
+        where ``INFERQ_GATEWAY_SESSION_FROM_USER`` says so (hashed into a session id: any
+        string is a valid ``user``)."""
+        if header is not None:
+            return header
+        if user and self.settings.session_from_user:
+            return user_session(user)
+        return None
 
     def timeout(self, asked: float | None, param: str) -> float:
         """The caller's wait (seconds), else the default; above the maximum is a 422."""

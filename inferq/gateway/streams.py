@@ -44,8 +44,10 @@ from inferq import connection
 from inferq.connection import ConnectionSettings, wrap_connection_errors
 from inferq.errors import ResultTimeout
 from inferq.openai.errors import ApiError
-from inferq.producer.common import ClientOptions, block_timeout, parse_result
+from inferq.producer.options import ClientOptions
+from inferq.producer.replies import parse_result
 from inferq.producer.streaming import BLOCK_MS, READ_COUNT, StreamEntry, StreamReader
+from inferq.producer.waits import block_timeout
 from inferq.protocol.codec import Result
 from inferq.protocol.keys import QueueKeys
 from inferq.protocol.ops import as_str
@@ -74,6 +76,8 @@ class _Follower:
         default_factory=asyncio.Queue)
     checked_at: float = field(default_factory=time.monotonic)
     done: bool = False
+    #: Whether any entry (a token, with or without text) has been handed over yet.
+    started: bool = False
 
 
 class _Group:
@@ -156,7 +160,10 @@ class _Group:
                 f.reader.last_id)]
             if got:
                 entries = f.reader.feed_entries([(f.key, got)])
-                if entries:
+                # The first entry goes over even without text (tokens whose text is held
+                # back, or decodes to nothing): the stream has started (``STARTED``).
+                if entries or not f.started:
+                    f.started = True
                     f.inbox.put_nowait(entries)
             if f.reader.ended or (not got and now - f.checked_at >= BLOCK_MS / 1e3):
                 due.append(f)
@@ -182,6 +189,14 @@ def _by_key(reply: Any) -> dict[str, list[tuple[str, Any]]]:
     pairs = reply.items() if isinstance(reply, dict) else reply
     return {as_str(key): [(as_str(entry_id), fields) for entry_id, fields in rows]
             for key, rows in pairs}
+
+
+class Started:
+    """What ``follow(..., announce_start=True)`` yields once, at the stream's first entry: the
+    generation produced its first token, whether or not that token showed text yet."""
+
+
+STARTED = Started()
 
 
 class StreamMux:
@@ -216,11 +231,15 @@ class StreamMux:
         return group
 
     async def follow(self, keys: QueueKeys, request_id: str, timeout: float | None, *,
-                     after: str = "0-0", reader: StreamReader | None = None
-                     ) -> AsyncIterator[StreamEntry | Result]:
+                     after: str = "0-0", reader: StreamReader | None = None,
+                     announce_start: bool = False
+                     ) -> AsyncIterator[StreamEntry | Result | Started]:
         """The deltas of ``request_id``'s stream after entry ``after``, then its ``Result``;
         ``ResultTimeout`` after ``timeout``. ``reader`` (made here if not given) holds the
-        position: after the ``Result``, its ``last_id`` is the stream's last entry."""
+        position: after the ``Result``, its ``last_id`` is the stream's last entry. With
+        ``announce_start``, ``STARTED`` first, as soon as the stream has an entry after
+        ``after`` (its first token: the text of the first tokens may be held back, e.g. an
+        incomplete UTF-8 character, or be empty, e.g. special tokens)."""
         reader = reader if reader is not None else StreamReader(after)
         reader.last_id = after
         follower = _Follower(keys.stream(request_id), keys.result(request_id), reader)
@@ -239,6 +258,9 @@ class StreamMux:
                     with wrap_connection_errors(self.settings):
                         raise item
                 if isinstance(item, list):
+                    if announce_start:
+                        announce_start = False
+                        yield STARTED
                     for entry in item:
                         yield entry
                     continue

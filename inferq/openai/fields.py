@@ -8,7 +8,7 @@ a 400 ``unsupported_parameter`` that names the field and says why. A field in ne
 a 422 (``extra inputs are not permitted``): nothing is silently ignored.
 
 The tables cover OpenAI's chat/completions and completions requests and vLLM's extensions
-(``vllm/entrypoints/openai/protocol.py``); README's gateway section shows them.
+(``vllm/entrypoints/openai/protocol.py``); the gateway guide says how they are answered.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ EMBEDDINGS: dict[str, Refused] = {
         (None, -1)),
 }
 
-#: Fields of OpenAI's and vLLM's requests that each route implements (README's table).
+#: Fields of OpenAI's and vLLM's requests that each route implements (the reference page).
 SUPPORTED: dict[str, tuple[str, ...]] = {
     "chat": ("model", "messages", "max_tokens", "max_completion_tokens", "temperature",
              "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
+import logging
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from operator import methodcaller
 from types import TracebackType
@@ -11,26 +11,24 @@ from typing import Any, TypeVar, Unpack
 
 import redis.asyncio as aioredis
 
-from inferq import connection, plans, stats, tracing
+from inferq import connection, plans, stats
 from inferq.connection import ConnectionSettings, wrap_connection_errors
 from inferq.plans import Plan
-from inferq.producer import admission, common
 from inferq.producer.admin import AsyncDeadLetters
-from inferq.producer.common import (
-    BLOCKING_DEFAULTS,
-    ClientOptions,
-    EnqueueOptions,
-    RequestState,
-)
+from inferq.producer.base import ClientBase
 from inferq.producer.handle import HandleBase
 from inferq.producer.inbox import ResultInbox
 from inferq.producer.info import CancelOutcome, RequestInfo
-from inferq.producer.presence import WorkerPresence
+from inferq.producer.options import BLOCKING_DEFAULTS, ClientOptions, EnqueueOptions
+from inferq.producer.replies import RequestState, results_in_order
+from inferq.producer.routing import queue_of
 from inferq.producer.streaming import StreamEntry, StreamReader, follow, follow_entries
 from inferq.protocol import ops
 from inferq.protocol.codec import Result
 from inferq.protocol.keys import QueueKeys, shard_of
 from inferq.protocol.settings import QueueSettings
+
+log = logging.getLogger("inferq.producer")
 
 T = TypeVar("T")
 
@@ -88,40 +86,50 @@ class AsyncHandle(HandleBase["AsyncClient"]):
             return await plans.run_async(self._client.redis, plan)
 
 
-class AsyncClient:
+class AsyncClient(ClientBase[AsyncHandle]):
+    handle_type = AsyncHandle
+
     def __init__(self, url: str | ConnectionSettings | None = None, *,
                  options: ClientOptions | None = None, **redis_kwargs: Any) -> None:
         """See ``Client``: a URL or ``ConnectionSettings``, and redis-py overrides."""
-        self.connection = connection.resolve(url)
-        self.url = self.connection.url
-        self.options = options or ClientOptions()
+        super().__init__(url, options)
         # A blocking pool: more concurrent calls than connections wait for one instead of
         # failing. Awaited results do not hold connections (see ``ResultInbox``).
         self.redis: aioredis.Redis = connection.async_client(
             self.connection, blocking_pool=True, max_connections=self.options.max_connections,
             **{**BLOCKING_DEFAULTS, **redis_kwargs})
         self.scripts = ops.register(self.redis)
-        self.client_id = uuid.uuid4().hex
-        #: Warns (``NoWorkerWarning``) when a queue enqueued to has no live worker.
-        self.presence = WorkerPresence(self.options.namespace,
-                                       warn=self.options.warn_no_worker)
         self._inboxes: dict[QueueKeys, ResultInbox] = {}
-        self._settings = common.SettingsCache(self.options.settings_ttl_s)
+        #: Reads of expired settings running in the background (``_cached_settings``).
+        self._refreshing: dict[QueueKeys, asyncio.Task[None]] = {}
+
+    async def _run(self, plan: Plan[T]) -> T:
+        with wrap_connection_errors(self.connection):
+            return await plans.run_async(self.redis, plan)
 
     async def queue_settings(self, keys: QueueKeys) -> QueueSettings:
-        """The queue's settings (shards, depth limit), cached ``options.settings_ttl_s``."""
-        queue = common.queue_of(keys)
+        """The queue's settings (shards, depth limit, order, admission and the fleet's rates
+        it reads), cached ``options.settings_ttl_s``."""
+        return await self._run(self._settings_plan(keys))
+
+    def _cached_settings(self, queue: QueueKeys) -> QueueSettings | None:
+        """Once the settings' TTL has passed, for as long again the last ones are used while a
+        read runs in the background, so an enqueue does not wait for the reads (several round
+        trips under admission); older than that, or never read, they are read first."""
         known = self._settings.get(queue)
-        if known is None:
-            with wrap_connection_errors(self.connection):
-                known = self._settings.put(
-                    queue, *await plans.run_async(self.redis, admission.read_settings(queue)))
+        if (known is None and (known := self._settings.recent(queue)) is not None
+                and queue not in self._refreshing):
+            task = asyncio.create_task(self._refresh(queue))
+            self._refreshing[queue] = task
+            task.add_done_callback(lambda _: self._refreshing.pop(queue, None))
         return known
 
-    async def _route(self, prepared: list[common.Prepared]) -> list[common.Prepared]:
-        settings = {id(p.keys): await self.queue_settings(p.keys)
-                    for p in {id(p.keys): p for p in prepared}.values()}
-        return common.route_many(prepared, lambda keys: settings[id(keys)], self.options)
+    async def _refresh(self, queue: QueueKeys) -> None:
+        """A background read: a failure leaves the last settings, which age out."""
+        try:
+            await self.queue_settings(queue)
+        except Exception as exc:  # the next call past the staleness bound reads and raises
+            log.debug("background read of %s's settings failed: %s", queue.queue, exc)
 
     def inbox(self, keys: QueueKeys) -> ResultInbox:
         box = self._inboxes.get(keys)
@@ -132,91 +140,45 @@ class AsyncClient:
     async def enqueue(self, prompt: str = "",
                       **request: Unpack[EnqueueOptions]) -> AsyncHandle:
         """Queue one request; the arguments are ``Client.enqueue``'s (``EnqueueOptions``)."""
-        tracer = tracing.tracer()
-        if tracer is None:
-            return await self._enqueue(prompt, request)
-        with common.traced(tracer, "enqueue", [""], request) as (span, context):
-            handle = await self._enqueue(prompt, {**request, **context})
-            span.set_attribute("messaging.message.id", handle.id)
-            return handle
-
-    async def _enqueue(self, prompt: str, request: Mapping[str, Any]) -> AsyncHandle:
-        (p,) = await self._route(
-            [common.prepare(prompt, request, self.options, reply_to=self.client_id)])
-        with wrap_connection_errors(self.connection):
-            (raw,) = await common.enqueue_async(self.redis, self.scripts["enqueue"],
-                                                [(p.keys, [p.item])], self.options)
-        reply = ops.parse_enqueue(raw)
-        common.check_full(reply, p, self.options)
-        await self._check_presence([p.keys])
-        handle = AsyncHandle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
-        handle.predicted_ms = reply.predicted_ms.get(0)
-        return handle
+        return await self._run(self._enqueue(prompt, request))
 
     async def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], *,
                            atomic: bool = False, **defaults: Any) -> list[AsyncHandle]:
         """See ``Client.enqueue_many`` (``atomic``: all or none; the tracing too)."""
-        tracer = tracing.tracer()
-        if tracer is None:
-            return await self._enqueue_many(requests, atomic, defaults)
-        if isinstance(requests, Iterable) and not isinstance(requests, Sequence | Mapping):
-            requests = list(requests)  # read twice: by the span, and to enqueue
-        with common.traced(tracer, "enqueue_many", requests, defaults) as (_, context):
-            return await self._enqueue_many(requests, atomic, {**defaults, **context})
+        return await self._run(self._enqueue_many(requests, atomic, defaults))
 
-    async def _enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], atomic: bool,
-                            defaults: Mapping[str, Any]) -> list[AsyncHandle]:
-        prepared = await self._route(common.prepare_many(requests, defaults, self.options,
-                                                         reply_to=self.client_id))
-        groups = common.group_by_queue(prepared)
-        if atomic:
-            common.check_atomic(groups)
-        with wrap_connection_errors(self.connection):
-            replies = await common.enqueue_async(
-                self.redis, self.scripts["enqueue"],
-                [(keys, [prepared[i].item for i in indices]) for keys, indices in groups.items()],
-                self.options, atomic)
-        handles = common.collect_handles(
-            prepared, groups, replies, self.options,
-            lambda keys, request_id, outcome: AsyncHandle(self, keys, request_id, outcome,
-                                                          via_inbox=True),
-        )
-        await self._check_presence(groups)
-        return handles
-
-    async def _check_presence(self, queues: Iterable[QueueKeys]) -> None:
-        if due := self.presence.due(queues):  # at most every few seconds per queue
-            with wrap_connection_errors(self.connection):
-                idle = await plans.run_async(self.redis, self.presence.check(due))
-            self.presence.warn_about(idle)
+    async def enqueue_items(self, keys: QueueKeys,
+                            items: Sequence[ops.EnqueueItem]) -> ops.EnqueueReply:
+        """Items made by ``prepare`` into queue shard ``keys``, in one enqueue script call, as
+        they are: no routing (no shard, depth share or tenant weight from the queue's
+        settings), no presence check, and no refusal raised: the reply's outcomes say which
+        were queued (``replies.BACK_PRESSURE``: refused for now). The batch runner's door."""
+        return await self._run(self._enqueue_items(keys, items))
 
     async def live_workers(self, *, model: str, task: str = "embed") -> list[str]:
         """See ``Client.live_workers``."""
-        keys = QueueKeys.for_model(task, model, self.options.namespace)
-        with wrap_connection_errors(self.connection):
-            return await plans.run_async(self.redis, stats.all_live_workers(keys))
+        return await self._run(stats.all_live_workers(self._queue(model, task)))
 
     async def served_queues(self) -> frozenset[str]:
         """See ``Client.served_queues``."""
-        with wrap_connection_errors(self.connection):
-            return await plans.run_async(self.redis, stats.served_queues(self.options.namespace))
+        return await self._run(stats.served_queues(self.options.namespace))
 
     async def find(self, request_id: str, *, model: str, task: str = "embed") -> AsyncHandle:
         """``handle``, after reading the queue's settings (cached): right on a sharded queue."""
-        await self.queue_settings(QueueKeys.for_model(task, model, self.options.namespace))
+        await self.queue_settings(self._queue(model, task))
         return self.handle(request_id, model=model, task=task)
 
     def dead_letters(self, *, model: str, task: str = "embed") -> AsyncDeadLetters:
         """The queue's dead letters: ``list``, ``show``, ``requeue``, ``purge`` (see
         ``inferq.producer.admin``)."""
-        keys = QueueKeys.for_model(task, model, self.options.namespace)
-        return AsyncDeadLetters(self.redis, self.scripts, self.connection, keys)
+        return AsyncDeadLetters(self.redis, self.scripts, self.connection,
+                                self._queue(model, task))
 
     def handle(self, request_id: str, *, model: str, task: str = "embed") -> AsyncHandle:
         """A handle for a request enqueued elsewhere. On a sharded queue, its shard comes from
         the settings this client last read (``queue_settings``; one shard if never read)."""
-        keys = QueueKeys.for_model(task, model, self.options.namespace)
-        known = self._settings.get(common.queue_of(keys))
+        keys = self._queue(model, task)
+        known = self._settings.get(queue_of(keys))
         shards = known.shards if known is not None else 1
         return AsyncHandle(self, keys.for_shard(shard_of(request_id, shards)), request_id,
                            "unknown")
@@ -245,9 +207,12 @@ class AsyncClient:
 
         await asyncio.gather(*(from_inbox(k, i) for k, i in groups.items()),
                              *(from_key(i) for i in alone))
-        return common.results_in_order([h.id for h in handles], raws, self.options, timeout)
+        return results_in_order([h.id for h in handles], raws, self.options, timeout)
 
     async def aclose(self) -> None:
+        for task in list(self._refreshing.values()):
+            task.cancel()
+        await asyncio.gather(*self._refreshing.values(), return_exceptions=True)
         for box in self._inboxes.values():
             await box.close()
         await self.redis.aclose()

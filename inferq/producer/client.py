@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from operator import methodcaller
 from types import TracebackType
@@ -13,21 +12,16 @@ from typing import Any, TypeVar, Unpack
 import redis
 from redis.sentinel import SentinelConnectionPool
 
-from inferq import connection, plans, stats, tracing
+from inferq import connection, plans, stats
 from inferq.connection import ConnectionSettings, wrap_connection_errors
 from inferq.plans import Plan
-from inferq.producer import admission, common
 from inferq.producer.admin import DeadLetters
-from inferq.producer.common import (
-    BLOCKING_DEFAULTS,
-    ClientOptions,
-    EnqueueOptions,
-    RequestState,
-)
+from inferq.producer.base import ClientBase
 from inferq.producer.handle import HandleBase
 from inferq.producer.inbox import SyncResultInbox
 from inferq.producer.info import CancelOutcome, RequestInfo
-from inferq.producer.presence import WorkerPresence
+from inferq.producer.options import BLOCKING_DEFAULTS, ClientOptions, EnqueueOptions
+from inferq.producer.replies import RequestState, results_in_order
 from inferq.producer.streaming import follow
 from inferq.protocol import ops
 from inferq.protocol.codec import Result
@@ -105,31 +99,30 @@ def blocking_pool_client(client: Any, max_connections: int) -> Any:
     return redis.Redis(connection_pool=blocking)
 
 
-class Client:
+class Client(ClientBase[Handle]):
     """``Client(url).enqueue("text", model="minilm")`` then ``handle.result(timeout=30)``."""
+
+    handle_type = Handle
 
     def __init__(self, url: str | ConnectionSettings | None = None, *,
                  options: ClientOptions | None = None, **redis_kwargs: Any) -> None:
         """``url`` is a URL (default ``$INFERQ_REDIS_URL``; TLS files from ``$INFERQ_TLS_*``)
         or a ``ConnectionSettings``; ``redis_kwargs`` go to redis-py and win over both."""
-        self.connection = connection.resolve(url)
-        self.url = self.connection.url
-        self.options = options or ClientOptions()
+        super().__init__(url, options)
         # A blocking pool: more concurrent calls than connections wait for one instead of
         # failing. Waiting for results holds no connection (see ``SyncResultInbox``).
         self.redis: redis.Redis = blocking_pool_client(
             connection.sync_client(self.connection, **{**BLOCKING_DEFAULTS, **redis_kwargs}),
             self.options.max_connections)
         self.scripts = ops.register(self.redis)
-        self._settings = common.SettingsCache(self.options.settings_ttl_s)
-        #: Warns (``NoWorkerWarning``) when a queue enqueued to has no live worker.
-        self.presence = WorkerPresence(self.options.namespace,
-                                       warn=self.options.warn_no_worker)
-        self.client_id = uuid.uuid4().hex
         #: The gateway's API keys (``inferq keys``): ``client.keys.create("acme")``.
         self.keys = KeyStore(self.redis, self.options.namespace)
         self._inboxes: dict[QueueKeys, SyncResultInbox] = {}
         self._inbox_lock = threading.Lock()
+
+    def _run(self, plan: Plan[T]) -> T:
+        with wrap_connection_errors(self.connection):
+            return plans.run(self.redis, plan)
 
     def inbox(self, keys: QueueKeys) -> SyncResultInbox:
         with self._inbox_lock:
@@ -140,16 +133,7 @@ class Client:
 
     def queue_settings(self, keys: QueueKeys) -> QueueSettings:
         """The queue's settings (shards, depth limit), cached ``options.settings_ttl_s``."""
-        queue = common.queue_of(keys)
-        known = self._settings.get(queue)
-        if known is None:
-            with wrap_connection_errors(self.connection):
-                known = self._settings.put(
-                    queue, *plans.run(self.redis, admission.read_settings(queue)))
-        return known
-
-    def _route(self, prepared: list[common.Prepared]) -> list[common.Prepared]:
-        return common.route_many(prepared, self.queue_settings, self.options)
+        return self._run(self._settings_plan(keys))
 
     def enqueue(self, prompt: str = "", **request: Unpack[EnqueueOptions]) -> Handle:
         """Queue one request and return its ``Handle``. Keyword arguments (``EnqueueOptions``):
@@ -174,33 +158,16 @@ class Client:
         * ``ttft_slo_ms``: the latency objective, ms from enqueue to the first token
           (``generate``) or the result: ``Result.slo_met`` says whether it was met; the queue
           may order by it and refuse what would miss it (``inferq queue set --order
-          deadline --admission predicted``: ``WouldMissSlo``).
+          deadline --admission predicted``: ``WouldMissSlo``);
+        * ``session``: the conversation a ``generate`` request belongs to (cache affinity:
+          docs/guides/cache-affinity.md).
 
         * ``traceparent``, ``tracestate``: the W3C trace context the request continues
           (default: the caller's current OpenTelemetry context when tracing is on; README,
           "Tracing").
 
         Raises ``ValidationError``, ``QueueFull`` or ``BackendUnavailable``."""
-        tracer = tracing.tracer()
-        if tracer is None:
-            return self._enqueue(prompt, request)
-        with common.traced(tracer, "enqueue", [""], request) as (span, context):
-            handle = self._enqueue(prompt, {**request, **context})
-            span.set_attribute("messaging.message.id", handle.id)
-            return handle
-
-    def _enqueue(self, prompt: str, request: Mapping[str, Any]) -> Handle:
-        (p,) = self._route([common.prepare(prompt, request, self.options,
-                                           reply_to=self.client_id)])
-        with wrap_connection_errors(self.connection):
-            (raw,) = common.enqueue_sync(self.redis, self.scripts["enqueue"],
-                                         [(p.keys, [p.item])], self.options)
-        reply = ops.parse_enqueue(raw)
-        common.check_full(reply, p, self.options)
-        self._check_presence([p.keys])
-        handle = Handle(self, p.keys, p.item.id, reply.outcomes[0], via_inbox=True)
-        handle.predicted_ms = reply.predicted_ms.get(0)
-        return handle
+        return self._run(self._enqueue(prompt, request))
 
     def enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], *,
                      atomic: bool = False, **defaults: Any) -> list[Handle]:
@@ -214,33 +181,7 @@ class Client:
         With tracing on, one ``enqueue_many`` span covers the call and every request that
         names no ``traceparent`` of its own carries it.
         """
-        tracer = tracing.tracer()
-        if tracer is None:
-            return self._enqueue_many(requests, atomic, defaults)
-        if isinstance(requests, Iterable) and not isinstance(requests, Sequence | Mapping):
-            requests = list(requests)  # read twice: by the span, and to enqueue
-        with common.traced(tracer, "enqueue_many", requests, defaults) as (_, context):
-            return self._enqueue_many(requests, atomic, {**defaults, **context})
-
-    def _enqueue_many(self, requests: Iterable[str | Mapping[str, Any]], atomic: bool,
-                      defaults: Mapping[str, Any]) -> list[Handle]:
-        prepared = self._route(common.prepare_many(requests, defaults, self.options,
-                                                   reply_to=self.client_id))
-        groups = common.group_by_queue(prepared)
-        if atomic:
-            common.check_atomic(groups)
-        with wrap_connection_errors(self.connection):
-            replies = common.enqueue_sync(
-                self.redis, self.scripts["enqueue"],
-                [(keys, [prepared[i].item for i in indices]) for keys, indices in groups.items()],
-                self.options, atomic)
-        handles = common.collect_handles(
-            prepared, groups, replies, self.options,
-            lambda keys, request_id, outcome: Handle(self, keys, request_id, outcome,
-                                                     via_inbox=True),
-        )
-        self._check_presence(groups)
-        return handles
+        return self._run(self._enqueue_many(requests, atomic, defaults))
 
     def results(self, handles: Sequence[Handle], timeout: float | None = None) -> list[Result]:
         """The ``Result`` of each handle, in order, waiting for those not in yet. Unlike
@@ -259,35 +200,26 @@ class Client:
                 raws.append(handle._client.inbox(handle.keys).wait(handle.id, left))
             else:
                 raws.append(handle._run(handle._wait(left)))
-        return common.results_in_order([h.id for h in handles], raws, self.options, timeout)
-
-    def _check_presence(self, queues: Iterable[QueueKeys]) -> None:
-        if due := self.presence.due(queues):  # at most every few seconds per queue
-            with wrap_connection_errors(self.connection):
-                idle = plans.run(self.redis, self.presence.check(due))
-            self.presence.warn_about(idle)
+        return results_in_order([h.id for h in handles], raws, self.options, timeout)
 
     def live_workers(self, *, model: str, task: str = "embed") -> list[str]:
         """The ids of the workers serving ``task:model`` now (on any of its shards)."""
-        keys = QueueKeys.for_model(task, model, self.options.namespace)
-        with wrap_connection_errors(self.connection):
-            return plans.run(self.redis, stats.all_live_workers(keys))
+        return self._run(stats.all_live_workers(self._queue(model, task)))
 
     def served_queues(self) -> frozenset[str]:
         """The queues (``task:model``) some worker has ever served (the queue registry)."""
-        with wrap_connection_errors(self.connection):
-            return plans.run(self.redis, stats.served_queues(self.options.namespace))
+        return self._run(stats.served_queues(self.options.namespace))
 
     def dead_letters(self, *, model: str, task: str = "embed") -> DeadLetters:
         """The queue's dead letters: ``list``, ``show``, ``requeue``, ``purge`` (see
         ``inferq.producer.admin``)."""
-        keys = QueueKeys.for_model(task, model, self.options.namespace)
-        return DeadLetters(self.redis, self.scripts, self.connection, keys)
+        return DeadLetters(self.redis, self.scripts, self.connection,
+                           self._queue(model, task))
 
     def handle(self, request_id: str, *, model: str, task: str = "embed") -> Handle:
         """A handle for a request enqueued elsewhere (another process, an earlier run). On a
         sharded queue its shard comes from the queue's current shard count."""
-        keys = QueueKeys.for_model(task, model, self.options.namespace)
+        keys = self._queue(model, task)
         shards = self.queue_settings(keys).shards
         return Handle(self, keys.for_shard(shard_of(request_id, shards)), request_id, "unknown")
 

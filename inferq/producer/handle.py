@@ -14,9 +14,10 @@ from typing import Any, Generic, Protocol, TypeVar
 from inferq.connection import ConnectionSettings
 from inferq.errors import ResultTimeout
 from inferq.plans import Direct, Do, Plan, call
-from inferq.producer import common, waits
-from inferq.producer.common import ClientOptions, RequestState, parse_result, state_of
+from inferq.producer import waits
 from inferq.producer.info import CancelOutcome, RequestInfo, as_info
+from inferq.producer.options import ClientOptions
+from inferq.producer.replies import RequestState, parse_result, raise_for_status, state_of
 from inferq.protocol import ops
 from inferq.protocol.codec import Result
 from inferq.protocol.fields import Field
@@ -72,14 +73,14 @@ class HandleBase(Generic[C]):
     @staticmethod
     def _checked(timeout: float | None) -> float | None:
         if timeout is not None:
-            common.block_timeout(timeout)  # validates
+            waits.block_timeout(timeout)  # validates
         return timeout
 
     def _outcome(self, raw: Any, timeout: float | None) -> Result:
         result = parse_result(raw, self._client.options)
         if result is None:
             raise ResultTimeout(f"no result for request {self.id} within {timeout} s")
-        return common.raise_for_status(result)
+        return raise_for_status(result)
 
     def _peek(self) -> Plan[Result | None]:
         raw = yield Direct(call("lindex", self.keys.result(self.id), 0))

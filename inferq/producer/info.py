@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from inferq.producer.common import ClientOptions, RequestState, parse_result, state_of
+from inferq.producer.options import ClientOptions
+from inferq.producer.replies import RequestState, parse_result, state_of
 from inferq.protocol.codec import Result
 from inferq.protocol.fields import Field
 from inferq.protocol.ops import as_str

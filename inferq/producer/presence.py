@@ -13,14 +13,21 @@ enqueue.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from collections.abc import Iterable
+from pathlib import Path
+from types import FrameType
 
+from inferq import plans
 from inferq.plans import Plan, call
 from inferq.protocol.keys import QueueKeys, requested_registry
 
 CHECK_EVERY_S = 5.0
+#: The SDK's files (this package, the plans' drivers): a warning names the first caller
+#: outside them, whatever the path through them (sync or async, traced or not).
+_SDK_FILES = (str(Path(__file__).parent) + "/", plans.__file__)
 
 
 class NoWorkerWarning(UserWarning):
@@ -65,13 +72,23 @@ class WorkerPresence:
         return [keys.queue for i, keys in enumerate(due)
                 if not (top := replies[1 + 2 * i]) or float(top[0][1]) < now_ms]
 
-    def warn_about(self, idle: Iterable[str], stacklevel: int = 5) -> None:
-        """A ``NoWorkerWarning`` per queue (unless ``warn`` is off); ``stacklevel`` 5 names the
-        caller of a client's ``enqueue`` (or ``enqueue_many``), whose ``_enqueue`` called the
-        client's ``_check_presence``."""
+    def warn_about(self, idle: Iterable[str]) -> None:
+        """A ``NoWorkerWarning`` per queue (unless ``warn`` is off), naming the line that
+        called the client."""
         if self.warn:
             for queue in idle:
-                warnings.warn(no_worker_message(queue), NoWorkerWarning, stacklevel=stacklevel)
+                warnings.warn(no_worker_message(queue), NoWorkerWarning,
+                              stacklevel=_outside_sdk())
+
+
+def _outside_sdk() -> int:
+    """The ``stacklevel`` of ``warn_about``'s ``warnings.warn`` that names the first frame
+    outside the SDK."""
+    level = 1  # warn_about's own frame
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_SDK_FILES):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def no_worker_message(queue: str) -> str:

@@ -22,7 +22,9 @@ from operator import methodcaller
 from typing import Any, NamedTuple
 
 from inferq.errors import ResultTimeout
-from inferq.producer.common import ClientOptions, block_timeout, parse_result
+from inferq.producer.options import ClientOptions
+from inferq.producer.replies import parse_result
+from inferq.producer.waits import block_timeout
 from inferq.protocol.codec import Result
 from inferq.protocol.fields import StreamField
 from inferq.protocol.keys import QueueKeys

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 from inferq.connection import MAX_BLOCK_S
-from inferq.producer.common import block_timeout
+from inferq.errors import ValidationError
 
 
 def slices(timeout: float | None, read_timeout: float | None = None) -> Iterator[float]:
@@ -30,3 +30,13 @@ def slices(timeout: float | None, read_timeout: float | None = None) -> Iterator
             return
         # Redis takes fractional seconds with millisecond resolution; 0 would block forever.
         yield max(min(remaining, cap), 0.001)
+
+
+def block_timeout(timeout: float | None) -> int:
+    """BLMOVE's timeout argument: 0 blocks forever; Redis takes fractional seconds, though
+    redis-py annotates it as int."""
+    if timeout is None:
+        return 0
+    if not timeout > 0:
+        raise ValidationError(f"timeout must be > 0 seconds or None, got {timeout}")
+    return timeout  # type: ignore[return-value]

@@ -31,6 +31,7 @@ from inferq.errors import PayloadTooLarge, ValidationError
 from inferq.protocol.cost import ESTIMATED_TASKS, MAX_COST, estimate
 from inferq.protocol.generation import MAX_MESSAGES, ChatMessage, FinishReason
 from inferq.protocol.keys import NAME_RE
+from inferq.protocol.prefix import SESSION_RE
 from inferq.protocol.scores import MAX_SLO_MS, PRIORITY_MAX, PRIORITY_MIN
 from inferq.tracing import MAX_TRACESTATE, TRACEPARENT_RE, check_tracestate, valid_ids
 
@@ -111,6 +112,10 @@ class RequestPayload(BaseModel):
     #: The latency objective (``inferq.protocol.slo``): ms from enqueue by which the first
     #: token (generate) or the result (other tasks) should arrive. Absent (None) without one.
     ttft_slo_ms: Annotated[int, Field(ge=1, le=MAX_SLO_MS, strict=True)] | None = None
+    #: The conversation it belongs to (cache affinity: ``inferq.protocol.prefix``): a
+    #: ``generate`` request's claim may prefer the worker that ran the session's earlier
+    #: turns. Absent (None) without one.
+    session: Annotated[str, Field(pattern=SESSION_RE.pattern)] | None = None
 
     @field_validator("deadline_s")
     @classmethod
@@ -306,7 +311,7 @@ def _absent(payload: RequestPayload) -> set[str] | None:
     """The optional fields a payload leaves out (so one without them is as before they
     existed)."""
     absent = {name for name in ("messages", "tenant", "cost", "traceparent", "tracestate",
-                            "ttft_slo_ms")
+                            "ttft_slo_ms", "session")
               if getattr(payload, name) is None}
     return absent or None
 

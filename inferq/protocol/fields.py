@@ -49,6 +49,24 @@ class Field(StrEnum):
     CLAIMED = "cl"
     #: The tenant that sent it (``inferq.protocol.fair``); absent without one.
     TENANT = "tn"
+    #: What its tenant's fair-share clock was charged at enqueue, ``"<band level> <epoch>
+    #: <weight> <cost>"``, so that its completion can give back what it did not use
+    #: (``inferq.protocol.fair``); absent without a tenant or when it was ordered by deadline.
+    CHARGE = "fc"
+    #: The estimated tokens the request counts in its band's queued tokens while it is
+    #: pending (``inferq queue set --max-queued-tokens``: ``lua/includes/queued.lua``);
+    #: absent: not counted (enqueued while the queue had no bound).
+    QUEUED = "qt"
+    #: The ms to its result (first token) admission by prediction predicted when it admitted
+    #: the request; absent: none made. The worker measures the actual time against it.
+    PREDICTED = "pw"
+    #: Cache affinity (``inferq.protocol.prefix``): the identity of its session, and its
+    #: prompt's prefix hash chain (space-separated, shortest prefix first); absent: none.
+    SESSION = "ss"
+    PREFIXES = "px"
+    #: When a claim under cache affinity first passed it over (ms, Redis clock): it is due,
+    #: taken before any preference, ``affinity_max_wait_ms`` later. Absent: never passed over.
+    SKIPPED = "sk"
 
 
 class HashState(StrEnum):

@@ -35,12 +35,15 @@ DEFAULT_NAMESPACE = "inferq"
 #: The suffixes of per-request keys after ``prefix`` (``req:<id>``, ...): the one source for
 #: the methods below and for the Lua scripts (where they are ``K_REQ``, ``K_RESULT``, ...).
 PER_REQUEST = {"req": "req:", "result": "result:", "stream": "stream:", "inbox": "inbox:",
-               "cancels": "cancels:"}
-_REQ, _RESULT, _STREAM, _INBOX, _CANCELS = PER_REQUEST.values()
+               "cancels": "cancels:", "held": "held:"}
+_REQ, _RESULT, _STREAM, _INBOX, _CANCELS, _HELD = PER_REQUEST.values()
 
 #: The field prefix, in a shard's stats hash, of a tenant's count of unfinished requests
 #: (``lua/includes/tenants.lua``).
 TENANT_COUNT = "tenant:"
+#: The field prefix, in a shard's stats hash, of a priority band's estimated tokens pending
+#: (``qtok:<100 - priority>``; ``lua/includes/queued.lua``).
+QUEUED_TOKENS = "qtok:"
 
 #: The key suffix of a shard's usage hashes (``QueueKeys.usage``, ``usage_total``), their
 #: counters (per tenant: requests without a tenant are not counted) and how long an hour's
@@ -216,6 +219,12 @@ class QueueKeys:
         """List of request ids cancelled while ``worker_id`` ran them (``generate`` workers
         block on it with the wake list and drop the generation at its next decode step)."""
         return f"{self.prefix}{_CANCELS}{worker_id}"
+
+    def held(self, worker_id: str) -> str:
+        """Set of the identities (prefix hashes, sessions: ``inferq.protocol.prefix``) whose
+        prompts ``worker_id``'s engine holds in its prefix cache, with a TTL the worker keeps
+        refreshing: a claim under cache affinity prefers them (``lua/includes/affinity.lua``)."""
+        return f"{self.prefix}{_HELD}{worker_id}"
 
     def inbox(self, client_id: str) -> str:
         """List of ``<id> <result>`` entries for one async client (its single waiting

@@ -82,6 +82,10 @@ class EnqueueItem:
     #: The queue's order and admission (``slo.policy``), as routing read them: the same for
     #: every item of one call.
     policy: str = "fair"
+    #: Cache affinity (``inferq.protocol.prefix``): the session's identity ("" = none) and
+    #: the prompt's prefix hash chain, space-separated ("" = none: not a generate request).
+    session: str = ""
+    prefixes: str = ""
 
 
 def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem], *, atomic: bool = False,
@@ -95,7 +99,7 @@ def enqueue_call(keys: QueueKeys, items: Sequence[EnqueueItem], *, atomic: bool 
         rows += [item.id, item.band, item.payload,
                  "" if item.deadline_ms is None else item.deadline_ms, item.max_attempts,
                  item.reply_to or "", item.depth_limit, item.tenant, item.weight, item.cost,
-                 item.tenant_limit, item.slo_ms]
+                 item.tenant_limit, item.slo_ms, item.session, item.prefixes]
     args: list[bytes | str | int] = [keys.prefix, packed(rows), policy]
     if atomic:
         args.append("atomic")
@@ -139,6 +143,8 @@ class Claimed:
     cap: int = 0
     #: Runs of it lost with their worker so far (not attempts).
     lost: int = 0
+    #: The ms to its result (first token) admission predicted at enqueue; 0: none.
+    predicted_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,15 +158,23 @@ class ClaimReply:
     corrupt: list[tuple[str, str]] = field(default_factory=list)
     #: Raw keys the script dropped as garbage (nothing tied them to a request).
     garbage: list[str] = field(default_factory=list)
+    #: Of ``claimed``, those taken by cache-affinity preference (the worker held their
+    #: prefix or session).
+    preferred: int = 0
 
 
 def claim_call(keys: QueueKeys, owner: str, lease_ms: int, max_count: int,
-               result_ttl_ms: int, max_score: int | None = None) -> Call:
+               result_ttl_ms: int, max_score: int | None = None, *, affinity: str = "",
+               affinity_max_wait_ms: int = 0) -> Call:
     """``max_score``: take only pending requests scored at most this (one priority band of a
-    sharded queue, see ``scores.band``); None takes the head whatever its priority."""
-    return ([keys.pending, keys.inflight, keys.stats, keys.delayed, keys.wake, keys.leases],
+    sharded queue, see ``scores.band``); None takes the head whatever its priority.
+    ``affinity``: '' (the head, in order), or ``prefix`` / ``session``: prefer, inside the
+    head's band, the requests whose prefix or session the worker holds
+    (``lua/includes/affinity.lua``), none passed over longer than ``affinity_max_wait_ms``."""
+    return ([keys.pending, keys.inflight, keys.stats, keys.delayed, keys.wake, keys.leases,
+             keys.workers],
             [keys.prefix, owner, lease_ms, max_count, result_ttl_ms,
-             "" if max_score is None else max_score])
+             "" if max_score is None else max_score, affinity, affinity_max_wait_ms])
 
 
 def _pairs(flat: Any) -> list[tuple[str, str]]:
@@ -174,17 +188,24 @@ def parse_claim(reply: Any) -> ClaimReply:
         claimed = [Claimed(i.decode("utf-8", "replace"), p, t.decode("utf-8", "replace"),
                            int(a), int(e), int(d) if d else None,
                            rt.decode("utf-8", "replace"), tn.decode("utf-8", "replace"),
-                           int(n), int(lost))
-                   for i, p, t, a, e, d, rt, tn, n, lost in rows]
+                           int(n), int(lost), int(pw))
+                   for i, p, t, a, e, d, rt, tn, n, lost, pw in rows]
     else:
         claimed = [Claimed(as_str(i), bytes(p), as_str(t), int(a), int(e),
                            int(d) if d not in (b"", "", None) else None, as_str(rt), as_str(tn),
-                           int(n), int(lost))
-                   for i, p, t, a, e, d, rt, tn, n, lost in rows]
+                           int(n), int(lost), int(pw))
+                   for i, p, t, a, e, d, rt, tn, n, lost, pw in rows]
     next_due = int(reply[3])
     return ClaimReply(now_ms=int(reply[0]), claimed=claimed, expired=int(reply[2]),
                       next_retry_ms=None if next_due < 0 else next_due,
-                      corrupt=_pairs(reply[4]), garbage=[as_str(k) for k in reply[5]])
+                      corrupt=_pairs(reply[4]), garbage=[as_str(k) for k in reply[5]],
+                      preferred=int(reply[6]) if len(reply) > 6 else 0)
+
+
+def hold_call(keys: QueueKeys, owner: str, ttl_ms: int, identities: Sequence[str]) -> Call:
+    """Replace ``owner``'s held set (``QueueKeys.held``) with ``identities``, expiring after
+    ``ttl_ms``; ``ttl_ms`` 0 deletes it."""
+    return [keys.stats], [keys.prefix, owner, ttl_ms, *identities]
 
 
 def peek_call(keys: QueueKeys) -> Call:
@@ -240,6 +261,9 @@ class Completion:
     #: Whether a final result met the request's latency objective (``Result.slo_met``); None
     #: without one. Counted by the worker (goodput), not sent to the script.
     slo_met: bool | None = None
+    #: The actual time to its result (first token) over the one admission predicted
+    #: (``Claimed.predicted_ms``); None without a prediction. Counted by the worker.
+    predicted_ratio: float | None = None
 
     @property
     def id(self) -> str:
@@ -259,7 +283,7 @@ def complete_call(keys: QueueKeys, result_ttl_ms: int, dead_cap: int,
                    c.enqueued_ms, c.reply_to, c.tenant, max(0, int(item.prompt_tokens)),
                    max(0, int(item.completion_tokens)))
     return ([keys.inflight, keys.stats, keys.delayed, keys.dead, keys.wake, keys.started,
-             keys.dead_letters, keys.leases],
+             keys.dead_letters, keys.leases, keys.fair],
             [keys.prefix, result_ttl_ms, dead_cap, packed(values)])
 
 
@@ -273,14 +297,19 @@ DEFAULT_MAX_CRASHES = 2
 
 def reclaim_call(keys: QueueKeys, max_count: int, result_ttl_ms: int, dead_cap: int, *,
                  max_crashes: int = DEFAULT_MAX_CRASHES, grace_ms: int = 0,
-                 connected: Sequence[str] | None = None, probe_ms: int = 0) -> Call:
+                 connected: Sequence[str] | None = None, probe_ms: int = 0,
+                 suspect_delay_ms: int = 0) -> Call:
     """``connected``: the ids of the workers with a connection now (``CLIENT LIST``), whose
     registered peers without one for ``grace_ms`` are dead; None: leases only, and with
-    ``probe_ms`` the reply says whether a listing is due (none in ``probe_ms``)."""
+    ``probe_ms`` the reply says whether a listing is due (none in ``probe_ms``).
+    ``suspect_delay_ms``: a request whose run is lost with its worker again (it was lost
+    before) reruns at the queue's next suspect slot, at least this long after now and after
+    the previous slot (0: at once)."""
     return ([keys.inflight, keys.pending, keys.dead, keys.wake, keys.stats, keys.started,
-             keys.dead_letters, keys.leases, keys.workers, keys.conns],
+             keys.dead_letters, keys.leases, keys.workers, keys.conns, keys.delayed],
             [keys.prefix, max_count, result_ttl_ms, dead_cap, max_crashes, grace_ms,
-             "" if connected is None else packed(list(connected)), probe_ms])
+             "" if connected is None else packed(list(connected)), probe_ms,
+             suspect_delay_ms])
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +327,10 @@ class ReclaimReply:
     lost: int = 0
     #: The caller should list the connected workers and call again with them.
     probe_due: bool = False
+    #: Of ``requeued``: lost again, so put in delayed until the queue's next suspect slot,
+    #: which comes ``paced_in_ms`` from now (None: none paced).
+    paced: int = 0
+    paced_in_ms: int | None = None
 
     @property
     def counts(self) -> tuple[int, int]:
@@ -306,13 +339,15 @@ class ReclaimReply:
 
 
 def parse_reclaim(reply: Any) -> ReclaimReply:
+    paced_in = int(reply[9])
     return ReclaimReply(int(reply[0]), int(reply[1]), _pairs(reply[2]),
                         [as_str(k) for k in reply[3]], int(reply[4]),
-                        [as_str(w) for w in reply[5]], int(reply[6]), int(reply[7]) == 1)
+                        [as_str(w) for w in reply[5]], int(reply[6]), int(reply[7]) == 1,
+                        int(reply[8]), None if paced_in < 0 else paced_in)
 
 
 def release_call(keys: QueueKeys, leases: Iterable[tuple[str, str]]) -> Call:
-    return ([keys.inflight, keys.pending, keys.wake, keys.started, keys.leases],
+    return ([keys.inflight, keys.pending, keys.wake, keys.started, keys.leases, keys.stats],
             [keys.prefix, packed(_flat(leases))])
 
 

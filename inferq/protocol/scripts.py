@@ -36,13 +36,13 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-from inferq.protocol import cost, fields, keys, scores
+from inferq.protocol import cost, fields, keys, prefix, scores
 from inferq.protocol.codec import WIRE_VERSION
-from inferq.protocol.keys import TENANT_COUNT, USAGE, USAGE_RETENTION_MS
+from inferq.protocol.keys import QUEUED_TOKENS, TENANT_COUNT, USAGE, USAGE_RETENTION_MS
 
 #: Every script, by name (its file is ``lua/<name>.lua``).
 NAMES = ("enqueue", "claim", "peek", "start", "heartbeat", "complete", "reclaim", "release",
-         "cancel", "stream", "stream_end", "requeue", "purge")
+         "cancel", "stream", "stream_end", "requeue", "purge", "hold")
 
 _INCLUDE = re.compile(r"^-- @include (\w+)\s*$", re.MULTILINE)
 
@@ -73,7 +73,12 @@ def fair_constants() -> str:
               "DEADLINE_VT_LIMIT": scores.DEADLINE_VT_LIMIT, "MAX_SLO_MS": scores.MAX_SLO_MS}
     return (f"local {', '.join(values)} = "
             f"{', '.join(str(v) for v in values.values())}\n"
-            f"local TENANT_COUNT = '{TENANT_COUNT}'\n")
+            f"local TENANT_COUNT = '{TENANT_COUNT}'\n"
+            f"local QUEUED_TOKENS = '{QUEUED_TOKENS}'\n"
+            f"local AFFINITY_HEX, AFFINITY_CHAIN = {prefix.HASH_HEX}, {prefix.MAX_CHAIN}\n"
+            f"local AFFINITY_WINDOW, AFFINITY_MAX_HELD = {prefix.CLAIM_WINDOW}, "
+            f"{prefix.MAX_HELD}\n"
+            f"local AFFINITY_SATURATED = '{prefix.SATURATED}'\n")
 
 
 def _expand(text: str, done: set[str]) -> str:

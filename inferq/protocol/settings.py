@@ -5,13 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from inferq.errors import ValidationError
 from inferq.protocol.cost import DEFAULT_WEIGHT, MAX_WEIGHT, check_weight
 from inferq.protocol.keys import check_tenant
 
+if TYPE_CHECKING:
+    from inferq.protocol.slo import TokenService
+
 MAX_SHARDS = 1024
+#: How long a claim under cache affinity may pass a request over (ms), by default.
+DEFAULT_AFFINITY_MAX_WAIT_MS = 500
+MAX_AFFINITY_WAIT_MS = 600_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +47,20 @@ class QueueSettings:
     #: ``predicted``: refuse at enqueue a request whose objective the queue cannot meet
     #: (``inferq.WouldMissSlo``); ``off``: admit all.
     admission: str = "off"
+    #: The bound on the estimated tokens pending per priority band (split over the shards);
+    #: a request that would pass it is refused (``inferq.QueuedTokensFull``). None: no bound.
+    max_queued_tokens: int | None = None
+    #: Cache affinity (``inferq.worker.generate.affinity``): ``off`` (claims take the head),
+    #: ``prefix`` or ``session`` (a claim prefers, inside the head's band, the requests whose
+    #: prefix or session the worker holds), and how much longer a request may wait for it.
+    affinity: str = "off"
+    affinity_max_wait_ms: int = DEFAULT_AFFINITY_MAX_WAIT_MS
     #: Not stored: the fleet's service rate (requests/s) a producer read with the settings
     #: for ``predicted`` admission (``producer.admission``); None when unknown.
     service_rate: float | None = None
+    #: Not stored: what the live ``generate`` workers serve in tokens (``slo.TokenService``),
+    #: read with ``service_rate``; None when unknown.
+    token_service: TokenService | None = None
 
     @property
     def claim_shards(self) -> int:
@@ -96,7 +113,9 @@ def settings_from_hash(raw: Mapping[Any, Any]) -> QueueSettings:
     depth = _int(raw, "max_depth")
     wait = _int(raw, "target_wait_ms")
     idle = _int(raw, "scale_to_zero_after_s")
+    tokens = _int(raw, "max_queued_tokens")
     default = _int(raw, DEFAULT_WEIGHT_FIELD)
+    wait_ms = _int(raw, "affinity_max_wait_ms")
     weights: dict[str, int] = {}
     limits: dict[str, int] = {}
     for key, value in raw.items():
@@ -117,12 +136,17 @@ def settings_from_hash(raw: Mapping[Any, Any]) -> QueueSettings:
         default_weight=default if default is not None and 1 <= default <= MAX_WEIGHT
         else DEFAULT_WEIGHT,
         tenant_max_depth=tuple(sorted(limits.items())),
-        order=_choice(raw, "order", ORDERS), admission=_choice(raw, "admission", ADMISSIONS))
+        order=_choice(raw, "order", ORDERS), admission=_choice(raw, "admission", ADMISSIONS),
+        max_queued_tokens=tokens if tokens is not None and tokens >= 1 else None,
+        affinity=_choice(raw, "affinity", AFFINITIES),
+        affinity_max_wait_ms=wait_ms if wait_ms is not None
+        and 0 <= wait_ms <= MAX_AFFINITY_WAIT_MS else DEFAULT_AFFINITY_MAX_WAIT_MS)
 
 
 #: The values of ``order`` and ``admission`` (the first is the default).
 ORDERS = ("fair", "deadline")
 ADMISSIONS = ("off", "predicted")
+AFFINITIES = ("off", "prefix", "session")
 
 
 def _choice(raw: Mapping[Any, Any], name: str, choices: tuple[str, ...]) -> str:
@@ -205,9 +229,12 @@ def settings_call(config_key: str, shards: int | None,
                   max_depth: int | Literal["keep"] | None, *,
                   target_wait_ms: int | None = None,
                   scale_to_zero_after_s: int | None = None, order: str | None = None,
-                  admission: str | None = None) -> tuple[list[str], list[str]]:
+                  admission: str | None = None,
+                  max_queued_tokens: int | None = None, affinity: str | None = None,
+                  affinity_max_wait_ms: int | None = None) -> tuple[list[str], list[str]]:
     """Keys and arguments of ``SET_SETTINGS``; ``max_depth`` None removes the queue's limit;
-    the autoscaling settings, the order and the admission are kept when None."""
+    the autoscaling settings, the order, the admission and the bound on queued tokens are
+    kept when None (``max_queued_tokens`` 0 removes the bound)."""
     if shards is not None:
         check_shards(shards)
     if isinstance(max_depth, int) and (isinstance(max_depth, bool) or max_depth < 0):
@@ -220,7 +247,20 @@ def settings_call(config_key: str, shards: int | None,
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValidationError(f"{name} must be an integer >= 1, got {value!r}")
             args += [name, str(value)]
-    for name, choice, choices in (("order", order, ORDERS), ("admission", admission, ADMISSIONS)):
+    if max_queued_tokens is not None:
+        if (isinstance(max_queued_tokens, bool) or not isinstance(max_queued_tokens, int)
+                or max_queued_tokens < 0):
+            raise ValidationError(
+                f"max_queued_tokens must be an integer >= 0, got {max_queued_tokens!r}")
+        args += ["max_queued_tokens", str(max_queued_tokens)]
+    if affinity_max_wait_ms is not None:
+        if (isinstance(affinity_max_wait_ms, bool) or not isinstance(affinity_max_wait_ms, int)
+                or not 0 <= affinity_max_wait_ms <= MAX_AFFINITY_WAIT_MS):
+            raise ValidationError(f"affinity_max_wait_ms must be an integer in "
+                                  f"0..{MAX_AFFINITY_WAIT_MS}, got {affinity_max_wait_ms!r}")
+        args += ["affinity_max_wait_ms", str(affinity_max_wait_ms)]
+    for name, choice, choices in (("order", order, ORDERS), ("admission", admission, ADMISSIONS),
+                                  ("affinity", affinity, AFFINITIES)):
         if choice is not None:
             if choice not in choices:
                 raise ValidationError(f"{name} must be one of {', '.join(choices)}, "

@@ -1,8 +1,8 @@
 """Per-tenant limits in Redis, shared by every gateway replica: requests and tokens per minute
 as token buckets, requests in flight, and payload bytes waiting in Redis.
 
-``Limiter.admit`` reserves, in one atomic script (``limit_scripts.ADMIT``), one request per id
-and the caller's token estimate, an in-flight slot and the payload's bytes, each reservation
+``Limiter.admit`` reserves, atomically (``limit_scripts.LIMITS``), one request per id and the
+caller's token estimate, an in-flight slot and the payload's bytes, each reservation
 expiring after ``ttl_s`` (a request whose settle never comes stops counting then). It decides
 before it writes: a refusal changes nothing and says which limit refused and when to retry.
 ``Limiter.settle`` gives back what a finished request reserved beyond its actual tokens, and
@@ -24,12 +24,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from inferq import cluster
-from inferq.cluster import ScriptCall
 from inferq.errors import ValidationError
+from inferq.protocol.codec import Result, Status
 from inferq.protocol.keys import DEFAULT_NAMESPACE, TenancyKeys
-from inferq.protocol.ops import as_str
-from inferq.tenancy.limit_scripts import ADMIT, SETTLE
+from inferq.protocol.ops import as_str, packed
+from inferq.tenancy.limit_scripts import LIMITS
 from inferq.tenancy.principal import Principal
 
 LimitName = Literal["requests", "tokens", "in_flight", "queued_bytes"]
@@ -39,6 +38,8 @@ MAX_IDS = 4096
 #: How long a deferred settlement (``Limiter.settle_soon``) waits for its tenant's next
 #: admission to carry it before it goes on its own.
 SETTLE_DELAY_S = 0.05
+#: Tenants whose encoded keys a limiter keeps (cleared whole when full).
+KEY_CACHE = 4096
 log = logging.getLogger("inferq.tenancy")
 
 
@@ -51,6 +52,8 @@ class Admission:
     limit: LimitName | None = None
     #: On refusal: whole seconds until every refusing limit could admit (at least 1).
     retry_after_s: int = 0
+    #: The same in milliseconds, as the script computed it (for a waiting batch).
+    retry_after_ms: int = 0
     requests_limit: int | None = None
     requests_remaining: int = 0
     #: ms until the requests bucket is full again (refused: until it holds the need).
@@ -93,6 +96,17 @@ class Admission:
 UNLIMITED = Admission(admitted=True)
 
 
+def actual_tokens(result: Result) -> int | None:
+    """The tokens a finished request used: prompt + completion for a generation, the input
+    tokens for embeddings; None (keep the estimate) for an ``ok`` result with neither, 0 for
+    one that produced no output (failed, cancelled, expired, dead)."""
+    if result.usage is not None:
+        return result.usage.total_tokens
+    if result.input_tokens is not None:
+        return result.input_tokens
+    return None if result.status is Status.OK else 0
+
+
 def split(total: int, parts: int) -> list[int]:
     """``total`` in ``parts`` integers that differ by at most one and sum to it."""
     base, extra = divmod(max(0, total), parts)
@@ -110,6 +124,7 @@ def parse_admission(principal: Principal, reply: Any, asked: tuple[int, int, int
     return Admission(
         admitted=admitted, limit=limit if limit in LIMIT_NAMES else None,
         retry_after_s=0 if admitted else max(1, math.ceil(int(reply[2]) / 1000)),
+        retry_after_ms=0 if admitted else max(1, int(reply[2])),
         requests_limit=principal.requests_per_minute,
         requests_remaining=max(0, int(reply[3])), requests_reset_ms=max(0, int(reply[4])),
         tokens_limit=principal.tokens_per_minute,
@@ -122,25 +137,31 @@ def parse_admission(principal: Principal, reply: Any, asked: tuple[int, int, int
 def admit_args(principal: Principal, ids: Sequence[str], estimate_tokens: int,
                payload_bytes: int, ttl_s: float,
                settle: Mapping[str, int | None] | None = None) -> list[str | int]:
+    """An admission's arguments (``limit_scripts``; ``LimitCalls`` packs them)."""
     if not 1 <= len(ids) <= MAX_IDS:
         raise ValidationError(f"admit takes 1 to {MAX_IDS} ids, got {len(ids)}")
     if ttl_s <= 0:
         raise ValidationError(f"ttl_s must be positive, got {ttl_s}")
-    unique = list(dict.fromkeys(ids))
     args: list[str | int] = [
-        _limit(principal.requests_per_minute), _limit(principal.tokens_per_minute),
-        _limit(principal.max_in_flight), _limit(principal.max_queued_bytes),
-        max(1, math.ceil(ttl_s * 1000)), len(settle or ())]
-    for settled_id, tokens in (settle or {}).items():
-        args += [settled_id, "" if tokens is None else max(0, int(tokens))]
+        principal.requests_per_minute or 0, principal.tokens_per_minute or 0,
+        principal.max_in_flight or 0, principal.max_queued_bytes or 0,
+        max(1, math.ceil(ttl_s * 1000)), len(settle) if settle else 0]
+    if settle:
+        for settled_id, tokens in settle.items():
+            args += (settled_id, "" if tokens is None else max(0, int(tokens)))
+    if len(ids) == 1:  # the usual call: no spreading
+        args += (ids[0], max(0, estimate_tokens), max(0, payload_bytes))
+        return args
+    unique = list(dict.fromkeys(ids))
     for request_id, tokens, size in zip(unique, split(estimate_tokens, len(unique)),
                                         split(payload_bytes, len(unique)), strict=True):
-        args += [request_id, tokens, size]
+        args += (request_id, tokens, size)
     return args
 
 
 def settle_args(principal: Principal, actual: Iterable[tuple[str, int | None]]
                 ) -> list[str | int]:
+    """A settlement's arguments (``limit_scripts``)."""
     args: list[str | int] = [_limit(principal.requests_per_minute),
                              _limit(principal.tokens_per_minute)]
     for request_id, tokens in dict(actual).items():
@@ -150,30 +171,34 @@ def settle_args(principal: Principal, actual: Iterable[tuple[str, int | None]]
     return args
 
 
-class ScriptBatcher:
-    """Script calls of one event-loop turn sent as one pipelined round trip
-    (``cluster.run_scripts_async``), each caller awaiting its own reply: under load, the
-    admissions and settlements of concurrent HTTP calls share one round trip, as their
-    enqueues do (``gateway.coalesce``). Each call is still its own atomic script; a Redis
-    failure reaches every caller of that round trip."""
+class LimitCalls:
+    """The admissions and settlements of one event-loop turn, for any tenants, sent as ONE
+    call of the limits script (``limit_scripts.LIMITS``: one EVALSHA, its calls packed into
+    one argument), each caller awaiting its own reply: under load, the limit calls of
+    concurrent HTTP calls share one round trip and one command, as their enqueues do
+    (``gateway.coalesce``). The calls run one after the other inside the script, so each is
+    atomic; a Redis failure reaches every caller of that round trip."""
 
     def __init__(self, redis: Any) -> None:
-        self.redis = redis
-        self._pending: list[tuple[ScriptCall, asyncio.Future[Any]]] = []
+        self.script = redis.register_script(LIMITS)
+        self._pending: list[tuple[str, list[bytes], list[Any], asyncio.Future[Any]]] = []
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         #: Round trips sent and calls carried (for tests and logs).
         self.round_trips = 0
         self.calls = 0
 
-    async def call(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def call(self, kind: str, keys: list[bytes], args: list[Any]) -> Any:
+        """One call: ``kind`` ``admit`` or ``settle``, on a tenant's three keys."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._pending.append(((script, keys, args), future))
+        self._pending.append((kind, keys, args, future))
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
-        return await asyncio.shield(future)
+        # A caller cancelled meanwhile cancels only its own future: the round trip goes on,
+        # and its reply is dropped (``_send`` skips a future that is done).
+        return await future
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -182,23 +207,29 @@ class ScriptBatcher:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, batch: list[tuple[ScriptCall, asyncio.Future[Any]]]) -> None:
+    async def _send(self, batch: list[tuple[str, list[bytes], list[Any], asyncio.Future[Any]]]
+                    ) -> None:
         self.round_trips += 1
         self.calls += len(batch)
+        keys: list[bytes] = []
+        first: dict[bytes, int] = {}  # a tenant's bucket key -> its index in KEYS (1-based)
+        calls: list[tuple[str, int, list[Any]]] = []
+        for kind, tenant_keys, args, _ in batch:
+            at = first.get(tenant_keys[0])
+            if at is None:
+                at = first[tenant_keys[0]] = len(keys) + 1
+                keys += tenant_keys
+            calls.append((kind, at, args))
         try:
-            if len(batch) == 1:  # a plain EVALSHA: lighter than a pipeline of one
-                (script, keys, args), _ = batch[0]
-                replies = [await script(keys=keys, args=args)]
-            else:
-                replies = await cluster.run_scripts_async(self.redis, [c for c, _ in batch])
+            replies = await self.script(keys=keys, args=[packed(calls)])
         except BaseException as exc:
-            for _, future in batch:
+            for *_, future in batch:
                 if not future.done():
                     future.set_exception(exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        for (_, future), reply in zip(batch, replies, strict=True):
+        for (*_, future), reply in zip(batch, replies, strict=True):
             if not future.done():
                 future.set_result(reply)
 
@@ -206,26 +237,33 @@ class ScriptBatcher:
 class Limiter:
     """The limits of every principal, on an asyncio redis client (what the gateway holds).
 
-    ``admit`` and ``settle`` are one script call each (EVALSHA, loaded on first use), in the
-    tenancy slot, sharing a round trip with the other calls of their loop turn
-    (``ScriptBatcher``); they never raise for a refusal (``Admission.admitted`` says it),
+    ``admit`` and ``settle`` are one call each of the limits script (EVALSHA, loaded on first
+    use), in the tenancy slot, riding one script call with the other calls of their loop turn
+    (``LimitCalls``); they never raise for a refusal (``Admission.admitted`` says it),
     only for a Redis failure."""
 
     def __init__(self, redis: Any, namespace: str = DEFAULT_NAMESPACE) -> None:
         self.redis = redis
         self.names = TenancyKeys(namespace)
-        self._admit = redis.register_script(ADMIT)
-        self._settle = redis.register_script(SETTLE)
-        self.batcher = ScriptBatcher(redis)
+        self.batcher = LimitCalls(redis)
         #: Settlements waiting to ride on their tenant's next admission: tenant ->
         #: (principal, id -> actual tokens).
         self._owed: dict[str, tuple[Principal, dict[str, int | None]]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[int]] = set()
+        self._keys: dict[str, list[bytes]] = {}
 
-    def keys(self, tenant: str) -> list[str]:
-        return [self.names.limits(tenant), self.names.in_flight(tenant),
-                self.names.queued_bytes(tenant)]
+    def keys(self, tenant: str) -> list[bytes]:
+        """The tenant's three keys, encoded once per tenant (a bytes argument costs redis-py's
+        command packer nothing to encode)."""
+        got = self._keys.get(tenant)
+        if got is None:
+            if len(self._keys) >= KEY_CACHE:
+                self._keys.clear()
+            got = [self.names.limits(tenant).encode(), self.names.in_flight(tenant).encode(),
+                   self.names.queued_bytes(tenant).encode()]
+            self._keys[tenant] = got
+        return got
 
     async def admit(self, principal: Principal, ids: Sequence[str], estimate_tokens: int,
                     payload_bytes: int, ttl_s: float) -> Admission:
@@ -236,7 +274,7 @@ class Limiter:
         owed = self._owed.pop(principal.tenant, None)
         args = admit_args(principal, ids, estimate_tokens, payload_bytes, ttl_s,
                           owed[1] if owed is not None else None)
-        reply = await self.batcher.call(self._admit, self.keys(principal.tenant), args)
+        reply = await self.batcher.call("admit", self.keys(principal.tenant), args)
         return parse_admission(principal, reply, (len(set(ids)), estimate_tokens,
                                                   payload_bytes))
 
@@ -249,7 +287,7 @@ class Limiter:
         args = settle_args(principal, actual)
         if len(args) == 2:
             return 0
-        return int(await self.batcher.call(self._settle, self.keys(principal.tenant), args))
+        return int(await self.batcher.call("settle", self.keys(principal.tenant), args))
 
     def settle_soon(self, principal: Principal, actual: Iterable[tuple[str, int | None]]
                     ) -> None:

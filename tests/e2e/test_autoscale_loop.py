@@ -11,7 +11,7 @@ would fall about 35/s behind: some 700 requests, 15 s of wait, by the end of the
 so the 8 s target holds only if workers are added. A worker takes 3 to 8 s to start on this
 loaded 2-core box: the bound holds because the target is longer than the signal's reaction
 plus a start; a target shorter than a worker's start cannot be held through a sudden step by
-any reactive scaler (README, "Operating").
+any reactive scaler (docs/guides/operating.md).
 """
 
 from __future__ import annotations

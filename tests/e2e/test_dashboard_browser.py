@@ -31,6 +31,16 @@ def test_the_dashboard_shows_depth_and_requeues_a_dead_letter_on_click(
         browser.type('input[name="token"]', TOKEN)
         browser.click("#sign-in")
         browser.wait(lambda: browser.text(PENDING) == "3", "3 pending")
+        assert browser.text('section[data-queue="embed:m"] td.slo-met') == "\u2013"  # none
+        # a live worker publishes goodput and admission's prediction error
+        seconds, micros = r.time()
+        r.zadd(KEYS.workers, {"w1": seconds * 1000 + micros // 1000 + 60_000})
+        r.hset(KEYS.window("w1"), mapping={"slo_met": "3", "slo_missed": "1",
+                                           "slo_ratio": "0 0 0 0 2 0 0 0 2 0 0 0 0"})
+        browser.wait(lambda: browser.text('section[data-queue="embed:m"] td.slo-met')
+                     == "3/4 (75.0%)", "goodput shown")
+        assert browser.text('section[data-queue="embed:m"] td.slo-ratio') == "1.00 / 1.90"
+        r.zrem(KEYS.workers, "w1")
         # requests flow: two more arrive, then a worker takes three and answers them dead
         client.enqueue("prompt 3", model="m", id="r3", max_attempts=1)
         client.enqueue("prompt 4", model="m", id="r4", max_attempts=1)

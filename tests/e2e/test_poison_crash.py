@@ -2,13 +2,15 @@
 custom model that SIGKILLs its own process on a marker) among innocent ones: the crashed
 batches rerun in halves, only the poison ends up running alone, and it is dead-lettered
 ``crashed_worker`` after ``max_crashes`` (2) crashes alone. No innocent request loses an
-attempt (each has only one) or is dead-lettered."""
+attempt (each has only one) or is dead-lettered. From its second loss on, the poison's reruns
+wait for the queue's suspect slots (``--suspect-delay-ms``): its deaths are paced."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,7 @@ KEYS = QueueKeys.for_model("embed", "crash")
 INNOCENTS = 15
 #: The bisection of a batch of 16 takes at most log2(16) = 4 crashes, then 2 alone.
 MAX_DEATHS = 4 + 2
+SUSPECT_DELAY_MS = 1000
 
 
 def test_a_poison_request_is_dead_lettered_crashed_worker_and_no_innocent_loses_an_attempt(
@@ -45,7 +48,8 @@ def test_a_poison_request_is_dead_lettered_crashed_worker_and_no_innocent_loses_
         started += 1
         return f"w{started}", start_worker(
             "--model", spec, "--max-batch-size", "16", "--max-wait-ms", "50",
-            "--worker-id", f"w{started}", env={"PYTHONPATH": str(ROOT)})
+            "--worker-id", f"w{started}", "--suspect-delay-ms", str(SUSPECT_DELAY_MS),
+            env={"PYTHONPATH": str(ROOT)})
 
     workers = [start() for _ in range(3)]
     deaths = 0
@@ -75,9 +79,15 @@ def test_a_poison_request_is_dead_lettered_crashed_worker_and_no_innocent_loses_
                    reverse=True)
     assert sizes == [s for s in (16, 8, 4, 2, 1) if s <= sizes[0]], sizes
     assert 2 <= deaths <= MAX_DEATHS
+    # Paced: the first loss reruns at once, every later one waits a suspect delay at least.
+    poison_starts = sorted(int(line.split()[0]) for path in ran_dir.glob("*.starts")
+                           for line in path.read_text().splitlines()
+                           if line.endswith("POISON"))
+    gaps = [b - a for a, b in pairwise(poison_starts)]
+    assert len(gaps) == len(sizes) and all(g >= SUSPECT_DELAY_MS for g in gaps[1:]), gaps
     lost = sum(res.lost_runs or 0 for res in innocent)
     print(f"poison dead-lettered after {deaths} worker deaths; poison batch sizes {sizes}; "
-          f"innocent runs lost {lost}, none dead-lettered")
+          f"innocent runs lost {lost}, none dead-lettered; ms between its runs {gaps}")
     for worker_id, worker in workers:  # a replacement may still be starting
         wait_until(lambda w=worker_id: r.zscore(KEYS.workers, w) is not None, 60, worker_id)
         assert worker.stop() == 0

@@ -22,7 +22,7 @@ from pydantic import SecretStr
 import inferq
 from inferq import tracing
 from inferq.gateway import GatewaySettings
-from inferq.producer.common import ClientOptions
+from inferq.producer.options import ClientOptions
 from inferq.protocol.keys import QueueKeys
 from tests.support.gateway import TOKEN, auth, serve
 from tests.support.otlp import Receiver, Span, receiver
@@ -79,7 +79,7 @@ def test_one_trace_from_the_caller_through_a_crash_to_the_result(
     doomed.proc.wait(timeout=10)
     survivor = worker("survivor")
     result = handle.result(timeout=60)
-    # the run lost with the first worker is counted apart from attempts (README, failures)
+    # the run lost with the first worker is counted apart from attempts (failure-handling guide)
     assert (result.attempts, result.lost_runs, result.trace_id) == (1, 1, trace_id)
     # The same through the gateway: the HTTP call's traceparent, the answer's X-Trace-Id.
     settings = GatewaySettings(redis_url=SecretStr(redis_url), token=SecretStr(TOKEN),
@@ -105,7 +105,7 @@ def test_one_trace_from_the_caller_through_a_crash_to_the_result(
     assert {s.service for s in waits} == {"doomed", "survivor"}
     assert all(s.parent_id == enqueue.span_id for s in waits)
     run = one(mine, name="run")  # the killed attempt's run never ended: never exported
-    # the lost run was not an attempt (README, failures): the survivor's run is attempt 1
+    # the lost run was not an attempt (failure-handling guide): the survivor's run is attempt 1
     assert (run.service, run.parent_id, run.attributes["inferq.attempt"]) == (
         "survivor", enqueue.span_id, 1)
     assert run.events[:2] == ("resumed", "started")

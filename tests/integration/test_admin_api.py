@@ -76,6 +76,19 @@ def test_request_lookup_and_overview(admin: TestClient, client: inferq.Client,
     assert queue["pending_by_priority"] == {"0": 1} and queue["dead_lettered"] == 1
     assert [x["id"] for x in queue["dead_letters"]["letters"]] == ["x1"]
     assert queue["desired_workers"] == 1  # a request waits: activation
+    assert queue["slo"]["finished"] == 0 and queue["slo"]["ratio_p50"] is None
+
+
+def test_the_overview_shows_goodput_and_the_prediction_s_error(
+        admin: TestClient, client: inferq.Client, r: redis.Redis) -> None:
+    client.enqueue("hello", model="m")
+    seconds, micros = r.time()  # a live worker that published what it measured
+    r.zadd(KEYS.workers, {"w1": seconds * 1000 + micros // 1000 + 60_000})
+    r.hset(KEYS.window("w1"), mapping={"slo_met": "3", "slo_missed": "1",
+                                       "slo_ratio": "0 0 0 0 2 0 0 0 2 0 0 0 0"})
+    (queue,) = admin.get("/admin/overview", headers=AUTH).json()["queues"]
+    assert queue["slo"] == {"met": 3, "finished": 4, "fraction": 0.75, "predicted": 4,
+                            "ratio_p50": pytest.approx(1.0), "ratio_p90": pytest.approx(1.9)}
 
 
 def test_the_signal_for_keda_and_prometheus(admin: TestClient, client: inferq.Client,

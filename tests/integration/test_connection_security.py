@@ -162,3 +162,23 @@ def test_the_minimal_acl_user_runs_a_keyed_gateway(acl_server: SecureServer) -> 
                             headers=form, follow_redirects=False).status_code == 303
             assert api.get("/admin/usage").status_code == 200  # by the session
         assert client.keys.revoke(made.key.id)
+
+
+def test_the_minimal_acl_user_claims_under_cache_affinity(acl_server: SecureServer) -> None:
+    """The commands of the hold script and of an affinity claim (SMISMEMBER, HSETNX) are in
+    the least-privilege ACL rules."""
+    from inferq.protocol import ops, prefix
+    from inferq.protocol.keys import QueueKeys
+
+    conn = ConnectionSettings(acl_server.url(), username=ACL_USER, password=ACL_PASSWORD)
+    keys = QueueKeys.for_model("generate", "acl-aff")
+    with inferq.Client(conn, options=inferq.ClientOptions(warn_no_worker=False)) as client:
+        client.enqueue("other", model="acl-aff", task="generate", id="b1")
+        client.enqueue("x" * 300, model="acl-aff", task="generate", id="a1")
+        s = client.scripts
+        k, a = ops.hold_call(keys, "w", 10_000, prefix.prompt_chain("x" * 300)[:1])
+        assert s["hold"](keys=k, args=a) == 1
+        k, a = ops.claim_call(keys, "w", 30_000, 1, 60_000, affinity="prefix",
+                              affinity_max_wait_ms=500)
+        reply = ops.parse_claim(s["claim"](keys=k, args=a))
+        assert [c.id for c in reply.claimed] == ["a1"] and reply.preferred == 1

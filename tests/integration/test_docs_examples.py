@@ -13,19 +13,23 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.support.batch import answer, vector_of
+from inferq.protocol.keys import QueueKeys
+from tests.support.batch import EMBED, answer, vector_of
 from tests.support.gateway import TOKEN
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "docs" / "examples"
-#: Every example has a test here (a new file without one fails ``test_every_example_runs``).
-TESTED = {"producer.py", "async_producer.py", "own_model.py", "openai_embeddings.py"}
+#: Every example has a test here (a new file without one fails ``test_every_example_runs``), but
+#: README's tour, which needs a real worker and gateway: ``tests/e2e/test_readme_tour.py``.
+TESTED = {"producer.py", "async_producer.py", "own_model.py", "openai_embeddings.py",
+          "batch_embeddings.py"}
+TESTED_END_TO_END = {"tour.py"}
 
 
 def run_example(name: str, env: dict[str, str], r: redis.Redis | None = None,
-                timeout_s: float = 60) -> str:
+                timeout_s: float = 60, keys: QueueKeys = EMBED) -> str:
     """Run ``docs/examples/NAME`` from a scratch folder; while it runs, answer every request
-    it queued on ``embed:echo``. Its stdout."""
+    it queued on ``keys`` (``embed:echo`` by default). Its stdout."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("INFERQ_", "OPENAI_"))}
     environ.update(env, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, str(EXAMPLES / name)], cwd=EXAMPLES, env=environ,
@@ -35,7 +39,7 @@ def run_example(name: str, env: dict[str, str], r: redis.Redis | None = None,
         while proc.poll() is None:
             assert time.monotonic() < deadline, f"{name} did not finish in {timeout_s} s"
             if r is not None:
-                answer(r)
+                answer(r, keys)
             time.sleep(0.02)
         out, err = proc.communicate()
     finally:
@@ -47,7 +51,7 @@ def run_example(name: str, env: dict[str, str], r: redis.Redis | None = None,
 
 
 def test_every_example_runs() -> None:
-    assert {p.name for p in EXAMPLES.glob("*.py")} == TESTED
+    assert {p.name for p in EXAMPLES.glob("*.py")} == TESTED | TESTED_END_TO_END
 
 
 def test_producer(redis_url: str, r: redis.Redis) -> None:
@@ -70,6 +74,26 @@ def test_own_model() -> None:
 def test_openai_embeddings(gateway: str, r: redis.Redis) -> None:
     pytest.importorskip("openai")
     out = run_example("openai_embeddings.py",
-                      {"OPENAI_BASE_URL": gateway, "OPENAI_API_KEY": TOKEN}, r)
+                      {"OPENAI_BASE_URL": gateway, "OPENAI_API_KEY": TOKEN}, r,
+                      keys=QueueKeys.for_model("embed", "minilm"))
     assert out.splitlines() == [f"0 {vector_of('The cat sat on the mat.')}",
                                 f"1 {vector_of('Hello')}"]
+
+
+def test_batch_embeddings(redis_url: str, r: redis.Redis, tmp_path: Path) -> None:
+    pytest.importorskip("openai")
+    from pydantic import SecretStr
+
+    from inferq.gateway import GatewaySettings
+    from tests.support.gateway import serve
+
+    settings = GatewaySettings(redis_url=SecretStr(redis_url), token=SecretStr(TOKEN),
+                               require_served_model=False, file_store=str(tmp_path / "store"),
+                               batch_idle_s=0.2)
+    with serve(settings) as url:
+        out = run_example("batch_embeddings.py",
+                          {"OPENAI_BASE_URL": url, "OPENAI_API_KEY": TOKEN}, r,
+                          keys=QueueKeys.for_model("embed", "minilm")).splitlines()
+    assert out[0] == "completed BatchRequestCounts(completed=3, failed=0, total=3)"
+    # the test worker's vectors have 3 numbers (a MiniLM worker's have 384)
+    assert sorted(out[1:]) == ["doc-0 200 3", "doc-1 200 3", "doc-2 200 3"]

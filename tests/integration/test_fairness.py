@@ -191,8 +191,9 @@ def test_a_damaged_request_answered_by_the_claim_leaves_the_count(
 
 def test_fair_shares_cost_three_commands_per_enqueue_call_whatever_its_size(
         fc: inferq.Client, r: redis.Redis) -> None:
-    """README, Fair sharing: the fair hash costs one HMGET, one ZRANGEBYSCORE (the band's head)
-    and one HSET per enqueue call and band, not per request; a tenant adds one HINCRBY."""
+    """docs/guides/fair-sharing.md: the fair hash costs one HMGET, one ZRANGEBYSCORE (the
+    band's head) and one HSET per enqueue call and band, not per request; a tenant adds one
+    HINCRBY."""
     fc.enqueue("warm", model="fair")  # scripts loaded, settings cached
 
     def calls(**kw: object) -> Counter[str]:

@@ -40,6 +40,7 @@ def test_enqueue_warns_at_once_when_no_worker_serves_the_queue_and_keeps_the_req
         assert str(caught[0].message) == (
             "no live worker serves queue embed:nosuchmodel: the request stays queued and runs "
             "once a worker starts (inferq worker --task embed --model nosuchmodel)")
+        assert caught[0].filename == __file__  # it names the caller's line
         assert handle.info().state is inferq.RequestState.PENDING  # kept, not lost
         assert r.zcard(NOSUCH.pending) == 1
         # Checked once per queue every few seconds, not on every enqueue.
@@ -67,8 +68,9 @@ def test_a_lapsed_worker_does_not_count(redis_url: str, r: redis.Redis) -> None:
 
 async def test_the_async_client_warns_too(redis_url: str) -> None:
     async with inferq.AsyncClient(redis_url) as client:
-        with pytest.warns(inferq.NoWorkerWarning):
+        with pytest.warns(inferq.NoWorkerWarning) as caught:
             await client.enqueue("x", model="nosuchmodel")
+        assert caught[0].filename == __file__
 
 
 def test_cli_enqueue_prints_the_warning_as_one_line(

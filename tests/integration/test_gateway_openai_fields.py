@@ -5,6 +5,7 @@ SDK's ``messages`` take parts too. No worker: an accepted body reaches the queue
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ from fastapi.testclient import TestClient
 
 import inferq
 from inferq.openai import fields as openai_fields
+from tests.support.docs import reference
 from tests.support.gateway import CHAT
 from tests.support.generation import MODEL
 
@@ -97,7 +99,7 @@ def test_the_tables_and_the_body_models_do_not_overlap() -> None:
             (EmbeddingsRequest, openai_fields.EMBEDDINGS, openai_fields.SUPPORTED["embeddings"])):
         fields = set(model.model_fields)
         assert not fields & set(table), model
-        assert set(supported) <= fields, model  # README's "supported" column is real
+        assert set(supported) <= fields, model  # the reference page's "Implemented" is real
 
 
 @pytest.mark.parametrize(("extra", "param"), [
@@ -159,35 +161,32 @@ def redis_url_module(server: Any) -> str:
 
 
 
-def test_readmes_table_is_the_gateways() -> None:
-    """README's field table lists exactly what the gateway supports and refuses, with each
-    refusal's accepted no-op values and reason."""
+def test_the_reference_page_is_the_gateways() -> None:
+    """The generated reference page (docs/hooks/reference.py, "OpenAI fields") lists, per route,
+    exactly the fields its body model implements and every refusal with its accepted no-op
+    values and reason."""
     import json
-    from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("### What OpenAI-compatible clients send"):]
-    section = section[:section.index("\n## ")]
-    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| `")]
-    table = {row[0].strip("| `"): (row[1], row[2].rstrip(" |")) for row in rows}
-    expected: dict[str, tuple[list[str], str]] = {}
-    for route, refused, supported in (
-            ("chat", openai_fields.CHAT, openai_fields.SUPPORTED["chat"]),
-            ("completions", openai_fields.COMPLETION, openai_fields.SUPPORTED["completion"]),
-            ("embeddings", openai_fields.EMBEDDINGS, openai_fields.SUPPORTED["embeddings"])):
-        for name in supported:
-            expected.setdefault(name, ([], "supported"))[0].append(route)
-        for name, r in refused.items():
-            noop = ", ".join(f"`{json.dumps(v)}`" for v in r.noop)
-            expected.setdefault(name, ([], f"refused unless {noop}: {r.reason}"))[0].append(
-                route)
-    assert set(table) == set(expected)
-    for name, (routes, outcome) in expected.items():
-        assert table[name][0] == ", ".join(routes), name
-        if outcome == "supported":
-            assert table[name][1].startswith(("supported", "accepted")), name
-        else:
-            assert table[name][1] == outcome, name
+    from inferq.openai.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest
+
+    page = reference().openai_page()
+    sections = dict(re.findall(r"\n## `(/v1/[a-z/]+)`\n\n(.*?)(?=\n## |\Z)", page, re.S))
+    inferq_own = {"priority", "deadline_s", "resumable"}  # inferq's fields, not OpenAI's
+    for path, model, refused in (
+            ("/v1/chat/completions", ChatCompletionRequest, openai_fields.CHAT),
+            ("/v1/completions", CompletionRequest, openai_fields.COMPLETION),
+            ("/v1/embeddings", EmbeddingsRequest, openai_fields.EMBEDDINGS)):
+        section = sections.pop(path)
+        implemented = re.search(r"^Implemented: (.*)\.$", section, re.M)
+        assert implemented is not None, path
+        listed = {name.strip("`") for name in implemented.group(1).split(", ")}
+        assert listed == set(model.model_fields) - inferq_own, path
+        rows = {cells[0].strip("` "): (cells[1].strip(), cells[2].strip())
+                for cells in (line.strip("|").split(" | ") for line in section.splitlines()
+                              if line.startswith("| `"))}
+        assert rows == {name: (", ".join(f"`{json.dumps(v)}`" for v in rule.noop), rule.reason)
+                        for name, rule in refused.items()}, path
+    assert not sections, sections
 
 
 def test_vllms_sampling_fields_map_onto_the_generate_params() -> None:

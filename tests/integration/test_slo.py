@@ -245,3 +245,60 @@ async def test_a_generate_worker_judges_the_first_token(gen_worker: Any,
     results = [await h.result(timeout=60) for h in handles]
     assert all(x.ttft_ms is not None for x in results)
     assert [x.slo_met for x in results] == [True, results[1].ttft_ms <= 1, None]  # type: ignore[operator]
+
+
+async def test_admitted_requests_carry_their_prediction_to_the_worker(
+        redis_url: str, r: redis.Redis, aclient: inferq.AsyncClient,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from inferq.protocol import slo
+    from inferq.stats import read_window
+    from inferq.worker.models.builtin import EchoModel
+    from inferq.worker.window.worker import WindowWorker
+    from tests.support.window_worker import KEYS as WORKER_KEYS
+    from tests.support.window_worker import config, run_worker, stop
+
+    set_policy(r, WORKER_KEYS, admission="predicted")
+    publish_worker(r, WORKER_KEYS, batch_ms=100)  # 10 a second: 100 ms, then 200 ms
+    async with inferq.AsyncClient(redis_url, options=NO_CACHE) as client:
+        handles = await client.enqueue_many([{"prompt": "a", "ttft_slo_ms": 60_000},
+                                             {"prompt": "b", "ttft_slo_ms": 60_000},
+                                             "no objective"], model="t")
+    assert [h.predicted_ms for h in handles] == [100, 200, None]
+    stored = [r.hget(WORKER_KEYS.request(h.id), Field.PREDICTED.value) for h in handles]
+    assert stored == [b"100", b"200", None]
+    worker = WindowWorker(config(redis_url), EchoModel())
+    task = await run_worker(worker)
+    results = [await aclient.handle(h.id, model="t").result(timeout=30) for h in handles]
+    counts = [0] * (len(slo.RATIO_BUCKETS) + 1)
+    for h, result in zip(handles[:2], results[:2], strict=True):
+        assert result.finished_ms is not None and result.enqueued_ms is not None
+        counts[slo.ratio_bucket((result.finished_ms - result.enqueued_ms)
+                                / h.predicted_ms)] += 1  # type: ignore[operator]
+    await stop(worker, task)
+    assert worker.metrics.registry.get_sample_value(
+        "inferq_slo_prediction_ratio_count", {"queue": "embed:t"}) == 2
+    assert slo.ratio_counts(read_window(r, WORKER_KEYS, "test-worker")["slo_ratio"]) == counts
+
+
+def test_generate_admission_predicts_in_tokens(sc: inferq.Client, r: redis.Redis) -> None:
+    keys = QueueKeys.for_model("generate", "g")
+    set_policy(r, keys, admission="predicted")
+    seconds, micros = r.time()
+    r.zadd(keys.workers, {"g1": seconds * 1000 + micros // 1000 + 60_000})
+    # a step of 2 sequences takes 100 ms: 20 tokens a second with both slots busy
+    r.hset(keys.window("g1"), mapping={"mode": "continuous", "decode_a_ms": "0",
+                                       "decode_b_ms": "100", "max_slots": "2"})
+    ask = {"model": "g", "task": "generate", "params": {"max_new_tokens": 9}}  # 10 tokens
+    first = sc.enqueue("abcd", **ask, ttft_slo_ms=150)  # type: ignore[arg-type]
+    second = sc.enqueue("abcd", **ask, ttft_slo_ms=150)  # type: ignore[arg-type]
+    assert (first.predicted_ms, second.predicted_ms) == (100, 100)  # a slot each: one step
+    # the two pending (10 tokens each) hold both slots: one must finish first
+    with pytest.raises(inferq.WouldMissSlo) as refused:
+        sc.enqueue("abcd", **ask, ttft_slo_ms=500)  # type: ignore[arg-type]
+    assert refused.value.predicted_ms == 600  # (10 + 2) tokens / 20 a second
+    third = sc.enqueue("abcd", **ask, ttft_slo_ms=600)  # type: ignore[arg-type]
+    assert third.predicted_ms == 600
+    claim(r, 1, keys)  # one runs now: still ahead of the next, as are the two pending
+    with pytest.raises(inferq.WouldMissSlo) as refused:
+        sc.enqueue("abcd", **ask, ttft_slo_ms=1000)  # type: ignore[arg-type]
+    assert refused.value.predicted_ms == 1100  # 2 must finish first: (2 * 10 + 2) / 20

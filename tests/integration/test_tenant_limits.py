@@ -186,3 +186,39 @@ async def test_concurrent_admissions_never_overshoot(limiter: Limiter) -> None:
     got = await asyncio.gather(*(limiter.admit(who, [f"c{i}"], 0, 0, TTL) for i in range(40)))
     assert sum(a.admitted for a in got) == 10
     assert {a.limit for a in got if not a.admitted} == {"requests"}
+
+
+async def test_one_loop_turns_calls_of_many_tenants_are_one_script_command(
+        limiter: Limiter, r: redis.Redis) -> None:
+    a = tenant(requests_per_minute=2, tokens_per_minute=1000)
+    b = Principal(tenant="other", scopes=frozenset({"api"}), requests_per_minute=1)
+    assert (await limiter.admit(a, ["warm"], 10, 0, TTL)).admitted  # loads the script
+    r.config_resetstat()
+    before = limiter.batcher.round_trips
+    got = await asyncio.gather(limiter.admit(a, ["x"], 100, 0, TTL),
+                               limiter.admit(b, ["x"], 0, 0, TTL),
+                               limiter.admit(a, ["y"], 100, 0, TTL),  # a's third: refused
+                               limiter.settle(a, [("warm", 4)]),
+                               limiter.admit(b, ["y"], 0, 0, TTL))  # b's second: refused
+    assert limiter.batcher.round_trips == before + 1
+    assert r.info("commandstats")["cmdstat_evalsha"]["calls"] == 1
+    # in order, each seeing the state the ones before it left
+    assert [g.admitted for g in (got[0], got[1], got[2], got[4])] == [True, True, False, False]
+    assert got[0].tokens_remaining == 1000 - 10 - 100 and got[3] == 1
+    assert r.hget(NAMES.queued_bytes("acme"), "x") == b"100 0"
+    assert r.zrange(NAMES.in_flight("other"), 0, -1) == [b"x"]
+
+
+async def test_a_malformed_call_fails_the_whole_command_with_nothing_written(
+        limiter: Limiter, r: redis.Redis) -> None:
+    from inferq.protocol.ops import packed
+
+    keys = limiter.keys("acme")
+    good = ["admit", 1, [5, 0, 0, 0, 60_000, 0, "g", 0, 0]]
+    for bad in (["admit", 4, [5, 0, 0, 0, 60_000, 0]],  # keys beyond those given
+                ["x", 1, []], ["settle", 1, "not a table"]):
+        with pytest.raises(redis.exceptions.ResponseError, match="bad arguments"):
+            await limiter.batcher.script(keys=keys, args=[packed([good, bad])])
+    with pytest.raises(redis.exceptions.ResponseError, match="bad arguments"):
+        await limiter.batcher.script(keys=keys, args=[b"\xc1 not msgpack"])
+    assert snapshot(r) == {"bucket": {}, "flight": [], "reserved": {}}

@@ -11,7 +11,7 @@ import redis
 from fastapi.testclient import TestClient
 
 import inferq
-from inferq.producer.common import ClientOptions
+from inferq.producer.options import ClientOptions
 from inferq.protocol.fields import StreamField
 from inferq.protocol.keys import QueueKeys
 from tests.support.gateway import MakeApi

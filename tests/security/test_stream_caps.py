@@ -19,7 +19,7 @@ import inferq
 from inferq.gateway import GatewaySettings
 from inferq.gateway.streams import StreamSlots
 from inferq.openai.errors import ApiError
-from inferq.producer.common import ClientOptions
+from inferq.producer.options import ClientOptions
 from inferq.protocol.fields import StreamField
 from inferq.protocol.keys import QueueKeys
 from tests.support.gateway import CHAT, TOKEN, auth, serve

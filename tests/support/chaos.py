@@ -73,8 +73,10 @@ class ChaosConfig:
 
 QUICK = ChaosConfig(requests=3_000, workers=3, rate_per_s=300.0, kills=5, stops=1, restarts=1,
                     result_timeout_s=60.0)
+#: Its result timeout leaves room for the crash poison's paced isolation while replacements start
+#: (on a loaded machine a start took 7 to 9 s; with 2 workers each poison death waits for one).
 SHORT = ChaosConfig(requests=1_200, workers=2, rate_per_s=240.0, kills=3, stops=1, restarts=1,
-                    result_timeout_s=30.0)
+                    result_timeout_s=90.0)
 
 
 @dataclass
@@ -124,6 +126,29 @@ class Report:
     recovery_calm_ms: list[float] = field(default_factory=list)
     #: Per restart: SIGTERM to the restarted server's first answer.
     restart_down_ms: list[float] = field(default_factory=list)
+    #: Per request a killed worker held: SIGKILL to the first start of a run of it after the
+    #: kill (the model's records), whatever became of that run (``recovery_ms`` counts to the
+    #: claim of the run that answered, which may come after more losses).
+    rerun_ms: list[float] = field(default_factory=list)
+    #: ``rerun_ms``, but where a Redis restart's downtime overlaps the wait, from the moment
+    #: the restarted server answered (what the queue can do once it has a server).
+    rerun_from_redis_ms: list[float] = field(default_factory=list)
+    #: Kills when no other worker was serving (the others killed, stopped or still starting):
+    #: their requests wait for a new worker to start.
+    kills_with_no_other_worker: int = 0
+    #: ``rerun_ms`` of the kills while another worker served (what the queue's recovery does
+    #: when it has a worker), and of the others (a worker had to start first).
+    rerun_served_ms: list[float] = field(default_factory=list)
+    rerun_unserved_ms: list[float] = field(default_factory=list)
+    #: Workers that exited on their own but not by a crash poison's SIGKILL (at start, while
+    #: the server restarted: ``cannot connect``); a supervisor started others.
+    start_failures: int = 0
+    #: Per kill: when (ms from the first fault), the victim, what it held, the slowest held
+    #: request's first rerun and final claim, and that request's runs after the kill.
+    kill_timeline: list[dict[str, Any]] = field(default_factory=list)
+    #: Every fleet event, ``[ms from the first fault, kind, worker]``: start, registered,
+    #: kill, crash-death, stop, cont, restart, restarted.
+    timeline: list[list[Any]] = field(default_factory=list)
     throughput: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
 
@@ -143,6 +168,17 @@ class Report:
         data["recovery_calm_p99_ms"] = self.recovery(0.99, calm=True)
         data["recovery_calm_max_ms"] = (max(self.recovery_calm_ms) if self.recovery_calm_ms
                                         else None)
+        for what, samples in (("rerun", self.rerun_ms),
+                              ("rerun_from_redis", self.rerun_from_redis_ms),
+                              ("rerun_served", self.rerun_served_ms),
+                              ("rerun_unserved", self.rerun_unserved_ms)):
+            ordered = sorted(samples)
+            for name, q in (("p50", 0.5), ("p99", 0.99)):
+                data[f"{what}_{name}_ms"] = (
+                    ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None)
+            data[f"{what}_max_ms"] = ordered[-1] if ordered else None
+            data[f"{what}_within_1s"] = sum(1 for x in samples if x <= 1000)
+            data[f"{what}_samples"] = len(samples)
         return data
 
 
@@ -155,29 +191,55 @@ class Fleet:
         self.started = 0
         self.ran_dir = folder / "ran"
         self.ran_dir.mkdir(parents=True, exist_ok=True)
+        #: ``[wall-clock ms, kind, worker]`` per event (see ``Report.timeline``).
+        self.events: list[list[Any]] = []
+        self._unregistered: set[str] = set()
+
+    def note(self, kind: str, worker: str = "") -> None:
+        self.events.append([int(time.time() * 1e3), kind, worker])
 
     def start(self) -> str:
         self.started += 1
         worker_id = f"chaos-{self.started}"
+        self.note("start", worker_id)
+        self._unregistered.add(worker_id)
         c = self.config
         lease = [] if c.lease_ms is None else ["--lease-ms", str(c.lease_ms)]
         self.workers[worker_id] = WorkerProcess(
             self.url, "--log-level", "WARNING", "--model",
             f"{MODEL}=python:tests.support.crashing_model:CrashingModel?marker={CRASH}"
             f"&batch_ms={c.batch_ms:g}&item_ms={c.item_ms:g}&fail_on={POISON}"
-            f"&record={self.ran_dir}", "--worker-id", worker_id, *lease,
+            f"&record={self.ran_dir}", "--worker-id", worker_id, *lease, "--device", "cpu",
             "--max-batch-size", "32", "--max-wait-ms", "5", log_dir=self.folder,
             env={"PYTHONPATH": os.pathsep.join(filter(None, (
                 str(ROOT), os.environ.get("PYTHONPATH"))))})
         return worker_id
 
-    def replace_dead(self) -> int:
-        """Start a worker in place of each that died on its own (a crash poison); how many."""
+    def replace_dead(self) -> tuple[int, int]:
+        """Start a worker in place of each that died on its own; how many a crash poison
+        killed (SIGKILL) and how many exited otherwise (at start, the server down)."""
         dead = [w for w, p in self.workers.items() if p.proc.poll() is not None]
+        killed = 0
         for worker_id in dead:
+            poisoned = self.workers[worker_id].proc.returncode == -signal.SIGKILL
+            killed += poisoned
+            self.note("crash-death" if poisoned else "exited", worker_id)
             self.workers.pop(worker_id).stop()
             self.start()
-        return len(dead)
+        return killed, len(dead) - killed
+
+    def note_registered(self, r: redis.Redis) -> None:
+        """Note the workers that joined the queue's worker set since the last call."""
+        waiting = sorted(self._unregistered)
+        if not waiting:
+            return
+        pipe = r.pipeline(transaction=False)
+        for worker_id in waiting:
+            pipe.zscore(KEYS.workers, worker_id)
+        for worker_id, score in zip(waiting, pipe.execute(), strict=True):
+            if score is not None:
+                self._unregistered.discard(worker_id)
+                self.note("registered", worker_id)
 
     def wait_registered(self, timeout_s: float = 60.0) -> None:
         """Until every worker has joined the queue's worker set (its model loaded)."""
@@ -192,15 +254,30 @@ class Fleet:
             ids |= {line.split()[-1] for line in path.read_text().splitlines() if line}
         return ids
 
+    def starts(self) -> dict[str, list[tuple[int, int]]]:
+        """Per request id, every start of a run of it: (wall-clock ms, batch size), in order."""
+        runs: dict[str, list[tuple[int, int]]] = {}
+        for path in self.ran_dir.glob("*.starts"):
+            for line in path.read_text().splitlines():
+                parts = line.split()
+                if len(parts) >= 3:
+                    runs.setdefault(parts[-1], []).append((int(parts[0]), int(parts[1])))
+        for seen in runs.values():
+            seen.sort()
+        return runs
+
     def kill(self, worker_id: str) -> None:
         worker = self.workers.pop(worker_id)
         worker.proc.send_signal(signal.SIGKILL)
+        self.note("kill", worker_id)
         worker.stop()
 
     def send(self, worker_id: str, signum: int) -> None:
         worker = self.workers.get(worker_id)
         if worker is not None and worker.proc.poll() is None:  # it may have been killed
             worker.proc.send_signal(signum)
+            self.note({signal.SIGSTOP: "stop", signal.SIGCONT: "cont"}.get(signum, "signal"),
+                      worker_id)
 
     def stop(self) -> None:
         for worker_id in list(self.workers):
@@ -262,6 +339,7 @@ async def _inject_faults(config: ChaosConfig, fleet: Fleet, server: EmbeddedServ
                 resumes.append(asyncio.create_task(resume_later(victim)))
         elif kind == "restart":
             r.close()
+            fleet.note("restart")
             server.stop()  # SIGTERM: the AOF is flushed; everything accepted survives
             restart = Fault("restart", now)
             faults.append(restart)
@@ -269,17 +347,24 @@ async def _inject_faults(config: ChaosConfig, fleet: Fleet, server: EmbeddedServ
             await asyncio.to_thread(server.start)
             r = redis.Redis.from_url(server.url)
             restart.until_ms = _now_ms(r)
+            fleet.note("restarted")
             report.restart_down_ms.append(float(restart.until_ms - restart.at_ms))
     await asyncio.gather(*resumes)
     r.close()
 
 
 async def _supervise(fleet: Fleet, report: Report, done: asyncio.Event) -> None:
-    """Start a worker in place of each that a crash poison killed, until the run ends."""
-    while not done.is_set():
-        report.crash_deaths += fleet.replace_dead()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(done.wait(), 0.05)
+    """Start a worker in place of each that a crash poison killed, and note when new workers
+    join the queue, until the run ends."""
+    with redis.Redis.from_url(fleet.url, socket_timeout=1, socket_connect_timeout=1) as r:
+        while not done.is_set():
+            killed, exited = fleet.replace_dead()
+            report.crash_deaths += killed
+            report.start_failures += exited
+            with contextlib.suppress(redis.RedisError):
+                fleet.note_registered(r)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), 0.05)
 
 
 async def _produce(config: ChaosConfig, url: str, results: dict[str, inferq.Result | None],
@@ -367,6 +452,7 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
         report.wall_s = time.monotonic() - started
         with redis.Redis.from_url(server.url) as r:
             _tally(report, r, results, kinds, faults, fleet.ran())
+        _timeline(report, results, faults, fleet)
     finally:
         fleet.stop()  # the workers (resumed if stopped), then the server
         server.stop()
@@ -447,3 +533,59 @@ def _phase_throughput(results: dict[str, inferq.Result | None],
     return {name: sum(1 for f in finished if lo <= f < hi) / max((hi - lo) / 1e3, 1e-3)
             for name, lo, hi in (("before", finished[0], first), ("during", first, last),
                                  ("after", last, finished[-1]))}
+
+
+def _timeline(report: Report, results: dict[str, inferq.Result | None], faults: list[Fault],
+              fleet: Fleet) -> None:
+    """The per-kill timeline and the fleet's events (``Report.kill_timeline``, ``timeline``),
+    in ms from the first fault."""
+    if not faults:
+        return
+    origin = faults[0].at_ms
+    starts = fleet.starts()
+    restarts = [f for f in faults if f.kind == "restart"]
+    report.timeline = [[ms - origin, kind, worker] for ms, kind, worker in fleet.events]
+    serving: set[str] = set()
+    gone: set[str] = set()
+    events = iter(sorted(fleet.events))
+    upcoming = next(events, None)
+    for fault in (f for f in faults if f.kind == "kill"):
+        while upcoming is not None and upcoming[0] < fault.at_ms:
+            _, kind, worker = upcoming
+            if kind in ("registered", "cont") and worker not in gone:
+                serving.add(worker)
+            elif kind in ("kill", "crash-death", "exited", "stop"):
+                serving.discard(worker)
+                if kind != "stop":
+                    gone.add(worker)
+            upcoming = next(events, None)
+        others = len(serving - {fault.worker or ""})
+        report.kills_with_no_other_worker += others == 0
+        slowest: tuple[float, str] | None = None
+        finals: list[float] = []
+        for request_id in fault.held:
+            after = [(ms, size) for ms, size in starts.get(request_id, []) if ms >= fault.at_ms]
+            if not after:
+                continue  # it finished before the kill
+            rerun = float(after[0][0] - fault.at_ms)
+            report.rerun_ms.append(rerun)
+            (report.rerun_served_ms if others else report.rerun_unserved_ms).append(rerun)
+            back = max([fault.at_ms, *(f.until_ms for f in restarts
+                                       if f.at_ms <= after[0][0] and f.until_ms >= fault.at_ms)])
+            report.rerun_from_redis_ms.append(float(after[0][0] - back))
+            if slowest is None or rerun > slowest[0]:
+                slowest = (rerun, request_id)
+            res = results.get(request_id)
+            if res is not None and res.started_ms is not None:
+                finals.append(float(res.started_ms - fault.at_ms))
+        restart = min(restarts, key=lambda f: abs(f.at_ms - fault.at_ms), default=None)
+        report.kill_timeline.append({
+            "at_ms": fault.at_ms - origin, "worker": fault.worker, "held": len(fault.held),
+            "other_workers_serving": others,
+            "rerun_max_ms": slowest[0] if slowest else None,
+            "final_claim_max_ms": max(finals) if finals else None,
+            "nearest_restart_ms": None if restart is None else restart.at_ms - fault.at_ms,
+            "slowest": None if slowest is None else {
+                "id": slowest[1], "runs_after_kill": [
+                    [ms - fault.at_ms, size] for ms, size in starts.get(slowest[1], [])
+                    if ms >= fault.at_ms]}})

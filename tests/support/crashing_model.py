@@ -7,7 +7,8 @@ forward's time (``batch_ms + item_ms * size``, default 50 and 0); ``fail_on``, a
 makes the forward raise instead (a model error, retried within the request's attempts);
 ``record=DIR``: every request it starts is recorded first (one line per request,
 ``<batch size> <prompt>``, in ``DIR/<pid>.ran``), so a test can tell what ran where and what
-ran alone."""
+ran alone; ``DIR/<pid>.starts`` has the same lines behind the wall-clock ms of the start
+(``<ms> <batch size> <prompt>``), for timelines."""
 
 from __future__ import annotations
 
@@ -32,12 +33,18 @@ class CrashingModel(Model):
         record = self.options.get("record")
         self._ran: IO[str] | None = (
             open(Path(record) / f"{os.getpid()}.ran", "a") if record else None)  # noqa: SIM115
+        self._starts: IO[str] | None = (
+            open(Path(record) / f"{os.getpid()}.starts", "a") if record else None)  # noqa: SIM115
 
     def forward(self, batch: Sequence[Any]) -> list[Any]:
         prompts = [str(getattr(item, "data", item)) for item in batch]
-        if self._ran is not None:
-            self._ran.write("".join(f"{len(prompts)} {p}\n" for p in prompts))
+        if self._ran is not None and self._starts is not None:
+            lines = [f"{len(prompts)} {p}\n" for p in prompts]
+            self._ran.write("".join(lines))
             self._ran.flush()
+            stamp = f"{time.time() * 1e3:.0f} "
+            self._starts.write("".join(stamp + line for line in lines))
+            self._starts.flush()
         time.sleep(self.batch_s + self.item_s * len(prompts))
         if any(self.marker in p for p in prompts):
             os.kill(os.getpid(), signal.SIGKILL)

@@ -8,7 +8,16 @@ import random
 
 import pytest
 
-from inferq.autoscale import Demand, Fit, Target, Tracker, desired_workers, fit_from_windows
+from inferq.autoscale import (
+    Demand,
+    Fit,
+    Target,
+    TokenFit,
+    Tracker,
+    desired_workers,
+    fit_from_windows,
+    token_fit_from_windows,
+)
 from inferq.worker.window.policy import LatencyModel
 
 RHO = 0.8
@@ -104,3 +113,34 @@ def test_fits_come_from_the_windows_of_workers_that_ran_batches() -> None:
     fit = fit_from_windows(windows)
     assert fit == Fit(pytest.approx(0.003), pytest.approx(0.020), 32)  # type: ignore[arg-type]
     assert fit_from_windows([{"batches": "0"}]) is None
+
+
+def test_a_generate_queue_is_sized_on_tokens() -> None:
+    # a step of n sequences takes 2 ms·n + 20 ms; 8 slots: 8 / 0.036 = 222 tokens a second
+    fit = TokenFit(0.002, 0.020, 8, prompt_tokens=100, output_tokens=50,
+                   prefill_per_s=5000)
+    assert fit.decode_per_s() == pytest.approx(8 / 0.036)
+    seconds = 50 / (8 / 0.036) + 100 / 5000  # output at the decode rate, prompt at prefill's
+    assert fit.capacity() == pytest.approx(1 / seconds)
+    # demand in tokens: 20 requests a second are 2,000 prompt and 1,000 output tokens a second
+    analytic = math.ceil(20 * seconds / RHO + 30 * seconds / 0.5)  # 30 queued, 0.5 s TTFT
+    assert desired_workers(Demand(20.0, 30), fit, Target(wait_s=0.5)) == analytic
+    # a KV cache of 450 tokens holds 3 requests of 150 tokens: 3 running, not 8
+    small = TokenFit(0.002, 0.020, 8, 100, 50, 5000, kv_tokens=450)
+    assert small.running() == 3 and small.decode_per_s() == pytest.approx(3 / 0.026)
+    assert desired_workers(Demand(20.0, 0), small, Target()) > desired_workers(
+        Demand(20.0, 0), fit, Target())
+
+
+def test_token_fits_come_from_continuous_workers_that_finished_requests() -> None:
+    gen = {"mode": "continuous", "decode_a_ms": "2", "decode_b_ms": "20", "max_slots": "8",
+           "kv_tokens": "4096", "prefill_tokens_per_s": "5000", "requests": "10",
+           "tokens": "500", "prefill_tokens": "1000"}
+    other = {**gen, "decode_a_ms": "4", "prefill_tokens_per_s": "3000", "requests": "30",
+             "tokens": "1500", "prefill_tokens": "3000"}
+    fit = token_fit_from_windows([gen, other, {"mode": "continuous", "max_slots": "4"},
+                                  {"latency_a_ms": "1", "latency_b_ms": "1", "batches": "3"}])
+    assert fit == TokenFit(pytest.approx(0.003), pytest.approx(0.020), 8,  # type: ignore[arg-type]
+                           100.0, 50.0, 4000.0, 4096)
+    assert token_fit_from_windows([{**gen, "requests": "0"}]) is None  # nothing finished
+    assert token_fit_from_windows([{"latency_a_ms": "1", "batches": "3"}]) is None

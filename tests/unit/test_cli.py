@@ -66,6 +66,17 @@ def test_given_flags_reach_the_config_and_the_rest_keep_its_defaults(
     (config,) = configs
     assert (config.max_wait_ms, config.max_batch_tokens, config.lease_ms) == (5.0, None, 900)
     assert (config.max_batch_size, config.result_ttl_s, config.device) == (32, 3600.0, "auto")
+    assert (config.suspect_delay_ms, config.suspect_pace_ms) == (None, 900)  # the lease
+    assert main(["worker", "--redis-url", NOWHERE, "--model", "echo",
+                 "--suspect-delay-ms", "0"]) == 0
+    assert configs[-1].suspect_pace_ms == 0
+
+
+def test_a_bad_suspect_delay_is_refused_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["worker", "--redis-url", NOWHERE, "--model", "echo",
+                 "--suspect-delay-ms", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inferq: error [invalid_config]: suspect_delay_ms must be in"), err
 
 
 def test_an_unreachable_server_is_one_line_naming_it_without_the_password(
@@ -192,6 +203,7 @@ def test_a_model_that_cannot_be_found_fails_at_once_in_one_line(
 
 def test_worker_checks_the_server_before_loading_the_model(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("inferq.cli.worker.SERVER_WAIT_S", 0.2)  # asks again only that long
     loads: list[str] = []
     monkeypatch.setattr("inferq.worker.models.registry.load_model",
                         lambda *a, **k: loads.append("loaded"))

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from inferq.connection import ACL_COMMANDS, ConnectionSettings, redact_url
+from inferq.connection import ACL_COMMANDS, ConnectionSettings, acl_rules, redact_url
 from inferq.errors import ConfigError
 from inferq.protocol import scripts
+from tests.support.docs import ROOT
 from tests.support.security import QUOTED, secrets_in, worker_config
 
 
@@ -90,4 +91,12 @@ def test_minimal_acl_covers_every_command_the_scripts_call() -> None:
               for m in re.findall(r"redis\.p?call\(\s*['\"](\w+)['\"]", source)}
     assert called, "found no redis.call in the scripts"
     missing = called - set(ACL_COMMANDS)
-    assert not missing, f"add {sorted(missing)} to inferq.connection.ACL_COMMANDS (and the README)"
+    assert not missing, (f"add {sorted(missing)} to inferq.connection.ACL_COMMANDS "
+                         "(and docs/guides/security.md)")
+
+
+def test_the_security_guide_lists_the_acl_rules_the_code_builds() -> None:
+    guide = (ROOT / "docs" / "guides" / "security.md").read_text(encoding="utf-8")
+    start = guide.index("```\nACL SETUSER inferq") + 4
+    block = guide[start:guide.index("```", start)]
+    assert block.split() == ["ACL", "SETUSER", "inferq", "on", ">PASSWORD", *acl_rules()]

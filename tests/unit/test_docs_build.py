@@ -6,25 +6,16 @@ its place."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def reference() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("docs_reference",
-                                                  ROOT / "docs" / "hooks" / "reference.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.support.docs import ROOT, code_blocks, reference
 
 
 def test_cli_page_has_every_command() -> None:
@@ -83,3 +74,16 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
     assert "enqueue_many" in (site / "getting-started" / "index.html").read_text()
     # no fonts or scripts from the internet
     assert not any("fonts.googleapis" in p.read_text() for p in site.rglob("*.html"))
+
+
+def test_every_python_block_of_the_pages_parses() -> None:
+    """Whole examples are files (``docs/examples``, run by tests); the fragments written into
+    the pages (a call or two, for an API's shape) are at least Python."""
+    fragments = 0
+    for page in (ROOT / "docs").rglob("*.md"):
+        for block in code_blocks(page.read_text(encoding="utf-8"), "python"):
+            if block.startswith("--8<--"):
+                continue
+            ast.parse(block, filename=str(page))
+            fragments += 1
+    assert fragments >= 5

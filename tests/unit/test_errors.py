@@ -12,7 +12,7 @@ import redis
 
 import inferq
 from inferq.embedded import free_port
-from inferq.producer.common import ENQUEUE_KEYS
+from inferq.producer.options import ENQUEUE_KEYS
 from inferq.worker.models.registry import load_model, parse_model_arg
 
 NOWHERE = inferq.ConnectionSettings(f"redis://:secret@127.0.0.1:{free_port()}/0", retries=0)

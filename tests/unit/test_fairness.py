@@ -114,7 +114,7 @@ def test_scores_stay_exact_doubles_at_the_clamp() -> None:
        batches=st.integers(1, 8))
 def test_two_waiting_tenants_stay_within_one_request_of_each_other(
         weights: tuple[int, int], costs: tuple[list[int], list[int]], batches: int) -> None:
-    """README, Fair sharing: while two tenants both have requests pending in a band (of one
+    """docs/guides/fair-sharing.md: while two tenants both have requests pending in a band (of one
     shard), their served cost per weight differs by less than the larger cost / weight of one
     request, plus one cost unit, after every claim."""
     shard = FairShard()

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-INFERQ = Path(__file__).resolve().parents[2] / "inferq"
+ROOT = Path(__file__).resolve().parents[2]
+INFERQ = ROOT / "inferq"
+BENCHMARKS = ROOT / "benchmarks"
 
 
 @pytest.mark.parametrize("module", ["inferq.openai", "inferq.openai.requests",
@@ -65,8 +67,8 @@ NOT_FROM_WORKER = frozenset({"producer", "gateway", "batch"})
 KNOWN_CIRCLES: set[frozenset[str]] = set()
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(INFERQ.parent).with_suffix("").parts)
+def _module_name(path: Path, root: Path = INFERQ) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -77,9 +79,11 @@ def _type_checking(node: ast.If) -> bool:
 
 
 def _imports(module: str, path: Path, known: set[str]) -> set[str]:
-    """The ``inferq`` modules ``module`` imports, wherever the import is (a function's too),
-    except under ``if TYPE_CHECKING:`` (never run)."""
+    """The modules of ``module``'s own top package (``inferq`` or ``benchmarks``) it imports,
+    wherever the import is (a function's too), except under ``if TYPE_CHECKING:`` (never
+    run)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    top = module.split(".")[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -88,14 +92,14 @@ def _imports(module: str, path: Path, known: set[str]) -> set[str]:
                 for other in child.orelse:
                     visit(other)
             elif isinstance(child, ast.Import):
-                found.update(a.name for a in child.names if a.name.split(".")[0] == "inferq")
+                found.update(a.name for a in child.names if a.name.split(".")[0] == top)
             elif isinstance(child, ast.ImportFrom):
                 if child.level:
                     base = package.split(".")[:len(package.split(".")) - child.level + 1]
                     source = ".".join(base + ([child.module] if child.module else []))
                 else:
                     source = child.module or ""
-                if source.split(".")[0] == "inferq":
+                if source.split(".")[0] == top:
                     # ``from inferq import plans`` imports the module ``inferq.plans``
                     found.update(f"{source}.{a.name}" if f"{source}.{a.name}" in known
                                  else source for a in child.names)
@@ -106,8 +110,8 @@ def _imports(module: str, path: Path, known: set[str]) -> set[str]:
     return {m for m in found if m in known and m != module}
 
 
-def _graph() -> dict[str, set[str]]:
-    paths = {_module_name(p): p for p in INFERQ.rglob("*.py")}
+def _graph(root: Path = INFERQ) -> dict[str, set[str]]:
+    paths = {_module_name(p, root): p for p in root.rglob("*.py")}
     known = set(paths)
     return {m: _imports(m, p, known) for m, p in paths.items()}
 
@@ -175,3 +179,33 @@ def test_no_circles_between_packages_or_modules() -> None:
             _floor_of(m) for m in imported if _floor_of(m) != _floor_of(module))
     assert _circles(packages) == [], "packages import each other"
     assert set(_circles(graph)) == KNOWN_CIRCLES, "modules import each other (KNOWN_CIRCLES)"
+
+
+def test_no_circles_between_benchmark_modules() -> None:
+    assert _circles(_graph(BENCHMARKS)) == [], "benchmark modules import each other"
+
+
+def test_the_circle_test_sees_an_import_inside_a_function(tmp_path: Path) -> None:
+    # The test above passes only if it would fail: a circle closed by a function-level import.
+    folder = tmp_path / "benchmarks"
+    folder.mkdir()
+    (folder / "a.py").write_text("from benchmarks import b\n")
+    (folder / "b.py").write_text("def f() -> None:\n    from benchmarks.a import x\n")
+    assert _circles(_graph(folder)) == [frozenset({"benchmarks.a", "benchmarks.b"})]
+
+
+def test_the_batch_runner_enqueues_through_the_clients_public_door() -> None:
+    """``AsyncClient.prepare`` and ``enqueue_items``: not the producer's inner modules, its
+    registered scripts or its private methods."""
+    inner = {"inferq.producer.base", "inferq.producer.prepare", "inferq.producer.routing",
+             "inferq.producer.send"}
+    reached = sorted(f"{m} -> {o}" for m, deps in _graph().items()
+                     if m.startswith("inferq.batch") for o in deps & inner)
+    assert not reached, reached
+    for path in (INFERQ / "batch").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            owner = node.value if isinstance(node, ast.Attribute) else None
+            if (isinstance(owner, ast.Attribute) and owner.attr == "client") or (
+                    isinstance(owner, ast.Name) and owner.id == "client"):
+                assert node.attr != "scripts" and not node.attr.startswith("_"), (
+                    f"{path.name}:{node.lineno} reaches into the client: client.{node.attr}")

@@ -13,10 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferq.errors import PayloadTooLarge, ValidationError
-from inferq.producer import common
+from inferq.producer.options import ClientOptions
+from inferq.producer.prepare import Prepared, prepare, prepare_many, uuid4_hexes
 from inferq.protocol.codec import Limits
 
-OPTIONS = common.ClientOptions()
+OPTIONS = ClientOptions()
 DEFAULTS: list[dict[str, Any]] = [
     {"model": "m"},
     {"model": "m", "task": "generate", "params": {"max_new_tokens": 7, "temperature": 0.5}},
@@ -26,7 +27,7 @@ DEFAULTS: list[dict[str, Any]] = [
 ]
 
 
-def without_id(p: common.Prepared) -> tuple[Any, ...]:
+def without_id(p: Prepared) -> tuple[Any, ...]:
     body = msgpack.unpackb(p.item.payload, raw=False)
     assert body.pop("id") == p.item.id
     return (dataclasses.replace(p.item, id="", payload=b""), msgpack.packb(body), p.keys,
@@ -34,8 +35,8 @@ def without_id(p: common.Prepared) -> tuple[Any, ...]:
 
 
 def slow(prompts: list[str], defaults: dict[str, Any],
-         options: common.ClientOptions = OPTIONS) -> list[common.Prepared]:
-    return [common.prepare(p, defaults, options, "client-1") for p in prompts]
+         options: ClientOptions = OPTIONS) -> list[Prepared]:
+    return [prepare(p, defaults, options, "client-1") for p in prompts]
 
 
 @pytest.mark.parametrize("defaults", DEFAULTS)
@@ -47,7 +48,7 @@ def test_the_fast_path_prepares_what_prepare_prepares(defaults: dict[str, Any],
         expected = slow(prompts, defaults)
     except ValidationError:  # a lone surrogate: covered below
         return
-    fast = common.prepare_many(prompts, defaults, OPTIONS, reply_to="client-1")
+    fast = prepare_many(prompts, defaults, OPTIONS, reply_to="client-1")
     assert [without_id(p) for p in fast] == [without_id(p) for p in expected]
     assert len({p.item.id for p in fast}) == len(prompts)
 
@@ -57,39 +58,39 @@ def test_the_fast_path_prepares_what_prepare_prepares(defaults: dict[str, Any],
 @pytest.mark.parametrize("at", [0, 2])
 def test_a_prompt_that_fails_a_check_raises_what_a_mapping_would(bad: str, error: type,
                                                                  at: int) -> None:
-    options = common.ClientOptions(limits=Limits(max_prompt_bytes=1000))
+    options = ClientOptions(limits=Limits(max_prompt_bytes=1000))
     prompts = ["a", "b", "c"]
     prompts[at] = bad
     with pytest.raises(error) as fast:
-        common.prepare_many(prompts, {"model": "m"}, options)
+        prepare_many(prompts, {"model": "m"}, options)
     with pytest.raises(error) as mapped:
-        common.prepare_many([{"prompt": p} for p in prompts], {"model": "m"}, options)
+        prepare_many([{"prompt": p} for p in prompts], {"model": "m"}, options)
     assert str(fast.value) == str(mapped.value) and f"request #{at}" in str(fast.value)
 
 
 def test_a_payload_over_its_limit_fails_as_through_prepare() -> None:
-    base = len(common.prepare("short", {"model": "m"}, OPTIONS).item.payload)
-    options = common.ClientOptions(limits=Limits(max_payload_bytes=base + 30))
+    base = len(prepare("short", {"model": "m"}, OPTIONS).item.payload)
+    options = ClientOptions(limits=Limits(max_payload_bytes=base + 30))
     prompts = ["short", "x" * 30, "y" * 200]
     with pytest.raises(PayloadTooLarge, match="request #2"):
-        common.prepare_many(prompts, {"model": "m"}, options)
+        prepare_many(prompts, {"model": "m"}, options)
 
 
 def test_bad_defaults_fail_at_the_first_prompt_as_before() -> None:
     with pytest.raises(ValidationError, match="request #0"):
-        common.prepare_many(["a", "b"], {"model": "m", "priority": 1000}, OPTIONS)
+        prepare_many(["a", "b"], {"model": "m", "priority": 1000}, OPTIONS)
     with pytest.raises(ValidationError, match=r"request #0: enqueue\(\) got an unexpected"):
-        common.prepare_many(["a", "b"], {"model": "m", "colour": 1}, OPTIONS)
+        prepare_many(["a", "b"], {"model": "m", "colour": 1}, OPTIONS)
 
 
 def test_a_generator_of_prompts_is_read_once() -> None:
-    prepared = common.prepare_many((p for p in ["a", "b", "c"]), {"model": "m"}, OPTIONS)
+    prepared = prepare_many((p for p in ["a", "b", "c"]), {"model": "m"}, OPTIONS)
     assert [msgpack.unpackb(p.item.payload)["prompt"] for p in prepared] == ["a", "b", "c"]
 
 
 def test_ids_are_version_4_uuids_in_hex_like_uuid4() -> None:
     import uuid
-    ids = common.uuid4_hexes(1000)
+    ids = uuid4_hexes(1000)
     assert len(set(ids)) == 1000
     for text in ids:
         parsed = uuid.UUID(hex=text)

@@ -111,8 +111,9 @@ async def test_claim_books_the_leases_and_sets_the_redis_clock() -> None:
 
     async def claim(*, keys: list[str], args: list[object]) -> list[object]:
         assert args[1:4] == ["w1", LEASE_MS, 2]  # owner, lease, how many
-        rows = [[b"d", b"payload", b"token-d", 1, 1_000, b"", b"", b"", 0, 0],
-                [b"e", b"payload", b"token-e", 2, 2_000, 9_000, b"inbox-1", b"acme", 4, 1]]
+        rows = [[b"d", b"payload", b"token-d", 1, 1_000, b"", b"", b"", 0, 0, 0],
+                [b"e", b"payload", b"token-e", 2, 2_000, 9_000, b"inbox-1", b"acme", 4, 1,
+                 150]]
         # Redis time, claimed, expired, no retry due, no corrupt request, no garbage
         return [250_000, rows, 3, -1, [], []]
 
@@ -125,6 +126,7 @@ async def test_claim_books_the_leases_and_sets_the_redis_clock() -> None:
     reply = await link.claim(2)
     assert [c.id for c in reply.claimed] == ["d", "e"] and reply.claimed[1].deadline_ms == 9_000
     assert (reply.claimed[1].cap, reply.claimed[1].lost) == (4, 1)  # batch cap, lost runs
+    assert [c.predicted_ms for c in reply.claimed] == [0, 150]  # admission's prediction
     assert dict(book.snapshot()) == {"a": "token-a", "b": "token-b", "c": "token-c",
                                      "d": "token-d", "e": "token-e"}
     assert link.now_ms() == 250_000  # our clock now reads on Redis' clock

@@ -101,6 +101,7 @@ CALLS: dict[str, Callable[[int], ops.Call]] = {
     "stream_end": lambda n: ops.stream_end_call(KEYS, 60_000, [f"r{i}" for i in range(n)]),
     "requeue": lambda n: ops.requeue_call(KEYS, [f"r{i}" for i in range(n)]),
     "purge": lambda n: ops.purge_call(KEYS, [f"r{i}" for i in range(n)]),
+    "hold": lambda n: ops.hold_call(KEYS, "w", 1000, [f"{i:016x}" for i in range(n)]),
 }
 
 

@@ -10,7 +10,8 @@ import redis
 import inferq
 from inferq import cluster
 from inferq.connection import ConnectionSettings, is_cluster
-from inferq.producer import common
+from inferq.producer.prepare import Prepared, prepare
+from inferq.producer.routing import SettingsCache, route
 from inferq.protocol.keys import QueueKeys, shard_of
 from inferq.protocol.settings import QueueSettings, settings_call
 
@@ -18,13 +19,13 @@ OPTIONS = inferq.ClientOptions(max_queue_depth=90,
                                shedding=inferq.Shedding(levels=((inferq.PRIORITY_MIN, 1.0),)))
 
 
-def prepared(request_id: str) -> common.Prepared:
-    return common.prepare("x", {"model": "m", "id": request_id}, OPTIONS)
+def prepared(request_id: str) -> Prepared:
+    return prepare("x", {"model": "m", "id": request_id}, OPTIONS)
 
 
 def test_one_shard_keeps_todays_keys_and_limit() -> None:
     p = prepared("a")
-    routed = common.route(p, QueueSettings(), OPTIONS)
+    routed = route(p, QueueSettings(), OPTIONS)
     assert routed.keys == QueueKeys.for_model("embed", "m") and routed.keys.shard == 0
     assert routed.item.depth_limit == 90
 
@@ -33,18 +34,18 @@ def test_requests_go_to_the_shard_of_their_id_with_a_share_of_the_limit() -> Non
     settings = QueueSettings(shards=4, shards_seen=4, max_depth=10)
     shards = set()
     for i in range(40):
-        routed = common.route(prepared(f"id{i}"), settings, OPTIONS)
+        routed = route(prepared(f"id{i}"), settings, OPTIONS)
         assert routed.keys.shard == shard_of(f"id{i}", 4)
         assert routed.item.depth_limit == 3  # ceil(10 / 4): the queue's own limit wins
         shards.add(routed.keys.shard)
     assert shards == {0, 1, 2, 3}
     unbounded = QueueSettings(shards=4, shards_seen=4, max_depth=0)
-    assert common.route(prepared("z"), unbounded, OPTIONS).item.depth_limit == 0
+    assert route(prepared("z"), unbounded, OPTIONS).item.depth_limit == 0
 
 
 def test_settings_are_read_again_once_their_ttl_passed() -> None:
     now = [0.0]
-    cache = common.SettingsCache(1.0, clock=lambda: now[0])
+    cache = SettingsCache(1.0, clock=lambda: now[0])
     keys = QueueKeys.for_model("embed", "m")
     assert cache.get(keys) is None
     assert cache.put(keys, {b"shards": b"3"}).shards == 3

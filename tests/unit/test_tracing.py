@@ -71,10 +71,11 @@ def test_off_by_default_and_nothing_of_the_sdk_imported() -> None:
         import redis  # redis-py imports parts of OpenTelemetry's API itself, when installed
         before = {m for m in sys.modules if m.startswith("opentelemetry")}
         from inferq import tracing
-        from inferq.producer import common
+        from inferq.producer.options import ClientOptions
+        from inferq.producer.prepare import prepare
         from inferq.worker.window import worker
         assert tracing.tracer() is None
-        common.prepare("hi", {"model": "m"}, common.ClientOptions())
+        prepare("hi", {"model": "m"}, ClientOptions())
         print(sorted(m for m in sys.modules if m.startswith("opentelemetry")
                      and m not in before))
     """)

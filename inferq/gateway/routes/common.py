@@ -12,6 +12,7 @@ from inferq.errors import RequestError
 from inferq.gateway.coalesce import cancel_quietly
 from inferq.producer.aio import AsyncHandle
 from inferq.protocol.codec import PUBLIC_ID_RE, Result
+from inferq.protocol.prefix import SESSION_RE
 from inferq.protocol.scores import MAX_SLO_MS, PRIORITY_MAX, PRIORITY_MIN
 
 PriorityHeader = Annotated[int | None, Header(
@@ -31,6 +32,10 @@ SloHeader = Annotated[int | None, Header(
     alias="X-Inferq-TTFT-SLO-Ms", ge=1, le=MAX_SLO_MS,
     description="the latency objective (ms from enqueue to the first token, or the result): "
                 "Result.slo_met; the queue may order by it and refuse (429) what would miss it")]
+SessionHeader = Annotated[str | None, Header(
+    alias="X-Session-Id", pattern=SESSION_RE.pattern,
+    description="the conversation a generation belongs to: cache affinity prefers the worker "
+                "that ran its earlier turns (docs/guides/cache-affinity.md)")]
 TimeoutHeader = Annotated[float | None, Header(
     alias="X-Timeout-S", gt=0, allow_inf_nan=False,
     description="how long to wait for the result (s); default INFERQ_GATEWAY_TIMEOUT_S")]

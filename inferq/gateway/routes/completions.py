@@ -43,6 +43,7 @@ from inferq.gateway.routes.common import (
     DeadlineHeader,
     PriorityHeader,
     RequestIdHeader,
+    SessionHeader,
     SloHeader,
     TenantHeader,
     TimeoutHeader,
@@ -62,7 +63,7 @@ from inferq.openai.schemas import (
     CompletionResponse,
 )
 from inferq.producer.aio import AsyncHandle
-from inferq.producer.common import RequestState
+from inferq.producer.replies import RequestState
 from inferq.protocol.codec import Result
 from inferq.protocol.cost import DEFAULT_MAX_NEW_TOKENS
 from inferq.protocol.generation import GENERATE_TASK
@@ -87,7 +88,7 @@ async def enqueue(state: GatewayState, caller: Principal,
                   body: ChatCompletionRequest | CompletionRequest,
                   priority: int | None, deadline_s: float | None,
                   stored_id: str | None = None, tenant: str | None = None,
-                  ttft_slo_ms: int | None = None) -> AsyncHandle:
+                  ttft_slo_ms: int | None = None, session: str | None = None) -> AsyncHandle:
     """Queues the call's request under ``stored_id`` (``new_request_id``)."""
     request = generation_request(body)
     chosen = check_priority(caller, body.priority if body.priority is not None else (
@@ -97,7 +98,8 @@ async def enqueue(state: GatewayState, caller: Principal,
         request.prompt, **request.fields, priority=chosen,
         deadline_s=body.deadline_s if body.deadline_s is not None else deadline_s,
         id=stored_id, tenant=tenant_of(caller, state.tenant(body.user, tenant)),
-        ttft_slo_ms=ttft_slo_ms, **trace_fields())
+        ttft_slo_ms=ttft_slo_ms, session=state.session(body.user, session),
+        **trace_fields())
 
 
 async def wait(state: GatewayState, caller: Principal, handle: AsyncHandle,
@@ -136,6 +138,8 @@ class Headers:
     tenant: str | None = None
     #: X-Inferq-TTFT-SLO-Ms: the latency objective.
     ttft_slo_ms: int | None = None
+    #: X-Session-Id: the conversation (cache affinity).
+    session: str | None = None
 
 
 AcceptHeader = Annotated[str | None, Header(
@@ -149,10 +153,12 @@ def wants_event_stream(accept: str | None) -> bool:
 def route_headers(x_priority: PriorityHeader = None, x_deadline_s: DeadlineHeader = None,
                   x_timeout_s: TimeoutHeader = None, x_inferq_tenant: TenantHeader = None,
                   x_request_id: RequestIdHeader = None, accept: AcceptHeader = None,
-                  x_inferq_ttft_slo_ms: SloHeader = None) -> Headers:
+                  x_inferq_ttft_slo_ms: SloHeader = None,
+                  x_session_id: SessionHeader = None) -> Headers:
     """Both routes' headers, read once (a dependency: the schema lists each header)."""
     return Headers(x_priority, x_deadline_s, x_timeout_s, x_request_id,
-                   wants_event_stream(accept), x_inferq_tenant, x_inferq_ttft_slo_ms)
+                   wants_event_stream(accept), x_inferq_tenant, x_inferq_ttft_slo_ms,
+                   x_session_id)
 
 
 RouteHeaders = Annotated[Headers, Depends(route_headers)]
@@ -175,7 +181,7 @@ async def respond(state: GatewayState, caller: Principal,
     slot = state.stream_slots.take(caller.tenant) if body.stream else None
     try:
         handle = await enqueue(state, caller, body, headers.priority, headers.deadline_s,
-                               stored_id, headers.tenant, headers.ttft_slo_ms)
+                               stored_id, headers.tenant, headers.ttft_slo_ms, headers.session)
     except BaseException:
         if slot is not None:
             slot.release()

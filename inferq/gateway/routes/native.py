@@ -27,7 +27,7 @@ from inferq.gateway.tracecontext import trace_fields
 from inferq.openai.errors import ApiError, from_inferq
 from inferq.openai.schemas import ModelName, TaskName
 from inferq.producer.aio import AsyncHandle
-from inferq.producer.common import RequestState
+from inferq.producer.replies import RequestState
 from inferq.protocol.codec import PUBLIC_ID_RE, Result
 from inferq.protocol.cost import DEFAULT_MAX_NEW_TOKENS
 from inferq.protocol.generation import GENERATE_TASK

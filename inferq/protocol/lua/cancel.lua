@@ -22,6 +22,7 @@
 -- @include results
 -- @include stats
 -- @include tenants
+-- @include queued
 local pending, inflight, stats, delayed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local started = KEYS[5]
 local prefix, id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -31,10 +32,11 @@ if redis.call('EXISTS', rkey) == 0 then
   if redis.call('EXISTS', prefix .. K_RESULT .. id) == 1 then return 'done' end
   return 'unknown'
 end
-local h = fields(rkey, F_ATTEMPTS, F_ENQUEUED, F_OWNER, F_REPLY_TO, F_TENANT) or {}
+local h = fields(rkey, F_ATTEMPTS, F_ENQUEUED, F_OWNER, F_REPLY_TO, F_TENANT, F_SCORE,
+                 F_QUEUED) or {}
 local owner = type(h[3]) == 'string' and h[3] or nil
 local now = now_ms()
-redis.call('ZREM', pending, id)
+if redis.call('ZREM', pending, id) == 1 then queued_move(h[6], h[7], -1) end
 if redis.call('ZREM', inflight, id) == 1 and owner then
   local notice = prefix .. K_CANCELS .. owner
   force('RPUSH', notice, id)
@@ -48,6 +50,7 @@ put_result(prefix, id, error_result(id, 'cancelled', 'cancelled', 'cancelled by 
 redis.call('DEL', rkey)
 tenant_done(h[5])
 tenant_flush(stats)
+queued_flush(stats)
 flush_inboxes(prefix, ttl)
 count_done(stats, 'cancelled', 1, now)
 return 'cancelled'

@@ -10,6 +10,7 @@
     KEYS[6] started
     KEYS[7] dead_letters
     KEYS[8] leases
+    KEYS[9] fair
     ARGV[1] prefix
     ARGV[2] result_ttl_ms
     ARGV[3] dead_letter_cap
@@ -22,12 +23,15 @@
   the request hash (one DEL for all of them). A retry also pushes a wake token, so an idle worker learns when the
   retry falls due. Stats, inboxes and sets are written once per call. Each final result
   counts its tenant's billable usage (a request and its prompt and completion tokens) in the
-  shard's hourly usage hash, once per call per tenant (``includes/usage``).
+  shard's hourly usage hash, once per call per tenant (``includes/usage``). A final result of a
+  tenant's request that used fewer tokens (prompt + completion) than its enqueue charged its
+  fair-share clock gives the rest back to that clock (``includes/refund``: one HGET of the
+  request's charge, then one HSET of the fair hash for the call).
 
   The tokens are checked in leases, one HMGET for the call; the rest of a row (this run's
   attempt, the enqueue time, reply inbox and tenant) is what the claim returned, trusted
-  because the token matched (none of them changes while a lease lasts), so nothing is read
-  per request.
+  because the token matched (none of them changes while a lease lasts), so nothing else is
+  read per request.
 
   Output: 1 (done) or 0 (refused) per request.
 ]]
@@ -39,9 +43,10 @@
 -- @include stats
 -- @include tenants
 -- @include usage
+-- @include refund
 -- @include wake
 local inflight, stats, delayed, dead, wake = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local started, records, leases = KEYS[6], KEYS[7], KEYS[8]
+local started, records, leases, fair = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local prefix, ttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local W = 11
 local a = rows(ARGV[4], W)
@@ -84,6 +89,7 @@ for n, id in ipairs(ids) do
     gone[#gone + 1] = rkey
     tenant_done(tn)
     usage_add(tn, a[i + 9], a[i + 10])
+    fair_refund(fair, rkey, tn, a[i + 9] + a[i + 10])
     counts[status] = (counts[status] or 0) + 1
     done[#done + 1] = id
     out[n] = 1
@@ -96,6 +102,7 @@ dead_letter(dead, records, stats, cap)
 for status, c in pairs(counts) do count_done(stats, status, c, now) end
 tenant_flush(stats)
 usage_flush(prefix, now)
+refund_save(fair)
 if refused > 0 then redis.call('HINCRBY', stats, 'refused', refused) end
 if #retry > 0 then
   bulk('ZADD', delayed, retry)

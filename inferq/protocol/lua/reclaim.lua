@@ -24,6 +24,15 @@
   goes back to pending and runs alone again. Damaged requests are answered 'corrupt_request';
   garbage (an inflight member without its hash) is dropped.
 
+  Pacing (suspect_delay_ms > 0): a run lost with its worker for the first time reruns at once
+  (a killed worker's batch: recovery is not delayed), but a request lost again (a half of a
+  crashed batch that crashed again: the trail of a crash poison) waits in delayed until the
+  queue's next suspect slot: at least suspect_delay_ms after now, and at least
+  suspect_delay_ms after the slot given to the previous such group (stats
+  'suspects:next_at'), so a crash poison kills at most about one worker per suspect_delay_ms
+  however fast deaths are noticed, and replacement workers have time to start. The requests of
+  one call share one slot (the halves of a batch still run side by side).
+
   Input:
     KEYS[1] inflight
     KEYS[2] pending
@@ -35,6 +44,7 @@
     KEYS[8] leases
     KEYS[9] workers
     KEYS[10] conns
+    KEYS[11] delayed
     ARGV[1] prefix
     ARGV[2] max_count
     ARGV[3] result_ttl_ms
@@ -43,10 +53,11 @@
     ARGV[6] grace_ms
     ARGV[7] packed rows of 1: connected worker id ('' = no liveness check: leases only)
     ARGV[8] probe_ms (0: never ask for a listing)
+    ARGV[9] suspect_delay_ms (0: a request lost again reruns at once)
 
   Output: {requeued, dead, {corrupt id, reason, ...}, {garbage key, ...}, requeued unstarted,
   {dead worker id, ...}, runs lost, 1 when the caller should list the connections and call
-  again with them, else 0}
+  again with them, else 0, of the requeued those paced in delayed, ms until their slot}
 ]]
 -- @include clock
 -- @include rows
@@ -55,8 +66,10 @@
 -- @include graves
 -- @include stats
 -- @include wake
+-- @include queued
 local inflight, pending, dead, wake, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local started, records, leases, workers, conns = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local delayed = KEYS[11]
 local OWNER_SCAN = 10000
 local prefix, max_n = ARGV[1], tonumber(ARGV[2])
 local ttl, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -75,7 +88,8 @@ if ARGV[7] ~= '' then
   if not connected then return redis.error_reply('ERR inferq reclaim: bad arguments') end
 end
 local probe_ms = int(ARGV[8], 0, MAXI)
-if not (max_crashes and grace and probe_ms) then
+local pace = int(ARGV[9], 0, MAXI)
+if not (max_crashes and grace and probe_ms and pace) then
   return redis.error_reply('ERR inferq reclaim: bad arguments')
 end
 local now = now_ms()
@@ -154,8 +168,14 @@ for i, id in ipairs(ids) do
   checked[i] = {kind, r}
 end
 -- 4. write
-local requeue, corrupt, garbage = {}, {}, {}
+local requeue, paced, corrupt, garbage = {}, {}, {}, {}
 local died, unstarted, lost = 0, 0, 0
+-- the slot of this call's suspects (read now, written below if any is paced)
+local slot = 0
+if pace > 0 then
+  local next_at = tonumber(redis.call('HGET', stats, 'suspects:next_at') or 0) or 0
+  slot = math.max(now + pace, next_at)
+end
 for i, id in ipairs(ids) do
   local kind, r = checked[i][1], checked[i][2]
   local rkey = prefix .. K_REQ .. id
@@ -164,6 +184,7 @@ for i, id in ipairs(ids) do
     redis.call('HDEL', rkey, F_OWNER)
     requeue[#requeue + 1] = r.s
     requeue[#requeue + 1] = id
+    queued_move(r.s, r.qt, 1)
     unstarted = unstarted + 1
   elseif kind == 'ok' then
     lost = lost + 1
@@ -179,12 +200,20 @@ for i, id in ipairs(ids) do
       redis.call('DEL', rkey)
       tenant_done(r.tn)
       died = died + 1
+    elseif pace > 0 and r.lost >= 1 then
+      -- lost again: a suspect, rerun at the queue's next suspect slot
+      redis.call('HSET', rkey, F_STATE, STATE_DELAYED, F_LOST, r.lost + 1, F_CRASHES, crashes,
+        F_CAP, math.max(1, math.ceil(size / 2)))
+      redis.call('HDEL', rkey, F_OWNER)
+      paced[#paced + 1] = num(slot)
+      paced[#paced + 1] = id
     else
       redis.call('HSET', rkey, F_STATE, STATE_PENDING, F_LOST, r.lost + 1, F_CRASHES, crashes,
         F_CAP, math.max(1, math.ceil(size / 2)))
       redis.call('HDEL', rkey, F_OWNER)
       requeue[#requeue + 1] = r.s
       requeue[#requeue + 1] = id
+      queued_move(r.s, r.qt, 1)
     end
   else
     drop_bad(prefix, id, kind, r, now, ttl, corrupt, garbage)
@@ -196,14 +225,22 @@ bulk('HDEL', conns, cleared)
 bulk('ZREM', workers, dead_workers)
 land(inflight, started, leases, ids)
 bulk('ZADD', pending, requeue)
+if #paced > 0 then
+  bulk('ZADD', delayed, paced)
+  redis.call('HSET', stats, 'suspects:next_at', num(slot + pace))
+end
+queued_flush(stats)
 flush_inboxes(prefix, ttl)
 dead_letter(dead, records, stats, cap)
 if died > 0 then count_done(stats, 'dead', died, now) end
 if lost > 0 then redis.call('HINCRBY', stats, 'lost_runs', lost) end
-if #requeue > 0 then
-  redis.call('HINCRBY', stats, 'reclaimed', #requeue / 2)
-  wake_workers(wake, #requeue / 2)
+local back = (#requeue + #paced) / 2
+if back > 0 then
+  redis.call('HINCRBY', stats, 'reclaimed', back)
+  -- the paced ones: one worker wakes, claims nothing yet and learns when they are due
+  wake_workers(wake, math.max(#requeue / 2, #paced > 0 and 1 or 0))
 end
 count_bad(stats, #corrupt / 2, #garbage, now)
 tenant_flush(stats)
-return {#requeue / 2, died, corrupt, garbage, unstarted, dead_workers, lost, probe_due}
+return {back, died, corrupt, garbage, unstarted, dead_workers, lost, probe_due, #paced / 2,
+  #paced > 0 and num(slot - now) or -1}

@@ -3,10 +3,11 @@
   its priority and its place in arrival order) and every field of its hash as it died (a
   tenant among them), except its lease (owner, token, claim time), its deadline (long passed,
   as a rule) and its reply inbox (its producer already had the dead result; a new wait reads
-  the result key). Its attempts start again at 0 (its lost runs, crashes and batch cap are
-  dropped too) and its enqueue time is now. Its dead-letter
-  result and stream are deleted (enqueue refuses an id whose result exists). Idempotent: an
-  id no longer in the dead set is not queued again. Counted in the stats (dead_requeued).
+  the result key). Its attempts start again at 0 (its lost runs, crashes, batch cap and fair
+  charge are dropped too: a requeued request gives nothing back to its tenant's clock) and
+  its enqueue time is now. Its dead-letter result and stream are deleted (enqueue refuses an
+  id whose result exists). Idempotent: an id no longer in the dead set is not queued again.
+  Counted in the stats (dead_requeued).
 
   Input:
     KEYS[1] dead
@@ -26,12 +27,13 @@
 -- @include checks
 -- @include bulk
 -- @include wake
+-- @include queued
 local dead, records, pending, wake, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local prefix = ARGV[1]
 local now = now_ms()
 local DROP = {[F_OWNER] = true, [F_CLAIMED] = true, [F_DEADLINE] = true,
               [F_REPLY_TO] = true, [F_STATE] = true, [F_ATTEMPTS] = true, [F_ENQUEUED] = true,
-              [F_LOST] = true, [F_CRASHES] = true, [F_CAP] = true}
+              [F_LOST] = true, [F_CRASHES] = true, [F_CAP] = true, [F_CHARGE] = true}
 -- read and check every id before the first write
 local out, todo, seen = {}, {}, {}
 for i = 2, #ARGV do
@@ -64,7 +66,7 @@ for i = 2, #ARGV do
         kept[#kept + 1] = 0
         kept[#kept + 1] = F_ENQUEUED
         kept[#kept + 1] = num(now)
-        todo[#todo + 1] = {id = id, score = h[F_SCORE], hash = kept,
+        todo[#todo + 1] = {id = id, score = h[F_SCORE], hash = kept, qt = h[F_QUEUED],
                            tn = type(h[F_TENANT]) == 'string' and h[F_TENANT] or nil}
       end
     end
@@ -81,9 +83,11 @@ if #todo > 0 then
     redis.call('HSET', prefix .. K_REQ .. t.id, unpack(t.hash))
     zadd[#zadd + 1] = t.score
     zadd[#zadd + 1] = t.id
+    queued_move(t.score, t.qt, 1)
     ids[#ids + 1] = t.id
   end
   bulk('ZADD', pending, zadd)
+  queued_flush(stats)
   bulk('ZREM', dead, ids)
   bulk('HDEL', records, ids)
   redis.call('HINCRBY', stats, 'dead_requeued', #todo)

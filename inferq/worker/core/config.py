@@ -56,6 +56,11 @@ class WorkerConfig:
     #: A request whose run is lost with its worker this many times while it ran alone (the
     #: last step of the bisection of a crashed batch) is dead-lettered ``crashed_worker``.
     max_crashes: int = DEFAULT_MAX_CRASHES
+    #: A request whose run is lost with its worker a second time or more (a crashed batch's
+    #: half that crashed again: a crash poison's trail) reruns no sooner than this after the
+    #: loss, and such reruns are spaced this far apart for the whole queue, so a poison kills
+    #: at most about one worker per delay while it is isolated. None: the lease; 0: at once.
+    suspect_delay_ms: int | None = None
     retry_base_ms: float = 250.0
     #: Port for /metrics and /healthz (None: not served; 0: any free port).
     metrics_port: int | None = None
@@ -93,6 +98,8 @@ class WorkerConfig:
             raise bad("dead_letter_cap", "must be >= 1")
         if not 1 <= self.max_crashes <= 1000:
             raise bad("max_crashes", "must be in [1, 1000]")
+        if self.suspect_delay_ms is not None and not 0 <= self.suspect_delay_ms <= 3_600_000:
+            raise bad("suspect_delay_ms", "must be in [0, 3600000] or None")
         if not WORKER_ID_RE.fullmatch(self.worker_id):
             raise bad("worker_id", "must be 1 to 200 printable ASCII characters, no spaces "
                       "(it names the worker's Redis connections)")
@@ -126,6 +133,11 @@ class WorkerConfig:
         """How often the fleet lists the connected workers (one listing, by whichever worker
         sweeps first): twice per grace, so a death is judged within about a sweep of it."""
         return max(1, self.liveness_grace_ms // 2)
+
+    @property
+    def suspect_pace_ms(self) -> int:
+        """``suspect_delay_ms``, the lease when unset."""
+        return self.lease_ms if self.suspect_delay_ms is None else self.suspect_delay_ms
 
     @property
     def result_ttl_ms(self) -> int:

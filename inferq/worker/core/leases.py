@@ -20,6 +20,7 @@ from inferq import connection
 from inferq.connection import ConnectionSettings
 from inferq.protocol import ops, scripts
 from inferq.protocol.keys import QueueKeys
+from inferq.worker.core.backoff import STARTUP_WAIT_S
 from inferq.worker.core.liveness import client_name
 
 log = logging.getLogger("inferq.worker")
@@ -178,8 +179,9 @@ class Heartbeat(threading.Thread):
 
     def first_beat(self) -> None:
         """The beat that registers the worker, before it claims anything: retried with backoff
-        through Redis errors for one lease (at least 5 s), then the last error is raised."""
-        give_up = time.monotonic() + max(5.0, self._lease_ms / 1e3)
+        through Redis errors for one lease (at least ``STARTUP_WAIT_S``, a server restarting),
+        then the last error is raised."""
+        give_up = time.monotonic() + max(STARTUP_WAIT_S, self._lease_ms / 1e3)
         delay = 0.05
         while True:
             try:

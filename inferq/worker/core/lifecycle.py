@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 from inferq import connection, tracing
 from inferq.protocol import ops
 from inferq.protocol.keys import QueueKeys
+from inferq.worker.core.backoff import ride_out
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.leases import Heartbeat, LeaseBook
 from inferq.worker.core.liveness import client_name
@@ -125,19 +126,21 @@ class QueueWorker(ABC, Generic[T]):
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_signal, sig)
-        await self.link.check_server()
+        # Until the first beat: a server restarting now (a supervisor restarts workers at such
+        # moments) is waited for, not a reason to exit.
+        await ride_out(self.link.check_server, "start")
         if self.config.metrics_port is not None:
             self.metrics_server = serve_metrics(self.metrics, self.health,
                                                 self.config.metrics_port)
             log.info("metrics and /healthz on port %d", self.metrics_server.server_address[1])
-        await self._start()
-        await self.link.register_queue()
+        await ride_out(self._start, "start")
+        await ride_out(self.link.register_queue, "start")
         await asyncio.to_thread(self.heartbeat.first_beat)
         self.heartbeat.start()
         maintenance: asyncio.Task[None] | None = None
         code = EXIT_OK
         try:
-            await self.link.reclaim()
+            await ride_out(self.link.reclaim, "start")
             log.info("worker %s serving %s %s (lease %d ms, heartbeat %g ms, reclaim every "
                      "%g ms)", self.config.worker_id, self.keys.queue, self._describe(),
                      self.config.lease_ms, self.config.heartbeat_s * 1e3,

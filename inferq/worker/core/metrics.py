@@ -27,6 +27,7 @@ from prometheus_client import (
 from prometheus_client.exposition import choose_encoder
 
 from inferq.plans import run_async
+from inferq.protocol import slo
 from inferq.stats import sharded_queue_stats
 
 if TYPE_CHECKING:
@@ -99,6 +100,10 @@ class WorkerMetrics:
         self.slo_met = Counter("inferq_slo_met_total",
                                "Finished requests with a latency objective (ttft_slo_ms), by "
                                "whether they met it (goodput)", ["queue", "met"], registry=r)
+        self.slo_ratio = Histogram(
+            "inferq_slo_prediction_ratio",
+            "Requests admission by prediction admitted: actual time to their result (first "
+            "token) over the predicted time", q, buckets=slo.RATIO_BUCKETS, registry=r)
         self.retries = Counter("inferq_retries_total", "Requests sent back for a retry", q,
                                registry=r)
         self.reclaims = Counter("inferq_reclaims_total",
@@ -144,6 +149,23 @@ class WorkerMetrics:
         self.ttft = Histogram("inferq_time_to_first_token_seconds",
                               "generate: from enqueue to the first text in the stream",
                               ["queue", "priority"], buckets=LATENCY_BUCKETS, registry=r)
+        # Cache affinity (``inferq.worker.generate.affinity``): also kept as plain counts
+        # for the window hash (``inferq stats``).
+        self.claims_total = 0
+        self.affinity_claims_total = 0
+        self.claimed = Counter("inferq_claimed_total", "Requests this worker claimed", q,
+                               registry=r)
+        self.affinity_claimed = Counter(
+            "inferq_affinity_claimed_total", "Requests claimed by cache-affinity preference "
+            "(the worker held their prefix or session): ÷ inferq_claimed_total is the share",
+            q, registry=r)
+        self.prefix_prompt_tokens = Gauge(
+            "inferq_prefix_cache_prompt_tokens", "generate: prompt tokens the engine admitted "
+            "since it started (with its prefix cache on)", q, registry=r)
+        self.prefix_reused_tokens = Gauge(
+            "inferq_prefix_cache_reused_tokens", "generate: of those, tokens taken from the "
+            "prefix cache instead of computed (tokens saved; ÷ prompt tokens: the hit rate)",
+            q, registry=r)
         # Fair shares (``inferq.protocol.fair``): the tenant label is bounded, see ``tenant_label``.
         tenant = ["queue", "tenant"]
         self.tenant_depth = Gauge(
@@ -231,6 +253,14 @@ class WorkerMetrics:
         for label, values in waits.items():
             observe_many(self.tenant_wait.labels(self.queue, label), values)
             self.tenant_cost.labels(self.queue, label).inc(costs[label])
+
+    def count_claims(self, claimed: int, preferred: int) -> None:
+        self.claims_total += claimed
+        self.affinity_claims_total += preferred
+        if claimed:
+            self.claimed.labels(self.queue).inc(claimed)
+        if preferred:
+            self.affinity_claimed.labels(self.queue).inc(preferred)
 
     def count_expired(self, requests: int) -> None:
         """Requests the claim script answered ``expired`` (deadline passed while pending)."""

@@ -76,6 +76,9 @@ class QueueLink:
         #: The queue's settings (``config`` hash), read at the first claim and about every
         #: second after: a sharded queue is claimed from every shard it has had.
         self.settings = QueueSettings()
+        #: The cache-affinity mode and max wait of the next claims ('', 0: none), as the
+        #: worker decides them (``inferq.worker.generate.affinity``).
+        self.affinity: Callable[[], tuple[str, int]] | None = None
         self._settings_read_at: float | None = None
         #: Which shard a sharded claim round starts with: it moves one shard per round, so
         #: every shard of the best band is drained at the same pace (fair shares hold per
@@ -171,10 +174,12 @@ class QueueLink:
 
     async def _claim_shard(self, shard: int, max_count: int,
                            max_score: int | None) -> ops.ClaimReply:
+        mode, max_wait = self.affinity() if self.affinity is not None else ("", 0)
         keys, args = ops.claim_call(self.keys.for_shard(shard), self.config.worker_id,
                                     self.config.lease_ms, max_count, self.config.result_ttl_ms,
-                                    max_score)
+                                    max_score, affinity=mode, affinity_max_wait_ms=max_wait)
         reply = ops.parse_claim(await self.scripts["claim"](keys=keys, args=args))
+        self.metrics.count_claims(len(reply.claimed), reply.preferred)
         if reply.expired:  # answered expired by the script, past their deadline
             self.metrics.count_expired(reply.expired)
         self.note_damage(reply.corrupt, reply.garbage)
@@ -496,6 +501,10 @@ class QueueLink:
                         "their worker (not attempts; they rerun in half the batch), %d "
                         "dead-lettered crashed_worker", total.requeued + total.dead,
                         total.unstarted, total.lost, total.dead)
+        if total.paced:
+            log.warning("%d requests lost with their worker again (suspects of a crash): "
+                        "they rerun in %d ms (--suspect-delay-ms)", total.paced,
+                        total.paced_in_ms or 0)
         return total.requeued, total.dead
 
     async def _reclaim_shard(self, keys: QueueKeys, connected: Sequence[str] | None,
@@ -504,7 +513,7 @@ class QueueLink:
         call_keys, args = ops.reclaim_call(
             keys, RECLAIM_BATCH, config.result_ttl_ms, config.dead_letter_cap,
             max_crashes=config.max_crashes, grace_ms=config.liveness_grace_ms,
-            connected=connected, probe_ms=probe_ms)
+            connected=connected, probe_ms=probe_ms, suspect_delay_ms=config.suspect_pace_ms)
         reply = ops.parse_reclaim(await self.scripts["reclaim"](keys=call_keys, args=args))
         self.note_damage(reply.corrupt, reply.garbage)
         return reply
@@ -570,7 +579,9 @@ def _add(a: ops.ReclaimReply, b: ops.ReclaimReply) -> ops.ReclaimReply:
     """Two reclaims' counts together (their damage is noted apart)."""
     return ops.ReclaimReply(a.requeued + b.requeued, a.dead + b.dead, [], [],
                             a.unstarted + b.unstarted, a.dead_workers + b.dead_workers,
-                            a.lost + b.lost)
+                            a.lost + b.lost, paced=a.paced + b.paced,
+                            paced_in_ms=max((ms for ms in (a.paced_in_ms, b.paced_in_ms)
+                                             if ms is not None), default=None))
 
 
 @dataclass(frozen=True, slots=True)

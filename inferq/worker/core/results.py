@@ -142,13 +142,15 @@ def completion(config: WorkerConfig, claim: Claim, outcome: Any, **fields: Any) 
         fields.get("ttft_ms"), status is Status.OK)
     if met is not None:
         common["slo_met"] = met
+    ratio = None if status is not Status.OK else slo.prediction_ratio(
+        c.predicted_ms, c.enqueued_ms, fields.get("finished_ms"), fields.get("ttft_ms"))
     try:
         data = encode_result_fields({"status": status, **body, **common}, config.limits)
     except (InferqError, TypeError, ValueError, OverflowError):
         status, data = _encode_checked(config, status, body, common)
     prompt, generated = billable(fields)
     return ops.Completion(c, status.value, data, prompt_tokens=prompt,
-                          completion_tokens=generated, slo_met=met)
+                          completion_tokens=generated, slo_met=met, predicted_ratio=ratio)
 
 
 def billable(fields: dict[str, Any]) -> tuple[int, int]:
@@ -211,8 +213,10 @@ def batch_completions(config: WorkerConfig, claims: Sequence[Claim], outcomes: S
                 packer = msgpack.Packer(use_bin_type=True)
             else:
                 if len(data) <= limit:
-                    out.append(ops.Completion(c, "ok", data, prompt_tokens=tokens,
-                                              slo_met=met))
+                    out.append(ops.Completion(
+                        c, "ok", data, prompt_tokens=tokens, slo_met=met,
+                        predicted_ratio=slo.prediction_ratio(c.predicted_ms, c.enqueued_ms,
+                                                             finished_ms)))
                     continue
         out.append(completion(config, claim, outcome, batch_size=size, input_tokens=tokens,
                               truncated=cut or None, finished_ms=finished_ms,

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from inferq.protocol import ops
+from inferq.protocol import ops, slo
 from inferq.worker.core.metrics import WorkerMetrics
 
 log = logging.getLogger("inferq.worker")
@@ -33,6 +33,10 @@ class WorkerStats:
     #: Finished requests with a latency objective that met it, and that missed it.
     slo_met: int = 0
     slo_missed: int = 0
+    #: The prediction's error of the requests admission admitted (actual / predicted time to
+    #: the result or first token), counted per ``slo.RATIO_BUCKETS`` bucket.
+    slo_ratio: list[int] = field(
+        default_factory=lambda: [0] * (len(slo.RATIO_BUCKETS) + 1))
     #: Why batches were released (window) or generations finished (generate).
     reasons: Counter[str] = field(default_factory=Counter)
 
@@ -49,6 +53,9 @@ class WorkerStats:
             tally[completion.status, ok] += 1
             if ok and completion.slo_met is not None:
                 goodput[completion.slo_met] += 1
+            if ok and completion.predicted_ratio is not None:
+                self.slo_ratio[slo.ratio_bucket(completion.predicted_ratio)] += 1
+                metrics.slo_ratio.labels(metrics.queue).observe(completion.predicted_ratio)
             if not ok:
                 self.refused += 1
                 log.warning("completion of %s refused: lease lost or request cancelled",
@@ -86,4 +93,5 @@ class WorkerStats:
             "reasons": json.dumps(dict(self.reasons)),
             "slo_met": str(self.slo_met),
             "slo_missed": str(self.slo_missed),
+            "slo_ratio": " ".join(map(str, self.slo_ratio)),
         }

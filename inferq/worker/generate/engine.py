@@ -34,7 +34,7 @@ round. The benchmark (``engines``) measures what that costs (RESULTS.md): next t
 the engine loses a clear share of its speed, next to a busy process far less. So, as vLLM's
 engine core does, the loop runs by default in a child process of its own
 (``GenerationSettings.engine_process``, ``inferq worker --engine-process``):
-``engine_process.EngineProcess`` spawns it (``spawn``, never ``fork``: a CUDA context does not
+``engine_client.EngineProcess`` spawns it (``spawn``, never ``fork``: a CUDA context does not
 survive a fork), the child loads the model and runs ``StepLoop`` over this ``Engine``; the
 worker process keeps claims, stream writes, results, leases, cancellation and metrics. The
 weights live only in the child: the worker process loads the tokenizer and configs
@@ -61,6 +61,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -68,6 +69,7 @@ import torch
 from inferq.protocol.generation import FinishReason, GenerationParams
 from inferq.worker.generate import scheduler
 from inferq.worker.generate.kvcache import SlotKVCache, footprint
+from inferq.worker.generate.prefixcache import PrefixCache
 from inferq.worker.models.detok import Detokenizer
 from inferq.worker.models.lm import CausalLM
 from inferq.worker.models.sampling import (
@@ -127,6 +129,11 @@ class Generation:
     #: Its KV cache while it is preempted, swapped out to host memory (per layer: keys and
     #: values of its ``length`` positions); None when it runs, or will be recomputed.
     swapped: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    #: Prompt tokens its last admission took from the prefix cache instead of computing.
+    cached_tokens: int = 0
+    #: Its identities for cache affinity (``inferq.protocol.prefix``: prefix hashes and
+    #: session), held by the prefix cache while its prompt is.
+    identities: tuple[str, ...] = ()
 
     def count_step(self, batch: int, now: float) -> None:
         """This sequence took part in a decode step of ``batch`` sequences that ended at
@@ -193,7 +200,7 @@ class Engine:
     ``step`` and ``cancel``, one at a time."""
 
     def __init__(self, lm: CausalLM, budget: scheduler.Budget, *,
-                 clock: Any = time.monotonic) -> None:
+                 clock: Any = time.monotonic, prefix_cache_bytes: int = 0) -> None:
         self.lm = lm
         self.budget = budget
         self.clock = clock
@@ -201,14 +208,23 @@ class Engine:
         self.running: list[Generation] = []
         self.steps = 0
         self.decoded_tokens = 0
+        #: The prefix cache (``prefixcache``), None when off: bounded by its own limit and by
+        #: what the running sequences' reservations leave of the KV budget.
+        self.prefix = PrefixCache(prefix_cache_bytes, self._prefix_room) \
+            if prefix_cache_bytes > 0 else None
+        self._reserved = 0
+
+    def _prefix_room(self) -> int:
+        """Bytes of the KV budget the running sequences do not reserve."""
+        return (self.budget.kv_tokens - self._reserved) * self.lm.kv.bytes_per_token
 
     # ------------------------------------------------------------------------- building
 
     def new_generation(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
                        *, priority: int = 0, order: int = 0, tag: Any = None,
                        alone: bool = False, streamed: Sequence[int] = (),
-                       shown: str = "", trace_headers: dict[str, str] | None = None
-                       ) -> Generation:
+                       shown: str = "", trace_headers: dict[str, str] | None = None,
+                       identities: Sequence[str] = ()) -> Generation:
         """A generation ready to admit; ``max_new`` is capped by the model's context.
 
         ``streamed``: the tokens a previous attempt already put in the request's stream, whose
@@ -222,7 +238,7 @@ class Engine:
             max_new=max(0, min(params.max_new_tokens, room)),
             detok=Detokenizer(self.lm.decode, prompt_ids, params.stop, backend=self.lm.backend),
             priority=priority, order=order, generator=generator, tag=tag, alone=alone,
-            trace_headers=trace_headers,
+            trace_headers=trace_headers, identities=tuple(identities),
         )
         if streamed:
             self._resume(g, streamed, shown)
@@ -275,6 +291,11 @@ class Engine:
             raise ValueError("admitting more sequences than there are slots")
         swapped = [g for g in admitted if g.swapped is not None]
         fresh = [g for g in admitted if g.swapped is None]
+        if self.prefix is not None:  # the running sequences' room comes first
+            every = (*self.running, *admitted)
+            self._reserved = self.footprint(len(every), max(
+                (g.reserve_tokens for g in every), default=0)) if every else 0
+            self.prefix.shrink()
         if swapped:  # resumed with their cache: they decode with the others
             self._swap_in(swapped)
         decoding = list(self.running)
@@ -394,6 +415,55 @@ class Engine:
         return logits
 
     def _prefill(self, admitted: list[Generation]) -> None:
+        hits = [self.prefix.lookup(g.prefill_ids) for g in admitted] \
+            if self.prefix is not None else []
+        if any(length for length, _ in hits):
+            logits = self._prefill_after(admitted, hits)
+        else:
+            logits = self._prefill_all(admitted)
+        for g in admitted:
+            g.length = len(g.prefill_ids)
+        for g, (length, _) in zip(admitted, hits, strict=False):  # none: the cache is off
+            g.cached_tokens = length
+        firsts = self._admit(admitted, logits)
+        if self.prefix is not None:  # before any sequence leaves: the rows are as computed
+            for g in admitted:
+                length = min(g.length, len(g.prompt_ids))
+                self.prefix.insert(g.prompt_ids, length, partial(self.cache.read_block, g.row))
+                self.prefix.tie(g.identities, g.prompt_ids, length)
+        for g, (token, lp) in zip(admitted, firsts, strict=True):
+            self._accept(g, token, lp)
+
+    def _prefill_after(self, admitted: list[Generation],
+                       hits: list[tuple[int, list[torch.Tensor]]]) -> torch.Tensor:
+        """The prefill when some prompts start with cached blocks: those are copied into the
+        rows, and only the rest of each prompt is computed, attending over the whole row."""
+        device = self.lm.torch_device
+        n, k = len(self.running), len(admitted)
+        starts = [length for length, _ in hits]
+        full = [g.prefill_ids for g in admitted]
+        lengths = [len(ids) - start for ids, start in zip(full, starts, strict=True)]
+        width = max(lengths)
+        ids = torch.full((k, width), self.lm.pad_id, dtype=torch.long)
+        for r, (row_ids, start) in enumerate(zip(full, starts, strict=True)):
+            ids[r, width - lengths[r]:] = torch.as_tensor(row_ids[start:], dtype=torch.long)
+        longest = max(g.reserve_tokens for g in (*self.running, *admitted))
+        self.cache.ensure(n + k, longest)
+        for r, (start, blocks) in enumerate(hits):
+            if start:
+                self.cache.load_prefix(n + r, blocks)
+        kv_len = self.cache.plan_extend(n, starts, lengths, width)
+        cols = torch.arange(width)
+        pad = torch.tensor([width - length for length in lengths])
+        query_pos = torch.tensor(starts)[:, None] + cols[None, :] - pad[:, None]   # [k, W]
+        keys = torch.arange(kv_len)
+        allowed = keys[None, None, :] <= query_pos[:, :, None]                     # [k, W, L]
+        # a padding column attends to position 0 only (a row of no keys would give NaN)
+        allowed |= (query_pos < 0)[:, :, None] & (keys == 0)[None, None, :]
+        return self._forward(ids.to(device), allowed[:, None].to(device),
+                             query_pos.clamp(min=0).to(device))
+
+    def _prefill_all(self, admitted: list[Generation]) -> torch.Tensor:
         device = self.lm.torch_device
         n, k = len(self.running), len(admitted)
         lengths = [g.prefill_tokens for g in admitted]
@@ -410,16 +480,21 @@ class Engine:
         longest = max(g.reserve_tokens for g in (*self.running, *admitted))
         self.cache.ensure(n + k, longest)
         self.cache.plan_prefill(list(range(n, n + k)), lengths, width)
-        logits = self._forward(ids.to(device), allowed[:, None].to(device), positions.to(device))
+        return self._forward(ids.to(device), allowed[:, None].to(device), positions.to(device))
+
+    def _admit(self, admitted: list[Generation], logits: torch.Tensor
+               ) -> list[tuple[int, TokenLogprob | None]]:
+        """After a prefill's forward: the admitted sequences take their rows (after the
+        running ones); returns the first token of each (and its logprob)."""
         tokens = choose(logits, admitted, self.lm.eos_ids)
         logprobs = logprobs_of(logits, admitted, tokens)
         now = self.clock()
+        n = len(self.running)
         for r, g in enumerate(admitted):
-            g.row, g.length, g.entered = n + r, lengths[r], self.steps
+            g.row, g.entered = n + r, self.steps
             g.admitted_at = now if g.admitted_at is None else g.admitted_at
             self.running.append(g)
-        for g, token, lp in zip(admitted, tokens, logprobs, strict=True):
-            self._accept(g, token, lp)
+        return list(zip(tokens, logprobs, strict=True))
 
     def _decode(self, decoding: list[Generation]) -> None:
         device = self.lm.torch_device

@@ -10,6 +10,9 @@ head_dim]``. Each running sequence owns a row (its "slot") and its tokens sit at
   the start of its row;
 * a finished sequence frees its row by moving the last running row into it (one row copy), so
   the running rows are always ``0..n-1`` and a step needs no gather;
+* a prefill after a prefix cache hit (``prefixcache``) first copies the cached blocks into the
+  start of each row (``load_prefix``), then computes only the rest (``plan_extend``),
+  attending over the whole row;
 * a preempted sequence's row can be copied out to host memory (``save_row``) and back into a
   free row when it resumes (``load_row``): swapped, not recomputed.
 
@@ -47,6 +50,20 @@ class _Prefill:
 
 
 @dataclass(slots=True)
+class _Extend:
+    """A prefill of sequences whose first ``starts[r]`` positions are already in their rows
+    (a prefix cache hit): row ``first + r`` takes its last ``lengths[r]`` columns of the
+    left-padded batch at positions ``starts[r]..``, and attention sees the rows up to
+    ``kv_len``."""
+
+    first: int
+    starts: list[int]
+    lengths: list[int]
+    width: int
+    kv_len: int
+
+
+@dataclass(slots=True)
 class _Decode:
     n: int
     rows: torch.Tensor
@@ -67,7 +84,7 @@ class SlotKVCache(Cache):
         self.capacity = 0
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        self._plan: _Prefill | _Decode | None = None
+        self._plan: _Prefill | _Extend | _Decode | None = None
 
     # ----------------------------------------------------------------------- storage
 
@@ -118,6 +135,22 @@ class SlotKVCache(Cache):
             k[row, :, :length] = sk.to(self.device, non_blocking=True)
             v[row, :, :length] = sv.to(self.device, non_blocking=True)
 
+    def read_block(self, row: int, start: int, end: int) -> torch.Tensor:
+        """A copy of positions ``start..end`` of ``row``, every layer's keys and values:
+        ``[layers, 2, kv_heads, end - start, head_dim]`` (a prefix cache entry)."""
+        return torch.stack([torch.stack((k[row, :, start:end], v[row, :, start:end]))
+                            for k, v in zip(self.keys, self.values, strict=True)])
+
+    def load_prefix(self, row: int, blocks: list[torch.Tensor]) -> int:
+        """Put ``read_block`` copies, in order, at the start of ``row`` (which ``ensure`` made
+        room for); returns the positions filled."""
+        joined = torch.cat(blocks, dim=3) if len(blocks) > 1 else blocks[0]
+        length = int(joined.shape[3])
+        for layer, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
+            k[row, :, :length] = joined[layer, 0]
+            v[row, :, :length] = joined[layer, 1]
+        return length
+
     def release(self) -> None:
         """Drop the tensors (all sequences are gone); the next use reallocates small."""
         self.keys, self.values, self.rows, self.capacity = [], [], 0, 0
@@ -127,6 +160,14 @@ class SlotKVCache(Cache):
     def plan_prefill(self, rows: list[int], lengths: list[int], width: int) -> None:
         self.ensure(max(rows) + 1, max(lengths))
         self._plan = _Prefill(rows, lengths, width)
+
+    def plan_extend(self, first: int, starts: list[int], lengths: list[int],
+                    width: int) -> int:
+        """Plan a prefill of rows ``first..`` after their cached prefixes (``_Extend``);
+        returns the key length attention sees."""
+        kv_len = max(s + n for s, n in zip(starts, lengths, strict=True))
+        self._plan = _Extend(first, starts, lengths, width, kv_len)
+        return kv_len
 
     def plan_decode(self, positions: torch.Tensor, kv_len: int) -> None:
         """Row ``i`` (of ``0..n-1``) writes at ``positions[i]`` and sees ``0..positions[i]``;
@@ -152,12 +193,21 @@ class SlotKVCache(Cache):
                 k[row, :, :length] = key_states[r, :, plan.width - length:]
                 v[row, :, :length] = value_states[r, :, plan.width - length:]
             return key_states, value_states
+        if isinstance(plan, _Extend):
+            for r, (start, length) in enumerate(zip(plan.starts, plan.lengths, strict=True)):
+                row = plan.first + r
+                k[row, :, start:start + length] = key_states[r, :, plan.width - length:]
+                v[row, :, start:start + length] = value_states[r, :, plan.width - length:]
+            rows = slice(plan.first, plan.first + len(plan.starts))
+            return k[rows, :, : plan.kv_len], v[rows, :, : plan.kv_len]
         raise RuntimeError("SlotKVCache.update called without a plan")
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
         plan = self._plan
         if isinstance(plan, _Decode):
             return plan.kv_len - 1
+        if isinstance(plan, _Extend):
+            return plan.kv_len - plan.width
         return 0
 
     def get_max_length(self, layer_idx: int | None = 0) -> int:

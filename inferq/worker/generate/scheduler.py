@@ -28,7 +28,7 @@ preempted ``max_preemptions`` times is not preempted again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -65,10 +65,32 @@ class Budget:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
-class Preemptible(Candidate, Protocol):
+class Yielding(Protocol):
+    """A running sequence as the preemption rule sees it."""
+
+    @property
+    def priority(self) -> int: ...
+
     @property
     def preemptions(self) -> int:
         """Times this sequence was preempted so far."""
+
+
+Y = TypeVar("Y", bound=Yielding)
+
+
+def preemptible(running: Iterable[Y], priority: int | None, *, max_preemptions: int
+                ) -> list[Y]:
+    """The preemption rule, for its two callers (``plan`` on the device; the generate worker's
+    watch of the head of pending, which claims for it): the running sequences a waiting request
+    of ``priority`` may push out, those of strictly lower priority preempted fewer than
+    ``max_preemptions`` times. ``priority`` None: those that some higher priority could push
+    out (the worker asks before it reads the head)."""
+    return [r for r in running if r.preemptions < max_preemptions
+            and (priority is None or r.priority < priority)]
+
+
+class Preemptible(Candidate, Yielding, Protocol):
 
     @property
     def entered(self) -> int:
@@ -142,8 +164,7 @@ def plan(waiting: Sequence[C], running: Sequence[R], budget: Budget,
             return Plan(admitted, preempted)  # stopped by the prefill budget: next step
         if rows >= budget.max_slots and any(r.due for r in kept):
             return Plan(admitted, preempted)  # a slot frees at the end of this step
-        victims = sorted((r for r in kept if r.priority < blocked.priority
-                          and r.preemptions < max_preemptions),
+        victims = sorted(preemptible(kept, blocked.priority, max_preemptions=max_preemptions),
                          key=lambda r: (r.priority, -r.entered, -r.order))
         rest = [r.reserve_tokens for r in kept if r not in victims]
         if not victims or not _fits(len(rest) + len(admitted) + 1,

@@ -49,6 +49,10 @@ class GenerationSettings:
     #: ``vllm`` (vLLM's ``LLMEngine`` in the engine process, ``generate.vllm``), and the
     #: vLLM ``EngineArgs`` passed through (``--vllm-option``, ``vllm.options``).
     engine: str = "transformers"
+    #: The transformers engine's prefix cache (``prefixcache``) in MiB: the KV of prompt
+    #: prefixes it computed, reused by later prompts that start with them; also bounded by
+    #: what the running sequences leave of the KV budget. 0 turns it off.
+    prefix_cache_mb: float = 256.0
     vllm_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -71,6 +75,8 @@ class GenerationSettings:
             raise ConfigError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         if not 0 <= self.max_preemptions <= 1000:
             raise ConfigError(f"max_preemptions must be in [0, 1000], got {self.max_preemptions}")
+        if not self.prefix_cache_mb >= 0:
+            raise ConfigError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
         if self.swap_mb is not None and not self.swap_mb >= 0:
             raise ConfigError(f"swap_mb must be >= 0, got {self.swap_mb}")
         if not 0 <= self.stream_interval_ms <= 1000:
@@ -97,6 +103,10 @@ class GenerationSettings:
         return Budget(max_slots=self.max_slots,
                       kv_tokens=max(1, cache_bytes // lm.kv.bytes_per_token),
                       max_prefill_tokens=self.max_prefill_tokens)
+
+    @property
+    def prefix_cache_bytes(self) -> int:
+        return int(self.prefix_cache_mb * 2**20)
 
     @property
     def swap_bytes(self) -> int | None:

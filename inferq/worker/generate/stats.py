@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from inferq.worker.core.stats import WorkerStats
 from inferq.worker.generate.steploop import StepOutput
+from inferq.worker.window.policy import LatencyModel
 
 
 @dataclass
@@ -26,6 +27,12 @@ class GenerationStats(WorkerStats):
     #: Recent requests' ``StreamClaim.first_text_lag``: engine steps between the step that
     #: made a stream's first text and its hand-over to the publisher.
     first_text_lags: deque[int] = field(default_factory=lambda: deque(maxlen=1024))
+    #: Decode steps' time by the sequences they advanced (``a·n + b``), fitted on the steps
+    #: that admitted none: the decode capacity at the slot count, ``S / (a·S + b)`` tokens a
+    #: second, that admission and autoscaling read (``inferq.protocol.slo``).
+    decode: LatencyModel = field(default_factory=lambda: LatencyModel(decay=0.999))
+    #: Time the admitting steps spent beyond their decode (by the fit): prefill time.
+    prefill_s: float = 0.0
 
     @property
     def steps(self) -> int:
@@ -36,12 +43,28 @@ class GenerationStats(WorkerStats):
         if not out.advanced:
             return
         self.record_batch(len(out.advanced), out.elapsed_s)
+        if out.admitted:
+            decoding = self.decode.predict(len(out.advanced)) if self.decode.fitted else 0.0
+            self.prefill_s += max(out.elapsed_s - decoding, 0.0)
+        else:
+            self.decode.observe(len(out.advanced), out.elapsed_s)
         self.tokens += len(out.advanced)
         self.prefill_tokens += out.prefill_tokens
         self.admission_steps += out.admitted > 0
 
+    def capacity_fields(self) -> dict[str, str]:
+        """The measured decode fit and prefill rate, once there is something measured."""
+        fields = {}
+        if self.decode.fitted:
+            fields["decode_a_ms"] = f"{self.decode.a * 1e3:.6g}"
+            fields["decode_b_ms"] = f"{self.decode.b * 1e3:.6g}"
+        if self.prefill_s > 0 and self.prefill_tokens > 0:
+            fields["prefill_tokens_per_s"] = f"{self.prefill_tokens / self.prefill_s:.6g}"
+        return fields
+
     def as_fields(self, running: int, waiting: int) -> dict[str, str]:
         return {
+            **self.capacity_fields(),
             **self.fields(),
             "mode": "continuous",
             "steps": str(self.steps),

@@ -88,7 +88,7 @@ class StepOutput:
 
 class Steps(Protocol):
     """What the worker drives: ``StepLoop`` (a thread of the worker process) or
-    ``engine_process.EngineProcess`` (the same loop in a child process)."""
+    ``engine_client.EngineProcess`` (the same loop in a child process)."""
 
     def start(self) -> None: ...
     def submit(self, generations: Sequence[Generation]) -> None: ...
@@ -102,6 +102,7 @@ class Steps(Protocol):
     @property
     def max_slots(self) -> int: ...
     def held(self) -> tuple[list[Generation], list[Generation]]: ...
+    def prefix_state(self) -> tuple[int, list[str], int, int]: ...
     @property
     def step(self) -> int: ...
     async def withdraw(self, predicate: Callable[[Generation], bool] | None = None
@@ -165,7 +166,7 @@ class StepLoop:
     def take_outputs(self, *, arm: bool) -> list[StepOutput]:
         """Outputs so far, oldest first; with ``arm``, ``outputs_ready`` fires at the next one
         if there is none now. Without ``arm`` it will not fire: whoever takes outputs that way
-        must come back with ``arm`` (one consumer loops; see ``engine_process``)."""
+        must come back with ``arm`` (one consumer loops; see ``engine_core``)."""
         with self._cond:
             out = list(self._outputs)
             self._outputs.clear()
@@ -213,9 +214,18 @@ class StepLoop:
         with self._cond:
             return list(self.engine.running), list(self._waiting)
 
+    def prefix_state(self) -> tuple[int, list[str], int, int]:
+        """The engine's prefix cache: (a version that changes with the identities it holds,
+        those identities, prompt tokens admitted, tokens reused); all 0 without one."""
+        prefix = getattr(self.engine, "prefix", None)  # the vllm engine has none
+        if prefix is None:
+            return 0, [], 0, 0
+        return (prefix.version, prefix.held(), prefix.stats.prompt_tokens,
+                prefix.stats.reused_tokens)
+
     async def withdraw(self, predicate: Callable[[Generation], bool] | None = None
                        ) -> list[Generation]:
-        """``take_waiting``, as ``engine_process.EngineProcess`` offers it."""
+        """``take_waiting``, as ``engine_client.EngineProcess`` offers it."""
         return self.take_waiting(predicate)
 
     def take_waiting(self, predicate: Callable[[Generation], bool] | None = None

@@ -7,6 +7,8 @@ the other did not) fails to decode with ``msgspec.ValidationError`` instead of b
 shifted. Each side decodes only the kinds it may receive (``ToEngine``, ``ToWorker``) and
 dispatches them through a table keyed by type.
 
+At the spawn: ``EngineSpec`` (the model the engine process loads, and its settings).
+
 worker -> engine: ``Submit`` (generations to run, with the tokens a previous attempt streamed),
 ``Cancel``, ``Withdraw`` (waiting generations taken back) and ``Stop`` (drain).
 
@@ -23,9 +25,13 @@ batch at that step's boundary (it keeps its tokens and waits in the engine); whe
 from __future__ import annotations
 
 import enum
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+
+if TYPE_CHECKING:
+    from inferq.worker.generate.settings import GenerationSettings
 
 
 class Kind(enum.IntEnum):
@@ -52,6 +58,28 @@ class _Message(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fiel
     """A message: its ``Kind`` travels as the array's first element."""
 
 
+# ----------------------------------------------------------------------- at the spawn
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """What the engine process loads: the model (as ``CausalLM`` takes it), and the settings
+    it sizes its budget from once the weights are loaded."""
+
+    path: str
+    device: str
+    #: As asked for (``auto``, ``float32``...): resolved here, after the device is in use.
+    dtype: str
+    model_id: str
+    settings: GenerationSettings
+    torch_threads: int
+    log_level: int
+    #: ``transformers`` (``Engine``) or ``vllm`` (``vllm.engine.VllmEngine``), and the vLLM
+    #: ``EngineArgs`` given with ``--vllm-option``.
+    engine: str = "transformers"
+    vllm_options: dict[str, Any] = field(default_factory=dict)
+
+
 # ----------------------------------------------------------------------- parts of messages
 
 
@@ -69,6 +97,8 @@ class GenerationSpec(_Part, frozen=True):
     shown: str
     #: ``Generation.trace_headers``.
     trace_headers: dict[str, str] | None
+    #: ``Generation.identities`` (cache affinity).
+    identities: list[str] = msgspec.field(default_factory=list)
 
 
 class BudgetSpec(_Part, frozen=True):
@@ -93,6 +123,12 @@ class EngineState(_Part, frozen=True):
     #: (``--engine vllm``; 0 with the transformers engine).
     kv_usage: float = 0.0
     engine_preemptions: int = 0
+    #: The prefix cache (``prefixcache``): prompt tokens admitted and those taken from it,
+    #: since the engine started; and the identities it holds, when they changed since the
+    #: last state sent (None: unchanged).
+    prefix_prompt_tokens: int = 0
+    prefix_reused_tokens: int = 0
+    held: list[str] | None = None
 
 
 class Advanced(_Part, frozen=True):

@@ -12,6 +12,7 @@ waiting claims back at once, and finishes the generations in hand.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -25,6 +26,7 @@ from inferq.errors import MODEL_ERROR, InferqError, InvalidInput
 from inferq.protocol import ops
 from inferq.protocol.codec import ErrorInfo
 from inferq.protocol.generation import parse_generation_params
+from inferq.protocol.prefix import identities_of
 from inferq.worker.core.backoff import RedisBackoff
 from inferq.worker.core.config import WorkerConfig
 from inferq.worker.core.failures import Failure
@@ -39,8 +41,15 @@ from inferq.worker.core.results import (
     ran_before,
 )
 from inferq.worker.core.wake import wait_any
+from inferq.worker.generate.affinity import (
+    HeldPublisher,
+    affinity_fields,
+    claim_mode,
+    held_ttl_ms,
+    saturated,
+)
 from inferq.worker.generate.engine import Engine, Generation
-from inferq.worker.generate.engine_process import EngineProcess, EngineSpec
+from inferq.worker.generate.engine_client import EngineProcess
 from inferq.worker.generate.publisher import (
     PUBLISHER_SCRIPTS,
     StreamClaim,
@@ -48,11 +57,12 @@ from inferq.worker.generate.publisher import (
     claim_of,
     streamed,
 )
-from inferq.worker.generate.scheduler import Budget
+from inferq.worker.generate.scheduler import Budget, preemptible
 from inferq.worker.generate.settings import GenerationSettings, describe_budget
 from inferq.worker.generate.stats import GenerationStats
 from inferq.worker.generate.steploop import StepLoop, Steps
 from inferq.worker.generate.vllm.sampling import check_supported
+from inferq.worker.generate.wire import EngineSpec
 from inferq.worker.models.lm import CausalLM
 
 log = logging.getLogger("inferq.worker")
@@ -82,7 +92,8 @@ class GenerationWorker(QueueWorker[Generation]):
         self.budget = (self.settings.budget(lm) if self.budget_known
                        else self.settings.provisional_budget(lm))
         # Here, with an engine process, it only prepares generations (no forward, no cache).
-        self.engine = Engine(lm, self.budget, clock=clock)
+        self.engine = Engine(lm, self.budget, clock=clock, prefix_cache_bytes=(
+            self.settings.prefix_cache_bytes if self.budget_known else 0))
         self.stats = GenerationStats()
         self._order = itertools.count()
         self._maybe_pending = True
@@ -115,6 +126,8 @@ class GenerationWorker(QueueWorker[Generation]):
 
     async def _start(self) -> None:
         self._nudge = asyncio.Event()
+        #: Set once an engine process is ready (its first ``Ready``).
+        self._engine_up = asyncio.Event()
         events = _LoopEvents(self, asyncio.get_running_loop())
         self.steps: Steps
         if self.settings.engine_process:
@@ -132,6 +145,25 @@ class GenerationWorker(QueueWorker[Generation]):
         self.publisher = StreamPublisher(self.link, self.stats, self.steps, pipeline,
                                          self.settings.stream_interval_ms / 1e3,
                                          self.budget.max_slots)
+        self.held = HeldPublisher(self.link, self.steps, held_ttl_ms(self.config.lease_ms),
+                                  lambda: saturated(self.steps, self.engine), clock=self.clock)
+        if self.settings.engine == "transformers" and self.settings.prefix_cache_mb > 0:
+            self.link.affinity = self._affinity
+        if isinstance(self.steps, EngineProcess):
+            self.steps.start()
+            await self._engine_ready()
+
+    async def _engine_ready(self) -> None:
+        """Until the engine process has loaded the model (vLLM: compiled and warmed up) and
+        sized its budget, or a stop. ``_start`` runs before the worker registers its queue and
+        beats its first heartbeat: a worker whose engine cannot serve yet is not advertised
+        (not live in ``inferq stats`` or the autoscaling signal, its model not in the
+        gateway's ``/v1/models``), so no client sends a burst that would wait for the load."""
+        assert self._stopping is not None
+        started = self.clock()
+        await wait_any((self._engine_up, self._stopping))
+        if self._engine_up.is_set():
+            log.info("engine ready after %.1f s: advertising the worker", self.clock() - started)
 
     def _engine_spec(self) -> EngineSpec:
         import torch
@@ -170,10 +202,13 @@ class GenerationWorker(QueueWorker[Generation]):
         return {"steps": self.stats.steps, "running": self.steps.running_count}
 
     async def _serve(self) -> None:
-        self.steps.start()
+        if not isinstance(self.steps, EngineProcess):  # an engine process started in _start
+            self.steps.start()
         waker = asyncio.create_task(self._wake_loop(), name="wake loop")
         publisher = asyncio.create_task(self.publisher.run(), name="stream publisher")
-        self._helpers = (waker, publisher)
+        assert self._stopping is not None
+        held = asyncio.create_task(self.held.run(self._stopping), name="held prefixes")
+        self._helpers = (waker, publisher, held)
         for helper in self._helpers:  # one that dies wakes the claim loop, which fails
             helper.add_done_callback(lambda _: self._nudge.set())
         try:
@@ -185,6 +220,9 @@ class GenerationWorker(QueueWorker[Generation]):
                                timeout=self.config.drain_timeout_s)
             await self._release_generations(await self.steps.withdraw())
             await cancel(waker)
+            await cancel(held)
+            with contextlib.suppress(RedisError):
+                await self.held.clear()
             await asyncio.sleep(0)  # callbacks the model thread scheduled last
             self.publisher.stop()
             # The publisher writes what the last steps produced (retried for at most a lease).
@@ -229,6 +267,14 @@ class GenerationWorker(QueueWorker[Generation]):
                 self._retry_at = None
                 self._maybe_pending = True
 
+    def _affinity(self) -> tuple[str, int]:
+        """The claim's cache-affinity arguments (``affinity.claim_mode``)."""
+        settings = self.link.settings
+        if settings.affinity == "off":
+            return "", 0
+        return claim_mode(settings.affinity, settings.affinity_max_wait_ms,
+                          saturated(self.steps, self.engine))
+
     def _watches_head(self) -> bool:
         """Whether a full device watches pending for higher priorities: preemption is on and
         the engine is serving."""
@@ -236,24 +282,25 @@ class GenerationWorker(QueueWorker[Generation]):
 
     async def _claim_preempting(self) -> bool:
         """Every slot is taken: read the head of pending (every shard, one round trip) and,
-        when it has strictly higher priority than running sequences that may still be
-        preempted, claim as many requests of that priority as there are such sequences (less
-        those already waiting in the engine for them). The engine preempts for them at its
+        when running sequences may be preempted for it (``scheduler.preemptible``, the rule the
+        engine applies), claim as many requests of that priority as there are such sequences
+        (less those already waiting in the engine for them). The engine preempts for them at its
         next step boundary. True when something was claimed."""
         self._head_read_at = self.clock()
         running, waiting = self.steps.held()
         if any(g.alone for g in (*running, *waiting)):
             return False  # nothing joins a batch that drains for a request running alone
         limit = self.settings.max_preemptions
-        preemptible = [g.priority for g in running if g.preemptions < limit]
-        if not preemptible:
+        if not preemptible(running, None, max_preemptions=limit):
             return False
         head = await self.link.head_priority()
         self.stats.head_reads += 1
-        if head is None or head <= min(preemptible):
+        if head is None:
             return False
-        count = (sum(1 for p in preemptible if p < head)
-                 - sum(1 for g in waiting if g.priority >= head))
+        victims = preemptible(running, head, max_preemptions=limit)
+        if not victims:
+            return False
+        count = len(victims) - sum(1 for g in waiting if g.priority >= head)
         if count <= 0:
             return False
         return await self._claim_free(count, min_priority=head) > 0
@@ -371,7 +418,8 @@ class GenerationWorker(QueueWorker[Generation]):
                                                tag=StreamClaim.of(claim),
                                                alone=is_suspect(claim.claimed),
                                                streamed=tokens, shown=shown,
-                                               trace_headers=self._trace_headers(claim))
+                                               trace_headers=self._trace_headers(claim),
+                                               identities=identities_of(claim.payload))
                 if not self._fits_alone(g):
                     raise InvalidInput(
                         f"prompt ({len(ids)} tokens) + max_new_tokens ({g.max_new}) exceed "
@@ -474,6 +522,8 @@ class GenerationWorker(QueueWorker[Generation]):
         fields = self.stats.as_fields(self.steps.running_count, self.steps.waiting_count)
         fields.update({"model": self.lm.model_id, "device": self.lm.device,
                        **self.metrics.dashboard_fields()})
+        _, held, prompt, reused = self.steps.prefix_state()
+        fields.update(affinity_fields(self.metrics, len(held), prompt, reused))
         known, budget = self.budget_known, self.budget  # in this order: see _adopt_budget
         if known:  # not before the engine process sized it
             fields.update({"max_slots": str(budget.max_slots),
@@ -517,6 +567,7 @@ class _LoopEvents:
 
     def ready(self, budget: Budget) -> None:
         self._worker._adopt_budget(budget)  # before capacity may say > 0: at once
+        self._loop.call_soon_threadsafe(self._worker._engine_up.set)
 
     def loop_failed(self, error: BaseException) -> None:
         self._loop.call_soon_threadsafe(self._worker._on_loop_failed, error)

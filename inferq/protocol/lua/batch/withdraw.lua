@@ -9,6 +9,7 @@
     KEYS[1] pending
     KEYS[2] delayed
     KEYS[3] batch
+    KEYS[4] stats (of the queue shard)
     ARGV[1] prefix
     ARGV[2] token
     ARGV[3] mode
@@ -22,6 +23,7 @@
 -- @include clock
 -- @include checks
 -- @include results
+-- @include queued
 local pending, delayed, batch = KEYS[1], KEYS[2], KEYS[3]
 local prefix, token, mode, rt = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local ttl = tonumber(ARGV[5])
@@ -31,9 +33,9 @@ local n = 0
 for i = 6, #ARGV do
   local id = ARGV[i]
   local rkey = prefix .. K_REQ .. id
-  local h = fields(rkey, F_STATE, F_ATTEMPTS, F_ENQUEUED)
+  local h = fields(rkey, F_STATE, F_ATTEMPTS, F_ENQUEUED, F_SCORE, F_QUEUED)
   if h and (h[1] == STATE_PENDING or h[1] == STATE_DELAYED) then
-    redis.call('ZREM', pending, id)
+    if redis.call('ZREM', pending, id) == 1 then queued_move(h[4], h[5], -1) end
     redis.call('ZREM', delayed, id)
     redis.call('DEL', rkey)
     if mode == 'expire' then
@@ -44,6 +46,7 @@ for i = 6, #ARGV do
     n = n + 1
   end
 end
+queued_flush(KEYS[4])
 if mode == 'expire' then
   flush_inboxes(prefix, ttl)
 elseif n > 0 then

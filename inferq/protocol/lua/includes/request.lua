@@ -3,10 +3,10 @@
 -- @include tenants
 -- The checked fields of a request hash read as HMGET of READ (h: its reply, or nil for a key
 -- of another type). Returns kind, r: kind 'ok' (r: the numbers; r.cap nil without a batch
--- cap, r.lost 0 without lost runs), 'garbage' (no payload and
+-- cap, r.lost 0 without lost runs, r.qt nil when it counts no queued tokens), 'garbage' (no payload and
 -- no enqueue time: nothing ties it to a request) or 'corrupt' (r.why says what).
 local READ = {F_PAYLOAD, F_SCORE, F_ATTEMPTS, F_MAX_ATTEMPTS, F_ENQUEUED, F_DEADLINE,
-              F_REPLY_TO, F_TENANT, F_CAP, F_LOST}
+              F_REPLY_TO, F_TENANT, F_CAP, F_LOST, F_QUEUED, F_PREDICTED}
 local function check(h)
   if not h then return 'corrupt', {why = 'the request key is not a hash'} end
   if not h[1] and not h[5] then return 'garbage', {} end
@@ -26,6 +26,8 @@ local function check(h)
   if r.why then return 'corrupt', r end
   r.s, r.ma, r.dl = h[2], tonumber(h[4]), h[6] and tonumber(h[6]) or nil
   r.cap, r.lost = h[9] and tonumber(h[9]) or nil, tonumber(h[10] or 0)
+  r.qt = h[11]  -- its tokens counted while pending (includes/queued.lua), or nil
+  r.pw = int(h[12], 0, MAXI) or 0  -- the ms admission predicted (0: none)
   return 'ok', r
 end
 -- check() of the request hash of every id, read before any write: {kind, r} each

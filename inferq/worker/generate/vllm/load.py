@@ -4,11 +4,13 @@
 already a process of its own, and the step loop steps it. A stat logger passes vLLM's
 scheduler state and preemptions to ``VllmStats`` after each step. The budget the worker claims
 under comes from vLLM's configuration once its KV cache is allocated: ``max_num_seqs`` slots,
-and its KV blocks x block size tokens.
+and its KV blocks x block size tokens. Then one full burst runs through it (``warmup``)
+before it is handed to the step loop.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -19,7 +21,10 @@ from inferq.worker.generate.settings import CPU_KV_CACHE_MB, GenerationSettings
 from inferq.worker.generate.vllm.capacity import SchedulerState
 from inferq.worker.generate.vllm.engine import Requests, VllmEngine, VllmStats
 from inferq.worker.generate.vllm.options import ENVIRONMENT, cpu_kvcache_gib, engine_kwargs
+from inferq.worker.generate.vllm.warmup import WARM_UP_TOKENS, warm_up
 from inferq.worker.models.lm import CausalLM
+
+log = logging.getLogger("inferq.worker")
 
 
 def vllm_available() -> bool:
@@ -90,6 +95,15 @@ def start_vllm(lm: CausalLM, *, path: str, dtype: str, device: str,
 
     traces = bool(getattr(getattr(config, "observability_config", None),
                           "otlp_traces_endpoint", None))
-    engine = VllmEngine(lm, budget, core, Requests(sampling, prompt), stats=stats,
-                        block_size=block_size, traces=traces)
+    requests = Requests(sampling, prompt)
+    # The burst the worker will claim, before it is advertised (``warmup``): as many prompts
+    # as there are slots, together as long as one prefill step takes.
+    slots = budget.max_slots
+    per_slot = config.scheduler_config.max_num_batched_tokens // slots
+    prompt_len = max(1, min(per_slot, config.model_config.max_model_len - WARM_UP_TOKENS - 1))
+    took = warm_up(core, requests, slots=slots, prompt_len=prompt_len, token_id=0)
+    log.info("vLLM warmed up on %d requests of %d prompt tokens in %.1f s", slots, prompt_len,
+             took)
+    engine = VllmEngine(lm, budget, core, requests, stats=stats, block_size=block_size,
+                        traces=traces)
     return engine, time.monotonic() - started
