@@ -109,6 +109,8 @@ class Outbox:
         self._free = 0
         #: A gathered step admitted or finished sequences: the next flush writes at once.
         self._firsts = False
+        #: Sequences whose first text (since they entered or resumed) was gathered.
+        self._texted: set[str] = set()
         self._wake = threading.Event()
         self._closed = False
 
@@ -117,6 +119,8 @@ class Outbox:
         pipe)."""
         with self._lock:
             self._take()
+            if isinstance(message, wire.Cancelled):
+                self._texted.difference_update(message.ids)
             self._queue.append(message)
             self._flush(urgent=self._urgent(message))
 
@@ -150,6 +154,15 @@ class Outbox:
         if not records:
             return
         self._firsts = self._firsts or any(r.admitted or r.finished for r in records)
+        for r in records:
+            # A sequence's first text (since it entered or resumed) leaves at once too: the
+            # time to first token is what a stream's caller waits for.
+            for a in r.advanced:
+                if a.text and a.id not in self._texted:
+                    self._texted.add(a.id)
+                    self._firsts = True
+            self._texted.difference_update(r.preempted)
+            self._texted.difference_update(f.id for f in r.finished)
         if self._queue and isinstance(last := self._queue[-1], list):
             last += records
         else:
