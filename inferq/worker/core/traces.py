@@ -1,4 +1,4 @@
-"""A worker's spans (README, "Tracing"): built only when tracing is on (``inferq.tracing``);
+"""A worker's spans (docs/guides/tracing.md): built only when tracing is on (``inferq.tracing``);
 off, the worker holds None instead of a ``WorkerTraces`` and no hook runs.
 
 Each claimed request continues the trace its payload carries (a new trace when it carries
