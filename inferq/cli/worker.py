@@ -109,7 +109,7 @@ def add_parser(sub: Subcommands) -> None:
     window.add_argument("--max-batch-size", type=int, metavar="N",
                         help="rows per batch (default: 32)")
     window.add_argument("--max-batch-tokens", type=int, metavar="N",
-                        help="padded-token budget per batch (0 = no budget; default: none)")
+                        help="padded-token budget per batch (0 = no budget; default: 8192)")
     window.add_argument("--max-wait-ms", type=float, metavar="MS",
                         help="upper bound of the adaptive batch window (default: 20)")
     g = w.add_argument_group("continuous worker (generate)")
