@@ -12,7 +12,7 @@ of its own, linked to each request's ``run`` span rather than parenting them: a 
 belongs to many traces. The ``run`` span names its batch (``inferq.batch.id``), or has an
 ``admit`` event at its admission's step (its prefill).
 
-What it costs (benchmarks/RESULTS.md, "Tracing overhead"): the SDK's spans and the OTLP
+What it costs (benchmarks/RESULTS.md, "#38"): the SDK's spans and the OTLP
 encoding are pure Python, so every attribute and event is paid for twice; the spans carry
 what a reader of one trace needs and no more.
 """
