@@ -37,7 +37,7 @@ class Lookup:
     now_ms: int
     #: The dead letter's error (code, message), kept after its result expired.
     dead_error: tuple[str, str] | None = None
-    #: The trace its spans belong to (README, "Tracing"): from its result, else from the
+    #: The trace its spans belong to (docs/guides/tracing.md): from its result, else from the
     #: payload of a request still waiting or running.
     trace_id: str | None = None
 

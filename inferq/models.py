@@ -16,7 +16,7 @@
 
     inferq worker --model dbl=python:mypkg.models:Doubler?factor=3 --task double
 
-See ``inferq.worker.models.custom`` for the contract and README's "Your own model".
+See ``inferq.worker.models.custom`` for the contract and docs/guides/own-model.md.
 Importing this module needs neither torch nor a worker: the worker extra is needed to serve.
 """
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces across the queue (README, "Tracing"). The one module that imports
+"""OpenTelemetry traces across the queue (docs/guides/tracing.md). The one module that imports
 ``opentelemetry``, and only once tracing is on.
 
 **On or off.** ``pip install 'inferq[otel]'``, then the standard variables:

@@ -28,7 +28,7 @@ class BatchField(StrEnum):
     #: the tenant's buckets with its online calls (``inferq.batch.limits``).
     LIMITS = "limits"
     #: The W3C trace context of the call that created the batch ('' for none): each line's
-    #: request carries it (README, "Tracing").
+    #: request carries it (docs/guides/tracing.md).
     TRACEPARENT = "traceparent"
     TRACESTATE = "tracestate"
     OUTPUT_FILE_ID = "output_file_id"

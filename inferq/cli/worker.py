@@ -109,7 +109,7 @@ def add_parser(sub: Subcommands) -> None:
     window.add_argument("--max-batch-size", type=int, metavar="N",
                         help="rows per batch (default: 32)")
     window.add_argument("--max-batch-tokens", type=int, metavar="N",
-                        help="padded-token budget per batch (0 = no budget; default: none)")
+                        help="padded-token budget per batch (0 = no budget; default: 8192)")
     window.add_argument("--max-wait-ms", type=float, metavar="MS",
                         help="upper bound of the adaptive batch window (default: 20)")
     g = w.add_argument_group("continuous worker (generate)")
@@ -117,13 +117,15 @@ def add_parser(sub: Subcommands) -> None:
                    help="generate: join and leave the batch at every decode step "
                         "(continuous, the default), or run whole windows through padded "
                         "generate (request: the window worker)")
-    g.add_argument("--max-slots", type=int, help="sequences decoded together in one step")
+    g.add_argument("--max-slots", type=int,
+                   help="sequences decoded together in one step (default: 16)")
     g.add_argument("--kv-cache-mb", type=float,
                    help="KV cache budget (default: half the free GPU memory on CUDA, "
                         "1024 MiB on the CPU)")
-    g.add_argument("--max-prefill-tokens", type=int, help="prompt tokens prefilled per step")
+    g.add_argument("--max-prefill-tokens", type=int,
+                   help="prompt tokens prefilled per step (default: 2048)")
     g.add_argument("--stream-interval-ms", type=float,
-                   help="write token streams and results at most this often")
+                   help="write token streams and results at most this often (default: 25)")
     g.add_argument("--max-preemptions", type=int, metavar="N",
                    help="a running generation yields its slot to a waiting one of strictly "
                         "higher priority at most N times, keeping its tokens (default: 32; 0: "

@@ -163,8 +163,8 @@ class Client(ClientBase[Handle]):
           docs/guides/cache-affinity.md).
 
         * ``traceparent``, ``tracestate``: the W3C trace context the request continues
-          (default: the caller's current OpenTelemetry context when tracing is on; README,
-          "Tracing").
+          (default: the caller's current OpenTelemetry context when tracing is on;
+          docs/guides/tracing.md).
 
         Raises ``ValidationError``, ``QueueFull`` or ``BackendUnavailable``."""
         return self._run(self._enqueue(prompt, request))

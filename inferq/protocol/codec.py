@@ -213,7 +213,7 @@ class Result(BaseModel):
     #: (in the request's stream, or in the result for a worker that does not stream).
     ttft_ms: float | None = None
     #: The trace the request's spans belong to (32 hex, from its payload's ``traceparent``),
-    #: when it carried one (README, "Tracing").
+    #: when it carried one (docs/guides/tracing.md).
     trace_id: str | None = None
     #: Whether the request's ``ttft_slo_ms`` was met (``inferq.protocol.slo.met``); None when
     #: it had none.

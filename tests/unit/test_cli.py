@@ -70,6 +70,7 @@ def test_given_flags_reach_the_config_and_the_rest_keep_its_defaults(
     assert main(["worker", "--redis-url", NOWHERE, "--model", "echo",
                  "--suspect-delay-ms", "0"]) == 0
     assert configs[-1].suspect_pace_ms == 0
+    assert configs[-1].max_batch_tokens == 8192  # the default --help names
 
 
 def test_a_bad_suspect_delay_is_refused_naming_it(capsys: pytest.CaptureFixture[str]) -> None:

@@ -69,3 +69,20 @@ def test_engine_vllm_without_vllm_says_how_to_install_it(
     assert main(["worker", "--redis-url", NOWHERE, *GENERATE, "--engine", "vllm"]) == 2
     err = capsys.readouterr().err
     assert "--engine vllm: vLLM is not installed here" in err and "inferq[vllm]" in err
+
+
+def test_the_continuous_flags_defaults_are_the_ones_help_names(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from inferq.cli.worker import generation_settings
+
+    settings = generation_settings(build_parser().parse_args(["worker", *GENERATE]))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["worker", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for flag, value in (("--max-slots", settings.max_slots),
+                        ("--max-prefill-tokens", settings.max_prefill_tokens),
+                        ("--stream-interval-ms", settings.stream_interval_ms),
+                        ("--max-preemptions", settings.max_preemptions),
+                        ("--prefix-cache-mb", settings.prefix_cache_mb)):
+        shown = help_text.split(f"{flag} ", 2)[-1].split(" --")[0]
+        assert f"(default: {value:g}" in shown, (flag, shown)

@@ -49,7 +49,8 @@ SETTINGS_REFRESH_S = 1.0
 #: Shards a claim round of a sharded queue peeks at, from a turn that moves by this much each
 #: round; the next ones are peeked only when these hold nothing to claim. So a queue of 256
 #: shards costs 8 PEEKs per busy round, not 256, and a request of a better priority waits at
-#: most ceil(S / PEEK_SHARDS) - 1 rounds of a worker behind worse ones (README, Sharded queues).
+#: most ceil(S / PEEK_SHARDS) - 1 rounds of a worker behind worse ones (docs/guides/scaling-out.md,
+#: "Sharded queues").
 PEEK_SHARDS = 8
 
 T = TypeVar("T")
@@ -82,7 +83,7 @@ class QueueLink:
         self._settings_read_at: float | None = None
         #: Which shard a sharded claim round starts with: it moves one shard per round, so
         #: every shard of the best band is drained at the same pace (fair shares hold per
-        #: shard, and so across shards; see README, Fair sharing).
+        #: shard, and so across shards; see docs/guides/fair-sharing.md).
         self._shard_turn = 0
         #: The same for the head reads of ``head_priority``.
         self._head_turn = 0

@@ -1,4 +1,4 @@
-"""A worker's spans (README, "Tracing"): built only when tracing is on (``inferq.tracing``);
+"""A worker's spans (docs/guides/tracing.md): built only when tracing is on (``inferq.tracing``);
 off, the worker holds None instead of a ``WorkerTraces`` and no hook runs.
 
 Each claimed request continues the trace its payload carries (a new trace when it carries
@@ -12,7 +12,7 @@ of its own, linked to each request's ``run`` span rather than parenting them: a 
 belongs to many traces. The ``run`` span names its batch (``inferq.batch.id``), or has an
 ``admit`` event at its admission's step (its prefill).
 
-What it costs (benchmarks/RESULTS.md, "Tracing overhead"): the SDK's spans and the OTLP
+What it costs (benchmarks/RESULTS.md, "#38"): the SDK's spans and the OTLP
 encoding are pure Python, so every attribute and event is paid for twice; the spans carry
 what a reader of one trace needs and no more.
 """
