@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.framework import Run, Scenario, render
-from benchmarks.harness import positive_int
+from benchmarks.harness import positive_float, positive_int
 from tests.support.chaos import QUICK, SHORT, ChaosConfig, run_chaos
 
 
@@ -39,12 +39,14 @@ class Chaos(Scenario[ChaosConfig]):
                             help="override the enqueue rate (requests/s)")
         parser.add_argument("--lease-ms", type=positive_int,
                             help="the workers' --lease-ms (default: the worker's default)")
+        parser.add_argument("--result-timeout", type=positive_float, dest="result_timeout_s",
+                            help="how long the producer awaits each result (s; default 120)")
 
     def configure(self, args: argparse.Namespace) -> ChaosConfig:
         base = SHORT if args.short else QUICK if args.quick else ChaosConfig()
         return replace(base, **{k: v for k in ("requests", "workers", "kills", "stops",
                                                 "restarts", "rate_per_s", "lease_ms",
-                                                "crash_poisons")
+                                                "crash_poisons", "result_timeout_s")
                                 if (v := getattr(args, k)) is not None})
 
     def records(self, args: argparse.Namespace) -> bool:
@@ -80,6 +82,10 @@ class Chaos(Scenario[ChaosConfig]):
                       kills_with_no_other_worker=r.get("kills_with_no_other_worker", "-"),
                       start_failures=r.get("start_failures", "-"),
                       restart_down=", ".join(f"{x / 1e3:.1f}" for x in down) or "-",
+                      late_kinds=", ".join(
+                          f"{kind} {n}" for kind, n in sorted(
+                              (r.get("answered_after_the_wait_by_kind") or {}).items()))
+                      or "none",
                       throughput_text=" / ".join(
                           f"{r['throughput'].get(k, 0):.0f}" for k in ("before", "during",
                                                                        "after")))
@@ -87,8 +93,9 @@ class Chaos(Scenario[ChaosConfig]):
     def exit_code(self, report: Mapping[str, Any]) -> int:
         counts = report["report"]
         clean = (counts["lost"], counts["duplicate_results"], counts["innocent_dead_letters"],
-                 counts.get("innocent_crash_dead_letters", 0))
-        return 0 if clean == (0, 0, 0, 0) else 1
+                 counts.get("innocent_crash_dead_letters", 0),
+                 counts.get("answered_but_not_delivered", 0))
+        return 0 if clean == (0, 0, 0, 0, 0) else 1
 
 
 def _registration(timeline: list[list[Any]]) -> str:

@@ -17,6 +17,7 @@ def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
     assert report.lost == 0, report
     assert report.duplicate_results == 0
     assert report.still_pending == 0
+    assert report.answered_but_not_delivered == 0, report.undelivered
     assert report.unexpected_failures == 0, report
     assert (report.kills, report.stops, report.redis_restarts) == (
         SHORT.kills, SHORT.stops, SHORT.restarts)

@@ -351,6 +351,25 @@ def test_a_request_past_its_deadline_is_answered_expired_without_running(
     assert handle.status() is inferq.RequestState.EXPIRED
 
 
+def test_an_expired_request_is_answered_when_a_claim_reaches_it_not_at_its_deadline(
+        client: inferq.Client, scripts: Scripts) -> None:
+    """The limit behind the chaos run's late answers: nothing sweeps `pending` for passed
+    deadlines, so a low-priority request behind other work is answered `expired` only when a
+    claim reaches it; a producer whose wait ends first gets `ResultTimeout`."""
+    urgent = enqueue(client, "urgent", priority=5)
+    late = enqueue(client, "late", priority=-10, deadline_s=0.001)
+    time.sleep(0.01)  # let Redis' clock pass the 1 ms deadline
+    with pytest.raises(inferq.ResultTimeout):
+        late.result(timeout=0.05)
+    reply = scripts.claim("a", 1)
+    assert [c.id for c in reply.claimed] == [urgent.id] and reply.expired == 0
+    assert late.status() is inferq.RequestState.PENDING  # past its deadline, still queued
+    reply = scripts.claim("a", 1)
+    assert reply.claimed == [] and reply.expired == 1
+    with pytest.raises(inferq.DeadlineExceeded):
+        late.result(timeout=1)
+
+
 def test_claim_carries_the_absolute_deadline(client: inferq.Client, scripts: Scripts) -> None:
     enqueue(client, "x", deadline_s=30)
     reply = scripts.claim("a", 1)

@@ -107,7 +107,17 @@ class Report:
     lost_runs: int = 0
     expired: int = 0
     still_pending: int = 0
+    #: Answered in Redis before the producer stopped waiting, yet never handed to it (a
+    #: delivery failure; must be 0).
     answered_but_not_delivered: int = 0
+    #: Answered in Redis only after the producer's wait (``result_timeout_s``) had ended: the
+    #: queue was slower than the producer's patience, nothing failed to arrive.
+    answered_after_the_wait: int = 0
+    #: ``answered_after_the_wait`` by kind of request (normal, expiring, poison, crash).
+    answered_after_the_wait_by_kind: dict[str, int] = field(default_factory=dict)
+    #: Per request the producer did not receive (up to 50): id, kind, status, when the wait
+    #: ended and when the result was written (ms after enqueue).
+    undelivered: list[dict[str, Any]] = field(default_factory=list)
     lost: int = 0
     executed_more_than_once: int = 0
     max_attempts_seen: int = 0
@@ -368,9 +378,10 @@ async def _supervise(fleet: Fleet, report: Report, done: asyncio.Event) -> None:
 
 
 async def _produce(config: ChaosConfig, url: str, results: dict[str, inferq.Result | None],
-                   kinds: dict[str, str]) -> int:
+                   kinds: dict[str, str], gave_up: dict[str, int]) -> int:
     """Enqueue at ``config.rate_per_s`` (20 ``enqueue_many`` calls a second, retried while
-    the server restarts) and await every result."""
+    the server restarts) and await every result (``gave_up``: when each wait that timed out
+    ended, wall-clock ms)."""
     rng = random.Random(config.seed)
     submitted = 0
     async with inferq.AsyncClient(url) as client:
@@ -383,6 +394,7 @@ async def _produce(config: ChaosConfig, url: str, results: dict[str, inferq.Resu
                 results[handle.id] = exc.result
             except inferq.ResultTimeout:
                 results[handle.id] = None
+                gave_up[handle.id] = int(time.time() * 1e3)
 
         start = time.monotonic()
         chunk = max(1, int(config.rate_per_s / 20))
@@ -431,6 +443,7 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
     fleet = Fleet(server.url, config, workdir)
     results: dict[str, inferq.Result | None] = {}
     kinds: dict[str, str] = {}
+    gave_up: dict[str, int] = {}
     faults: list[Fault] = []
     try:
         for _ in range(config.workers):
@@ -443,7 +456,7 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
             injector = asyncio.create_task(_inject_faults(config, fleet, server, faults, report,
                                                           done))
             supervisor = asyncio.create_task(_supervise(fleet, report, done))
-            submitted = await _produce(config, server.url, results, kinds)
+            submitted = await _produce(config, server.url, results, kinds, gave_up)
             done.set()
             await asyncio.gather(injector, supervisor)
             return submitted
@@ -451,7 +464,7 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
         report.submitted = asyncio.run(main())
         report.wall_s = time.monotonic() - started
         with redis.Redis.from_url(server.url) as r:
-            _tally(report, r, results, kinds, faults, fleet.ran())
+            _tally(report, r, results, kinds, gave_up, faults, fleet.ran())
         _timeline(report, results, faults, fleet)
     finally:
         fleet.stop()  # the workers (resumed if stopped), then the server
@@ -460,7 +473,8 @@ def run_chaos(config: ChaosConfig, workdir: Path) -> Report:
 
 
 def _tally(report: Report, r: redis.Redis, results: dict[str, inferq.Result | None],
-           kinds: dict[str, str], faults: list[Fault], ran: set[str]) -> None:
+           kinds: dict[str, str], gave_up: dict[str, int], faults: list[Fault],
+           ran: set[str]) -> None:
     expected = {"normal": {"ok"}, "poison": {"dead"}, "expiring": {"expired", "ok"},
                 "crash": {"dead"}}
     statuses: Counter[str] = Counter()
@@ -491,14 +505,18 @@ def _tally(report: Report, r: redis.Redis, results: dict[str, inferq.Result | No
     queued = {m.decode() for key in (KEYS.pending, KEYS.inflight, KEYS.delayed)
               for m in r.zrange(key, 0, -1)}
     report.still_pending = sum(1 for i in unanswered if i in queued)
-    report.answered_but_not_delivered = sum(
-        1 for i in unanswered if i not in queued and r.exists(KEYS.result(i)))
-    report.lost = len(unanswered) - report.still_pending - report.answered_but_not_delivered
+    answered = 0
+    for request_id in (i for i in unanswered if i not in queued):
+        raw = r.lindex(KEYS.result(request_id), 0)
+        if raw is None:
+            continue
+        answered += 1
+        _undelivered(report, decode_result(raw), kinds[request_id], gave_up.get(request_id))
+    report.lost = len(unanswered) - report.still_pending - answered
     counters = {k.decode(): int(v) for k, v in r.hgetall(KEYS.stats).items() if b":" not in k}
     report.refused_zombie_completions = counters.get("refused", 0)
     written = sum(counters.get(s, 0) for s in ("ok", "failed", "dead", "expired", "cancelled"))
-    report.duplicate_results += max(
-        0, written - sum(statuses.values()) - report.answered_but_not_delivered)
+    report.duplicate_results += max(0, written - sum(statuses.values()) - answered)
     kinds_seen = Counter(f.kind for f in faults)
     report.kills, report.stops = kinds_seen["kill"], kinds_seen["stop"]
     report.redis_restarts = kinds_seen["restart"]
@@ -520,6 +538,29 @@ def _tally(report: Report, r: redis.Redis, results: dict[str, inferq.Result | No
         if done:
             report.recovery_done_ms.append(float(max(done) - fault.at_ms))
     report.throughput = _phase_throughput(results, faults)
+
+
+def _undelivered(report: Report, result: inferq.Result, kind: str, gave_up_ms: int | None
+                 ) -> None:
+    """Count a result in Redis that the producer did not receive: written after its wait
+    ended (late), or before (a delivery failure)."""
+    late = (gave_up_ms is not None and result.finished_ms is not None
+            and result.finished_ms > gave_up_ms)
+    if late:
+        report.answered_after_the_wait += 1
+        by_kind = report.answered_after_the_wait_by_kind
+        by_kind[kind] = by_kind.get(kind, 0) + 1
+    else:
+        report.answered_but_not_delivered += 1
+    if len(report.undelivered) < 50:
+        since = result.enqueued_ms
+        report.undelivered.append({
+            "id": result.id, "kind": kind, "status": result.status.value, "late": late,
+            "wait_ended_ms": None if gave_up_ms is None or since is None
+            else gave_up_ms - since,
+            "written_ms": None if result.finished_ms is None or since is None
+            else result.finished_ms - since,
+            "attempts": result.attempts})
 
 
 def _phase_throughput(results: dict[str, inferq.Result | None],
