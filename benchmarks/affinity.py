@@ -23,8 +23,6 @@ from benchmarks.framework import (
     Run,
     Scenario,
     flag,
-    positive_float,
-    positive_int,
     render,
     render_rows,
 )
@@ -32,6 +30,8 @@ from benchmarks.harness import (
     BenchmarkFailed,
     fmt_number,
     percentiles,
+    positive_float,
+    positive_int,
     ratio,
     say,
     stop_child,
