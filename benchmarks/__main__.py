@@ -15,7 +15,7 @@ from benchmarks.framework import Scenario
 #: Every scenario, in the order ``--help`` lists them.
 SCENARIOS = ("embed", "embed-load", "generate", "engines", "overhead", "serve", "scaleout",
              "priority", "priority-generate", "chaos", "cluster", "durability", "batch",
-             "fairness", "llm-serve", "tenants", "slo", "affinity")
+             "fairness", "llm-serve", "tenants", "slo", "affinity", "engine-vs-vllm")
 
 
 def scenario(name: str) -> Scenario[Any]:

@@ -10,6 +10,7 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -55,14 +56,17 @@ class PriorityGenerateConfig:
 
 
 
+def _engine_flags(engine: str) -> list[str]:
+    return ["--engine", "vllm", "--vllm-option", "enforce_eager=true"] if engine == "vllm" else []
+
+
 def _worker(run: Run[PriorityGenerateConfig], url: str, variant: str, trial: int,
             source: str) -> WorkerProc:
     cfg = run.cfg
     queue_model = f"pg-{variant}-t{trial}"
     flags = ["--device", "cpu", "--max-slots", str(cfg.slots),
              *(["--max-preemptions", "0"] if variant == "no-preempt" else []),
-             *(["--engine", "vllm", "--vllm-option", "enforce_eager=true"]
-               if cfg.engine == "vllm" else [])]
+             *_engine_flags(cfg.engine)]
     return spawn_worker(run.cleanup, url, model_arg=f"{queue_model}={source}",
                         worker_id=f"bench-{queue_model}", log_dir=run.log_dir, flags=flags,
                         log_level="INFO", task="generate")
@@ -169,7 +173,8 @@ def results_markdown(r: Mapping[str, Any]) -> str:
         no_preempt=fmt_number(ratios["ttft_p99_no_preempt_vs_alone"], 1),
         ttft_target=TTFT_TARGET, ttft_verdict=verdict(p99, TTFT_TARGET, at_most=True),
         flood=fmt_number(flood, 2), flood_target=FLOOD_TARGET,
-        flood_verdict=verdict(flood, FLOOD_TARGET))
+        flood_verdict=verdict(flood, FLOOD_TARGET),
+        engine_flags=" ".join(["", *_engine_flags(r["config"].get("engine", "transformers"))]))
 
 
 class PriorityGenerate(Scenario[PriorityGenerateConfig]):
@@ -201,5 +206,18 @@ class PriorityGenerate(Scenario[PriorityGenerateConfig]):
                     f"{figures['preemptions']} preemptions")
         return {"variants": variants, "ratios": _ratios(variants)}
 
+    def save(self, report: dict[str, Any], out: Path, results_md: Path | None) -> str:
+        """A run with ``--engine vllm`` has its own JSON and RESULTS.md section."""
+        if report["config"].get("engine") == "vllm":
+            return Scenario.save(_WITH_VLLM, report, out, results_md)
+        return super().save(report, out, results_md)
 
+
+class _PriorityGenerateVllm(PriorityGenerate):
+    name = "priority-generate-vllm"
+    title = ("high-priority chats through a low-priority flood (worker-side preemption on "
+             "vLLM)")
+
+
+_WITH_VLLM = _PriorityGenerateVllm()
 SCENARIO = PriorityGenerate()
