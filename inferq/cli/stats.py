@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 
+from inferq.affinity_stats import worker_figures
 from inferq.cli import statsview
 from inferq.cli.options import Subcommands, add_connection_options, connection_from_args
 from inferq.connection import sync_client
@@ -105,14 +106,13 @@ def format_generation(worker: str, w: dict[str, Any]) -> str:
 def format_affinity(w: dict[str, Any]) -> str:
     """The prefix cache's hit rate (tokens reused ÷ prompt tokens) and tokens saved, and the
     share of claims taken by cache affinity; '' from a worker that reports neither."""
-    if "prefix_prompt_tokens" not in w:
+    figures = worker_figures(w)
+    if figures is None:
         return ""
-    prompt, reused = int(w.get("prefix_prompt_tokens", 0)), int(w.get("prefix_reused_tokens", 0))
-    claimed, preferred = int(w.get("claimed", 0)), int(w.get("affinity_claimed", 0))
-    rate = f"{reused / prompt:.0%}" if prompt else "-"
-    share = f"{preferred}/{claimed}" if claimed else "0/0"
-    return (f", prefix cache hit rate {rate} ({reused} prompt tokens saved, "
-            f"{w.get('held_prefixes', 0)} prefixes published), affinity claims {share}")
+    rate = f"{figures.hit_rate:.0%}" if figures.hit_rate is not None else "-"
+    return (f", prefix cache hit rate {rate} ({figures.reused_tokens} prompt tokens saved, "
+            f"{figures.held_prefixes} prefixes published), affinity claims "
+            f"{figures.affinity_claimed}/{figures.claimed}")
 
 
 def batch_section(client: redis.Redis) -> str:

@@ -6,7 +6,8 @@ Routes (``{queue}`` is ``TASK:MODEL``):
 
 * ``GET /admin/overview``: every queue (pending by priority, in flight, dead-lettered with
   the cap and what fell off it, throughput, queue wait p50/p99, live workers with their
-  windows, desired workers) and its newest dead letters: what the dashboard draws.
+  windows, desired workers, cache affinity's figures per worker and summed) and its newest
+  dead letters: what the dashboard draws.
 * ``GET /admin/queues/{queue}/dead-letters`` (``id``, ``error_code``, ``older_than_s``,
   ``limit``), ``GET .../dead-letters/{id}``, ``POST .../dead-letters/requeue`` and
   ``POST .../dead-letters/purge`` (a JSON body with the same filters; ``all: true`` when none).
@@ -49,6 +50,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse
 from pydantic import BaseModel, Field
 
 from inferq import autoscale, deadletters, plans, stats
+from inferq.affinity_stats import AffinityFigures, queue_figures, worker_figures
 from inferq.autoscale import Signal, Tracker
 from inferq.deadletters import DeadLetterFilter
 from inferq.gateway.authn import Authenticator
@@ -146,6 +148,16 @@ def _median(values: list[float]) -> float | None:
     return ordered[len(ordered) // 2]
 
 
+def _figures(figures: AffinityFigures | None) -> dict[str, Any] | None:
+    return None if figures is None else figures.as_dict()
+
+
+def _with_affinity(windows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each worker's window, with its cache-affinity figures under ``affinity``."""
+    return {worker: {**w, "affinity": _figures(worker_figures(w))}
+            for worker, w in windows.items()}
+
+
 @api.get("/admin/overview", summary="Every queue, its workers and its newest dead letters")
 async def overview(state: Ops) -> dict[str, Any]:
     out = []
@@ -165,11 +177,13 @@ async def overview(state: Ops) -> dict[str, Any]:
             "throughput_per_s": st.throughput_per_s,
             # each worker's recent waits: the median of their p50s, the worst of their p99s
             "wait_p50_ms": _median(p50s), "wait_p99_ms": max(p99s) if p99s else None,
-            "live_workers": st.live_workers, "workers": windows,
+            "live_workers": st.live_workers, "workers": _with_affinity(windows),
             "desired_workers": signal.desired, "signal": signal.as_dict(),
             "dead_letters": letters.as_dict(),
             # latency objectives: goodput and admission's prediction error (QueueStats)
             "slo": st.as_dict()["slo"],
+            # cache affinity: hit rate, tokens saved, affinity claims (None: no worker has it)
+            "affinity": _figures(queue_figures(windows.values())),
         })
     return {"queues": out}
 

@@ -40,6 +40,20 @@ def test_the_dashboard_shows_depth_and_requeues_a_dead_letter_on_click(
         browser.wait(lambda: browser.text('section[data-queue="embed:m"] td.slo-met')
                      == "3/4 (75.0%)", "goodput shown")
         assert browser.text('section[data-queue="embed:m"] td.slo-ratio') == "1.00 / 1.90"
+        # and cache affinity's figures: none yet, then per worker and summed for the queue
+        queue_row = 'section[data-queue="embed:m"] tr:not(.worker)'
+        worker = 'section[data-queue="embed:m"] tr.worker[data-id="w1"]'
+        assert browser.text(f"{queue_row} td.aff-hit") == "\u2013"
+        r.hset(KEYS.window("w1"), mapping={"prefix_prompt_tokens": "1000",
+                                           "prefix_reused_tokens": "800", "claimed": "8",
+                                           "affinity_claimed": "6", "held_prefixes": "4"})
+        for css, shown in ((f"{queue_row} td.aff-hit", "80.0%"),
+                           (f"{queue_row} td.aff-saved", "800"),
+                           (f"{worker} td.aff-hit", "80.0%"),
+                           (f"{worker} td.aff-claims", "6/8 (75.0%)"),
+                           (f"{worker} td.aff-saved", "800")):
+            browser.wait(lambda css=css, shown=shown: browser.text(css) == shown,
+                         f"{css} show {shown}")
         r.zrem(KEYS.workers, "w1")
         # requests flow: two more arrive, then a worker takes three and answers them dead
         client.enqueue("prompt 3", model="m", id="r3", max_attempts=1)

@@ -161,3 +161,32 @@ def test_inferq_dashboard_serves_the_same_without_a_gateway(redis_url: str,
         assert 'inferq_workers_desired{queue="embed:m"} 1' in ops.get(
             "/metrics/autoscale", headers={"Authorization": "Bearer t"}).text
         assert not any(p.startswith("/v1") for p in ops.get("/openapi.json").json()["paths"])
+
+
+def test_the_overview_shows_cache_affinity_per_worker_and_summed(
+        admin: TestClient, client: inferq.Client, r: redis.Redis) -> None:
+    client.enqueue("hello", model="m")
+    (now_s, _) = r.time()
+    published = {"w1": {"prefix_prompt_tokens": "1000", "prefix_reused_tokens": "800",
+                        "claimed": "10", "affinity_claimed": "7", "held_prefixes": "12"},
+                 "w2": {"prefix_prompt_tokens": "3000", "prefix_reused_tokens": "1000",
+                        "claimed": "10", "affinity_claimed": "1", "held_prefixes": "3"},
+                 "w3": {"batches": "4"}}  # not a generate worker: no figures
+    for worker, fields in published.items():
+        r.zadd(KEYS.workers, {worker: (now_s + 60) * 1000})  # live
+        r.hset(KEYS.window(worker), mapping=fields)
+    (queue,) = admin.get("/admin/overview", headers=AUTH).json()["queues"]
+    assert queue["workers"]["w1"]["affinity"] == {
+        "prompt_tokens": 1000, "tokens_saved": 800, "hit_rate": 0.8, "claimed": 10,
+        "affinity_claimed": 7, "claim_share": 0.7, "held_prefixes": 12}
+    assert queue["workers"]["w3"]["affinity"] is None
+    assert queue["affinity"] == {
+        "prompt_tokens": 4000, "tokens_saved": 1800, "hit_rate": 0.45, "claimed": 20,
+        "affinity_claimed": 8, "claim_share": 0.4, "held_prefixes": 15}
+
+
+def test_the_overview_has_no_affinity_figures_without_a_worker_that_publishes_them(
+        admin: TestClient, client: inferq.Client) -> None:
+    client.enqueue("hello", model="m")
+    (queue,) = admin.get("/admin/overview", headers=AUTH).json()["queues"]
+    assert queue["affinity"] is None and queue["workers"] == {}

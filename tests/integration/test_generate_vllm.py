@@ -188,6 +188,13 @@ def test_sampling_params_reach_vllm(vllm_engine: VllmEngine) -> None:
     assert by_id.tokens == ref.tokens[:ref.tokens.index(at) + 1]
 
 
+def test_vllm_caches_prefixes(vllm_engine: VllmEngine) -> None:
+    """Automatic prefix caching is on (``options.engine_kwargs``): cache affinity sends a
+    vLLM worker the requests whose prefixes it served."""
+    config = vllm_engine.core.vllm_config  # type: ignore[attr-defined]
+    assert config.cache_config.enable_prefix_caching is True
+
+
 # ------------------------------------------------------------- a whole worker over Redis
 
 
@@ -256,6 +263,49 @@ async def test_the_worker_serves_vllm_through_the_queue(
     metrics = worker.metrics.render()[1].decode()
     assert "inferq_kv_cache_usage_ratio" in metrics
     assert "inferq_engine_preemptions" in metrics
+
+
+async def test_a_vllm_worker_publishes_the_prefixes_it_served(
+        vllm_worker: Any, aclient: inferq.AsyncClient, redis_url: str) -> None:
+    """vLLM's cache cannot be read: the worker publishes the identities of the requests it
+    served (``served.ServedPrefixes``), still held once they finished."""
+    import redis
+
+    from inferq.protocol import prefix
+    from inferq.protocol.codec import build_request
+    from inferq.protocol.keys import QueueKeys
+    from tests.integration.test_generate_worker import until
+
+    worker = vllm_worker
+    keys = QueueKeys.for_model("generate", "smollm2")
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    # read at the worker's first claim (it is still starting vLLM)
+    r.hset(keys.config, mapping={"affinity": "prefix", "affinity_max_wait_ms": 500})
+    system = {"role": "system", "content": "You answer in one short sentence."}
+    chats = [([system, {"role": "user", "content": "What is a queue?"}], "conv-1"),
+             ([system, {"role": "user", "content": "What is a token?"}], None)]
+    expected: set[str] = set()
+    for messages, session in chats:  # one after the other: the first is done when it ends
+        handle = await aclient.enqueue(model="smollm2", task="generate", messages=messages,
+                                       session=session, params={"max_new_tokens": 4})
+        assert (await handle.result(timeout=300)).ok
+        payload = build_request("", id="x", task="generate", model="smollm2",
+                                messages=messages, session=session)
+        expected |= set(prefix.identities_of(payload))
+    assert len(expected) == 4  # the session, the shared system prompt, two turns
+    key = keys.held(worker.config.worker_id)
+    window = keys.window(worker.config.worker_id)
+    try:
+        await until(lambda: worker.steps.held() == ([], []), what="nothing running")
+        await until(lambda: r.smembers(key) == expected, timeout=30, what="the held set")
+        assert r.pttl(key) > 0
+        # its claims use the queue's affinity, as a transformers worker's do
+        assert worker.link.affinity is not None and worker.link.affinity() == ("prefix", 500)
+        # what it publishes for inferq stats and the dashboard: identities, no hit rate
+        await until(lambda: r.hget(window, "held_prefixes") == "4", what="held_prefixes")
+        assert r.hget(window, "prefix_prompt_tokens") == "0"
+    finally:
+        r.close()
 
 
 async def test_a_killed_vllm_engine_process_resumes_generations_from_their_streams(

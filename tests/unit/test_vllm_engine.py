@@ -110,6 +110,16 @@ def test_vllm_options_are_read_as_json_or_strings_and_pass_through() -> None:
     assert "kv_cache_memory_bytes" not in cpu
 
 
+def test_vllm_prefix_caching_is_on_unless_an_option_turns_it_off() -> None:
+    on = engine_kwargs(model="/m", dtype="float32", max_slots=8, options={},
+                       kv_cache_mb=None, device="cpu")
+    assert on["enable_prefix_caching"] is True
+    off = engine_kwargs(model="/m", dtype="float32", max_slots=8,
+                        options=parse_options(["enable_prefix_caching=false"]),
+                        kv_cache_mb=None, device="cpu")
+    assert off["enable_prefix_caching"] is False
+
+
 @pytest.mark.parametrize(("pair", "message"), [
     ("max_num_seqs=4", "set by inferq (--max-slots)"),
     ("scheduling_policy=fcfs", "set by inferq"),

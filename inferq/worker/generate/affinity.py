@@ -4,7 +4,9 @@ and claims with the queue's affinity setting unless it is saturated.
 What it publishes: the identities (``inferq.protocol.prefix``: a prompt's prefix hashes and
 its session) of the generations it runs or has claimed, whose prompts its cache is about to
 hold, and of the prompts the prefix cache holds (``prefixcache.PrefixCache.tie``), at most
-``MAX_HELD``, in a set per shard with a TTL (``QueueKeys.held``, the ``hold`` script). The set
+``MAX_HELD``, in a set per shard with a TTL (``QueueKeys.held``, the ``hold`` script); with
+``--engine vllm``, whose cache inferq cannot read, the prompts it served most recently
+(``served.ServedPrefixes``) stand for those its cache holds. The set
 is replaced whenever the held identities change and refreshed every third of its TTL, so a
 worker that dies leaves nothing behind once the TTL passes; a worker that stops deletes it.
 
@@ -20,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from redis.exceptions import RedisError
 
@@ -82,9 +84,13 @@ class HeldPublisher:
 
     def __init__(self, link: QueueLink, steps: Steps, ttl_ms: int,
                  is_saturated: Callable[[], bool] = lambda: False,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 cached: Callable[[], Sequence[str]] | None = None) -> None:
         self.link = link
         self.steps = steps
+        #: The cached identities, least recently used first: the prefix cache's, or (an
+        #: engine whose cache inferq cannot read: vLLM) those of the requests it served.
+        self.cached = cached or (lambda: steps.prefix_state()[1])
         self.is_saturated = is_saturated
         self.ttl_ms = ttl_ms
         self.clock = clock
@@ -118,7 +124,7 @@ class HeldPublisher:
         placed here as once they are), then those its prefix cache holds, most recent first,
         at most ``MAX_HELD``; and ``saturated`` while it is."""
         running, waiting = self.steps.held()
-        _, cached, _, _ = self.steps.prefix_state()
+        cached = self.cached()
         ordered = dict.fromkeys(i for g in (*running, *waiting) for i in g.identities)
         ordered.update(dict.fromkeys(reversed(cached)))
         chosen = list(ordered)[:MAX_HELD]

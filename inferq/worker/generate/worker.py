@@ -58,6 +58,7 @@ from inferq.worker.generate.publisher import (
     streamed,
 )
 from inferq.worker.generate.scheduler import Budget, preemptible
+from inferq.worker.generate.served import ServedPrefixes
 from inferq.worker.generate.settings import GenerationSettings, describe_budget
 from inferq.worker.generate.stats import GenerationStats
 from inferq.worker.generate.steploop import StepLoop, Steps
@@ -95,6 +96,8 @@ class GenerationWorker(QueueWorker[Generation]):
         self.engine = Engine(lm, self.budget, clock=clock, prefix_cache_bytes=(
             self.settings.prefix_cache_bytes if self.budget_known else 0))
         self.stats = GenerationStats()
+        #: vLLM's prefix cache cannot be read: the identities of what it served stand for it.
+        self.served = ServedPrefixes() if self.settings.engine == "vllm" else None
         self._order = itertools.count()
         self._maybe_pending = True
         #: When the head of pending was last read by a full worker, and how often it may be.
@@ -146,8 +149,9 @@ class GenerationWorker(QueueWorker[Generation]):
                                          self.settings.stream_interval_ms / 1e3,
                                          self.budget.max_slots)
         self.held = HeldPublisher(self.link, self.steps, held_ttl_ms(self.config.lease_ms),
-                                  lambda: saturated(self.steps, self.engine), clock=self.clock)
-        if self.settings.engine == "transformers" and self.settings.prefix_cache_mb > 0:
+                                  lambda: saturated(self.steps, self.engine), clock=self.clock,
+                                  cached=None if self.served is None else self.served.held)
+        if self.served is not None or self.settings.prefix_cache_mb > 0:
             self.link.affinity = self._affinity
         if isinstance(self.steps, EngineProcess):
             self.steps.start()
@@ -361,7 +365,10 @@ class GenerationWorker(QueueWorker[Generation]):
         # boundary: only as many are claimed as there will be free slots, or as they preempt).
         lost = await self.link.start([(g.id, claim_of(g).claimed.token) for g in generations])
         if lost is not None:  # None: Redis down for a whole lease; reclaimed unchanged
-            self.steps.submit([g for g in generations if g.id not in lost])
+            started = [g for g in generations if g.id not in lost]
+            self.steps.submit(started)
+            if self.served is not None:
+                self.served.note(i for g in started for i in g.identities)
         return len(reply.claimed)
 
     async def _claim_generations(self, max_count: int, min_priority: int | None
@@ -523,7 +530,8 @@ class GenerationWorker(QueueWorker[Generation]):
         fields.update({"model": self.lm.model_id, "device": self.lm.device,
                        **self.metrics.dashboard_fields()})
         _, held, prompt, reused = self.steps.prefix_state()
-        fields.update(affinity_fields(self.metrics, len(held), prompt, reused))
+        served = len(held) if self.served is None else len(self.served)
+        fields.update(affinity_fields(self.metrics, served, prompt, reused))
         known, budget = self.budget_known, self.budget  # in this order: see _adopt_budget
         if known:  # not before the engine process sized it
             fields.update({"max_slots": str(budget.max_slots),

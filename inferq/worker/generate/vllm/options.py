@@ -3,10 +3,13 @@
 Pure code (no vLLM import). inferq owns the arguments that its queue guarantees depend on:
 the model, ``max_num_seqs`` (``--max-slots``: the worker claims for these slots only),
 ``scheduling_policy="priority"`` (inferq priorities map onto vLLM's), ``dtype`` (``--dtype``)
-and the in-process engine. Options that would break a guarantee are refused: speculative
-decoding (several tokens per step; the step loop streams one per sequence and step).
-Everything else (``tensor_parallel_size``, ``pipeline_parallel_size``, ``gpu_memory_utilization``,
-``enforce_eager``, ``max_model_len``, ...) passes through unchanged to ``EngineArgs``.
+and the in-process engine. Automatic prefix caching is on (``enable_prefix_caching=True``:
+cache affinity sends a worker the requests whose prefixes it served) unless
+``--vllm-option enable_prefix_caching=false`` turns it off. Options that would break a
+guarantee are refused: speculative decoding (several tokens per step; the step loop streams
+one per sequence and step). Everything else (``tensor_parallel_size``,
+``pipeline_parallel_size``, ``gpu_memory_utilization``, ``enforce_eager``,
+``max_model_len``, ...) passes through unchanged to ``EngineArgs``.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ def engine_kwargs(*, model: str, dtype: str, max_slots: int, options: Mapping[st
     ``kv_cache_memory_bytes``; on the CPU, vLLM sizes its cache from ``cpu_kvcache_gib``
     (``VLLM_CPU_KVCACHE_SPACE``) instead."""
     kwargs: dict[str, Any] = {"model": model, "dtype": dtype, "max_num_seqs": max_slots,
-                              "scheduling_policy": "priority", **options}
+                              "scheduling_policy": "priority", "enable_prefix_caching": True,
+                              **options}
     if kv_cache_mb is not None and device.startswith("cuda"):
         kwargs.setdefault("kv_cache_memory_bytes", int(kv_cache_mb * 2**20))
     return kwargs
