@@ -52,7 +52,7 @@ FLOORS = {
     "protocol": 1, "embedded": 1,
     # the sans-IO plans and what runs on them without the SDK
     "plans": 2, "connection": 2, "sentinel": 2, "cluster": 2, "stats": 2, "tenancy": 2,
-    "deadletters": 2, "usage": 2, "autoscale": 2,
+    "deadletters": 2, "usage": 2, "autoscale": 2, "affinity_stats": 2,
     # the SDK (``inferq`` itself re-exports it) and the worker, side by side
     "producer": 3, "lookup": 3, "__init__": 3, "worker": 3,
     "openai": 4, "models": 4,
