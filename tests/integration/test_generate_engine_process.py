@@ -235,7 +235,9 @@ async def test_a_cancel_takes_effect_at_the_engines_next_step_boundary(
     # The engine process is frozen (SIGSTOP) while the cancel travels through Redis to the
     # worker and down the pipe, so what is counted below is only what the engine did after
     # the notice reached it (its outputs from before the freeze were read meanwhile).
-    worker = await gen_worker(max_slots=2, engine_process=True, stream_interval_ms=1000)
+    # No stream interval: the engine's outbox sends every step, so the worker sees the tokens
+    # as they come (paced at 1 s, the tiny model could finish all 1000 between two sends).
+    worker = await gen_worker(max_slots=2, engine_process=True, stream_interval_ms=0)
     handle = await aclient.enqueue("stop me", model=MODEL, task="generate",
                                    params={"max_new_tokens": 1000, "ignore_eos": True})
     await until(lambda: worker.running and len(worker.running[0].tokens) >= 20,
